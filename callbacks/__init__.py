@@ -1,0 +1,1 @@
+"""Callbacks around the training loop, installed as ``lit_grpo.callbacks``."""

@@ -1,0 +1,25 @@
+"""Pure tensor math of the losses: group advantages, KL estimators, masked aggregation, policy surrogates."""
+
+from lit_grpo.losses.advantages import ADVANTAGE_MODES, AdvantageMode, batch_std_advantages, group_advantages
+from lit_grpo.losses.aggregation import AGGREGATIONS, Aggregation, aggregation_terms, masked_aggregate, masked_mean
+from lit_grpo.losses.kl import KL_ESTIMATORS, KLEstimator, kl_divergence
+from lit_grpo.losses.policy import POLICY_VARIANTS, PolicyStats, PolicyVariant, policy_loss
+
+__all__ = [
+    "ADVANTAGE_MODES",
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "POLICY_VARIANTS",
+    "AdvantageMode",
+    "Aggregation",
+    "KLEstimator",
+    "PolicyStats",
+    "PolicyVariant",
+    "aggregation_terms",
+    "batch_std_advantages",
+    "group_advantages",
+    "kl_divergence",
+    "masked_aggregate",
+    "masked_mean",
+    "policy_loss",
+]

@@ -1,0 +1,97 @@
+"""Reducing per-token values over the counted tokens of a batch (design §5).
+
+The three modes weigh tokens differently, and that choice is a length bias:
+
+- ``seq-mean`` (original GRPO): every sequence weighs the same, so a token of a short completion weighs more than a
+  token of a long one; a wrong long answer is penalised less per token than a wrong short one.
+- ``token-mean`` (DAPO): every counted token weighs the same, so long sequences dominate the batch.
+- ``constant`` (Dr. GRPO): the sum divided by ``num_sequences * max_new_tokens``, a constant that does not depend
+  on the lengths sampled, so no length is favoured by the normaliser itself.
+
+Each mode is a numerator over a denominator (``aggregation_terms``). To keep a loss independent of how an optimizer
+step is split (minibatches accumulated into it, DDP ranks), add the denominators over the whole step and divide
+each part's numerator by that total.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+import torch
+
+from lit_grpo.losses.advantages import check_choice
+
+Aggregation = Literal["seq-mean", "token-mean", "constant"]
+AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
+
+
+def check_aggregation(mode: str, max_new_tokens: int | None) -> None:
+    """Validate an aggregation mode and, for ``constant``, its required ``max_new_tokens``."""
+    check_choice("aggregation", mode, AGGREGATIONS)
+    if mode == "constant" and (max_new_tokens is None or max_new_tokens <= 0):
+        raise ValueError("aggregation 'constant' needs max_new_tokens (a positive int), got " f"{max_new_tokens!r}")
+
+
+def aggregation_terms(
+    values: torch.Tensor,
+    completion_mask: torch.Tensor,
+    mode: str = "seq-mean",
+    max_new_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Numerator and denominator of ``masked_aggregate``: ``(sum part [], count part [])``.
+
+    ``seq-mean``: (sum over rows of row_sum / max(row_count, 1), number of rows); ``token-mean``: (sum of counted
+    values, number of counted tokens); ``constant``: (sum of counted values, rows * max_new_tokens).
+    """
+    check_aggregation(mode, max_new_tokens)
+    if values.shape != completion_mask.shape:
+        raise ValueError(f"values {tuple(values.shape)} and completion_mask {tuple(completion_mask.shape)} differ")
+    num_rows = values.new_tensor(float(values.shape[0]))
+    if mode == "seq-mean":
+        return sequence_mean(values, completion_mask).sum(), num_rows
+    mask = completion_mask.to(values.dtype)  # [N, T]
+    counted_sum = (values * mask).sum()
+    if mode == "token-mean":
+        return counted_sum, mask.sum()
+    return counted_sum, num_rows * max_new_tokens
+
+
+def sequence_mean(values: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """Per-row mean over counted tokens; 0 for a row with none.  ``[N, T]`` -> ``[N]``."""
+    mask = completion_mask.to(values.dtype)  # [N, T]
+    return (values * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
+
+
+def masked_aggregate(
+    values: torch.Tensor,
+    completion_mask: torch.Tensor,
+    mode: str = "seq-mean",
+    max_new_tokens: int | None = None,
+) -> torch.Tensor:
+    """Reduce ``[N, T]`` per-token values to a scalar over the tokens where ``completion_mask`` is True.
+
+    Args:
+        values: ``[N, T]`` per-token values (a surrogate, a KL estimate, ...).
+        completion_mask: ``[N, T]`` bool, True where the token counts.
+        mode: ``seq-mean``, ``token-mean`` or ``constant`` (see the module docstring for their length biases).
+        max_new_tokens: the generation budget; required by ``constant``.
+
+    Returns:
+        A scalar. A row with no counted token contributes 0 and still counts as a sequence; a batch with no counted
+        token gives 0.
+
+    Example: values [[1, 2], [3, 4]], mask [[1, 1], [0, 0]]: ``seq-mean`` (1.5 + 0) / 2 = 0.75, ``token-mean``
+    3 / 2 = 1.5, ``constant`` with max_new_tokens 4: 3 / (2 * 4) = 0.375.
+    """
+    numerator, denominator = aggregation_terms(values, completion_mask, mode, max_new_tokens)
+    return divide_by_count(numerator, denominator)
+
+
+def divide_by_count(numerator: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``numerator / count`` for a whole-number ``count``; 0 when the count is 0 (its numerator is then 0 too)."""
+    return numerator / count.clamp(min=1)
+
+
+def masked_mean(values: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` over the counted tokens, 0 when none counts.  ``[N, T]`` -> ``[]``."""
+    return masked_aggregate(values, completion_mask, mode="token-mean")
