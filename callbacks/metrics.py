@@ -1,0 +1,97 @@
+"""RolloutMetrics: what each epoch's rollouts and updates looked like, in TensorBoard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+from torchmetrics import MeanMetric
+
+from lit_grpo.buffer import RolloutBuffer
+
+
+def rollout_stats(buffer: RolloutBuffer) -> dict[str, float]:
+    """Summary of one epoch's buffer: rewards, accuracy, lengths, truncation, flat groups, reward errors, KL."""
+    grouped = buffer.rewards.view(-1, buffer.group_size)  # [B, G]
+    flat = grouped.amax(dim=1) == grouped.amin(dim=1)  # [B]
+    stats = {
+        "reward_mean": buffer.rewards.mean().item(),
+        "reward_std": buffer.rewards.std(correction=0).item(),
+        "accuracy": buffer.correct.float().mean().item(),
+        "completion_length": buffer.completion_lengths.float().mean().item(),
+        "truncated_frac": buffer.truncated.float().mean().item(),
+        "zero_std_frac": flat.float().mean().item(),
+        "reward_errors": float(buffer.reward_errors),
+    }
+    if buffer.ref_logp is not None and buffer.old_logp is not None:
+        # k3 of the sampled tokens, averaged over counted tokens: the KL of the sampling policy to pi_ref
+        delta = (buffer.ref_logp - buffer.old_logp)[buffer.completion_mask]
+        stats["kl_ref"] = (torch.exp(delta) - delta - 1).mean().item() if delta.numel() else 0.0
+    return stats
+
+
+def samples_table(buffer: RolloutBuffer, max_rows: int) -> str:
+    """A markdown table of the first groups' prompts, completions, rewards and advantages."""
+    lines = ["| prompt | completion | reward | advantage |", "|---|---|---|---|"]
+    for row in range(min(max_rows, len(buffer.completion_texts))):
+        advantage = buffer.advantages[row]
+        advantage = advantage.item() if advantage.dim() == 0 else advantage[buffer.completion_mask[row]].mean().item()
+        completion = buffer.completion_texts[row].replace("|", "\\|") or "(empty)"
+        lines.append(
+            f"| `{buffer.prompt_texts[row]}` | `{completion}` | {buffer.rewards[row].item():.3f} | {advantage:+.3f} |"
+        )
+    return "\n".join(lines)
+
+
+class RolloutMetrics(pl.Callback):
+    """Logs ``rollout/*`` once per epoch from the buffer and ``train/*`` epoch means of the loss stats.
+
+    Args:
+        table_every_n_epochs: write a text table of sample completions every N epochs (0 turns it off).
+        table_rows: completions in that table.
+    """
+
+    TRAIN_KEYS = ("surrogate", "kl_ref", "clip_frac_low", "clip_frac_high", "ratio_mean", "approx_kl")
+
+    def __init__(self, table_every_n_epochs: int = 5, table_rows: int = 16) -> None:
+        self.table_every_n_epochs = table_every_n_epochs
+        self.table_rows = table_rows
+        self.train = {key: MeanMetric() for key in self.TRAIN_KEYS}
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        datamodule = trainer.datamodule
+        buffer: RolloutBuffer | None = getattr(datamodule, "buffer", None)
+        if buffer is None:
+            return
+        stats = rollout_stats(buffer)
+        stats.update({f"time_{name}": seconds for name, seconds in datamodule.timings.items()})
+        for name, value in stats.items():
+            pl_module.log(f"rollout/{name}", value, on_step=False, on_epoch=True, sync_dist=True)
+        every = self.table_every_n_epochs
+        if every and trainer.current_epoch % every == 0:
+            self.write_table(trainer, buffer)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        stats = outputs.get("stats", {}) if isinstance(outputs, dict) else {}
+        for key in self.TRAIN_KEYS:
+            if key in stats:
+                self.train[key] = self.train[key].to(pl_module.device)
+                self.train[key].update(stats[key])
+        for key in ("logp_diff_max", "logp_diff_mean"):
+            if key in stats:
+                pl_module.log(f"rollout/{key}", stats[key], on_step=False, on_epoch=True, sync_dist=True, batch_size=1)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        for key in self.TRAIN_KEYS:
+            metric = self.train[key]
+            if metric.update_count:
+                pl_module.log(f"train/{key}", metric.compute(), on_step=False, on_epoch=True, sync_dist=True)
+            metric.reset()
+
+    @rank_zero_only
+    def write_table(self, trainer: pl.Trainer, buffer: RolloutBuffer) -> None:
+        logger = trainer.logger
+        if logger is not None and hasattr(logger.experiment, "add_text"):
+            logger.experiment.add_text("rollout/samples", samples_table(buffer, self.table_rows), trainer.global_step)

@@ -1,0 +1,133 @@
+"""The epoch's rollouts as tensors, and how they are served as minibatches (design §2, step 6)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from lit_grpo.engines.base import Completion
+from lit_grpo.losses import aggregation_terms
+
+
+@dataclass
+class RolloutBuffer:
+    """``N = num_groups * group_size`` rows of prompt + completion, right-padded; a group's rows are contiguous.
+
+    ``completion_mask`` is True on policy-generated tokens (the stop token included), False on the prompt and the
+    padding. Log-prob tensors are aligned with ``input_ids``: entry t is the log-prob of token t given the tokens
+    before it, 0 where the mask is False.
+    """
+
+    input_ids: torch.Tensor  # [N, L]
+    attention_mask: torch.Tensor  # [N, L] bool
+    completion_mask: torch.Tensor  # [N, L] bool
+    rewards: torch.Tensor  # [N] task rewards as scored
+    correct: torch.Tensor  # [N] bool
+    truncated: torch.Tensor  # [N] bool: hit max_new_tokens without a stop token
+    group_size: int
+    temperature: float
+    max_new_tokens: int
+    sampler_logp: torch.Tensor | None = None  # [N, L] from the engine, if it reports log-probs
+    old_logp: torch.Tensor | None = None  # [N, L] pi_old, filled by the no-grad passes
+    ref_logp: torch.Tensor | None = None  # [N, L] pi_ref, filled when kl_coef > 0
+    advantages: torch.Tensor | None = None  # [N] (or [N, L]), filled last
+    reward_errors: int = 0
+    prompt_texts: list[str] = field(default_factory=list)  # [N]
+    completion_texts: list[str] = field(default_factory=list)  # [N]
+
+    @property
+    def num_groups(self) -> int:
+        return self.input_ids.shape[0] // self.group_size
+
+    @property
+    def completion_lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(dim=1)  # [N]
+
+
+def build_buffer(
+    prompt_ids: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[Completion]],
+    pad_id: int,
+    temperature: float,
+    max_new_tokens: int,
+) -> RolloutBuffer:
+    """Lay out ``G`` completions per prompt as rows of ``prompt + completion`` (rewards are set by the caller)."""
+    group_size = len(completions[0])
+    rows = [(list(p), c) for p, group in zip(prompt_ids, completions) for c in group]
+    width = max(len(p) + len(c.token_ids) for p, c in rows)
+    num_rows = len(rows)
+    input_ids = torch.full((num_rows, width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((num_rows, width), dtype=torch.bool)
+    completion_mask = torch.zeros((num_rows, width), dtype=torch.bool)
+    has_logprobs = all(c.logprobs is not None for _, c in rows)
+    sampler_logp = torch.zeros((num_rows, width)) if has_logprobs else None
+    for row, (prompt, completion) in enumerate(rows):
+        start, end = len(prompt), len(prompt) + len(completion.token_ids)
+        input_ids[row, :end] = torch.tensor(prompt + list(completion.token_ids))
+        attention_mask[row, :end] = True
+        completion_mask[row, start:end] = True
+        if sampler_logp is not None:
+            sampler_logp[row, start:end] = torch.tensor(completion.logprobs)
+    return RolloutBuffer(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        completion_mask=completion_mask,
+        rewards=torch.zeros(num_rows),
+        correct=torch.zeros(num_rows, dtype=torch.bool),
+        truncated=torch.tensor([c.finish_reason == "length" for _, c in rows]),
+        group_size=group_size,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        sampler_logp=sampler_logp,
+    )
+
+
+def serve_minibatches(
+    buffer: RolloutBuffer,
+    minibatch_size: int,
+    ppo_epochs: int,
+    accumulate: int,
+    aggregation: str,
+    generator: torch.Generator,
+) -> list[dict[str, torch.Tensor]]:
+    """The buffer ``ppo_epochs`` times over, whole groups shuffled into minibatches of ``minibatch_size`` rows.
+
+    Each minibatch carries ``step_denominator``: the aggregation's count summed over the ``accumulate`` minibatches
+    that make up its optimizer step, so the loss of a step does not depend on how it is split.
+    """
+    groups_per_batch = max(1, minibatch_size // buffer.group_size)
+    batches: list[dict[str, torch.Tensor]] = []
+    for _ in range(ppo_epochs):
+        order = torch.randperm(buffer.num_groups, generator=generator)
+        for start in range(0, buffer.num_groups, groups_per_batch):
+            groups = order[start : start + groups_per_batch]
+            rows = (groups[:, None] * buffer.group_size + torch.arange(buffer.group_size)).flatten()
+            batches.append(minibatch(buffer, rows))
+    mask_counts = [
+        aggregation_terms(b["completion_mask"].float(), b["completion_mask"], aggregation, buffer.max_new_tokens)[1]
+        for b in batches
+    ]
+    for index, batch in enumerate(batches):
+        # Lightning accumulates consecutive batches and steps on the epoch's last batch even if the group is short
+        step_start = index // accumulate * accumulate
+        batch["step_denominator"] = torch.stack(mask_counts[step_start : step_start + accumulate]).sum()
+    return batches
+
+
+def minibatch(buffer: RolloutBuffer, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The given rows, cut to the longest of them."""
+    width = int(buffer.attention_mask[rows].sum(dim=1).max())
+    out = {
+        "input_ids": buffer.input_ids[rows, :width],
+        "attention_mask": buffer.attention_mask[rows, :width],
+        "completion_mask": buffer.completion_mask[rows, :width],
+        "advantages": buffer.advantages[rows] if buffer.advantages.dim() == 1 else buffer.advantages[rows, :width],
+        "old_logp": buffer.old_logp[rows, :width],
+        "temperature": torch.tensor(buffer.temperature),
+        "max_new_tokens": torch.tensor(buffer.max_new_tokens),
+    }
+    if buffer.ref_logp is not None:
+        out["ref_logp"] = buffer.ref_logp[rows, :width]
+    return out

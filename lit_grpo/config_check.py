@@ -1,0 +1,139 @@
+"""One pass over the merged configuration that reports every problem at once, before anything is instantiated.
+
+jsonargparse stops at the first bad key; a user fixing a config wants the whole list, including the checks that
+span classes (``group_size`` against the advantage mode), which no single signature can express.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonargparse import ArgumentParser
+from jsonargparse._util import import_object
+
+from lit_grpo.datamodule import RolloutDataModule, data_config_problems
+from lit_grpo.module import PolicyModule
+from lit_grpo.module_config import module_config_problems
+
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+TOP_LEVEL_KEYS = {"config", "seed_everything", "trainer", "model", "data", "ckpt_path", "metrics", "checkpoint"}
+
+
+def merged_config(args: list[str]) -> dict[str, Any] | None:
+    """The subcommand's config from its ``--config`` files and ``--a.b=value`` overrides; None for ``--help``."""
+    if not args or args[0] not in SUBCOMMANDS or any(a in ("-h", "--help") or a.startswith("--print_config") for a in args):
+        return None
+    merged: dict[str, Any] = {}
+    pairs = split_options(args[1:])
+    for key, value in pairs:
+        if key == "config":
+            deep_merge(merged, yaml.safe_load(Path(value).read_text()) or {})
+        else:
+            parsed = yaml.safe_load(value) if value is not None else True
+            node = merged
+            *parents, leaf = key.split(".")
+            for part in parents:
+                node = node.setdefault(part, {}) if isinstance(node.get(part), dict) or part not in node else node[part]
+            node[leaf] = parsed
+    return merged
+
+
+def split_options(args: list[str]) -> list[tuple[str, str | None]]:
+    """``["--a=1", "--b", "2", "--flag"]`` -> ``[("a", "1"), ("b", "2"), ("flag", None)]``."""
+    pairs: list[tuple[str, str | None]] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        key, sep, value = arg[2:].partition("=")
+        if not sep and index + 1 < len(args) and not args[index + 1].startswith("--"):
+            value, index = args[index + 1], index + 1
+        pairs.append((key, value if (sep or value) else None))
+        index += 1
+    return pairs
+
+
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            deep_merge(base[key], value)
+        else:
+            base[key] = value
+
+
+def signature_defaults(cls: type) -> dict[str, Any]:
+    return {
+        name: p.default
+        for name, p in inspect.signature(cls.__init__).parameters.items()
+        if name != "self" and p.default is not inspect.Parameter.empty
+    }
+
+
+def key_problems(section: str, cls: type | Callable, values: dict[str, Any]) -> dict[str, str]:
+    """Unknown keys and wrongly typed values of one class's arguments, checked one key at a time."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls) if isinstance(cls, type) else parser.add_function_arguments(cls)
+    problems = {}
+    for key, value in values.items():
+        try:
+            parser.parse_object({key: value}, defaults=False)
+        except Exception as error:  # noqa: BLE001 - jsonargparse raises several types; we report its text
+            detail = " ".join(str(error).split("\n")[1:]).strip() or str(error)
+            problems[key] = f"{section}.{key}: {detail}"
+    return problems
+
+
+def class_path_problems(section: str, spec: Any, base: type) -> list[str]:
+    """A ``{class_path, init_args}`` value: the class must import, subclass ``base`` and accept the init_args."""
+    if not isinstance(spec, dict) or "class_path" not in spec:
+        return []
+    try:
+        cls = import_object(spec["class_path"])
+    except Exception:  # noqa: BLE001
+        return [f"{section}: cannot import class_path {spec['class_path']!r}"]
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        return [f"{section}: {spec['class_path']!r} is not a subclass of {base.__module__}.{base.__name__}"]
+    return list(key_problems(section, cls, spec.get("init_args") or {}).values())
+
+
+def config_problems(config: dict[str, Any]) -> list[str]:
+    """Every problem of a merged config: keys, types, values, and the rules that span sections."""
+    from lightning.pytorch import Trainer
+
+    from lit_grpo.tasks import Task
+
+    problems = [f"{key}: unknown top-level key" for key in config if key not in TOP_LEVEL_KEYS]
+    model_cfg, data_cfg = dict(config.get("model") or {}), dict(config.get("data") or {})
+    trainer_cfg = dict(config.get("trainer") or {})
+    model_bad = key_problems("model", PolicyModule, model_cfg)
+    data_bad = key_problems("data", RolloutDataModule, {k: v for k, v in data_cfg.items() if k not in ("task", "engine")})
+    trainer_bad = key_problems("trainer", Trainer, {k: v for k, v in trainer_cfg.items() if k not in ("callbacks", "logger", "plugins", "strategy")})
+    problems += list(model_bad.values()) + list(data_bad.values()) + list(trainer_bad.values())
+    problems += class_path_problems("data.task", data_cfg.get("task"), Task)
+    # value checks see the defaults in place of values already reported, so each problem is reported once
+    model_args = {**signature_defaults(PolicyModule), **without(model_cfg, model_bad)}
+    data_args = {**signature_defaults(RolloutDataModule), **without(data_cfg, data_bad)}
+    problems += [f"model.{p}" for p in module_config_problems(model_args)]
+    problems += [f"data.{p}" for p in data_config_problems(data_args)]
+    problems += cross_problems(model_args, data_args)
+    if trainer_cfg.get("reload_dataloaders_every_n_epochs", 1) != 1:
+        problems.append("trainer.reload_dataloaders_every_n_epochs: must be 1 (rollouts are regenerated each epoch)")
+    return problems
+
+
+def cross_problems(model_args: dict[str, Any], data_args: dict[str, Any]) -> list[str]:
+    """Rules that involve both the module and the data."""
+    problems = []
+    if data_args["group_size"] == 1 and model_args["advantage_mode"] != "raw":
+        problems.append(
+            f"data.group_size 1 with model.advantage_mode {model_args['advantage_mode']!r}: a group of one has "
+            "advantage 0, so nothing would be learned; use group_size >= 2 (or advantage_mode 'raw')"
+        )
+    return problems
+
+
+def without(values: dict[str, Any], reported: dict[str, str]) -> dict[str, Any]:
+    return {key: value for key, value in values.items() if key not in reported}

@@ -1,0 +1,201 @@
+"""RolloutDataModule: each epoch, fresh rollouts from the current policy, scored and served (design §2)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from jsonargparse import lazy_instance
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader
+
+from lit_grpo.buffer import RolloutBuffer, build_buffer, serve_minibatches
+from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
+from lit_grpo.tasks import ArithmeticTask, PromptRecord, Task
+
+
+def data_config_problems(args: dict[str, Any]) -> list[str]:
+    """Every problem with RolloutDataModule's own arguments (empty when all is well)."""
+    problems = []
+    for name in ("group_size", "prompts_per_epoch", "minibatch_size", "ppo_epochs", "max_new_tokens", "val_batch_size"):
+        if args[name] < 1:
+            problems.append(f"{name}: must be >= 1, got {args[name]}")
+    if args["temperature"] <= 0:
+        problems.append(f"temperature: must be > 0 for sampled rollouts, got {args['temperature']}")
+    if args["group_size"] >= 1 and args["minibatch_size"] % args["group_size"]:
+        problems.append(
+            f"minibatch_size: {args['minibatch_size']} is not a multiple of group_size ({args['group_size']}); "
+            "minibatches hold whole groups"
+        )
+    if args["val_max_prompts"] is not None and args["val_max_prompts"] < 1:
+        problems.append(f"val_max_prompts: must be >= 1 or None, got {args['val_max_prompts']}")
+    return problems
+
+
+class RolloutDataModule(pl.LightningDataModule):
+    """Prompts, rollout engine and rewards; regenerates the rollout buffer at the start of every epoch.
+
+    Needs ``Trainer(reload_dataloaders_every_n_epochs=1)`` (the CLI sets it), else the first buffer is reused.
+
+    Args:
+        task: the prompts and rewards, by class path (``lit_grpo.tasks.ArithmeticTask``, ``SortTask``,
+            ``JsonlTask`` or your own ``Task`` subclass).
+        engine: the rollout engine; ``None`` means ``HFEngine()`` (transformers ``generate`` on the live policy).
+        group_size: G, completions sampled per prompt.
+        prompts_per_epoch: prompts taken (in order, wrapping around) from the task's training split per epoch.
+        minibatch_size: sequences per minibatch (a multiple of ``group_size``); use the trainer's
+            ``accumulate_grad_batches`` to put several minibatches in one optimizer step.
+        ppo_epochs: passes (mu) over each epoch's buffer.
+        max_new_tokens: the generation budget per completion.
+        temperature: sampling temperature; the trainer's log-probs use the same.
+        val_max_prompts: held-out prompts used per validation (``None``: the whole held-out split).
+        val_batch_size: held-out prompts per validation batch.
+        seed: seeds the sampling and the minibatch order (each epoch derives its own from it).
+    """
+
+    def __init__(
+        self,
+        task: Task = lazy_instance(ArithmeticTask),
+        engine: RolloutEngine | None = None,
+        group_size: int = 8,
+        prompts_per_epoch: int = 32,
+        minibatch_size: int = 64,
+        ppo_epochs: int = 1,
+        max_new_tokens: int = 6,
+        temperature: float = 1.0,
+        val_max_prompts: int | None = None,
+        val_batch_size: int = 256,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "task", "engine")}
+        problems = data_config_problems(arguments)
+        if problems:
+            raise ValueError("invalid RolloutDataModule configuration:\n  - " + "\n  - ".join(problems))
+        self.task = task
+        self.engine: RolloutEngine = engine if engine is not None else HFEngine()
+        self.group_size, self.prompts_per_epoch = group_size, prompts_per_epoch
+        self.minibatch_size, self.ppo_epochs = minibatch_size, ppo_epochs
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        self.val_max_prompts, self.val_batch_size, self.seed = val_max_prompts, val_batch_size, seed
+        self.cursor = 0  # index of the next training prompt; carried by checkpoints
+        self.buffer: RolloutBuffer | None = None
+        self.timings: dict[str, float] = {}
+        self._pushed_at_step: int | None = None
+
+    # --- the epoch's buffer (design §2 steps 1-6) --------------------------------------------------------------
+    def train_dataloader(self) -> DataLoader:
+        trainer = self.trainer
+        if trainer.reload_dataloaders_every_n_epochs != 1:
+            raise ValueError(
+                "RolloutDataModule needs Trainer(reload_dataloaders_every_n_epochs=1): without it the first "
+                "epoch's rollouts would be trained on forever"
+            )
+        module = trainer.lightning_module
+        self.buffer = self.collect_rollouts(module, trainer.current_epoch)
+        generator = torch.Generator().manual_seed(self.epoch_seed(trainer.current_epoch) + 1)
+        batches = serve_minibatches(
+            self.buffer, self.minibatch_size, self.ppo_epochs, trainer.accumulate_grad_batches,
+            module.loss.aggregation, generator,
+        )
+        return DataLoader(batches, batch_size=None, shuffle=False)
+
+    def collect_rollouts(self, module: Any, epoch: int) -> RolloutBuffer:
+        """Generate, score, run the no-grad passes, then compute advantages, in that order."""
+        clock = time.perf_counter()
+        records = self.next_prompts()
+        prompt_ids = [self.task.prompt_ids(r, module.tokenizer) for r in records]
+        self.sync_policy(module)
+        sampling = self.sampling_spec(module, greedy=False, seed=self.epoch_seed(epoch))
+        completions = self.engine.generate(prompt_ids, self.group_size, sampling)
+        generated = time.perf_counter()
+        buffer = build_buffer(prompt_ids, completions, module.tokenizer.pad_token_id, self.temperature, self.max_new_tokens)
+        self.score(buffer, records, module.tokenizer)
+        scored = time.perf_counter()
+        module.run_no_grad_passes(buffer)
+        module.assign_advantages(buffer)
+        done = time.perf_counter()
+        self.timings = {"generate": generated - clock, "score": scored - generated, "no_grad_passes": done - scored}
+        rank_zero_info(
+            f"epoch {epoch}: {len(records)} prompts x {self.group_size} completions in {done - clock:.2f}s "
+            f"(generate {generated - clock:.2f}s); reward mean {buffer.rewards.mean():.3f}, "
+            f"accuracy {buffer.correct.float().mean():.3f}"
+        )
+        return buffer
+
+    def next_prompts(self) -> list[PromptRecord]:
+        """The next ``prompts_per_epoch`` training prompts, wrapping around the split."""
+        train = self.task.train_records()
+        records = [train[(self.cursor + i) % len(train)] for i in range(self.prompts_per_epoch)]
+        self.cursor = (self.cursor + self.prompts_per_epoch) % len(train)
+        return records
+
+    def score(self, buffer: RolloutBuffer, records: Sequence[PromptRecord], tokenizer: Any) -> None:
+        """Rewards and correctness of every completion, in place; a raising reward scores the task's failure."""
+        texts, errors = [], 0
+        for row in range(buffer.input_ids.shape[0]):
+            record = records[row // buffer.group_size]
+            ids = buffer.input_ids[row][buffer.completion_mask[row]].tolist()
+            text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+            scored = self.task.score(record, text, ids)
+            buffer.rewards[row], buffer.correct[row] = scored.reward, scored.correct
+            errors += scored.error is not None
+            texts.append(text)
+        buffer.reward_errors = errors
+        buffer.completion_texts = texts
+        buffer.prompt_texts = [records[row // buffer.group_size]["prompt"] for row in range(len(texts))]
+
+    # --- engine ------------------------------------------------------------------------------------------------
+    def sync_policy(self, module: Any) -> None:
+        """Push the current policy into the engine, once per optimizer step at most."""
+        step = module.trainer.global_step if module._trainer is not None else -1
+        if self._pushed_at_step != step or step < 0:
+            self.engine.push_policy(module.policy)
+            self._pushed_at_step = step
+
+    def sampling_spec(self, module: Any, greedy: bool, seed: int | None) -> SamplingSpec:
+        return SamplingSpec(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            greedy=greedy,
+            seed=seed,
+            stop_token_ids=(module.tokenizer.eos_token_id,),
+        )
+
+    def epoch_seed(self, epoch: int) -> int:
+        return self.seed * 1_000_003 + epoch * 7919
+
+    def greedy_scores(self, module: Any, records: list[PromptRecord]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy completions of held-out prompts: ``(rewards [B], correct [B])``."""
+        self.sync_policy(module)
+        prompt_ids = [self.task.prompt_ids(r, module.tokenizer) for r in records]
+        completions = self.engine.generate(prompt_ids, 1, self.sampling_spec(module, greedy=True, seed=None))
+        rewards, correct = [], []
+        for record, (completion,) in zip(records, completions):
+            text = module.tokenizer.decode(list(completion.token_ids), skip_special_tokens=True).strip()
+            scored = self.task.score(record, text, completion.token_ids)
+            rewards.append(scored.reward)
+            correct.append(scored.correct)
+        return torch.tensor(rewards), torch.tensor(correct)
+
+    # --- held-out prompts --------------------------------------------------------------------------------------
+    def val_dataloader(self) -> DataLoader:
+        heldout = list(self.task.heldout_records())[: self.val_max_prompts]
+        return DataLoader(heldout, batch_size=self.val_batch_size, shuffle=False, collate_fn=list)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.val_dataloader()
+
+    # --- state and teardown ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"cursor": self.cursor}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.cursor = int(state_dict["cursor"])
+
+    def teardown(self, stage: str) -> None:
+        if not self.engine.shared:
+            self.engine.close()

@@ -1,0 +1,6 @@
+"""Rollout engines behind one Protocol; the only package that touches an inference library."""
+
+from lit_grpo.engines.base import Completion, FinishReason, RolloutEngine, SamplingSpec
+from lit_grpo.engines.hf import HFEngine
+
+__all__ = ["Completion", "FinishReason", "HFEngine", "RolloutEngine", "SamplingSpec"]

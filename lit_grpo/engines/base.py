@@ -1,0 +1,56 @@
+"""The one interface between the algorithm and whatever generates rollouts (design §7).
+
+Nothing outside ``lit_grpo.engines`` imports an inference library: the DataModule speaks only this Protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """How to sample one engine call.
+
+    Training rollouts sample from the full distribution (no top-k, top-p 1): truncation would bias the importance
+    ratio. ``allowed_token_ids`` / ``banned_token_ids`` hold one list per prompt (or ``None``) and restrict the
+    first token of the completion, e.g. the risk rule forcing a defer.
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    greedy: bool = False
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    allowed_token_ids: tuple[tuple[int, ...] | None, ...] | None = None
+    banned_token_ids: tuple[tuple[int, ...] | None, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated completion: its token ids as sampled (a stop token included), their log-probs under the
+    sampling distribution (temperature applied), and why generation ended."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None
+    finish_reason: FinishReason
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Generates completions from the current policy."""
+
+    shared: bool
+    """When True, a fit does not close this engine: it belongs to whoever injected it (e.g. a test session)."""
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSpec) -> list[list[Completion]]:
+        """``n`` completions for each prompt (given as token ids), in prompt order."""
+
+    def push_policy(self, model: Any) -> None:
+        """Make the engine sample from ``model``'s current weights (its LoRA adapter included)."""
+
+    def close(self) -> None:
+        """Release the engine's resources; generating afterwards is an error."""

@@ -1,0 +1,71 @@
+"""Loading the base causal LM and wrapping it in a PEFT LoRA adapter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def resolve_model_path(model_name_or_path: str) -> str:
+    """A local directory as given, else relative to the project checkout (for ``data/...``), else a hub id."""
+    given = Path(model_name_or_path).expanduser()
+    if given.is_dir():
+        return str(given)
+    shipped = PROJECT_ROOT / model_name_or_path
+    if not given.is_absolute() and shipped.is_dir():
+        return str(shipped)
+    return model_name_or_path
+
+
+def model_path_problem(model_name_or_path: str) -> str | None:
+    """Why ``model_name_or_path`` cannot be loaded, or None: a path must exist; a hub id must look like one."""
+    resolved = resolve_model_path(model_name_or_path)
+    if Path(resolved).is_dir():
+        return None if (Path(resolved) / "config.json").is_file() else f"{resolved!r} holds no config.json"
+    looks_like_path = model_name_or_path.startswith((".", "/", "~")) or model_name_or_path.count("/") > 1
+    if looks_like_path or not model_name_or_path.strip():
+        return f"{model_name_or_path!r} is not a model directory (nor a hub id)"
+    return None
+
+
+def load_tokenizer(model_path: str, trust_remote_code: bool = False) -> Any:
+    """The model's tokenizer, with a pad token (its EOS) if it had none."""
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_policy(
+    model_path: str,
+    lora_rank: int,
+    lora_alpha: float,
+    lora_dropout: float,
+    lora_target_modules: str | list[str],
+    init_adapter: str | None = None,
+    attn_implementation: str = "sdpa",
+    trust_remote_code: bool = False,
+) -> PeftModel:
+    """The base model in float32 with a trainable LoRA adapter named ``default`` (every base weight frozen)."""
+    base = AutoModelForCausalLM.from_pretrained(
+        model_path,
+        dtype=torch.float32,
+        attn_implementation=attn_implementation,
+        trust_remote_code=trust_remote_code,
+    )
+    if init_adapter is not None:
+        return PeftModel.from_pretrained(base, init_adapter, is_trainable=True)
+    config = LoraConfig(
+        r=lora_rank,
+        lora_alpha=lora_alpha,
+        lora_dropout=lora_dropout,
+        target_modules=lora_target_modules,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(base, config)

@@ -1,0 +1,238 @@
+"""PolicyModule: the LoRA policy, the loss variant and the optimizer (design §1-§5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+
+from lit_grpo.buffer import RolloutBuffer
+from lit_grpo.logprobs import batched_sequence_logprobs, sequence_logprobs
+from lit_grpo.losses import (
+    AdvantageMode,
+    Aggregation,
+    KLEstimator,
+    PolicyVariant,
+    aggregation_terms,
+    batch_std_advantages,
+    group_advantages,
+    kl_divergence,
+    masked_aggregate,
+    policy_loss,
+)
+from lit_grpo.model_loading import load_policy, load_tokenizer, resolve_model_path
+from lit_grpo.module_config import LossSettings, module_config_problems
+from lit_grpo.validation import GreedyEvaluation
+
+
+class PolicyModule(pl.LightningModule):
+    """A Hugging Face causal LM with a trainable LoRA adapter, trained with a GRPO-family loss.
+
+    Args:
+        model_name_or_path: a local model directory (relative paths also resolve against the project checkout)
+            or a hub id; the default is the tiny model the project ships.
+        lora_rank: LoRA rank r.
+        lora_alpha: LoRA alpha (the update is scaled by alpha / r).
+        lora_dropout: dropout on the LoRA input during training updates; 0 keeps the update forward identical
+            to the sampler's.
+        lora_target_modules: module names to adapt, or ``all-linear`` for every linear layer but the output head.
+        init_adapter: a PEFT adapter directory to continue training from instead of a fresh adapter.
+        advantage_mode: group advantages: ``raw``, ``centered``, ``grpo``, ``drgrpo``, ``rloo``, ``max``.
+        std_scope: for ``grpo``, normalise by the std of each ``group`` or of the whole ``batch``.
+        loss_variant: ``reinforce``, ``unclipped``, ``clip`` (PPO/GRPO) or ``gspo`` (sequence-level ratio).
+        clip_eps: lower clip epsilon; ``None`` means 0.2, or 3e-4 for ``gspo``.
+        clip_eps_high: upper clip epsilon (DAPO's clip-higher); ``None`` means ``clip_eps``, or 4e-4 for ``gspo``
+            when ``clip_eps`` is unset too.
+        aggregation: ``seq-mean`` (GRPO), ``token-mean`` (DAPO) or ``constant`` (Dr. GRPO, divides by
+            ``max_new_tokens``); the normaliser counts the whole optimizer step.
+        kl_coef: beta, the weight of the KL to the reference policy; 0 skips the reference pass.
+        kl_estimator: ``k1``, ``k2`` or ``k3`` per-token KL estimate.
+        kl_in: ``loss`` adds beta * KL to the loss (GRPO); ``reward`` subtracts beta * sum of k1 from each
+            sequence's reward before the advantages.
+        old_logp_source: pi_old from the ``sampler``'s log-probs, or recomputed by the ``trainer``.
+        attn_implementation: the transformers attention kernel: ``sdpa`` or ``eager``.
+        trust_remote_code: allow the model's own code from its repository to run; off unless you trust it.
+        no_grad_batch_size: rows per forward in the no-grad passes (pi_old, pi_ref).
+        optimizer: the optimizer over the trainable parameters; ``None`` means AdamW(lr=5e-4, weight_decay=0).
+        lr_scheduler: an optional learning-rate scheduler, stepped every optimizer step.
+    """
+
+    def __init__(
+        self,
+        model_name_or_path: str = "data/tiny-llama",
+        lora_rank: int = 16,
+        lora_alpha: float = 32.0,
+        lora_dropout: float = 0.0,
+        lora_target_modules: str | list[str] = "all-linear",
+        init_adapter: str | None = None,
+        advantage_mode: AdvantageMode = "grpo",
+        std_scope: Literal["group", "batch"] = "group",
+        loss_variant: PolicyVariant = "clip",
+        clip_eps: float | None = None,
+        clip_eps_high: float | None = None,
+        aggregation: Aggregation = "seq-mean",
+        kl_coef: float = 0.04,
+        kl_estimator: KLEstimator = "k3",
+        kl_in: Literal["loss", "reward"] = "loss",
+        old_logp_source: Literal["sampler", "trainer"] = "sampler",
+        attn_implementation: Literal["sdpa", "eager"] = "sdpa",
+        trust_remote_code: bool = False,
+        no_grad_batch_size: int = 256,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
+    ) -> None:
+        super().__init__()
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "optimizer", "lr_scheduler")}
+        problems = module_config_problems(arguments)
+        if problems:
+            raise ValueError("invalid PolicyModule configuration:\n  - " + "\n  - ".join(problems))
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.loss = LossSettings.from_arguments(arguments)
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = lr_scheduler
+        self.strict_loading = False  # checkpoints hold the trainable weights only, not the frozen base
+        self.policy: Any = None
+        self.tokenizer: Any = None
+        self.evaluation = GreedyEvaluation()
+
+    # --- model -------------------------------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        if self.policy is not None:
+            return
+        hp = self.hparams
+        path = resolve_model_path(hp.model_name_or_path)
+        self.tokenizer = load_tokenizer(path, hp.trust_remote_code)
+        self.policy = load_policy(
+            path, hp.lora_rank, hp.lora_alpha, hp.lora_dropout, hp.lora_target_modules,
+            hp.init_adapter, hp.attn_implementation, hp.trust_remote_code,
+        )
+
+    def configure_optimizers(self) -> Any:
+        params = [p for p in self.parameters() if p.requires_grad]
+        optimizer = (
+            self.optimizer_factory(params) if self.optimizer_factory else torch.optim.AdamW(params, lr=5e-4, weight_decay=0.0)
+        )
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def configure_callbacks(self) -> list[pl.Callback]:
+        from lit_grpo.callbacks.reference import ReferencePolicy
+
+        present = any(isinstance(c, ReferencePolicy) for c in self.trainer.callbacks)
+        return [] if present or not self.loss.needs_reference else [ReferencePolicy()]
+
+    @property
+    def reference_policy(self) -> Any:
+        from lit_grpo.callbacks.reference import ReferencePolicy
+
+        found = [c for c in self.trainer.callbacks if isinstance(c, ReferencePolicy)]
+        if not found:
+            raise RuntimeError("kl_coef > 0 needs a ReferencePolicy callback; configure_callbacks() adds one")
+        return found[0]
+
+    # --- the no-grad passes and advantages (design §2 steps 4-5), called by the DataModule -----------------------
+    def run_no_grad_passes(self, buffer: RolloutBuffer) -> None:
+        """pi_old (unless the sampler's log-probs are used) and pi_ref log-probs of the whole buffer."""
+        batch_size = self.hparams.no_grad_batch_size
+        args = (buffer.input_ids.to(self.device), buffer.attention_mask.to(self.device), buffer.temperature)
+        if self.hparams.old_logp_source == "trainer" or buffer.sampler_logp is None:
+            buffer.old_logp = batched_sequence_logprobs(self.policy, *args, batch_size).cpu()
+        else:
+            buffer.old_logp = buffer.sampler_logp
+        if self.loss.needs_reference:
+            buffer.ref_logp = self.reference_policy.logprobs(self.policy, *args, batch_size).cpu()
+
+    def assign_advantages(self, buffer: RolloutBuffer) -> None:
+        """Group advantages of the rewards (less beta * KL when ``kl_in='reward'``)."""
+        rewards = buffer.rewards
+        if self.loss.kl_in == "reward" and self.loss.kl_coef > 0:
+            k1 = kl_divergence(buffer.old_logp, buffer.ref_logp, "k1") * buffer.completion_mask  # [N, L]
+            rewards = rewards - self.loss.kl_coef * k1.sum(dim=1)
+        grouped = rewards.view(-1, buffer.group_size)  # [B, G]
+        if self.hparams.std_scope == "batch" and self.loss.advantage_mode == "grpo":
+            advantages = batch_std_advantages(grouped)
+        else:
+            advantages = group_advantages(grouped, self.loss.advantage_mode)
+        buffer.advantages = advantages.flatten()  # [N]
+
+    # --- training ----------------------------------------------------------------------------------------------
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, Any]:
+        loss_cfg = self.loss
+        completion_mask = batch["completion_mask"]
+        max_new_tokens = int(batch["max_new_tokens"])
+        logp = sequence_logprobs(self.policy, batch["input_ids"], batch["attention_mask"], float(batch["temperature"]))
+        surrogate, stats = policy_loss(
+            logp, batch["old_logp"], batch["advantages"], completion_mask, loss_cfg.variant,
+            loss_cfg.clip_eps, loss_cfg.clip_eps_high, loss_cfg.aggregation, max_new_tokens,
+        )
+        loss = surrogate
+        stats = dict(stats, surrogate=surrogate.detach())
+        if loss_cfg.needs_reference and loss_cfg.kl_in == "loss":
+            kl = masked_aggregate(
+                kl_divergence(logp, batch["ref_logp"], loss_cfg.kl_estimator), completion_mask,
+                loss_cfg.aggregation, max_new_tokens,
+            )
+            loss = loss + loss_cfg.kl_coef * kl
+            stats["kl_ref"] = kl.detach()
+        if batch_idx == 0:  # no update yet this epoch: the trainer's log-probs are pi_old's
+            stats.update(sampler_agreement(logp.detach(), batch["old_logp"], completion_mask))
+        self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp))
+        local_count = aggregation_terms(logp.detach(), completion_mask, loss_cfg.aggregation, max_new_tokens)[1]
+        step_scale = local_count / batch["step_denominator"] * self.trainer.accumulate_grad_batches
+        return {"loss": loss * step_scale, "stats": stats}
+
+    # --- validation --------------------------------------------------------------------------------------------
+    def on_train_start(self) -> None:
+        if self.trainer.enable_validation and self.trainer.datamodule is not None:
+            metrics = self.evaluation.run_standalone(self, self.trainer.datamodule)
+            if self.logger is not None:
+                self.logger.log_metrics({f"val/{k}": v for k, v in metrics.items()}, step=0)
+            rank_zero_info("before training: " + ", ".join(f"val/{k} {v:.4f}" for k, v in metrics.items()))
+
+    def validation_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
+        self.evaluation.update(self, self.trainer.datamodule, batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self.evaluation.log_to(self, "val")
+
+    def test_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
+        self.evaluation.update(self, self.trainer.datamodule, batch)
+
+    def on_test_epoch_end(self) -> None:
+        self.evaluation.log_to(self, "test")
+
+    # --- checkpoints and the final adapter ---------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        trainable = {f"policy.{name}" for name, p in self.policy.named_parameters() if p.requires_grad}
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        trainable = {f"policy.{name}" for name, p in self.policy.named_parameters() if p.requires_grad}
+        missing = sorted(trainable - set(checkpoint["state_dict"]))
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} adapter tensors (e.g. {missing[0]}): another model?")
+
+    def on_fit_end(self) -> None:
+        self.save_adapter()
+
+    @rank_zero_only
+    def save_adapter(self) -> None:
+        """The trained adapter in PEFT format under ``<log dir>/adapter``."""
+        target = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "adapter"
+        self.policy.save_pretrained(str(target), selected_adapters=[self.policy.active_adapter])
+        self.tokenizer.save_pretrained(str(target))
+        rank_zero_info(f"adapter saved to {target}")
+
+
+def sampler_agreement(logp: torch.Tensor, old_logp: torch.Tensor, completion_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """max and mean |old_logp - logp| over counted tokens: ~0 in fp32 when the engine holds the current weights."""
+    diff = (old_logp - logp).abs()[completion_mask]
+    if diff.numel() == 0:
+        return {}
+    return {"logp_diff_max": diff.max(), "logp_diff_mean": diff.mean()}

@@ -1,0 +1,86 @@
+"""Checking PolicyModule's arguments up front, and the loss settings derived from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lit_grpo.losses import ADVANTAGE_MODES, AGGREGATIONS, KL_ESTIMATORS, POLICY_VARIANTS
+from lit_grpo.model_loading import model_path_problem
+
+GSPO_CLIP_EPS = (3e-4, 4e-4)  # the GSPO paper's (low, high)
+DEFAULT_CLIP_EPS = 0.2
+
+
+def choice_problem(name: str, value: Any, choices: tuple[str, ...]) -> list[str]:
+    return [] if value in choices else [f"{name}: unknown value {value!r}; valid choices: {', '.join(choices)}"]
+
+
+def module_config_problems(args: dict[str, Any]) -> list[str]:
+    """Every problem with PolicyModule's arguments, as messages naming the knob (empty when all is well)."""
+    problems = (
+        choice_problem("advantage_mode", args["advantage_mode"], ADVANTAGE_MODES)
+        + choice_problem("loss_variant", args["loss_variant"], POLICY_VARIANTS)
+        + choice_problem("aggregation", args["aggregation"], AGGREGATIONS)
+        + choice_problem("kl_estimator", args["kl_estimator"], KL_ESTIMATORS)
+        + choice_problem("kl_in", args["kl_in"], ("loss", "reward"))
+        + choice_problem("std_scope", args["std_scope"], ("group", "batch"))
+        + choice_problem("old_logp_source", args["old_logp_source"], ("sampler", "trainer"))
+        + choice_problem("attn_implementation", args["attn_implementation"], ("sdpa", "eager"))
+    )
+    if args["lora_rank"] < 1:
+        problems.append(f"lora_rank: must be >= 1, got {args['lora_rank']}")
+    if not 0 <= args["lora_dropout"] < 1:
+        problems.append(f"lora_dropout: must be in [0, 1), got {args['lora_dropout']}")
+    for name in ("clip_eps", "clip_eps_high"):
+        if args[name] is not None and not 0 < args[name] < 10:
+            problems.append(f"{name}: must be positive, got {args[name]}")
+    if args["kl_coef"] < 0:
+        problems.append(f"kl_coef: must be >= 0, got {args['kl_coef']}")
+    if args["loss_variant"] == "gspo" and args["aggregation"] != "seq-mean":
+        problems.append(f"aggregation: loss_variant 'gspo' takes 'seq-mean' only, got {args['aggregation']!r}")
+    if args["no_grad_batch_size"] < 1:
+        problems.append(f"no_grad_batch_size: must be >= 1, got {args['no_grad_batch_size']}")
+    path_problem = model_path_problem(args["model_name_or_path"])
+    if path_problem:
+        problems.append(f"model_name_or_path: {path_problem}")
+    adapter = args["init_adapter"]
+    if adapter is not None and not (Path(adapter).expanduser() / "adapter_config.json").is_file():
+        problems.append(f"init_adapter: {adapter!r} is not a PEFT adapter directory (no adapter_config.json)")
+    return problems
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The loss knobs with their defaults filled in (GSPO's clip values when the variant is gspo)."""
+
+    advantage_mode: str
+    variant: str
+    clip_eps: float
+    clip_eps_high: float
+    aggregation: str
+    kl_coef: float
+    kl_estimator: str
+    kl_in: str
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0
+
+    @classmethod
+    def from_arguments(cls, args: dict[str, Any]) -> LossSettings:
+        low, high = args["clip_eps"], args["clip_eps_high"]
+        if args["loss_variant"] == "gspo" and low is None and high is None:
+            low, high = GSPO_CLIP_EPS
+        low = DEFAULT_CLIP_EPS if low is None else low
+        return cls(
+            advantage_mode=args["advantage_mode"],
+            variant=args["loss_variant"],
+            clip_eps=low,
+            clip_eps_high=low if high is None else high,
+            aggregation=args["aggregation"],
+            kl_coef=args["kl_coef"],
+            kl_estimator=args["kl_estimator"],
+            kl_in=args["kl_in"],
+        )

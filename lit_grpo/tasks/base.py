@@ -1,0 +1,104 @@
+"""What a task is: prompts with a held-out split, and rewards on completions (design §8)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+PromptRecord = dict[str, Any]
+
+
+class Reward(ABC):
+    """A reward function, called once per completion.
+
+    Subclass it and point a task at it by class path (``class_path: my_pkg.MyReward``). It receives the prompt's
+    record (its ``prompt`` text, reference ``answer`` and whatever else the task stores), the completion decoded up
+    to EOS with special tokens skipped, and the completion's token ids as generated.
+    """
+
+    @abstractmethod
+    def __call__(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
+        """Score one completion."""
+
+
+class ExactMatchReward(Reward):
+    """1.0 if the stripped completion equals the record's ``answer`` (stripped), else 0.0."""
+
+    def __call__(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
+        return 1.0 if completion_text.strip() == str(prompt_record["answer"]).strip() else 0.0
+
+
+@dataclass(frozen=True)
+class ScoredCompletion:
+    """A completion's reward; ``error`` holds the reward function's failure message when it raised."""
+
+    reward: float
+    correct: bool
+    error: str | None = None
+
+
+class Task(ABC):
+    """Prompts, a disjoint held-out split, and how completions are scored.
+
+    Args:
+        use_chat_template: render each prompt through the tokenizer's chat template as one user turn (for
+            instruction-tuned models); the tiny default model takes plain prompts.
+    """
+
+    def __init__(self, use_chat_template: bool = False) -> None:
+        self.use_chat_template = use_chat_template
+
+    @abstractmethod
+    def train_records(self) -> Sequence[PromptRecord]:
+        """The training prompts in the order epochs consume them; each record has a ``prompt`` text."""
+
+    @abstractmethod
+    def heldout_records(self) -> Sequence[PromptRecord]:
+        """The held-out prompts, disjoint from the training ones (validation and test)."""
+
+    @abstractmethod
+    def reward(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
+        """The (possibly weighted) reward of one completion."""
+
+    def is_correct(self, prompt_record: PromptRecord, completion_text: str) -> bool:
+        """Whether the completion is the reference answer: what ``accuracy`` counts."""
+        return completion_text.strip() == str(prompt_record.get("answer", "")).strip()
+
+    @property
+    def failure_reward(self) -> float:
+        """What a completion scores when its reward function raises: never more than a real wrong answer."""
+        return 0.0
+
+    def score(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> ScoredCompletion:
+        """Reward and correctness of a completion; a reward function that raises scores ``failure_reward``."""
+        correct = self.is_correct(prompt_record, completion_text)
+        try:
+            value = float(self.reward(prompt_record, completion_text, completion_ids))
+        except Exception as error:  # noqa: BLE001 - any failure of user code must not kill the run
+            return ScoredCompletion(self.failure_reward, correct, f"{type(error).__name__}: {error}")
+        return ScoredCompletion(value, correct)
+
+    def prompt_ids(self, prompt_record: PromptRecord, tokenizer: Any) -> list[int]:
+        """Token ids of the prompt as the engine receives them."""
+        text = prompt_record["prompt"]
+        if self.use_chat_template:
+            messages = [{"role": "user", "content": text}]
+            return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        return list(tokenizer(text)["input_ids"])
+
+
+class WeightedRewards:
+    """A weighted sum of several rewards; weights default to 1 each."""
+
+    def __init__(self, rewards: Sequence[Reward], weights: Sequence[float] | None = None) -> None:
+        if not rewards:
+            raise ValueError("at least one reward is needed")
+        if weights is not None and len(weights) != len(rewards):
+            raise ValueError(f"reward_weights has {len(weights)} entries for {len(rewards)} rewards")
+        self.rewards = list(rewards)
+        self.weights = [1.0] * len(rewards) if weights is None else [float(w) for w in weights]
+
+    def __call__(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
+        return sum(w * r(prompt_record, completion_text, completion_ids) for w, r in zip(self.weights, self.rewards))

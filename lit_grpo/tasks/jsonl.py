@@ -1,0 +1,85 @@
+"""Prompts and reference answers from a JSON-lines file, scored by a reward given by class path (design §8)."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+
+from lit_grpo.tasks.base import ExactMatchReward, PromptRecord, Reward, Task
+
+
+def read_jsonl(path: str | Path, prompt_key: str, answer_key: str) -> list[PromptRecord]:
+    """Records of a JSON-lines file, each with ``prompt`` and ``answer`` copied from the given keys."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"prompt file {str(path)!r} does not exist or is not a file")
+    records: list[PromptRecord] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+        if not isinstance(row, dict) or prompt_key not in row:
+            raise ValueError(f"{path}:{number}: expected an object with a {prompt_key!r} key")
+        records.append({**row, "prompt": str(row[prompt_key]), "answer": row.get(answer_key, "")})
+    if not records:
+        raise ValueError(f"prompt file {str(path)!r} holds no records")
+    return records
+
+
+class JsonlTask(Task):
+    """Prompts read from ``path`` (one JSON object per line), rewarded by ``reward``.
+
+    Args:
+        path: the training prompts' JSON-lines file.
+        heldout_path: a separate held-out file; without it, ``heldout_fraction`` of ``path`` is held out.
+        heldout_fraction: share of ``path`` held out (drawn with ``split_seed``) when there is no ``heldout_path``.
+        prompt_key: the key of the prompt text in each object.
+        answer_key: the key of the reference answer (used by exact-match rewards and accuracy).
+        reward: the reward, by class path (a subclass of ``lit_grpo.tasks.Reward``); exact match by default.
+        split_seed: seed of the held-out draw and the training order.
+        use_chat_template: see ``Task``.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        heldout_path: str | None = None,
+        heldout_fraction: float = 0.1,
+        prompt_key: str = "prompt",
+        answer_key: str = "answer",
+        reward: Reward | None = None,
+        split_seed: int = 0,
+        use_chat_template: bool = False,
+    ) -> None:
+        super().__init__(use_chat_template)
+        if heldout_path is None and not 0 < heldout_fraction < 1:
+            raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+        self.path, self.heldout_path, self.heldout_fraction = path, heldout_path, heldout_fraction
+        self.prompt_key, self.answer_key, self.split_seed = prompt_key, answer_key, split_seed
+        self._reward = reward if reward is not None else ExactMatchReward()
+
+    @cached_property
+    def _split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
+        records = read_jsonl(self.path, self.prompt_key, self.answer_key)
+        random.Random(self.split_seed).shuffle(records)
+        if self.heldout_path is not None:
+            return records, read_jsonl(self.heldout_path, self.prompt_key, self.answer_key)
+        num_heldout = max(1, round(len(records) * self.heldout_fraction))
+        if num_heldout >= len(records):
+            raise ValueError(f"{self.path} has {len(records)} records: too few to hold {num_heldout} out")
+        return records[num_heldout:], records[:num_heldout]
+
+    def train_records(self) -> Sequence[PromptRecord]:
+        return self._split[0]
+
+    def heldout_records(self) -> Sequence[PromptRecord]:
+        return self._split[1]
+
+    def reward(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
+        return self._reward(prompt_record, completion_text, completion_ids)

@@ -1,0 +1,39 @@
+"""Greedy evaluation on the task's held-out split: ``val/reward`` and ``val/accuracy``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torchmetrics import MeanMetric
+
+
+class GreedyEvaluation:
+    """Accumulates greedy rewards and exact-answer accuracy over held-out prompts, for any loop or hook."""
+
+    def __init__(self) -> None:
+        self.reward = MeanMetric()
+        self.accuracy = MeanMetric()
+
+    def update(self, module: Any, datamodule: Any, records: list[dict[str, Any]]) -> None:
+        rewards, correct = datamodule.greedy_scores(module, records)
+        self.reward.update(rewards)
+        self.accuracy.update(correct.float())
+
+    def compute(self) -> dict[str, float]:
+        metrics = {"reward": float(self.reward.compute()), "accuracy": float(self.accuracy.compute())}
+        self.reward.reset()
+        self.accuracy.reset()
+        return metrics
+
+    def log_to(self, module: Any, prefix: str) -> None:
+        """Log the epoch's means through Lightning (reduced across ranks), then start afresh."""
+        for name, value in self.compute().items():
+            module.log(f"{prefix}/{name}", torch.tensor(value), prog_bar=name == "accuracy", sync_dist=True)
+
+    def run_standalone(self, module: Any, datamodule: Any) -> dict[str, float]:
+        """The whole held-out split outside Lightning's loops (before training, where Lightning's sanity check
+        would discard what is logged)."""
+        for records in datamodule.val_dataloader():
+            self.update(module, datamodule, records)
+        return self.compute()
