@@ -1,0 +1,77 @@
+"""Design §2: each epoch generates, scores, runs the no-grad passes, then computes advantages, before training."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+
+from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.engines import HFEngine
+from lit_grpo.module import PolicyModule
+from support import DigitShareTask
+
+
+class RecordingEngine(HFEngine):
+    def __init__(self, events: list[str]) -> None:
+        super().__init__()
+        self.events = events
+
+    def generate(self, prompts: Any, n: int, sampling: Any) -> Any:
+        self.events.append("generate" if not sampling.greedy else "generate-greedy")
+        return super().generate(prompts, n, sampling)
+
+
+class EpochStart(pl.Callback):
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        self.events.append("epoch-start")
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx == 0:
+            self.events.append("train")
+
+
+def test_epoch_order(tiny_llama_dir, tmp_path, monkeypatch):
+    events: list[str] = []
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4, kl_coef=0.1, kl_in="reward")
+    datamodule = RolloutDataModule(
+        task=DigitShareTask(), engine=RecordingEngine(events), group_size=4, prompts_per_epoch=4,
+        minibatch_size=16, max_new_tokens=4,
+    )
+
+    def record(name: str, method: Any, check: Any = None) -> Any:
+        def wrapped(*args: Any) -> Any:
+            if check is not None:
+                check(*args)
+            events.append(name)
+            return method(*args)
+        return wrapped
+
+    def needs_passes_done(buffer: Any) -> None:
+        # kl_in="reward" folds beta * KL into the rewards: pi_old and pi_ref must exist before the advantages
+        assert buffer.old_logp is not None and buffer.ref_logp is not None and buffer.rewards.abs().sum() > 0
+
+    monkeypatch.setattr(datamodule, "score", record("score", datamodule.score))
+    monkeypatch.setattr(module, "run_no_grad_passes", record("no-grad-passes", module.run_no_grad_passes))
+    monkeypatch.setattr(module, "assign_advantages", record("advantages", module.assign_advantages, needs_passes_done))
+    trainer = pl.Trainer(
+        max_epochs=2, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0, limit_val_batches=0,
+        callbacks=[EpochStart(events)], default_root_dir=tmp_path, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule)
+    one_epoch = ["generate", "score", "no-grad-passes", "advantages", "epoch-start", "train"]
+    assert events == one_epoch * 2
+
+
+def test_reload_flag_is_required(tiny_llama_dir, tmp_path):
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4)
+    datamodule = RolloutDataModule(group_size=2, prompts_per_epoch=2, minibatch_size=4, max_new_tokens=2)
+    trainer = pl.Trainer(max_epochs=1, num_sanity_val_steps=0, default_root_dir=tmp_path, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(ValueError, match="reload_dataloaders_every_n_epochs=1"):
+        trainer.fit(module, datamodule)
