@@ -35,6 +35,12 @@ def data_config_problems(args: dict[str, Any]) -> list[str]:
     return problems
 
 
+def resuming_after_finished_epoch(trainer: pl.Trainer) -> bool:
+    """True while Lightning restores a checkpoint written at the end of ``current_epoch`` (all its batches ran)."""
+    progress = trainer.fit_loop.epoch_progress.total
+    return progress.processed == progress.started and progress.completed == progress.processed - 1
+
+
 class RolloutDataModule(pl.LightningDataModule):
     """Prompts, rollout engine and rewards; regenerates the rollout buffer at the start of every epoch.
 
@@ -94,9 +100,14 @@ class RolloutDataModule(pl.LightningDataModule):
                 "RolloutDataModule needs Trainer(reload_dataloaders_every_n_epochs=1): without it the first "
                 "epoch's rollouts would be trained on forever"
             )
+        epoch = trainer.current_epoch
+        if resuming_after_finished_epoch(trainer):
+            # Lightning asks for the finished epoch's loader before moving on to the next one and never iterates
+            # it: generating here would draw (and skip) a whole epoch of prompts
+            return DataLoader([{}], batch_size=None)
         module = trainer.lightning_module
-        self.buffer = self.collect_rollouts(module, trainer.current_epoch)
-        generator = torch.Generator().manual_seed(self.epoch_seed(trainer.current_epoch) + 1)
+        self.buffer = self.collect_rollouts(module, epoch)
+        generator = torch.Generator().manual_seed(self.epoch_seed(epoch) + 1)
         batches = serve_minibatches(
             self.buffer, self.minibatch_size, self.ppo_epochs, trainer.accumulate_grad_batches,
             module.loss.aggregation, generator,
