@@ -1,0 +1,123 @@
+"""ReferencePolicy and RolloutMetrics, each in a real Trainer on a tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from transformers import AutoModelForCausalLM
+
+from lit_grpo.callbacks import ReferencePolicy, RolloutMetrics
+from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.logprobs import batched_sequence_logprobs
+from lit_grpo.module import PolicyModule
+from support import DigitShareTask
+
+
+def make_trainer(root: Path, epochs: int, callbacks: list[pl.Callback], logger: Any = False) -> pl.Trainer:
+    return pl.Trainer(
+        max_epochs=epochs, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0, callbacks=callbacks,
+        default_root_dir=root, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+
+
+def make_pair(model_dir: Path, kl_coef: float = 0.04) -> tuple[PolicyModule, RolloutDataModule]:
+    pl.seed_everything(0)
+    module = PolicyModule(
+        model_name_or_path=str(model_dir), lora_rank=4, kl_coef=kl_coef,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=2e-2, weight_decay=0.0),
+    )
+    datamodule = RolloutDataModule(
+        task=DigitShareTask(), group_size=4, prompts_per_epoch=4, minibatch_size=8, max_new_tokens=4,
+        val_max_prompts=8,
+    )
+    return module, datamodule
+
+
+def references(trainer: pl.Trainer) -> list[ReferencePolicy]:
+    return [c for c in trainer.callbacks if isinstance(c, ReferencePolicy)]
+
+
+def test_reference_added_only_when_needed_and_user_choice_kept(tiny_llama_dir, tmp_path):
+    module, datamodule = make_pair(tiny_llama_dir, kl_coef=0.04)
+    trainer = make_trainer(tmp_path, 1, [])
+    trainer.fit(module, datamodule)
+    assert len(references(trainer)) == 1 and references(trainer)[0].refresh_every_n_epochs is None
+
+    module, datamodule = make_pair(tiny_llama_dir, kl_coef=0.0)
+    trainer = make_trainer(tmp_path, 1, [])
+    trainer.fit(module, datamodule)
+    assert references(trainer) == [] and trainer.datamodule.buffer.ref_logp is None
+
+    mine = ReferencePolicy(refresh_every_n_epochs=3)
+    module, datamodule = make_pair(tiny_llama_dir, kl_coef=0.04)
+    trainer = make_trainer(tmp_path, 1, [mine])
+    trainer.fit(module, datamodule)
+    assert references(trainer) == [mine]
+
+
+def test_base_reference_is_the_model_without_adapter(tiny_llama_dir, tmp_path):
+    module, datamodule = make_pair(tiny_llama_dir)
+    trainer = make_trainer(tmp_path, 2, [])
+    trainer.fit(module, datamodule)
+    buffer = datamodule.buffer
+    base = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    expected = batched_sequence_logprobs(base, buffer.input_ids, buffer.attention_mask, buffer.temperature)
+    torch.testing.assert_close(buffer.ref_logp, expected, rtol=0, atol=1e-5)
+    # after two epochs of updates the policy differs from its reference
+    assert (buffer.old_logp - buffer.ref_logp)[buffer.completion_mask].abs().max() > 1e-3
+
+
+class CaptureAfterRefresh(pl.Callback):
+    """Runs after ReferencePolicy (callbacks run in list order) and records pi_theta's log-probs of a probe."""
+
+    def __init__(self, probe: torch.Tensor) -> None:
+        self.probe = probe
+        self.policy_logp: list[torch.Tensor] = []
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        mask = torch.ones_like(self.probe, dtype=torch.bool)
+        self.policy_logp.append(batched_sequence_logprobs(pl_module.policy, self.probe, mask, 1.0))
+
+
+def test_refresh_copies_the_adapter_and_then_stays_frozen(tiny_llama_dir, tmp_path):
+    probe = torch.tensor([[1, 21, 22, 15, 23, 33, 24, 25]])
+    mask = torch.ones_like(probe, dtype=torch.bool)
+    reference = ReferencePolicy(refresh_every_n_epochs=2)
+    capture = CaptureAfterRefresh(probe)
+    module, datamodule = make_pair(tiny_llama_dir)
+    trainer = make_trainer(tmp_path, 3, [reference, capture])
+    trainer.fit(module, datamodule)
+    ref_logp = reference.logprobs(module.policy, probe, mask, 1.0)
+    # refreshed after epoch index 1 (the second epoch): pi_ref is pi_theta as it was then, not as it is now
+    torch.testing.assert_close(ref_logp, capture.policy_logp[1], rtol=0, atol=1e-6)
+    assert (ref_logp - capture.policy_logp[2]).abs().max() > 1e-4
+    frozen = [p for n, p in module.policy.named_parameters() if ".reference." in n]
+    assert frozen and not any(p.requires_grad for p in frozen)
+    assert reference.state_dict()["frozen"] and all(".reference." in k for k in reference.state_dict()["frozen"])
+
+
+def test_rollout_metrics_reach_tensorboard(tiny_llama_dir, tmp_path):
+    module, datamodule = make_pair(tiny_llama_dir)
+    logger = TensorBoardLogger(tmp_path, name="run")
+    trainer = make_trainer(tmp_path, 2, [RolloutMetrics(table_every_n_epochs=1, table_rows=4)], logger=logger)
+    trainer.fit(module, datamodule)
+    events = EventAccumulator(logger.log_dir, size_guidance={"tensors": 0, "scalars": 0})
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    expected = {
+        "rollout/reward_mean", "rollout/reward_std", "rollout/accuracy", "rollout/kl_ref", "rollout/completion_length",
+        "rollout/truncated_frac", "rollout/zero_std_frac", "rollout/reward_errors", "rollout/logp_diff_max",
+        "train/clip_frac_low", "train/clip_frac_high", "train/ratio_mean", "train/approx_kl", "train/kl_ref",
+        "val/reward", "val/accuracy",
+    }
+    assert expected <= scalars, sorted(expected - scalars)
+    assert [e.step for e in events.Scalars("val/accuracy")][0] == 0  # the pre-training validation is kept
+    assert len(events.Scalars("rollout/reward_mean")) == 2
+    texts = events.Tags()["tensors"]
+    assert any("rollout/samples" in tag for tag in texts)
