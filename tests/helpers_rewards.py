@@ -1,0 +1,20 @@
+"""User-style rewards that tests name by class path (``tests.helpers_rewards.<Name>``), as a user's YAML would."""
+
+from collections.abc import Sequence
+
+from lit_grpo.tasks import PromptRecord, Reward
+
+
+class SignedReward(Reward):
+    """+1 for the reference answer, -1 for any other answer; raises on a completion containing "boom".
+
+    Its wrong answers score below 0, so a task using it must not give a crashing reward 0 (that would pay).
+    """
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = scale
+
+    def __call__(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
+        if "boom" in completion_text:
+            raise ValueError("reward exploded")
+        return self.scale if completion_text.strip() == str(prompt_record["answer"]) else -self.scale

@@ -1,0 +1,213 @@
+"""The one-pass config check: every problem of a merged config in one list, before any class is built (design §2,
+style practice 6); and how --config files and dotted overrides merge."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lit_grpo.config_check import config_problems, merged_config, split_options
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    path = tmp_path / "model"
+    path.mkdir()
+    (path / "config.json").write_text("{}")  # all the check looks at: a directory with a config.json
+    return str(path)
+
+
+def assert_fragments(problems, fragments):
+    missing = [f for f in fragments if not any(f in p for p in problems)]
+    assert not missing, f"not reported: {missing}\nreported: {problems}"
+
+
+def test_every_problem_reported_at_once():
+    config = {
+        "model": {
+            "loss_variant": "ppo2",  # unknown variant
+            "model_name_or_path": "/nonexistent/model",  # missing path
+            "kl_coef": "lots",  # bad type
+            "lora_rnak": 4,  # unknown key
+        },
+        "data": {"group_size": 1, "task": {"class_path": "no.such.module.Task"}},  # G = 1 with grpo; no import
+        "trainer": {"reload_dataloaders_every_n_epochs": 0, "max_epochs": 2},
+        "extra": 1,  # unknown top-level key
+    }
+    problems = config_problems(config)
+    expected = [
+        "extra: unknown top-level key",
+        "model.loss_variant",
+        "ppo2",
+        "model.kl_coef",
+        "lots",
+        "model.lora_rnak",
+        "data.task: cannot import class_path 'no.such.module.Task'",
+        "model.model_name_or_path: '/nonexistent/model' is not a model directory",
+        "data.group_size 1 with model.advantage_mode 'grpo'",
+        "trainer.reload_dataloaders_every_n_epochs: must be 1",
+    ]
+    assert_fragments(problems, expected)
+    assert len(problems) == 8, problems  # each mistake exactly once (a bad value is not re-reported by value checks)
+
+
+def test_more_problems_at_once(model_dir):
+    config = {
+        "model": {
+            "model_name_or_path": model_dir,
+            "loss_variant": "gspo",
+            "aggregation": "token-mean",  # gspo takes seq-mean only
+            "kl_coef": -1.0,
+        },
+        "data": {
+            "group_size": 3,
+            "minibatch_size": 8,  # not a multiple of 3
+            "temperature": 0.0,
+            "task": {"class_path": "lit_grpo.tasks.SortTask", "init_args": {"max_len": "five", "bogus": 1}},
+        },
+        "trainer": {"max_epochs": "many", "no_such_flag": True},
+    }
+    problems = config_problems(config)
+    expected = [
+        "data.minibatch_size: 8 is not a multiple of group_size (3)",
+        "data.temperature: must be > 0",
+        "model.aggregation: loss_variant 'gspo' takes 'seq-mean' only",
+        "model.kl_coef: must be >= 0, got -1.0",
+        "data.task.max_len",
+        "data.task.bogus",
+        "trainer.max_epochs",
+        "trainer.no_such_flag",
+    ]
+    assert_fragments(problems, expected)
+    assert len(problems) == 8, problems
+
+
+def test_task_class_path_must_be_a_task(model_dir):
+    config = {"model": {"model_name_or_path": model_dir}, "data": {"task": {"class_path": "collections.OrderedDict"}}}
+    assert config_problems(config) == [
+        "data.task: 'collections.OrderedDict' is not a subclass of lit_grpo.tasks.base.Task"
+    ]
+
+
+def test_group_size_one_is_fine_with_raw_advantages(model_dir):
+    config = {
+        "model": {"model_name_or_path": model_dir, "advantage_mode": "raw"},
+        "data": {"group_size": 1, "minibatch_size": 5},
+    }
+    assert config_problems(config) == []
+
+
+def test_valid_config_has_no_problems(model_dir):
+    config = {
+        "seed_everything": 0,
+        "model": {"model_name_or_path": model_dir, "lora_rank": 8, "kl_coef": 0.0, "aggregation": "constant"},
+        "data": {
+            "group_size": 4,
+            "minibatch_size": 8,
+            "prompts_per_epoch": 4,
+            "task": {"class_path": "lit_grpo.tasks.SortTask", "init_args": {"max_len": 4}},
+        },
+        "trainer": {"max_epochs": 2, "reload_dataloaders_every_n_epochs": 1, "accelerator": "cpu"},
+    }
+    assert config_problems(config) == []
+    assert config_problems({}) == []  # the defaults are valid
+
+
+# --- merging --config files and overrides ------------------------------------------------------------------------
+def test_merged_config_two_files_and_dotted_overrides(tmp_path):
+    first = tmp_path / "a.yaml"
+    first.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"kl_coef": 0.04, "lora_rank": 8},
+                "data": {
+                    "group_size": 8,
+                    "task": {"class_path": "lit_grpo.tasks.SortTask", "init_args": {"max_len": 4}},
+                },
+            }
+        )
+    )
+    second = tmp_path / "b.yaml"
+    second.write_text(yaml.safe_dump({"model": {"kl_coef": 0.02}, "data": {"task": {"init_args": {"min_len": 2}}}}))
+    args = ["fit", "--config", str(first), f"--config={second}", "--model.kl_coef=0.1", "--data.group_size", "4"]
+    args += ["--trainer.fast_dev_run"]
+    assert merged_config(args) == {
+        "model": {"kl_coef": 0.1, "lora_rank": 8},  # b's 0.02 over a's 0.04, then the override over both
+        "data": {
+            "group_size": 4,  # parsed as an int
+            "task": {"class_path": "lit_grpo.tasks.SortTask", "init_args": {"max_len": 4, "min_len": 2}},  # deep merge
+        },
+        "trainer": {"fast_dev_run": True},  # a bare flag
+    }
+
+
+def test_merged_config_applies_arguments_in_order(tmp_path):
+    path = tmp_path / "a.yaml"
+    path.write_text("model:\n  kl_coef: 0.5\n")
+    # as in jsonargparse, a later --config overrides an earlier dotted value
+    assert merged_config(["fit", "--model.kl_coef=0.1", "--config", str(path)]) == {"model": {"kl_coef": 0.5}}
+    assert merged_config(["fit", "--config", str(path), "--model.kl_coef", "-0.25"]) == {"model": {"kl_coef": -0.25}}
+
+
+@pytest.mark.parametrize(
+    "args", [[], ["--help"], ["fit", "--help"], ["fit", "-h"], ["fit", "--print_config"], ["other"]]
+)
+def test_merged_config_none_for_help_and_unknown_subcommands(args):
+    assert merged_config(args) is None
+
+
+def test_split_options():
+    pairs = split_options(["--a=1", "--b", "2", "--flag", "--c", "-3"])
+    assert pairs == [("a", "1"), ("b", "2"), ("flag", None), ("c", "-3")]
+
+
+def test_short_config_flag(tmp_path):
+    # LightningCLI accepts -c as well as --config; the pre-check must read the file, not report a key ''
+    path = tmp_path / "a.yaml"
+    path.write_text("model:\n  kl_coef: 0.5\n")
+    assert merged_config(["fit", "-c", str(path)]) == {"model": {"kl_coef": 0.5}}
+
+
+def test_scientific_notation_floats(tmp_path, model_dir):
+    # `1e-3` is a float to jsonargparse (its YAML loader fixes PyYAML's YAML 1.1 float rule) and so must be to
+    # the pre-check, in files and on the command line; as a string it crashes the value checks (str < int)
+    path = tmp_path / "a.yaml"
+    path.write_text(f"model:\n  kl_coef: 1e-3\n  model_name_or_path: {model_dir}\n")
+    merged = merged_config(["fit", "--config", str(path), "--model.clip_eps=2e-4"])
+    assert merged["model"]["kl_coef"] == 0.001 and isinstance(merged["model"]["kl_coef"], float)
+    assert merged["model"]["clip_eps"] == 0.0002 and isinstance(merged["model"]["clip_eps"], float)
+    assert config_problems(merged) == []
+
+
+def test_override_inside_a_class_given_by_name(model_dir):
+    # jsonargparse accepts `--data.task X --data.task.init_args.max_len 4`: the pre-check must not crash on it
+    args = ["fit", "--model.model_name_or_path", model_dir, "--data.task", "lit_grpo.tasks.SortTask"]
+    args += ["--data.task.init_args.max_len", "4"]
+    try:
+        merged = merged_config(args)
+    except Exception as error:  # noqa: BLE001 - a crash here is the bug this test pins
+        pytest.fail(f"merged_config crashed on an override below a class given by name: {error!r}")
+    assert config_problems(merged) == []
+
+
+# --- the command ------------------------------------------------------------------------------------------------
+def test_cli_reports_all_problems_in_one_message_and_exits_2(tmp_path):
+    script = Path(sys.executable).parent / "lit-grpo"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "lit_grpo.cli"]
+    args = ["fit", "--model.loss_variant", "ppo2", "--data.group_size", "1"]
+    args += ["--model.model_name_or_path", "/nonexistent"]
+    result = subprocess.run(command + args, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "lit-grpo: the configuration has 3 problem(s):" in result.stderr
+    assert_fragments(
+        result.stderr.splitlines(),
+        [
+            "  - model.loss_variant",
+            "  - model.model_name_or_path: '/nonexistent'",
+            "  - data.group_size 1 with model.advantage_mode 'grpo'",
+        ],
+    )
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "lightning_logs").exists()  # nothing ran

@@ -1,0 +1,264 @@
+"""HFEngine (design §7) on a tiny random Llama in LoRA: layout, stop handling, log-probs, seeds, constraints."""
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from lit_grpo.engines import HFEngine, SamplingSpec
+from lit_grpo.engines.hf import sampling_kwargs
+from lit_grpo.logprobs import sequence_logprobs
+from lit_grpo.model_loading import load_policy
+from lit_grpo.tiny import build_char_tokenizer, tiny_llama_config
+
+T = 0.7
+PROMPTS = [[1, 21, 22, 15, 23, 24, 33], [1, 25, 15, 26, 33], [1, 30, 31, 32]]  # lengths 7, 5, 4: left padding varies
+STOPS = tuple(range(10, 60))  # half the vocabulary: random completions stop at varied lengths
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = build_char_tokenizer()
+    torch.manual_seed(0)
+    LlamaForCausalLM(tiny_llama_config(len(tokenizer), hidden_size=64, num_layers=2)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def randomise_lora(policy, seed):
+    """LoRA B starts at 0 (the adapter is a no-op): give it weights so the engine must run the adapter."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+
+
+@pytest.fixture(scope="module")
+def policy(model_dir):
+    policy = load_policy(model_dir, 4, 8, 0.0, "all-linear")
+    randomise_lora(policy, 1)
+    return policy.eval()
+
+
+@pytest.fixture
+def engine(policy):
+    engine = HFEngine()
+    engine.push_policy(policy)
+    return engine
+
+
+def trainer_logprobs(policy, prompt, tokens, temperature=T):
+    """The trainer's view: sequence_logprobs of prompt + completion at the completion's positions."""
+    ids = torch.tensor([list(prompt) + list(tokens)])
+    with torch.no_grad():
+        logp = sequence_logprobs(policy, ids, torch.ones_like(ids), temperature)[0]  # [L]
+    return logp[len(prompt) :]
+
+
+def assert_trainer_logprobs(policy, prompt, completion, temperature=T):
+    """The completion's sampler log-probs equal the trainer's, to 1e-5."""
+    expected = trainer_logprobs(policy, prompt, completion.token_ids, temperature)
+    assert torch.allclose(torch.tensor(completion.logprobs), expected, rtol=0, atol=1e-5)
+
+
+def first_token_logits(policy, prompt):
+    with torch.no_grad():
+        return policy(input_ids=torch.tensor([prompt])).logits[0, -1]  # [V]
+
+
+def test_n_completions_per_prompt_in_prompt_order_with_trainer_logprobs(policy, engine):
+    out = engine.generate(PROMPTS, 3, SamplingSpec(max_new_tokens=6, temperature=T, seed=0, stop_token_ids=STOPS))
+    assert [len(group) for group in out] == [3, 3, 3]
+    for prompt, group in zip(PROMPTS, out):
+        for c in group:
+            # the engine's log-probs are those of this prompt's continuation: a row paired with the wrong prompt (or
+            # a truncated or untempered distribution) would not match the trainer's forward
+            assert_trainer_logprobs(policy, prompt, c)
+
+
+def test_completions_cut_after_first_stop_token(engine):
+    out = engine.generate(PROMPTS, 4, SamplingSpec(max_new_tokens=5, temperature=T, seed=3, stop_token_ids=STOPS))
+    reasons = set()
+    for group in out:
+        for c in group:
+            reasons.add(c.finish_reason)
+            assert len(c.logprobs) == len(c.token_ids)
+            if c.finish_reason == "stop":
+                assert c.token_ids[-1] in STOPS  # the stop token is part of the completion
+                assert not set(c.token_ids[:-1]) & set(STOPS)  # cut after the first one
+                assert 1 <= len(c.token_ids) <= 5
+            else:
+                assert c.finish_reason == "length"
+                assert len(c.token_ids) == 5 and not set(c.token_ids) & set(STOPS)
+            assert 0 not in c.token_ids  # no generate padding leaks into a completion
+    assert reasons == {"stop", "length"}  # the seed gives both cases
+
+
+def test_stop_token_in_the_last_slot_is_stop(engine):
+    # every token is a stop token: completions are exactly one token long and finish with "stop"
+    spec = SamplingSpec(max_new_tokens=1, temperature=T, seed=0, stop_token_ids=tuple(range(100)))
+    out = engine.generate(PROMPTS[:1], 2, spec)
+    assert all(c.finish_reason == "stop" and len(c.token_ids) == 1 for c in out[0])
+
+
+def test_no_stop_tokens_runs_to_max_new_tokens_even_past_the_models_eos(engine):
+    # the model's config has eos 2; with no stop ids given, generation must not stop (and pad) at it
+    spec = SamplingSpec(max_new_tokens=4, temperature=T, seed=0, allowed_token_ids=((2,),))
+    (group,) = engine.generate(PROMPTS[:1], 2, spec)
+    for c in group:
+        assert c.token_ids[0] == 2 and len(c.token_ids) == 4 and c.finish_reason == "length"
+        assert 0 not in c.token_ids[1:]
+
+
+def test_same_seed_same_completions_different_seed_different(engine):
+    spec = lambda seed: SamplingSpec(max_new_tokens=6, temperature=T, seed=seed, stop_token_ids=(2,))  # noqa: E731
+    first = engine.generate(PROMPTS, 4, spec(11))
+    assert engine.generate(PROMPTS, 4, spec(11)) == first
+    assert engine.generate(PROMPTS, 4, spec(12)) != first
+
+
+def test_generate_leaves_the_global_rng_alone(engine):
+    state = torch.get_rng_state()
+    engine.generate(PROMPTS, 2, SamplingSpec(max_new_tokens=3, temperature=T, seed=5))
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_chunked_generation_keeps_order(policy):
+    engine = HFEngine(batch_size=2)  # chunks of 2 + 1 prompts
+    engine.push_policy(policy)
+    out = engine.generate(PROMPTS, 2, SamplingSpec(max_new_tokens=4, temperature=T, seed=0))
+    assert [len(group) for group in out] == [2, 2, 2]
+    for prompt, group in zip(PROMPTS, out):
+        for c in group:
+            assert_trainer_logprobs(policy, prompt, c)
+
+
+def argmax_decode(policy, prompt, steps):
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            ids.append(int(policy(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    return tuple(ids[len(prompt) :])
+
+
+def test_greedy_is_deterministic_and_equals_argmax_decoding(policy, engine):
+    spec = SamplingSpec(max_new_tokens=5, greedy=True)
+    first = engine.generate(PROMPTS, 1, spec)
+    assert engine.generate(PROMPTS, 1, spec) == first
+    for prompt, (c,) in zip(PROMPTS, first):
+        assert c.token_ids == argmax_decode(policy, prompt, 5)
+        assert c.finish_reason == "length"
+        # greedy takes the untempered distribution's argmax; its log-probs are those at temperature 1
+        assert_trainer_logprobs(policy, prompt, c, 1.0)
+
+
+def test_greedy_stops_at_stop_token(policy, engine):
+    tokens = argmax_decode(policy, PROMPTS[0], 5)
+    stop = tokens[2]  # make the third argmax token a stop token
+    cut = tokens[: tokens.index(stop) + 1]
+    (c,), *_ = engine.generate(PROMPTS, 1, SamplingSpec(max_new_tokens=5, greedy=True, stop_token_ids=(stop,)))
+    assert c.token_ids == cut and c.finish_reason == "stop"
+
+
+def test_sampling_kwargs_full_distribution():
+    assert sampling_kwargs(SamplingSpec(max_new_tokens=3, temperature=T)) == {
+        "do_sample": True,
+        "temperature": T,
+        "top_k": 0,
+        "top_p": 1.0,
+    }
+    assert sampling_kwargs(SamplingSpec(max_new_tokens=3, greedy=True))["do_sample"] is False
+
+
+def test_model_generation_config_truncation_is_overridden(policy, engine):
+    # a hub model may ship top_k / top_p in its generation config: training rollouts still sample the full
+    # distribution, so every log-prob matches the untruncated softmax(logits / T)
+    config = policy.base_model.model.generation_config
+    saved = (config.top_k, config.top_p)
+    config.top_k, config.top_p = 3, 0.5
+    try:
+        out = engine.generate(PROMPTS, 4, SamplingSpec(max_new_tokens=4, temperature=T, seed=0))
+    finally:
+        config.top_k, config.top_p = saved
+    for prompt, group in zip(PROMPTS, out):
+        for c in group:
+            assert_trainer_logprobs(policy, prompt, c)
+
+
+def test_allowed_first_tokens_and_renormalised_logprobs(policy, engine):
+    allowed_per_prompt = ((5, 6), None, (7, 8, 9))  # one set per prompt; the middle prompt is unconstrained
+    spec = SamplingSpec(max_new_tokens=3, temperature=T, seed=0, allowed_token_ids=allowed_per_prompt)
+    out = engine.generate(PROMPTS, 6, spec)
+    for prompt, allowed, group in zip(PROMPTS, allowed_per_prompt, out):
+        if allowed is None:  # full-distribution log-probs throughout
+            for c in group:
+                assert_trainer_logprobs(policy, prompt, c)
+            continue
+        full = torch.log_softmax(first_token_logits(policy, prompt) / T, dim=-1)  # [V]
+        renormalised = torch.log_softmax(first_token_logits(policy, prompt)[list(allowed)] / T, dim=-1)  # [|allowed|]
+        assert torch.exp(renormalised).sum().item() == pytest.approx(1.0, abs=1e-6)
+        for c in group:
+            first = c.token_ids[0]
+            assert first in allowed
+            # the first token's log-prob is over the allowed set: log p(first) - log sum over allowed p(a)
+            assert c.logprobs[0] == pytest.approx(renormalised[allowed.index(first)].item(), abs=1e-5)
+            assert c.logprobs[0] > full[first].item() + 1e-3  # strictly above its unconstrained log-prob
+            # later tokens are unconstrained
+            later = trainer_logprobs(policy, prompt, c.token_ids)[1:]
+            assert torch.allclose(torch.tensor(c.logprobs[1:]), later, rtol=0, atol=1e-5)
+        # the engine's first-token log-probs over the allowed set, recomputed per sampled token, sum to 1
+        seen = {c.token_ids[0]: c.logprobs[0] for c in group}
+        unseen = [a for a in allowed if a not in seen]
+        total = sum(torch.exp(torch.tensor(v)).item() for v in seen.values())
+        total += sum(torch.exp(renormalised[allowed.index(a)]).item() for a in unseen)
+        assert total == pytest.approx(1.0, abs=1e-5)
+
+
+def test_banned_first_token_greedy_takes_the_runner_up(policy, engine):
+    top2 = first_token_logits(policy, PROMPTS[0]).topk(2).indices.tolist()
+    spec = SamplingSpec(max_new_tokens=2, greedy=True, banned_token_ids=((top2[0],), None, None))
+    out = engine.generate(PROMPTS, 1, spec)
+    assert out[0][0].token_ids[0] == top2[1]
+    assert out[1][0].token_ids[0] == first_token_logits(policy, PROMPTS[1]).argmax().item()  # untouched prompt
+
+
+def test_banned_first_tokens_are_never_sampled(policy, engine):
+    banned = tuple(range(4, 99))  # leaves 0-3 and 99
+    spec = SamplingSpec(max_new_tokens=2, temperature=T, seed=0, banned_token_ids=(banned,) * 3)
+    out = engine.generate(PROMPTS, 8, spec)
+    for group in out:
+        for c in group:
+            assert c.token_ids[0] in (0, 1, 2, 3, 99)
+
+
+def test_training_flag_restored_and_generation_in_eval_mode(model_dir):
+    # LoRA dropout 0.5: if generate ran in training mode the sampler's log-probs would not match an eval forward
+    policy = load_policy(model_dir, 4, 8, 0.5, "all-linear")
+    randomise_lora(policy, 2)
+    policy.train()
+    engine = HFEngine()
+    engine.push_policy(policy)
+    out = engine.generate(PROMPTS[:2], 2, SamplingSpec(max_new_tokens=4, temperature=T, seed=0))
+    assert policy.training
+    policy.eval()
+    for prompt, group in zip(PROMPTS, out):
+        for c in group:
+            assert_trainer_logprobs(policy, prompt, c)
+    engine.generate(PROMPTS[:1], 1, SamplingSpec(max_new_tokens=1, greedy=True))
+    assert not policy.training  # eval stays eval
+
+
+def test_generate_needs_a_policy(policy):
+    engine = HFEngine()
+    with pytest.raises(RuntimeError, match="push_policy"):
+        engine.generate(PROMPTS, 1, SamplingSpec(max_new_tokens=2))
+    engine.push_policy(policy)
+    engine.close()
+    with pytest.raises(RuntimeError, match="push_policy"):
+        engine.generate(PROMPTS, 1, SamplingSpec(max_new_tokens=2))
+
+
+def test_engine_rejects_bad_batch_size():
+    with pytest.raises(ValueError, match="batch_size"):
+        HFEngine(batch_size=0)
