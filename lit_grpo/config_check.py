@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
 from jsonargparse import ArgumentParser
+from jsonargparse._loaders_dumpers import yaml_load
 from jsonargparse._util import import_object
 
 from lit_grpo.datamodule import RolloutDataModule, data_config_problems
@@ -28,28 +28,45 @@ def merged_config(args: list[str]) -> dict[str, Any] | None:
     if not args or args[0] not in SUBCOMMANDS or any(a in ("-h", "--help") or a.startswith("--print_config") for a in args):
         return None
     merged: dict[str, Any] = {}
-    pairs = split_options(args[1:])
-    for key, value in pairs:
-        if key == "config":
-            deep_merge(merged, yaml.safe_load(Path(value).read_text()) or {})
+    for key, value in split_options(args[1:]):
+        if key in ("config", "c"):
+            deep_merge(merged, load_yaml(Path(value).read_text()) or {})
         else:
-            parsed = yaml.safe_load(value) if value is not None else True
-            node = merged
-            *parents, leaf = key.split(".")
-            for part in parents:
-                node = node.setdefault(part, {}) if isinstance(node.get(part), dict) or part not in node else node[part]
-            node[leaf] = parsed
+            set_dotted(merged, key.split("."), load_yaml(value) if value is not None else True)
     return merged
 
 
+def load_yaml(text: str) -> Any:
+    """YAML as jsonargparse reads it (``1e-3`` is a float there, a string to plain PyYAML)."""
+    return yaml_load(text)
+
+
+def set_dotted(config: dict[str, Any], keys: list[str], value: Any) -> None:
+    """``config[a][b][c] = value``; a class given by name (``--data.task X``) becomes ``{"class_path": X}``."""
+    node = config
+    for part in keys[:-1]:
+        child = node.get(part)
+        if isinstance(child, str):
+            child = {"class_path": child}
+        elif not isinstance(child, dict):
+            child = {}
+        node[part] = child
+        node = child
+    node[keys[-1]] = value
+
+
+def is_option(arg: str) -> bool:
+    """``--key`` or a short flag such as ``-c``; ``-0.25`` is a value."""
+    return arg.startswith("--") or (len(arg) == 2 and arg[0] == "-" and arg[1].isalpha())
+
+
 def split_options(args: list[str]) -> list[tuple[str, str | None]]:
-    """``["--a=1", "--b", "2", "--flag"]`` -> ``[("a", "1"), ("b", "2"), ("flag", None)]``."""
+    """``["--a=1", "--b", "2", "--flag", "-c", "x"]`` -> ``[("a", "1"), ("b", "2"), ("flag", None), ("c", "x")]``."""
     pairs: list[tuple[str, str | None]] = []
     index = 0
     while index < len(args):
-        arg = args[index]
-        key, sep, value = arg[2:].partition("=")
-        if not sep and index + 1 < len(args) and not args[index + 1].startswith("--"):
+        key, sep, value = args[index].lstrip("-").partition("=")
+        if not sep and index + 1 < len(args) and not is_option(args[index + 1]):
             value, index = args[index + 1], index + 1
         pairs.append((key, value if (sep or value) else None))
         index += 1
@@ -88,6 +105,8 @@ def key_problems(section: str, cls: type | Callable, values: dict[str, Any]) -> 
 
 def class_path_problems(section: str, spec: Any, base: type) -> list[str]:
     """A ``{class_path, init_args}`` value: the class must import, subclass ``base`` and accept the init_args."""
+    if isinstance(spec, str):
+        spec = {"class_path": spec}
     if not isinstance(spec, dict) or "class_path" not in spec:
         return []
     try:
@@ -96,7 +115,10 @@ def class_path_problems(section: str, spec: Any, base: type) -> list[str]:
         return [f"{section}: cannot import class_path {spec['class_path']!r}"]
     if not (isinstance(cls, type) and issubclass(cls, base)):
         return [f"{section}: {spec['class_path']!r} is not a subclass of {base.__module__}.{base.__name__}"]
-    return list(key_problems(section, cls, spec.get("init_args") or {}).values())
+    # jsonargparse also takes a subclass's arguments beside class_path, without the init_args level
+    init_args = {**{k: v for k, v in spec.items() if k not in ("class_path", "init_args", "dict_kwargs")},
+                 **(spec.get("init_args") or {})}
+    return list(key_problems(section, cls, init_args).values())
 
 
 def config_problems(config: dict[str, Any]) -> list[str]:

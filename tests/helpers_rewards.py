@@ -13,6 +13,7 @@ class SignedReward(Reward):
 
     def __init__(self, scale: float = 1.0) -> None:
         self.scale = scale
+        self.min_value = -scale
 
     def __call__(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
         if "boom" in completion_text:

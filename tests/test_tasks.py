@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from jsonargparse import ArgumentParser
 
-from lit_grpo.tasks import ArithmeticTask, ExactMatchReward, JsonlTask, SortTask
+from lit_grpo.tasks import ArithmeticTask, ExactMatchReward, JsonlTask, Reward, SortTask
 from lit_grpo.tasks.sort import inclusion_ordering, parse_items, sort_distance
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -326,3 +326,22 @@ def test_jsonl_reward_class_path_must_be_a_reward(tmp_path):
 def test_exact_match_reward_strips_both_sides():
     assert ExactMatchReward()({"answer": " 7 "}, "7\n", []) == 1.0
     assert ExactMatchReward()({"answer": 7}, "7", []) == 1.0  # a non-string answer from JSON
+
+
+def test_jsonl_user_reward_without_min_value_needs_failure_reward(tmp_path):
+    class NoFloor(Reward):
+        def __call__(self, prompt_record, completion_text, completion_ids):
+            return 0.0
+
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}", "answer": f"a{i}"} for i in range(4)])
+    with pytest.raises(ValueError, match="failure_reward"):
+        JsonlTask(str(path), heldout_fraction=0.25, reward=NoFloor())
+    task = JsonlTask(str(path), heldout_fraction=0.25, reward=NoFloor(), failure_reward=-5.0)
+    assert task.failure_reward == -5.0
+
+
+def test_jsonl_heldout_file_must_be_disjoint(tmp_path):
+    train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "q1", "answer": "a"}, {"prompt": "q2", "answer": "b"}])
+    heldout = write_jsonl(tmp_path / "heldout.jsonl", [{"prompt": "q2", "answer": "b"}])
+    with pytest.raises(ValueError, match="disjoint"):
+        JsonlTask(str(train), heldout_path=str(heldout)).train_records()

@@ -56,6 +56,8 @@ class HFEngine:
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSpec) -> list[list[Completion]]:
         if self._model is None:
             raise RuntimeError("HFEngine has no policy: call push_policy(model) first")
+        if sampling.greedy and n > 1:  # greedy decoding has one answer per prompt: return it n times
+            return [group * n for group in self.generate(prompts, 1, sampling)]
         results: list[list[Completion]] = []
         for start in range(0, len(prompts), self.batch_size):
             chunk = slice(start, min(start + self.batch_size, len(prompts)))

@@ -16,7 +16,12 @@ class Reward(ABC):
     Subclass it and point a task at it by class path (``class_path: my_pkg.MyReward``). It receives the prompt's
     record (its ``prompt`` text, reference ``answer`` and whatever else the task stores), the completion decoded up
     to EOS with special tokens skipped, and the completion's token ids as generated.
+
+    Set ``min_value`` to the lowest score the reward gives: a completion whose reward raises scores it, so that
+    crashing never pays more than a real wrong answer.
     """
+
+    min_value: float | None = None
 
     @abstractmethod
     def __call__(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
@@ -25,6 +30,8 @@ class Reward(ABC):
 
 class ExactMatchReward(Reward):
     """1.0 if the stripped completion equals the record's ``answer`` (stripped), else 0.0."""
+
+    min_value = 0.0
 
     def __call__(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
         return 1.0 if completion_text.strip() == str(prompt_record["answer"]).strip() else 0.0

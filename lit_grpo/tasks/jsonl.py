@@ -42,6 +42,8 @@ class JsonlTask(Task):
         prompt_key: the key of the prompt text in each object.
         answer_key: the key of the reference answer (used by exact-match rewards and accuracy).
         reward: the reward, by class path (a subclass of ``lit_grpo.tasks.Reward``); exact match by default.
+        failure_reward: what a completion scores when the reward raises; ``None`` takes the reward's
+            ``min_value`` and refuses a reward that declares none (a crash must never pay more than a wrong answer).
         split_seed: seed of the held-out draw and the training order.
         use_chat_template: see ``Task``.
     """
@@ -54,6 +56,7 @@ class JsonlTask(Task):
         prompt_key: str = "prompt",
         answer_key: str = "answer",
         reward: Reward | None = None,
+        failure_reward: float | None = None,
         split_seed: int = 0,
         use_chat_template: bool = False,
     ) -> None:
@@ -63,17 +66,34 @@ class JsonlTask(Task):
         self.path, self.heldout_path, self.heldout_fraction = path, heldout_path, heldout_fraction
         self.prompt_key, self.answer_key, self.split_seed = prompt_key, answer_key, split_seed
         self._reward = reward if reward is not None else ExactMatchReward()
+        if failure_reward is None and self._reward.min_value is None:
+            raise ValueError(
+                f"{type(self._reward).__name__} declares no min_value: set the task's failure_reward to its lowest "
+                "score (what a completion gets when the reward raises)"
+            )
+        self._failure_reward = self._reward.min_value if failure_reward is None else failure_reward
 
     @cached_property
     def _split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
         records = read_jsonl(self.path, self.prompt_key, self.answer_key)
         random.Random(self.split_seed).shuffle(records)
         if self.heldout_path is not None:
-            return records, read_jsonl(self.heldout_path, self.prompt_key, self.answer_key)
+            heldout = read_jsonl(self.heldout_path, self.prompt_key, self.answer_key)
+            shared = {r["prompt"] for r in heldout} & {r["prompt"] for r in records}
+            if shared:
+                raise ValueError(
+                    f"{self.heldout_path} shares {len(shared)} prompts with {self.path} (e.g. {sorted(shared)[0]!r}); "
+                    "the held-out split must be disjoint from training"
+                )
+            return records, heldout
         num_heldout = max(1, round(len(records) * self.heldout_fraction))
         if num_heldout >= len(records):
             raise ValueError(f"{self.path} has {len(records)} records: too few to hold {num_heldout} out")
         return records[num_heldout:], records[:num_heldout]
+
+    @property
+    def failure_reward(self) -> float:
+        return self._failure_reward
 
     def train_records(self) -> Sequence[PromptRecord]:
         return self._split[0]

@@ -27,10 +27,15 @@ def sort_distance(prompt_items: Sequence[int], response_items: Sequence[int | No
 
 
 def inclusion_ordering(prompt_items: Sequence[int], response_items: Sequence[int | None]) -> int:
-    """Prompt items present in the response, plus adjacent response pairs in non-decreasing order."""
+    """Prompt items present in the response, plus adjacent response pairs in non-decreasing order.
+
+    Pairs are counted within the first ``min(len(prompt), len(response))`` positions, so padding an answer with
+    more ascending items earns nothing.
+    """
     present = set(response_items)
     inclusion = sum(1 for item in prompt_items if item in present)
-    pairs = zip(response_items, response_items[1:])
+    scored = response_items[: len(prompt_items)]
+    pairs = zip(scored, scored[1:])
     ordering = sum(1 for x, y in pairs if x is not None and y is not None and x <= y)
     return inclusion + ordering
 
