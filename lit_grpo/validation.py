@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 
 
@@ -28,8 +29,11 @@ class GreedyEvaluation:
 
     def log_to(self, module: Any, prefix: str) -> None:
         """Log the epoch's means through Lightning (reduced across ranks), then start afresh."""
-        for name, value in self.compute().items():
+        metrics = self.compute()
+        for name, value in metrics.items():
             module.log(f"{prefix}/{name}", torch.tensor(value), prog_bar=name == "accuracy", sync_dist=True)
+        summary = ", ".join(f"{prefix}/{name} {value:.4f}" for name, value in metrics.items())
+        rank_zero_info(f"after epoch {module.current_epoch}: {summary}")
 
     def run_standalone(self, module: Any, datamodule: Any) -> dict[str, float]:
         """The whole held-out split outside Lightning's loops (before training, where Lightning's sanity check
