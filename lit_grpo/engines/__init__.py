@@ -2,5 +2,6 @@
 
 from lit_grpo.engines.base import Completion, FinishReason, RolloutEngine, SamplingSpec
 from lit_grpo.engines.hf import HFEngine
+from lit_grpo.engines.vllm_engine import VLLMEngine
 
-__all__ = ["Completion", "FinishReason", "HFEngine", "RolloutEngine", "SamplingSpec"]
+__all__ = ["Completion", "FinishReason", "HFEngine", "RolloutEngine", "SamplingSpec", "VLLMEngine"]

