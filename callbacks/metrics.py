@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import lightning.pytorch as pl
@@ -46,7 +47,8 @@ def samples_table(buffer: RolloutBuffer, max_rows: int) -> str:
 
 
 class RolloutMetrics(pl.Callback):
-    """Logs ``rollout/*`` once per epoch from the buffer and ``train/*`` epoch means of the loss stats.
+    """Logs ``rollout/*`` once per epoch from the buffer, ``train/*`` epoch means of the loss stats, and ``time/*``:
+    seconds spent generating, scoring, in the no-grad passes and in the updates.
 
     Args:
         table_every_n_epochs: write a text table of sample completions every N epochs (0 turns it off).
@@ -59,6 +61,7 @@ class RolloutMetrics(pl.Callback):
         self.table_every_n_epochs = table_every_n_epochs
         self.table_rows = table_rows
         self.train = {key: MeanMetric() for key in self.TRAIN_KEYS}
+        self._train_started: float | None = None
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
         datamodule = trainer.datamodule
@@ -66,9 +69,11 @@ class RolloutMetrics(pl.Callback):
         if buffer is None:
             return
         stats = rollout_stats(buffer)
-        stats.update({f"time_{name}": seconds for name, seconds in datamodule.timings.items()})
         for name, value in stats.items():
             pl_module.log(f"rollout/{name}", value, on_step=False, on_epoch=True, sync_dist=True)
+        for name, seconds in datamodule.timings.items():
+            pl_module.log(f"time/{name}", seconds, on_step=False, on_epoch=True, sync_dist=True)
+        self._train_started = time.perf_counter()
         every = self.table_every_n_epochs
         if every and trainer.current_epoch % every == 0:
             self.write_table(trainer, buffer)
@@ -84,6 +89,9 @@ class RolloutMetrics(pl.Callback):
                 pl_module.log(f"rollout/{key}", stats[key], on_step=False, on_epoch=True, sync_dist=True, batch_size=1)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        if self._train_started is not None:  # the updates' share of the epoch, beside generate and no-grad passes
+            pl_module.log("time/train", time.perf_counter() - self._train_started, on_step=False, on_epoch=True)
+            self._train_started = None
         for key in self.TRAIN_KEYS:
             metric = self.train[key]
             if metric.update_count:

@@ -130,4 +130,6 @@ def minibatch(buffer: RolloutBuffer, rows: torch.Tensor) -> dict[str, torch.Tens
     }
     if buffer.ref_logp is not None:
         out["ref_logp"] = buffer.ref_logp[rows, :width]
+    if buffer.sampler_logp is not None:
+        out["sampler_logp"] = buffer.sampler_logp[rows, :width]
     return out

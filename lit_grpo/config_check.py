@@ -25,10 +25,14 @@ TOP_LEVEL_KEYS = {"config", "seed_everything", "trainer", "model", "data", "ckpt
 
 def merged_config(args: list[str]) -> dict[str, Any] | None:
     """The subcommand's config from its ``--config`` files and ``--a.b=value`` overrides; None for ``--help``."""
-    if not args or args[0] not in SUBCOMMANDS or any(a in ("-h", "--help") or a.startswith("--print_config") for a in args):
+    if not args or any(a in ("-h", "--help") or a.startswith("--print_config") for a in args):
         return None
+    if args[0] in SUBCOMMANDS:
+        args = args[1:]
+    elif not args[0].startswith("-"):
+        return None  # a subcommand jsonargparse will reject with its own message
     merged: dict[str, Any] = {}
-    for key, value in split_options(args[1:]):
+    for key, value in split_options(args):
         if key in ("config", "c"):
             deep_merge(merged, load_yaml(Path(value).read_text()) or {})
         else:

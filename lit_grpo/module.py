@@ -23,6 +23,7 @@ from lit_grpo.losses import (
     kl_divergence,
     masked_aggregate,
     policy_loss,
+    truncated_importance_weights,
 )
 from lit_grpo.model_loading import load_policy, load_tokenizer, resolve_model_path
 from lit_grpo.module_config import LossSettings, module_config_problems
@@ -54,6 +55,9 @@ class PolicyModule(pl.LightningModule):
         kl_in: ``loss`` adds beta * KL to the loss (GRPO); ``reward`` subtracts beta * sum of k1 from each
             sequence's reward before the advantages.
         old_logp_source: pi_old from the ``sampler``'s log-probs, or recomputed by the ``trainer``.
+        tis_cap: the cap C of a truncated importance-sampling correction, for engines whose log-probs differ from
+            the trainer's (half precision): pi_old is recomputed by the trainer and each token's surrogate is weighted
+            by min(pi_old / pi_sampler, C). ``None`` turns it off (right for fp32, where the two agree).
         attn_implementation: the transformers attention kernel: ``sdpa`` or ``eager``.
         trust_remote_code: allow the model's own code from its repository to run; off unless you trust it.
         no_grad_batch_size: rows per forward in the no-grad passes (pi_old, pi_ref).
@@ -79,6 +83,7 @@ class PolicyModule(pl.LightningModule):
         kl_estimator: KLEstimator = "k3",
         kl_in: Literal["loss", "reward"] = "loss",
         old_logp_source: Literal["sampler", "trainer"] = "sampler",
+        tis_cap: float | None = None,
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
         trust_remote_code: bool = False,
         no_grad_batch_size: int = 256,
@@ -141,7 +146,7 @@ class PolicyModule(pl.LightningModule):
         """pi_old (unless the sampler's log-probs are used) and pi_ref log-probs of the whole buffer."""
         batch_size = self.hparams.no_grad_batch_size
         args = (buffer.input_ids.to(self.device), buffer.attention_mask.to(self.device), buffer.temperature)
-        if self.hparams.old_logp_source == "trainer" or buffer.sampler_logp is None:
+        if self.hparams.old_logp_source == "trainer" or self.hparams.tis_cap is not None or buffer.sampler_logp is None:
             buffer.old_logp = batched_sequence_logprobs(self.policy, *args, batch_size).cpu()
         else:
             buffer.old_logp = buffer.sampler_logp
@@ -160,6 +165,11 @@ class PolicyModule(pl.LightningModule):
         else:
             advantages = group_advantages(grouped, self.loss.advantage_mode)
         buffer.advantages = advantages.flatten()  # [N]
+        if self.hparams.tis_cap is not None and buffer.sampler_logp is not None:
+            weights = truncated_importance_weights(
+                buffer.old_logp, buffer.sampler_logp, buffer.completion_mask, self.hparams.tis_cap
+            )  # [N, L]; a positive weight on the surrogate is a weight on the advantage
+            buffer.advantages = buffer.advantages[:, None] * weights  # [N, L]
 
     # --- training ----------------------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, Any]:
@@ -180,8 +190,8 @@ class PolicyModule(pl.LightningModule):
             )
             loss = loss + loss_cfg.kl_coef * kl
             stats["kl_ref"] = kl.detach()
-        if batch_idx == 0:  # no update yet this epoch: the trainer's log-probs are pi_old's
-            stats.update(sampler_agreement(logp.detach(), batch["old_logp"], completion_mask))
+        if batch_idx == 0 and "sampler_logp" in batch:  # no update yet this epoch: logp is the trainer's pi_old
+            stats.update(sampler_agreement(logp.detach(), batch["sampler_logp"], completion_mask))
         self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp))
         local_count = aggregation_terms(logp.detach(), completion_mask, loss_cfg.aggregation, max_new_tokens)[1]
         step_scale = local_count / batch["step_denominator"] * self.trainer.accumulate_grad_batches
@@ -230,9 +240,11 @@ class PolicyModule(pl.LightningModule):
         rank_zero_info(f"adapter saved to {target}")
 
 
-def sampler_agreement(logp: torch.Tensor, old_logp: torch.Tensor, completion_mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """max and mean |old_logp - logp| over counted tokens: ~0 in fp32 when the engine holds the current weights."""
-    diff = (old_logp - logp).abs()[completion_mask]
+def sampler_agreement(
+    logp: torch.Tensor, sampler_logp: torch.Tensor, completion_mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """max and mean |sampler - trainer| log-prob over counted tokens: ~0 in fp32 when the engine is in sync."""
+    diff = (sampler_logp - logp).abs()[completion_mask]
     if diff.numel() == 0:
         return {}
     return {"logp_diff_max": diff.max(), "logp_diff_mean": diff.mean()}

@@ -40,6 +40,10 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
         problems.append(f"kl_coef: must be >= 0, got {args['kl_coef']}")
     if args["loss_variant"] == "gspo" and args["aggregation"] != "seq-mean":
         problems.append(f"aggregation: loss_variant 'gspo' takes 'seq-mean' only, got {args['aggregation']!r}")
+    if args["tis_cap"] is not None and args["tis_cap"] <= 0:
+        problems.append(f"tis_cap: must be positive or None, got {args['tis_cap']}")
+    if args["tis_cap"] is not None and args["loss_variant"] == "gspo":
+        problems.append("tis_cap: the per-token correction does not apply to gspo's sequence-level ratio")
     if args["no_grad_batch_size"] < 1:
         problems.append(f"no_grad_batch_size: must be >= 1, got {args['no_grad_batch_size']}")
     path_problem = model_path_problem(args["model_name_or_path"])

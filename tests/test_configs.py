@@ -16,14 +16,14 @@ CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"
 
 
 def test_there_are_configs():
-    assert {"quickstart.yaml", "sort.yaml"} <= {path.name for path in CONFIGS}
+    assert {"quickstart.yaml", "quickstart_vllm.yaml", "sort.yaml"} <= {path.name for path in CONFIGS}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_config_parses_and_instantiates(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative model paths must still resolve (against the checkout)
     assert config_problems(yaml.safe_load(path.read_text())) == []
-    cli = LitGRPOCLI(args=["fit", "--config", str(path)], run=False)
+    cli = LitGRPOCLI(args=["--config", str(path)], run=False)
     assert isinstance(cli.model, PolicyModule) and isinstance(cli.datamodule, RolloutDataModule)
     assert cli.trainer.reload_dataloaders_every_n_epochs == 1
     assert cli.model.policy is None  # the model loads in configure_model, not at instantiation

@@ -76,3 +76,24 @@ def test_real_vllm_engine_stays_in_sync(strategy, tmp_path):
     # a perturbed adapter that the engine has not received shows up (so the check can fail), and a push fixes it
     assert figures["stale_diff"] > 1e-2
     assert figures["pushed_diff"] < 1e-4
+
+
+IMPOSSIBLE_MEMORY = """
+from lit_grpo.engines import VLLMEngine
+from lit_grpo.model_loading import load_policy
+policy = load_policy({model!r}, 4, 8, 0.0, "all-linear")
+try:
+    VLLMEngine(kv_cache_gib=4096, max_model_len=64).push_policy(policy)
+except RuntimeError as error:
+    print("REFUSED", str(error).replace("\\n", " "))
+"""
+
+
+def test_impossible_memory_fails_at_start_naming_the_knob():
+    model = str(Path(__file__).resolve().parents[1] / "data" / "tiny-llama")
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    result = subprocess.run([sys.executable, "-c", IMPOSSIBLE_MEMORY.format(model=model)], capture_output=True,
+                            text=True, env=env, timeout=600)
+    refused = [line for line in result.stdout.splitlines() if line.startswith("REFUSED")]
+    assert refused, result.stderr[-2000:]
+    assert "kv_cache_gib" in refused[0] and "4096" in refused[0]

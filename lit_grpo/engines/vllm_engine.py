@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -115,8 +116,8 @@ class VLLMEngine:
             )
         except Exception as error:
             raise RuntimeError(
-                f"the vLLM engine could not start for {model_path!r}: {error}. Check model_name_or_path, and the "
-                "engine's kv_cache_gib (memory for the KV cache) and max_model_len."
+                f"the vLLM engine could not start for {model_path!r}: {error}\nCheck model.model_name_or_path and the "
+                "engine's knobs data.engine.init_args.kv_cache_gib (memory for the KV cache, GiB) and max_model_len."
             ) from error
         self._model_path = model_path
 
@@ -125,6 +126,8 @@ class VLLMEngine:
 
         if self._adapter_dir is None:
             self._adapter_dir = Path(tempfile.mkdtemp(prefix="lit-grpo-adapter-"))
+            # removed even if the run dies before close(): no adapter copies left behind in the temp dir
+            weakref.finalize(self, shutil.rmtree, str(self._adapter_dir), ignore_errors=True)
         target = self._adapter_dir / f"push-{self._pushes}"
         model.save_pretrained(str(target), selected_adapters=[model.active_adapter])
         previous = self._lora

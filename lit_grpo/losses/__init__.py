@@ -2,6 +2,7 @@
 
 from lit_grpo.losses.advantages import ADVANTAGE_MODES, AdvantageMode, batch_std_advantages, group_advantages
 from lit_grpo.losses.aggregation import AGGREGATIONS, Aggregation, aggregation_terms, masked_aggregate, masked_mean
+from lit_grpo.losses.importance import truncated_importance_weights
 from lit_grpo.losses.kl import KL_ESTIMATORS, KLEstimator, kl_divergence
 from lit_grpo.losses.policy import POLICY_VARIANTS, PolicyStats, PolicyVariant, policy_loss
 
@@ -22,4 +23,5 @@ __all__ = [
     "masked_aggregate",
     "masked_mean",
     "policy_loss",
+    "truncated_importance_weights",
 ]
