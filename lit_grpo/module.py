@@ -11,6 +11,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lit_grpo.buffer import RolloutBuffer
+from lit_grpo.callbacks.reference import ReferencePolicy
 from lit_grpo.logprobs import batched_sequence_logprobs, sequence_logprobs
 from lit_grpo.losses import (
     AdvantageMode,
@@ -127,15 +128,11 @@ class PolicyModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def configure_callbacks(self) -> list[pl.Callback]:
-        from lit_grpo.callbacks.reference import ReferencePolicy
-
         present = any(isinstance(c, ReferencePolicy) for c in self.trainer.callbacks)
         return [] if present or not self.loss.needs_reference else [ReferencePolicy()]
 
     @property
-    def reference_policy(self) -> Any:
-        from lit_grpo.callbacks.reference import ReferencePolicy
-
+    def reference_policy(self) -> ReferencePolicy:
         found = [c for c in self.trainer.callbacks if isinstance(c, ReferencePolicy)]
         if not found:
             raise RuntimeError("kl_coef > 0 needs a ReferencePolicy callback; configure_callbacks() adds one")
