@@ -2,6 +2,7 @@
 
 from lit_grpo.losses.advantages import ADVANTAGE_MODES, AdvantageMode, batch_std_advantages, group_advantages
 from lit_grpo.losses.aggregation import AGGREGATIONS, Aggregation, aggregation_terms, masked_aggregate, masked_mean
+from lit_grpo.losses.gae import gae, kl_shaped_rewards
 from lit_grpo.losses.importance import truncated_importance_weights
 from lit_grpo.losses.kl import KL_ESTIMATORS, KLEstimator, kl_divergence
 from lit_grpo.losses.policy import POLICY_VARIANTS, PolicyStats, PolicyVariant, policy_loss
@@ -18,8 +19,10 @@ __all__ = [
     "PolicyVariant",
     "aggregation_terms",
     "batch_std_advantages",
+    "gae",
     "group_advantages",
     "kl_divergence",
+    "kl_shaped_rewards",
     "masked_aggregate",
     "masked_mean",
     "policy_loss",
