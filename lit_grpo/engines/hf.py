@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from lit_grpo.engines.base import Completion, SamplingSpec
@@ -59,7 +60,9 @@ class HFEngine:
         if sampling.greedy and n > 1:  # greedy decoding has one answer per prompt: return it n times
             return [group * n for group in self.generate(prompts, 1, sampling)]
         results: list[list[Completion]] = []
-        for start in range(0, len(prompts), self.batch_size):
+        starts = range(0, len(prompts), self.batch_size)
+        # a bar on a terminal when generation takes several calls; None lets tqdm stay quiet when not a TTY
+        for start in tqdm(starts, desc="generating", unit="batch", leave=False, disable=True if len(starts) < 2 else None):
             chunk = slice(start, min(start + self.batch_size, len(prompts)))
             results.extend(self._generate_chunk(prompts[chunk], n, sampling, chunk))
         return results

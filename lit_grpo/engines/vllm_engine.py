@@ -146,7 +146,8 @@ class VLLMEngine:
 
         params = [self._params(n, sampling, index) for index in range(len(prompts))]
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        outputs = self._llm.generate(requests, params, lora_request=self._lora, use_tqdm=False)
+        show_progress = len(prompts) * n >= 1024  # vLLM's own bar, for long generations only
+        outputs = self._llm.generate(requests, params, lora_request=self._lora, use_tqdm=show_progress)
         stop_ids = set(sampling.stop_token_ids)
         return [[to_completion(o, stop_ids) for o in output.outputs] for output in outputs]
 
