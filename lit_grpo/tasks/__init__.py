@@ -3,13 +3,17 @@
 from lit_grpo.tasks.arithmetic import ArithmeticTask
 from lit_grpo.tasks.base import ExactMatchReward, PromptRecord, Reward, ScoredCompletion, Task, WeightedRewards
 from lit_grpo.tasks.jsonl import JsonlTask
+from lit_grpo.tasks.multiround import ClarifyTask, EnvStep, MultiRoundTask
 from lit_grpo.tasks.sort import InclusionOrderingReward, SortDistanceReward, SortTask
 
 __all__ = [
     "ArithmeticTask",
+    "ClarifyTask",
+    "EnvStep",
     "ExactMatchReward",
     "InclusionOrderingReward",
     "JsonlTask",
+    "MultiRoundTask",
     "PromptRecord",
     "Reward",
     "ScoredCompletion",

@@ -1,0 +1,139 @@
+"""Multi-round tasks: the policy answers (infer) or asks (defer) and the environment replies (design §6, §8)."""
+
+from __future__ import annotations
+
+import random
+from abc import abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+from lit_grpo.tasks.base import PromptRecord, Task
+
+SegmentKind = Literal["answer", "ask", "malformed"]
+
+
+@dataclass(frozen=True)
+class EnvStep:
+    """What the environment makes of one policy segment.
+
+    ``terminal`` segments end the episode (an answer, or a malformed segment); a continuing one (a question) gets
+    ``reply``, text the environment inserts into the context before the next round; those tokens carry no loss.
+    ``reward`` is the segment's immediate reward r(c).
+    """
+
+    kind: SegmentKind
+    reward: float
+    terminal: bool
+    reply: str = ""
+    correct: bool = False
+
+
+class MultiRoundTask(Task):
+    """A task whose episodes run over rounds until the policy answers.
+
+    Subclasses define ``step``; ``no_answer_reward`` scores an episode cut off at ``max_depth`` rounds and
+    ``malformed_reward`` a segment that is neither an answer nor a question.
+    """
+
+    @abstractmethod
+    def step(self, prompt_record: PromptRecord, round_index: int, segment_text: str) -> EnvStep:
+        """The environment's response to the policy's segment of round ``round_index`` (1-based)."""
+
+    @property
+    @abstractmethod
+    def no_answer_reward(self) -> float:
+        """The reward of an episode the environment closes at ``max_depth`` without an answer."""
+
+    @property
+    @abstractmethod
+    def malformed_reward(self) -> float:
+        """The reward of a segment that is neither an answer nor a question."""
+
+    def reward(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
+        """Single-round view: the first segment's reward."""
+        return self.step(prompt_record, 1, completion_text).reward
+
+
+class ClarifyTask(MultiRoundTask):
+    """A clarification game over two-digit addition: asking costs a little, answering wrong costs a lot.
+
+    Each prompt is ``"{a}+{b}="`` or, with probability ``hidden_fraction``, ``"{a}+?="`` with b hidden. A segment
+    ``"?"`` asks: it costs ``ask_cost`` and the environment replies ``"b={b};"``. A segment of digits answers:
+    ``correct_reward`` if it is a + b, else ``wrong_reward``. Anything else is malformed. So asking pays on hidden
+    prompts (a guess at b is almost surely wrong) and wastes ``ask_cost`` on the others: when to stop is learnable,
+    and an informed answer is plain addition.
+
+    Args:
+        hidden_fraction: share of prompts whose b is hidden.
+        correct_reward: reward of a right answer.
+        wrong_reward: reward of a wrong answer.
+        ask_cost: cost of one question (its reward is ``-ask_cost``).
+        malformed_reward: reward of a segment that is neither an answer nor ``?``.
+        no_answer_reward: reward of an episode closed at ``max_depth`` without an answer.
+        heldout_size: held-out prompts, disjoint (by operand pair) from the training ones.
+        split_seed: seed of the split, of which prompts hide b, and of the training order.
+        use_chat_template: see ``Task``.
+    """
+
+    def __init__(
+        self,
+        hidden_fraction: float = 0.5,
+        correct_reward: float = 1.0,
+        wrong_reward: float = -1.0,
+        ask_cost: float = 0.1,
+        malformed_reward: float = -1.0,
+        no_answer_reward: float = -0.5,
+        heldout_size: int = 1000,
+        split_seed: int = 0,
+        use_chat_template: bool = False,
+    ) -> None:
+        super().__init__(use_chat_template)
+        if not 0 <= hidden_fraction <= 1:
+            raise ValueError(f"hidden_fraction must be in [0, 1], got {hidden_fraction}")
+        if not wrong_reward < -ask_cost < correct_reward:
+            raise ValueError("need wrong_reward < -ask_cost < correct_reward, or asking can never pay or never cost")
+        self.hidden_fraction, self.correct_reward, self.wrong_reward = hidden_fraction, correct_reward, wrong_reward
+        self.ask_cost, self._malformed, self._no_answer = ask_cost, malformed_reward, no_answer_reward
+        self.heldout_size, self.split_seed = heldout_size, split_seed
+
+    @cached_property
+    def _split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
+        rng = random.Random(self.split_seed)
+        pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
+        rng.shuffle(pairs)
+        records = [self.record(a, b, rng.random() < self.hidden_fraction) for a, b in pairs]
+        return records[self.heldout_size :], records[: self.heldout_size]
+
+    @staticmethod
+    def record(a: int, b: int, hidden: bool) -> PromptRecord:
+        prompt = f"{a}+?=" if hidden else f"{a}+{b}="
+        return {"prompt": prompt, "answer": str(a + b), "a": a, "b": b, "hidden": hidden}
+
+    def train_records(self) -> Sequence[PromptRecord]:
+        return self._split[0]
+
+    def heldout_records(self) -> Sequence[PromptRecord]:
+        return self._split[1]
+
+    @property
+    def no_answer_reward(self) -> float:
+        return self._no_answer
+
+    @property
+    def malformed_reward(self) -> float:
+        return self._malformed
+
+    @property
+    def failure_reward(self) -> float:
+        return min(self.wrong_reward, self._malformed, self._no_answer, -self.ask_cost)
+
+    def step(self, prompt_record: PromptRecord, round_index: int, segment_text: str) -> EnvStep:
+        text = segment_text.strip()
+        if text == "?":
+            return EnvStep("ask", -self.ask_cost, terminal=False, reply=f"b={prompt_record['b']};")
+        if text.isdigit():
+            correct = text == prompt_record["answer"]
+            return EnvStep("answer", self.correct_reward if correct else self.wrong_reward, True, correct=correct)
+        return EnvStep("malformed", self._malformed, terminal=True)
