@@ -1,0 +1,110 @@
+"""Expanding rollout trees round by round, and laying their nodes out as training rows (design §6)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from lit_grpo.engines.base import RolloutEngine, SamplingSpec
+from lit_grpo.tasks.base import PromptRecord
+from lit_grpo.tasks.multiround import MultiRoundTask
+from lit_grpo.tree import Node, close_with_no_answer, depth_first
+
+
+@dataclass(eq=False)
+class SegmentNode(Node):
+    """A tree node with its tokens: ``context`` (everything before the segment: prompt, ancestors' segments and the
+    environment's replies), the policy's ``segment`` with the sampler's ``logprobs``, and the environment's
+    ``reply`` to it (for a question). Only ``segment`` tokens carry loss."""
+
+    context: tuple[int, ...] = ()
+    segment: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    reply: tuple[int, ...] = ()
+    kind: str = "root"
+    correct: bool = False
+    truncated: bool = False
+    record: PromptRecord = field(default_factory=dict)
+
+
+def expand_trees(
+    task: MultiRoundTask,
+    engine: RolloutEngine,
+    tokenizer: Any,
+    records: Sequence[PromptRecord],
+    branching: Sequence[int],
+    sampling: SamplingSpec,
+) -> list[SegmentNode]:
+    """One tree per prompt, ``len(branching)`` rounds deep; round d gives every open node ``branching[d-1]``
+    children, all open nodes of all trees in one engine call. A question still open after the last round is
+    closed by the environment with the task's no-answer reward."""
+    roots = [SegmentNode(context=tuple(task.prompt_ids(r, tokenizer)), record=r) for r in records]
+    open_nodes: list[SegmentNode] = list(roots)
+    for depth, width in enumerate(branching, start=1):
+        if not open_nodes:
+            break
+        contexts = [list(node.context + node.segment + node.reply) for node in open_nodes]
+        round_sampling = replace(sampling, seed=None if sampling.seed is None else sampling.seed + 7_919 * depth)
+        groups = engine.generate(contexts, width, round_sampling)
+        next_open = []
+        for parent, context, completions in zip(open_nodes, contexts, groups):
+            for completion in completions:
+                child = segment_child(task, tokenizer, parent.record, depth, context, completion)
+                parent.children.append(child)
+                if not child.terminal:
+                    next_open.append(child)
+        open_nodes = next_open
+    for node in open_nodes:  # cut off at max_depth
+        close_with_no_answer(node, task.no_answer_reward)
+    return roots
+
+
+def segment_child(
+    task: MultiRoundTask, tokenizer: Any, record: PromptRecord, depth: int, context: list[int], completion: Any
+) -> SegmentNode:
+    """The node for one generated segment, scored by the environment."""
+    text = tokenizer.decode(list(completion.token_ids), skip_special_tokens=True)
+    step = task.step(record, depth, text)
+    reply = tuple(tokenizer(step.reply, add_special_tokens=False)["input_ids"]) if not step.terminal else ()
+    return SegmentNode(
+        reward=step.reward, terminal=step.terminal, context=tuple(context), segment=tuple(completion.token_ids),
+        logprobs=tuple(completion.logprobs or ()), reply=reply, kind=step.kind, correct=step.correct,
+        truncated=completion.finish_reason == "length", record=record,
+    )
+
+
+def policy_nodes(root: SegmentNode) -> list[SegmentNode]:
+    """The nodes that carry policy tokens, in depth-first order (the root and no-answer closings carry none)."""
+    return [n for n in depth_first(root) if isinstance(n, SegmentNode) and n.segment]
+
+
+def tree_rows(roots: Sequence[SegmentNode], pad_id: int) -> dict[str, torch.Tensor]:
+    """One right-padded row per policy node: its context (masked out) then its segment (counted).
+
+    Returns ``input_ids``, ``attention_mask``, ``completion_mask`` and ``sampler_logp`` ``[N, L]``, ``rewards``
+    ``[N]`` (each node's immediate reward) and ``group_sizes`` (rows per tree, trees in order).
+    """
+    nodes = [node for root in roots for node in policy_nodes(root)]
+    width = max(len(n.context) + len(n.segment) for n in nodes)
+    input_ids = torch.full((len(nodes), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(nodes), width), dtype=torch.bool)
+    completion_mask = torch.zeros((len(nodes), width), dtype=torch.bool)
+    sampler_logp = torch.zeros((len(nodes), width))
+    for row, node in enumerate(nodes):
+        start, end = len(node.context), len(node.context) + len(node.segment)
+        input_ids[row, :end] = torch.tensor(node.context + node.segment)
+        attention_mask[row, :end] = True
+        completion_mask[row, start:end] = True
+        if node.logprobs:
+            sampler_logp[row, start:end] = torch.tensor(node.logprobs)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "completion_mask": completion_mask,
+        "sampler_logp": sampler_logp,
+        "rewards": torch.tensor([n.reward for n in nodes]),
+        "group_sizes": torch.tensor([len(policy_nodes(root)) for root in roots]),
+    }

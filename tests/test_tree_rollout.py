@@ -1,0 +1,85 @@
+"""Tree rollouts with a scripted engine: node layout, environment tokens masked, one advantage per node."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+
+from lit_grpo.engines import Completion, SamplingSpec
+from lit_grpo.tasks import ClarifyTask
+from lit_grpo.tiny import build_char_tokenizer
+from lit_grpo.tree import assign_advantages
+from lit_grpo.tree_rollout import expand_trees, policy_nodes, tree_rows
+
+TOKENIZER = build_char_tokenizer()
+EOS = TOKENIZER.eos_token_id
+
+
+class ScriptedEngine:
+    """Answers each context with scripted segments (a fake engine: the unit under test is the tree logic)."""
+
+    shared = True
+
+    def __init__(self, script: dict[str, list[str]]) -> None:
+        self.script = script
+        self.calls: list[int] = []
+
+    def generate(self, prompts, n, sampling):
+        self.calls.append(len(prompts))
+        out = []
+        for prompt in prompts:
+            texts = self.script[TOKENIZER.decode(prompt, skip_special_tokens=False)]
+            assert len(texts) == n
+            out.append([Completion(tuple(TOKENIZER(t, add_special_tokens=False)["input_ids"]) + (EOS,),
+                                   tuple(-0.5 for _ in range(len(t) + 1)), "stop") for t in texts])
+        return out
+
+    def push_policy(self, model):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_tree_expansion_rows_and_advantages():
+    record = ClarifyTask.record(37, 25, hidden=True)
+    script = {
+        "<s>37+?=": ["?", "61"],
+        "<s>37+?=?</s>b=25;": ["62", "?"],  # the second question is cut off at max_depth = 2
+    }
+    engine = ScriptedEngine(script)
+    (root,) = expand_trees(ClarifyTask(), engine, TOKENIZER, [record], branching=[2, 2],
+                           sampling=SamplingSpec(max_new_tokens=4, stop_token_ids=(EOS,)))
+    assert engine.calls == [1, 1]  # one batched call per round
+    ask, wrong = root.children
+    right, ask_again = ask.children
+    assert (ask.kind, ask.reward, wrong.kind, wrong.reward) == ("ask", -0.1, "answer", -1.0)
+    assert (right.reward, right.correct, ask_again.reward) == (1.0, True, -0.1)
+    (closing,) = ask_again.children  # closed by the environment: no tokens, the no-answer reward
+    assert closing.terminal and closing.reward == -0.5 and not getattr(closing, "segment", ())
+
+    assign_advantages(root, "mean")
+    rows = tree_rows([root], TOKENIZER.pad_token_id)
+    nodes = policy_nodes(root)
+    assert nodes == [ask, right, ask_again, wrong]  # depth-first; the closing child has no row
+    assert rows["group_sizes"].tolist() == [4]
+    # row 1 (the right answer): context "<s>37+?=" + "?</s>" (policy, earlier node) + "b=25;" (environment), then "62</s>"
+    text = TOKENIZER.decode(rows["input_ids"][1][rows["attention_mask"][1]].tolist(), skip_special_tokens=False)
+    assert text == "<s>37+?=?</s>b=25;62</s>"
+    counted = TOKENIZER.decode(rows["input_ids"][1][rows["completion_mask"][1]].tolist(), skip_special_tokens=False)
+    assert counted == "62</s>"  # only the node's own segment counts: no environment or ancestor token
+    # positions: <s> 0, "37+?=" 1-5, "?" 6, </s> 7 (the ancestor's segment), "b=25;" 8-12, "62</s>" 13-15
+    assert not rows["completion_mask"][1, :13].any() and rows["completion_mask"][1, 13:16].all()
+    assert rows["completion_mask"].sum(dim=1).tolist() == [2, 3, 2, 3]
+    # every counted token of a row carries that node's advantage
+    per_token = torch.tensor([n.advantage for n in nodes])[:, None] * rows["completion_mask"]
+    for row, node in enumerate(nodes):
+        assert torch.all(per_token[row][rows["completion_mask"][row]] == node.advantage)
+    # hand check (mean values): V(ask_again) = -0.5, Q = -0.6; V(ask) = (1 - 0.6) / 2 = 0.2, Q(ask) = 0.1;
+    # leaf returns: 0.9 (ask, right), -0.7 (ask, ask, no answer), -1 (wrong): mean -4/15, sigma 0.8498366
+    sigma = statistics.pstdev([0.9, -0.7, -1.0])
+    assert ask.advantage == pytest.approx((0.1 - (0.1 - 1.0) / 2) / (sigma + 1e-6), abs=1e-9)
+    assert right.advantage == pytest.approx((1.0 - (1.0 - 0.6) / 2) / (sigma + 1e-6), abs=1e-9)
+    assert closing.advantage == 0.0
