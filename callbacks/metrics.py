@@ -15,8 +15,8 @@ from lit_grpo.buffer import RolloutBuffer
 
 def rollout_stats(buffer: RolloutBuffer) -> dict[str, float]:
     """Summary of one epoch's buffer: rewards, accuracy, lengths, truncation, flat groups, reward errors, KL."""
-    grouped = buffer.rewards.view(-1, buffer.group_size)  # [B, G]
-    flat = grouped.amax(dim=1) == grouped.amin(dim=1)  # [B]
+    groups = buffer.rewards.split(buffer.sizes)  # rows of each prompt's group (or tree)
+    flat = torch.tensor([float(g.amax() == g.amin()) for g in groups])  # [B]
     stats = {
         "reward_mean": buffer.rewards.mean().item(),
         "reward_std": buffer.rewards.std(correction=0).item(),
@@ -26,11 +26,39 @@ def rollout_stats(buffer: RolloutBuffer) -> dict[str, float]:
         "zero_std_frac": flat.float().mean().item(),
         "reward_errors": float(buffer.reward_errors),
     }
+    if buffer.trees is not None:
+        stats.update(tree_stats(buffer.trees))
     if buffer.ref_logp is not None and buffer.old_logp is not None:
         # k3 of the sampled tokens, averaged over counted tokens: the KL of the sampling policy to pi_ref
         delta = (buffer.ref_logp - buffer.old_logp)[buffer.completion_mask]
         stats["kl_ref"] = (torch.exp(delta) - delta - 1).mean().item() if delta.numel() else 0.0
     return stats
+
+
+def tree_stats(roots: list[Any]) -> dict[str, float]:
+    """Depth reached, share of questions among segments, accuracy and mean return of the leaves, and the share of
+    sibling groups whose rewards-to-go are all equal (no learning signal there)."""
+    from lit_grpo.tree import depth_first, leaf_returns
+    from lit_grpo.tree_rollout import policy_nodes
+
+    segments = [node for root in roots for node in policy_nodes(root)]
+    answers = [node for node in segments if node.kind == "answer"]
+    returns = [value for root in roots for value in leaf_returns(root)]
+    sibling_groups = [node.children for root in roots for node in depth_first(root) if len(node.children) > 1]
+    flat = [len({child.q for child in group}) == 1 for group in sibling_groups if group[0].q is not None]
+    return {
+        "tree_depth": sum(max_depth(root) for root in roots) / len(roots),
+        "ask_rate": sum(node.kind == "ask" for node in segments) / max(len(segments), 1),
+        "answer_accuracy": sum(node.correct for node in answers) / max(len(answers), 1),
+        "mean_return": sum(returns) / max(len(returns), 1),
+        "zero_variance_sibling_frac": sum(flat) / max(len(flat), 1),
+    }
+
+
+def max_depth(node: Any) -> int:
+    """Policy rounds on the deepest path below ``node`` (closing no-answer children count as no round)."""
+    rounds = [max_depth(child) + bool(getattr(child, "segment", ())) for child in node.children]
+    return max(rounds, default=0)
 
 
 def samples_table(buffer: RolloutBuffer, max_rows: int) -> str:

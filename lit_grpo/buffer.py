@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -13,7 +14,8 @@ from lit_grpo.losses import aggregation_terms
 
 @dataclass
 class RolloutBuffer:
-    """``N = num_groups * group_size`` rows of prompt + completion, right-padded; a group's rows are contiguous.
+    """Rows of context + completion, right-padded; a group's rows are contiguous. A group is a prompt's
+    ``group_size`` completions, or one tree's policy nodes (``group_sizes`` then lists the rows of each tree).
 
     ``completion_mask`` is True on policy-generated tokens (the stop token included), False on the prompt and the
     padding. Log-prob tensors are aligned with ``input_ids``: entry t is the log-prob of token t given the tokens
@@ -36,10 +38,20 @@ class RolloutBuffer:
     reward_errors: int = 0
     prompt_texts: list[str] = field(default_factory=list)  # [N]
     completion_texts: list[str] = field(default_factory=list)  # [N]
+    group_sizes: list[int] | None = None  # rows per group when they differ (trees); None: group_size each
+    trees: list[Any] | None = None  # the rollout trees, in group order, for tree rollouts
+    tree_mode: str | None = None  # "tree" (tree-relative advantages) or "chains" (group advantages of returns)
+
+    @property
+    def sizes(self) -> list[int]:
+        """Rows per group, groups in order."""
+        if self.group_sizes is not None:
+            return self.group_sizes
+        return [self.group_size] * (self.input_ids.shape[0] // self.group_size)
 
     @property
     def num_groups(self) -> int:
-        return self.input_ids.shape[0] // self.group_size
+        return len(self.sizes)
 
     @property
     def completion_lengths(self) -> torch.Tensor:
@@ -97,14 +109,22 @@ def serve_minibatches(
     Each minibatch carries ``step_denominator``: the aggregation's count summed over the ``accumulate`` minibatches
     that make up its optimizer step, so the loss of a step does not depend on how it is split.
     """
-    groups_per_batch = max(1, minibatch_size // buffer.group_size)
+    sizes = buffer.sizes
+    offsets = [0]
+    for size in sizes:
+        offsets.append(offsets[-1] + size)
+    group_rows = [torch.arange(offsets[g], offsets[g + 1]) for g in range(len(sizes))]
     batches: list[dict[str, torch.Tensor]] = []
     for _ in range(ppo_epochs):
-        order = torch.randperm(buffer.num_groups, generator=generator)
-        for start in range(0, buffer.num_groups, groups_per_batch):
-            groups = order[start : start + groups_per_batch]
-            rows = (groups[:, None] * buffer.group_size + torch.arange(buffer.group_size)).flatten()
-            batches.append(minibatch(buffer, rows))
+        order = torch.randperm(len(sizes), generator=generator).tolist()
+        pending: list[torch.Tensor] = []
+        for group in order:  # whole groups, until the minibatch holds at least minibatch_size rows
+            pending.append(group_rows[group])
+            if sum(len(rows) for rows in pending) >= minibatch_size:
+                batches.append(minibatch(buffer, torch.cat(pending)))
+                pending = []
+        if pending:
+            batches.append(minibatch(buffer, torch.cat(pending)))
     mask_counts = [
         aggregation_terms(b["completion_mask"].float(), b["completion_mask"], aggregation, buffer.max_new_tokens)[1]
         for b in batches

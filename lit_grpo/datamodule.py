@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader
 
 from lit_grpo.buffer import RolloutBuffer, build_buffer, serve_minibatches
 from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
-from lit_grpo.tasks import ArithmeticTask, PromptRecord, Task
+from lit_grpo.tasks import ArithmeticTask, MultiRoundTask, PromptRecord, Task
+from lit_grpo.tree_rollout import expand_trees, greedy_episodes, tree_buffer
 
 
 def data_config_problems(args: dict[str, Any]) -> list[str]:
@@ -30,6 +31,10 @@ def data_config_problems(args: dict[str, Any]) -> list[str]:
             f"minibatch_size: {args['minibatch_size']} is not a multiple of group_size ({args['group_size']}); "
             "minibatches hold whole groups"
         )
+    if args["rollout"] not in ("grouped", "tree", "chains"):
+        problems.append(f"rollout: unknown value {args['rollout']!r}; valid choices: grouped, tree, chains")
+    if not args["branching"] or any(width < 1 for width in args["branching"]):
+        problems.append(f"branching: needs one width >= 1 per round, got {args['branching']}")
     if args["val_max_prompts"] is not None and args["val_max_prompts"] < 1:
         problems.append(f"val_max_prompts: must be >= 1 or None, got {args['val_max_prompts']}")
     return problems
@@ -57,6 +62,11 @@ class RolloutDataModule(pl.LightningDataModule):
         ppo_epochs: passes (mu) over each epoch's buffer.
         max_new_tokens: the generation budget per completion.
         temperature: sampling temperature; the trainer's log-probs use the same.
+        rollout: ``grouped`` (``group_size`` completions per prompt), ``tree`` (multi-round trees with ``branching``
+            children per open node at each round) or ``chains`` (``group_size`` independent multi-round episodes per
+            prompt, group advantages on their returns); the last two need a multi-round task.
+        branching: children per open node at each round of a ``tree`` rollout; its length is ``max_depth``, the
+            number of policy rounds (``chains`` use the length only).
         val_max_prompts: held-out prompts used per validation (``None``: the whole held-out split).
         val_batch_size: held-out prompts per validation batch.
         seed: seeds the sampling and the minibatch order (each epoch derives its own from it).
@@ -72,6 +82,8 @@ class RolloutDataModule(pl.LightningDataModule):
         ppo_epochs: int = 1,
         max_new_tokens: int = 6,
         temperature: float = 1.0,
+        rollout: Literal["grouped", "tree", "chains"] = "grouped",
+        branching: list[int] = [4, 2, 2],  # noqa: B006 - jsonargparse shows list defaults; never mutated
         val_max_prompts: int | None = None,
         val_batch_size: int = 256,
         seed: int = 0,
@@ -86,6 +98,9 @@ class RolloutDataModule(pl.LightningDataModule):
         self.group_size, self.prompts_per_epoch = group_size, prompts_per_epoch
         self.minibatch_size, self.ppo_epochs = minibatch_size, ppo_epochs
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        self.rollout, self.branching = rollout, list(branching)
+        if rollout != "grouped" and not isinstance(task, MultiRoundTask):
+            raise ValueError(f"rollout {rollout!r} needs a multi-round task (a MultiRoundTask), got {type(task).__name__}")
         self.val_max_prompts, self.val_batch_size, self.seed = val_max_prompts, val_batch_size, seed
         self.cursor = 0  # index of the next training prompt; carried by checkpoints
         self.buffer: RolloutBuffer | None = None
@@ -118,20 +133,27 @@ class RolloutDataModule(pl.LightningDataModule):
         """Generate, score, run the no-grad passes, then compute advantages, in that order."""
         clock = time.perf_counter()
         records = self.next_prompts()
-        prompt_ids = [self.task.prompt_ids(r, module.tokenizer) for r in records]
         self.sync_policy(module)
         sampling = self.sampling_spec(module, greedy=False, seed=self.epoch_seed(epoch))
-        completions = self.engine.generate(prompt_ids, self.group_size, sampling)
-        generated = time.perf_counter()
-        buffer = build_buffer(prompt_ids, completions, module.tokenizer.pad_token_id, self.temperature, self.max_new_tokens)
-        self.score(buffer, records, module.tokenizer)
+        if self.rollout == "grouped":
+            prompt_ids = [self.task.prompt_ids(r, module.tokenizer) for r in records]
+            completions = self.engine.generate(prompt_ids, self.group_size, sampling)
+            generated = time.perf_counter()
+            buffer = build_buffer(prompt_ids, completions, module.tokenizer.pad_token_id, self.temperature,
+                                  self.max_new_tokens)
+            self.score(buffer, records, module.tokenizer)
+        else:  # trees: the environment scores each round as it is generated
+            widths = self.branching if self.rollout == "tree" else [self.group_size] + [1] * (len(self.branching) - 1)
+            roots = expand_trees(self.task, self.engine, module.tokenizer, records, widths, sampling)
+            generated = time.perf_counter()
+            buffer = tree_buffer(roots, module.tokenizer, self.temperature, self.max_new_tokens, self.rollout)
         scored = time.perf_counter()
         module.run_no_grad_passes(buffer)
         module.assign_advantages(buffer)
         done = time.perf_counter()
         self.timings = {"generate": generated - clock, "score": scored - generated, "no_grad_passes": done - scored}
         rank_zero_info(
-            f"epoch {epoch}: {len(records)} prompts x {self.group_size} completions in {done - clock:.2f}s "
+            f"epoch {epoch}: {len(records)} prompts, {buffer.input_ids.shape[0]} segments in {done - clock:.2f}s "
             f"(generate {generated - clock:.2f}s); reward mean {buffer.rewards.mean():.3f}, "
             f"accuracy {buffer.correct.float().mean():.3f}"
         )
@@ -180,8 +202,12 @@ class RolloutDataModule(pl.LightningDataModule):
         return self.seed * 1_000_003 + epoch * 7919
 
     def greedy_scores(self, module: Any, records: list[PromptRecord]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Greedy completions of held-out prompts: ``(rewards [B], correct [B])``."""
+        """Greedy completions of held-out prompts: ``(rewards [B], correct [B])``; for a multi-round task, greedy
+        episodes of up to ``len(branching)`` rounds and their returns."""
         self.sync_policy(module)
+        if isinstance(self.task, MultiRoundTask):
+            sampling = self.sampling_spec(module, greedy=True, seed=None)
+            return greedy_episodes(self.task, self.engine, module.tokenizer, records, len(self.branching), sampling)
         prompt_ids = [self.task.prompt_ids(r, module.tokenizer) for r in records]
         completions = self.engine.generate(prompt_ids, 1, self.sampling_spec(module, greedy=True, seed=None))
         rewards, correct = [], []

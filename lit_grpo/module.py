@@ -28,6 +28,8 @@ from lit_grpo.losses import (
 )
 from lit_grpo.model_loading import load_policy, load_tokenizer, resolve_model_path
 from lit_grpo.module_config import LossSettings, module_config_problems
+from lit_grpo.tree import ValueMode, assign_advantages, depth_first
+from lit_grpo.tree_rollout import chain_returns, policy_nodes
 from lit_grpo.validation import GreedyEvaluation
 
 
@@ -54,7 +56,9 @@ class PolicyModule(pl.LightningModule):
         kl_coef: beta, the weight of the KL to the reference policy; 0 skips the reference pass.
         kl_estimator: ``k1``, ``k2`` or ``k3`` per-token KL estimate.
         kl_in: ``loss`` adds beta * KL to the loss (GRPO); ``reward`` subtracts beta * sum of k1 from each
-            sequence's reward before the advantages.
+            sequence's reward before the advantages (grouped rollouts only).
+        tree_value_mode: node values of ``tree`` rollouts: ``mean`` (Bellman expectation over the sampled
+            children) or ``optimal_stopping`` (the better of answering now and asking, by the sampled future).
         old_logp_source: pi_old from the ``sampler``'s log-probs, or recomputed by the ``trainer``.
         tis_cap: the cap C of a truncated importance-sampling correction, for engines whose log-probs differ from
             the trainer's (half precision): pi_old is recomputed by the trainer and each token's surrogate is weighted
@@ -83,6 +87,7 @@ class PolicyModule(pl.LightningModule):
         kl_coef: float = 0.04,
         kl_estimator: KLEstimator = "k3",
         kl_in: Literal["loss", "reward"] = "loss",
+        tree_value_mode: ValueMode = "mean",
         old_logp_source: Literal["sampler", "trainer"] = "sampler",
         tis_cap: float | None = None,
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
@@ -151,7 +156,12 @@ class PolicyModule(pl.LightningModule):
             buffer.ref_logp = self.reference_policy.logprobs(self.policy, *args, batch_size).cpu()
 
     def assign_advantages(self, buffer: RolloutBuffer) -> None:
-        """Group advantages of the rewards (less beta * KL when ``kl_in='reward'``)."""
+        """Group advantages of the rewards (less beta * KL when ``kl_in='reward'``), or of the trees."""
+        if buffer.trees is not None:
+            if self.loss.kl_in == "reward" and self.loss.kl_coef > 0:
+                raise ValueError("kl_in='reward' is for grouped rollouts; use kl_in='loss' with tree or chain rollouts")
+            buffer.advantages = tree_row_advantages(buffer, self.loss.advantage_mode, self.hparams.tree_value_mode)
+            return
         rewards = buffer.rewards
         if self.loss.kl_in == "reward" and self.loss.kl_coef > 0:
             k1 = kl_divergence(buffer.old_logp, buffer.ref_logp, "k1") * buffer.completion_mask  # [N, L]
@@ -235,6 +245,21 @@ class PolicyModule(pl.LightningModule):
         self.policy.save_pretrained(str(target), selected_adapters=[self.policy.active_adapter])
         self.tokenizer.save_pretrained(str(target))
         rank_zero_info(f"adapter saved to {target}")
+
+
+def tree_row_advantages(buffer: RolloutBuffer, advantage_mode: str, value_mode: str) -> torch.Tensor:
+    """One advantage per policy node (row): tree-relative for ``tree`` rollouts; for ``chains``, the group
+    advantage of each chain's return on every segment of that chain.  -> ``[N]``."""
+    if buffer.tree_mode == "tree":
+        for root in buffer.trees:
+            assign_advantages(root, value_mode)
+    else:
+        for root in buffer.trees:
+            returns = torch.tensor([chain_returns(root)], dtype=torch.float64)  # [1, G]
+            for chain, advantage in zip(root.children, group_advantages(returns, advantage_mode)[0].tolist()):
+                for node in depth_first(chain):
+                    node.advantage = advantage
+    return torch.tensor([node.advantage for root in buffer.trees for node in policy_nodes(root)])  # [N]
 
 
 def sampler_agreement(

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from lit_grpo.buffer import RolloutBuffer
 from lit_grpo.engines.base import RolloutEngine, SamplingSpec
 from lit_grpo.tasks.base import PromptRecord
 from lit_grpo.tasks.multiround import MultiRoundTask
@@ -108,3 +109,61 @@ def tree_rows(roots: Sequence[SegmentNode], pad_id: int) -> dict[str, torch.Tens
         "rewards": torch.tensor([n.reward for n in nodes]),
         "group_sizes": torch.tensor([len(policy_nodes(root)) for root in roots]),
     }
+
+
+def tree_buffer(
+    roots: Sequence[SegmentNode], tokenizer: Any, temperature: float, max_new_tokens: int, mode: str
+) -> RolloutBuffer:
+    """The rollout buffer of a batch of trees: one row per policy node, one group per tree."""
+    rows = tree_rows(roots, tokenizer.pad_token_id)
+    nodes = [node for root in roots for node in policy_nodes(root)]
+    return RolloutBuffer(
+        input_ids=rows["input_ids"],
+        attention_mask=rows["attention_mask"],
+        completion_mask=rows["completion_mask"],
+        rewards=rows["rewards"],
+        correct=torch.tensor([n.correct for n in nodes]),
+        truncated=torch.tensor([n.truncated for n in nodes]),
+        group_size=max(rows["group_sizes"].tolist()),
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        sampler_logp=rows["sampler_logp"],
+        prompt_texts=[n.record["prompt"] for n in nodes],
+        completion_texts=[tokenizer.decode(list(n.segment), skip_special_tokens=True) for n in nodes],
+        group_sizes=rows["group_sizes"].tolist(),
+        trees=list(roots),
+        tree_mode=mode,
+    )
+
+
+def chain_returns(root: Node) -> list[float]:
+    """The return (sum of rewards) of each chain under the root; every chain is a single path."""
+    returns = []
+    for child in root.children:
+        total, node = 0.0, child
+        while True:
+            total += node.reward
+            if not node.children:
+                break
+            (node,) = node.children
+        returns.append(total)
+    return returns
+
+
+def greedy_episodes(
+    task: MultiRoundTask,
+    engine: RolloutEngine,
+    tokenizer: Any,
+    records: Sequence[PromptRecord],
+    max_depth: int,
+    sampling: SamplingSpec,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One greedy episode per prompt: ``(returns [B], correct [B])``, correct meaning it ended in a right answer."""
+    roots = expand_trees(task, engine, tokenizer, records, [1] * max_depth, replace(sampling, greedy=True))
+    returns, correct = [], []
+    for root in roots:
+        (episode_return,) = chain_returns(root)
+        returns.append(episode_return)
+        last = depth_first(root)[-1]
+        correct.append(bool(getattr(last, "correct", False)))
+    return torch.tensor(returns), torch.tensor(correct)
