@@ -22,6 +22,7 @@ def rollout_stats(buffer: RolloutBuffer) -> dict[str, float]:
         "reward_std": buffer.rewards.std(correction=0).item(),
         "accuracy": buffer.correct.float().mean().item(),
         "completion_length": buffer.completion_lengths.float().mean().item(),
+        "policy_tokens": float(buffer.completion_mask.sum()),
         "truncated_frac": buffer.truncated.float().mean().item(),
         "zero_std_frac": flat.float().mean().item(),
         "reward_errors": float(buffer.reward_errors),
@@ -105,6 +106,8 @@ class RolloutMetrics(pl.Callback):
         every = self.table_every_n_epochs
         if every and trainer.current_epoch % every == 0:
             self.write_table(trainer, buffer)
+            if buffer.trees:
+                self.write_tree(trainer, buffer.trees[0])
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         stats = outputs.get("stats", {}) if isinstance(outputs, dict) else {}
@@ -125,6 +128,16 @@ class RolloutMetrics(pl.Callback):
             if metric.update_count:
                 pl_module.log(f"train/{key}", metric.compute(), on_step=False, on_epoch=True, sync_dist=True)
             metric.reset()
+
+    @rank_zero_only
+    def write_tree(self, trainer: pl.Trainer, root: Any) -> None:
+        """One tree as indented text: each node's reward, value, q and advantage."""
+        from lit_grpo.tree import render_tree
+
+        logger = trainer.logger
+        if logger is not None and hasattr(logger.experiment, "add_text"):
+            text = f"prompt `{root.record.get('prompt', '')}`\n\n```\n{render_tree(root)}\n```"
+            logger.experiment.add_text("tree/sample", text, trainer.global_step)
 
     @rank_zero_only
     def write_table(self, trainer: pl.Trainer, buffer: RolloutBuffer) -> None:

@@ -1,4 +1,5 @@
-"""Greedy evaluation on the task's held-out split: ``val/reward`` and ``val/accuracy``."""
+"""Greedy evaluation on the task's held-out split: ``val/reward`` (``val/return`` for a multi-round task) and
+``val/accuracy``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 
+from lit_grpo.tasks import MultiRoundTask
+
 
 class GreedyEvaluation:
     """Accumulates greedy rewards and exact-answer accuracy over held-out prompts, for any loop or hook."""
@@ -15,14 +18,17 @@ class GreedyEvaluation:
     def __init__(self) -> None:
         self.reward = MeanMetric()
         self.accuracy = MeanMetric()
+        self.reward_name = "reward"
 
     def update(self, module: Any, datamodule: Any, records: list[dict[str, Any]]) -> None:
+        # a multi-round task's greedy "reward" is the episode's return: name it so in the logs
+        self.reward_name = "return" if isinstance(datamodule.task, MultiRoundTask) else "reward"
         rewards, correct = datamodule.greedy_scores(module, records)
         self.reward.update(rewards)
         self.accuracy.update(correct.float())
 
     def compute(self) -> dict[str, float]:
-        metrics = {"reward": float(self.reward.compute()), "accuracy": float(self.accuracy.compute())}
+        metrics = {self.reward_name: float(self.reward.compute()), "accuracy": float(self.accuracy.compute())}
         self.reward.reset()
         self.accuracy.reset()
         return metrics

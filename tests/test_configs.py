@@ -16,7 +16,9 @@ CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"
 
 
 def test_there_are_configs():
-    assert {"quickstart.yaml", "quickstart_vllm.yaml", "sort.yaml"} <= {path.name for path in CONFIGS}
+    assert {"quickstart.yaml", "quickstart_vllm.yaml", "sort.yaml", "clarify_tree.yaml", "clarify_grpo.yaml"} <= {
+        path.name for path in CONFIGS
+    }
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)

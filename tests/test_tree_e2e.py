@@ -75,4 +75,4 @@ def test_tree_rollouts_train(rollout, value_mode, task_class, tmp_path):
         assert inspect.checked_replies > 0
         assert trainer.datamodule.buffer.completion_mask.sum() < trainer.datamodule.buffer.attention_mask.sum()
     assert all(torch.isfinite(torch.tensor(inspect.losses)))
-    assert "val/accuracy" in trainer.callback_metrics and "val/reward" in trainer.callback_metrics
+    assert "val/accuracy" in trainer.callback_metrics and "val/return" in trainer.callback_metrics
