@@ -187,7 +187,7 @@ def test_raising_reward_scores_failure_reward_with_error():
     def explode(prompt_record, completion_text, completion_ids):
         raise RuntimeError("disk on fire")
 
-    task._reward = explode
+    task.reward_fn = explode
     record = task.record(12, 34)
     scored = task.score(record, "46", [])
     assert scored.reward == task.failure_reward
@@ -308,8 +308,8 @@ def test_jsonl_user_reward_by_class_path(tmp_path, monkeypatch):
     )
     task = parser.instantiate(config).task
     assert isinstance(task, JsonlTask)
-    assert type(task._reward).__module__ == "tests.helpers_rewards"
-    assert type(task._reward).__name__ == "SignedReward"
+    assert type(task.reward_fn).__module__ == "tests.helpers_rewards"
+    assert type(task.reward_fn).__name__ == "SignedReward"
     record = task.train_records()[0]
     assert task.reward(record, record["answer"], []) == 2.5
     assert task.reward(record, "wrong", []) == -2.5

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from functools import cached_property
 
 from lit_grpo.tasks.base import ExactMatchReward, PromptRecord, Task
 
@@ -39,10 +38,9 @@ class ArithmeticTask(Task):
             raise ValueError(f"need low <= high and 0 < heldout_size < {num_pairs} pairs; got {low}, {high}, {heldout_size}")
         self.low, self.high, self.heldout_size = low, high, heldout_size
         self.split_seed, self.prompt_template = split_seed, prompt_template
-        self._reward = ExactMatchReward()
+        self.reward_fn = ExactMatchReward()
 
-    @cached_property
-    def _split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
+    def split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
         pairs = [(a, b) for a in range(self.low, self.high + 1) for b in range(self.low, self.high + 1)]
         random.Random(self.split_seed).shuffle(pairs)
         records = [self.record(a, b) for a, b in pairs]
@@ -50,12 +48,3 @@ class ArithmeticTask(Task):
 
     def record(self, a: int, b: int) -> PromptRecord:
         return {"prompt": self.prompt_template.format(a=a, b=b), "answer": str(a + b), "a": a, "b": b}
-
-    def train_records(self) -> Sequence[PromptRecord]:
-        return self._split[0]
-
-    def heldout_records(self) -> Sequence[PromptRecord]:
-        return self._split[1]
-
-    def reward(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
-        return self._reward(prompt_record, completion_text, completion_ids)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 PromptRecord = dict[str, Any]
@@ -56,18 +57,30 @@ class Task(ABC):
 
     def __init__(self, use_chat_template: bool = False) -> None:
         self.use_chat_template = use_chat_template
+        self.reward_fn: Callable[[PromptRecord, str, Sequence[int]], float] | None = None
 
     @abstractmethod
+    def split(self) -> tuple[Sequence[PromptRecord], Sequence[PromptRecord]]:
+        """``(training records, held-out records)``, disjoint; built once, on first use. Each record has a
+        ``prompt`` text; training records come in the order epochs consume them."""
+
+    @cached_property
+    def _records(self) -> tuple[Sequence[PromptRecord], Sequence[PromptRecord]]:
+        return self.split()
+
     def train_records(self) -> Sequence[PromptRecord]:
-        """The training prompts in the order epochs consume them; each record has a ``prompt`` text."""
+        """The training prompts in the order epochs consume them."""
+        return self._records[0]
 
-    @abstractmethod
     def heldout_records(self) -> Sequence[PromptRecord]:
         """The held-out prompts, disjoint from the training ones (validation and test)."""
+        return self._records[1]
 
-    @abstractmethod
     def reward(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
-        """The (possibly weighted) reward of one completion."""
+        """The reward of one completion: ``reward_fn``'s, unless a subclass scores it itself."""
+        if self.reward_fn is None:
+            raise NotImplementedError(f"{type(self).__name__} sets no reward_fn and does not override reward()")
+        return self.reward_fn(prompt_record, completion_text, completion_ids)
 
     def is_correct(self, prompt_record: PromptRecord, completion_text: str) -> bool:
         """Whether the completion is the reference answer: what ``accuracy`` counts."""

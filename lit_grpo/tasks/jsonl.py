@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from functools import cached_property
 from pathlib import Path
 
 from lit_grpo.tasks.base import ExactMatchReward, PromptRecord, Reward, Task
@@ -65,16 +64,15 @@ class JsonlTask(Task):
             raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
         self.path, self.heldout_path, self.heldout_fraction = path, heldout_path, heldout_fraction
         self.prompt_key, self.answer_key, self.split_seed = prompt_key, answer_key, split_seed
-        self._reward = reward if reward is not None else ExactMatchReward()
-        if failure_reward is None and self._reward.min_value is None:
+        self.reward_fn = reward if reward is not None else ExactMatchReward()
+        if failure_reward is None and self.reward_fn.min_value is None:
             raise ValueError(
-                f"{type(self._reward).__name__} declares no min_value: set the task's failure_reward to its lowest "
+                f"{type(self.reward_fn).__name__} declares no min_value: set the task's failure_reward to its lowest "
                 "score (what a completion gets when the reward raises)"
             )
-        self._failure_reward = self._reward.min_value if failure_reward is None else failure_reward
+        self._failure_reward = self.reward_fn.min_value if failure_reward is None else failure_reward
 
-    @cached_property
-    def _split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
+    def split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
         records = read_jsonl(self.path, self.prompt_key, self.answer_key)
         random.Random(self.split_seed).shuffle(records)
         if self.heldout_path is not None:
@@ -94,12 +92,3 @@ class JsonlTask(Task):
     @property
     def failure_reward(self) -> float:
         return self._failure_reward
-
-    def train_records(self) -> Sequence[PromptRecord]:
-        return self._split[0]
-
-    def heldout_records(self) -> Sequence[PromptRecord]:
-        return self._split[1]
-
-    def reward(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
-        return self._reward(prompt_record, completion_text, completion_ids)

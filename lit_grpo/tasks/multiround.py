@@ -6,7 +6,6 @@ import random
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Literal
 
 from lit_grpo.tasks.base import PromptRecord, Task
@@ -98,8 +97,7 @@ class ClarifyTask(MultiRoundTask):
         self.ask_cost, self._malformed, self._no_answer = ask_cost, malformed_reward, no_answer_reward
         self.heldout_size, self.split_seed = heldout_size, split_seed
 
-    @cached_property
-    def _split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
+    def split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
         rng = random.Random(self.split_seed)
         pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
         rng.shuffle(pairs)
@@ -110,12 +108,6 @@ class ClarifyTask(MultiRoundTask):
     def record(a: int, b: int, hidden: bool) -> PromptRecord:
         prompt = f"{a}+?=" if hidden else f"{a}+{b}="
         return {"prompt": prompt, "answer": str(a + b), "a": a, "b": b, "hidden": hidden}
-
-    def train_records(self) -> Sequence[PromptRecord]:
-        return self._split[0]
-
-    def heldout_records(self) -> Sequence[PromptRecord]:
-        return self._split[1]
 
     @property
     def no_answer_reward(self) -> float:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from functools import cached_property
 from typing import Literal
 
 from lit_grpo.tasks.base import PromptRecord, Reward, Task, WeightedRewards
@@ -90,10 +89,9 @@ class SortTask(Task):
             raise ValueError(f"unknown sort rewards {unknown}; valid choices: {', '.join(SORT_REWARDS)}")
         self.min_len, self.max_len, self.split_seed = min_len, max_len, split_seed
         self.num_train, self.heldout_size = num_train, heldout_size
-        self._reward = WeightedRewards([SORT_REWARDS[name]() for name in rewards], reward_weights)
+        self.reward_fn = WeightedRewards([SORT_REWARDS[name]() for name in rewards], reward_weights)
 
-    @cached_property
-    def _split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
+    def split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
         rng = random.Random(self.split_seed)
         seen: set[tuple[int, ...]] = set()
         records: list[PromptRecord] = []
@@ -113,12 +111,3 @@ class SortTask(Task):
     def record(items: list[int]) -> PromptRecord:
         text = ",".join(str(item) for item in items)
         return {"prompt": f"sort:{text}=", "answer": ",".join(str(i) for i in sorted(items)), "items": items}
-
-    def train_records(self) -> Sequence[PromptRecord]:
-        return self._split[0]
-
-    def heldout_records(self) -> Sequence[PromptRecord]:
-        return self._split[1]
-
-    def reward(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
-        return self._reward(prompt_record, completion_text, completion_ids)
