@@ -4,6 +4,8 @@ from lit_grpo.losses.advantages import ADVANTAGE_MODES, AdvantageMode, batch_std
 from lit_grpo.losses.aggregation import AGGREGATIONS, Aggregation, aggregation_terms, masked_aggregate, masked_mean
 from lit_grpo.losses.gae import gae, kl_shaped_rewards
 from lit_grpo.losses.importance import truncated_importance_weights
+from lit_grpo.losses.length import overlong_penalty
+from lit_grpo.losses.preference import best_worst_pairs, dpo_loss
 from lit_grpo.losses.kl import KL_ESTIMATORS, KLEstimator, kl_divergence
 from lit_grpo.losses.policy import POLICY_VARIANTS, PolicyStats, PolicyVariant, policy_loss
 
@@ -19,12 +21,15 @@ __all__ = [
     "PolicyVariant",
     "aggregation_terms",
     "batch_std_advantages",
+    "best_worst_pairs",
+    "dpo_loss",
     "gae",
     "group_advantages",
     "kl_divergence",
     "kl_shaped_rewards",
     "masked_aggregate",
     "masked_mean",
+    "overlong_penalty",
     "policy_loss",
     "truncated_importance_weights",
 ]
