@@ -98,6 +98,8 @@ class RolloutMetrics(pl.Callback):
         if buffer is None:
             return
         stats = rollout_stats(buffer)
+        if getattr(datamodule, "dynamic_sampling", False):
+            stats["sampling_draws"] = float(datamodule.sampling_draws)
         for name, value in stats.items():
             pl_module.log(f"rollout/{name}", value, on_step=False, on_epoch=True, sync_dist=True)
         for name, seconds in datamodule.timings.items():

@@ -153,3 +153,57 @@ def minibatch(buffer: RolloutBuffer, rows: torch.Tensor) -> dict[str, torch.Tens
     if buffer.sampler_logp is not None:
         out["sampler_logp"] = buffer.sampler_logp[rows, :width]
     return out
+
+
+def informative_groups(buffer: RolloutBuffer) -> list[int]:
+    """Indices of the groups whose rewards are not all equal (a flat group has zero advantage everywhere)."""
+    return [g for g, rewards in enumerate(buffer.rewards.split(buffer.sizes)) if rewards.amax() > rewards.amin()]
+
+
+def select_groups(buffer: RolloutBuffer, groups: list[int]) -> RolloutBuffer:
+    """A scored buffer of ``group_size`` groups cut down to the given groups (before any no-grad pass)."""
+    size = buffer.group_size
+    rows = [g * size + i for g in groups for i in range(size)]
+    index = torch.tensor(rows, dtype=torch.long)
+    return RolloutBuffer(
+        input_ids=buffer.input_ids[index],
+        attention_mask=buffer.attention_mask[index],
+        completion_mask=buffer.completion_mask[index],
+        rewards=buffer.rewards[index],
+        correct=buffer.correct[index],
+        truncated=buffer.truncated[index],
+        group_size=size,
+        temperature=buffer.temperature,
+        max_new_tokens=buffer.max_new_tokens,
+        sampler_logp=None if buffer.sampler_logp is None else buffer.sampler_logp[index],
+        reward_errors=buffer.reward_errors,
+        prompt_texts=[buffer.prompt_texts[r] for r in rows],
+        completion_texts=[buffer.completion_texts[r] for r in rows],
+    )
+
+
+def concat_buffers(buffers: list[RolloutBuffer]) -> RolloutBuffer:
+    """Scored buffers of the same group size one after the other, right-padded to the widest (pad id 0 is never
+    attended: the attention mask is False there)."""
+    width = max(b.input_ids.shape[1] for b in buffers)
+
+    def cat(name: str) -> torch.Tensor:
+        return torch.cat([torch.nn.functional.pad(getattr(b, name), (0, width - b.input_ids.shape[1])) for b in buffers])
+
+    first = buffers[0]
+    has_logp = all(b.sampler_logp is not None for b in buffers)
+    return RolloutBuffer(
+        input_ids=cat("input_ids"),
+        attention_mask=cat("attention_mask"),
+        completion_mask=cat("completion_mask"),
+        rewards=torch.cat([b.rewards for b in buffers]),
+        correct=torch.cat([b.correct for b in buffers]),
+        truncated=torch.cat([b.truncated for b in buffers]),
+        group_size=first.group_size,
+        temperature=first.temperature,
+        max_new_tokens=first.max_new_tokens,
+        sampler_logp=cat("sampler_logp") if has_logp else None,
+        reward_errors=sum(b.reward_errors for b in buffers),
+        prompt_texts=[t for b in buffers for t in b.prompt_texts],
+        completion_texts=[t for b in buffers for t in b.completion_texts],
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -12,8 +13,16 @@ from jsonargparse import lazy_instance
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from lit_grpo.buffer import RolloutBuffer, build_buffer, serve_minibatches
+from lit_grpo.buffer import (
+    RolloutBuffer,
+    build_buffer,
+    concat_buffers,
+    informative_groups,
+    select_groups,
+    serve_minibatches,
+)
 from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
+from lit_grpo.losses import overlong_penalty
 from lit_grpo.tasks import ArithmeticTask, MultiRoundTask, PromptRecord, Task
 from lit_grpo.tree_rollout import expand_trees, greedy_episodes, tree_buffer
 
@@ -21,7 +30,8 @@ from lit_grpo.tree_rollout import expand_trees, greedy_episodes, tree_buffer
 def data_config_problems(args: dict[str, Any]) -> list[str]:
     """Every problem with RolloutDataModule's own arguments (empty when all is well)."""
     problems = []
-    for name in ("group_size", "prompts_per_epoch", "minibatch_size", "ppo_epochs", "max_new_tokens", "val_batch_size"):
+    for name in ("group_size", "prompts_per_epoch", "minibatch_size", "ppo_epochs", "max_new_tokens", "val_batch_size",
+                 "max_sampling_rounds"):
         if args[name] < 1:
             problems.append(f"{name}: must be >= 1, got {args[name]}")
     if args["temperature"] <= 0:
@@ -35,6 +45,8 @@ def data_config_problems(args: dict[str, Any]) -> list[str]:
         problems.append(f"rollout: unknown value {args['rollout']!r}; valid choices: grouped, tree, chains")
     if not args["branching"] or any(width < 1 for width in args["branching"]):
         problems.append(f"branching: needs one width >= 1 per round, got {args['branching']}")
+    if args["overlong_cache"] is not None and not 0 < args["overlong_cache"] <= args["max_new_tokens"]:
+        problems.append(f"overlong_cache: must be in [1, max_new_tokens], got {args['overlong_cache']}")
     if args["val_max_prompts"] is not None and args["val_max_prompts"] < 1:
         problems.append(f"val_max_prompts: must be >= 1 or None, got {args['val_max_prompts']}")
     return problems
@@ -62,6 +74,13 @@ class RolloutDataModule(pl.LightningDataModule):
         ppo_epochs: passes (mu) over each epoch's buffer.
         max_new_tokens: the generation budget per completion.
         temperature: sampling temperature; the trainer's log-probs use the same.
+        dynamic_sampling: DAPO's dynamic sampling: drop groups whose rewards are all equal (no signal) and draw
+            fresh prompts for them until the epoch has ``prompts_per_epoch`` informative groups or
+            ``max_sampling_rounds`` draws were made (``rollout/sampling_draws`` logs how many).
+        max_sampling_rounds: the cap on draws per epoch for ``dynamic_sampling``.
+        overlong_cache: DAPO's soft overlong punishment: a reward term falling from 0 to -1 over the last
+            ``overlong_cache`` tokens of the ``max_new_tokens`` budget (``None``: off).
+        mask_truncated: DAPO's overlong filtering: completions that hit ``max_new_tokens`` carry no loss.
         rollout: ``grouped`` (``group_size`` completions per prompt), ``tree`` (multi-round trees with ``branching``
             children per open node at each round) or ``chains`` (``group_size`` independent multi-round episodes per
             prompt, group advantages on their returns); the last two need a multi-round task.
@@ -82,6 +101,10 @@ class RolloutDataModule(pl.LightningDataModule):
         ppo_epochs: int = 1,
         max_new_tokens: int = 6,
         temperature: float = 1.0,
+        dynamic_sampling: bool = False,
+        max_sampling_rounds: int = 4,
+        overlong_cache: int | None = None,
+        mask_truncated: bool = False,
         rollout: Literal["grouped", "tree", "chains"] = "grouped",
         branching: list[int] = [4, 2, 2],  # noqa: B006 - jsonargparse shows list defaults; never mutated
         val_max_prompts: int | None = None,
@@ -99,6 +122,9 @@ class RolloutDataModule(pl.LightningDataModule):
         self.minibatch_size, self.ppo_epochs = minibatch_size, ppo_epochs
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self.rollout, self.branching = rollout, list(branching)
+        self.dynamic_sampling, self.max_sampling_rounds = dynamic_sampling, max_sampling_rounds
+        self.sampling_draws = 0
+        self.overlong_cache, self.mask_truncated = overlong_cache, mask_truncated
         if rollout != "grouped" and not isinstance(task, MultiRoundTask):
             raise ValueError(f"rollout {rollout!r} needs a multi-round task (a MultiRoundTask), got {type(task).__name__}")
         self.val_max_prompts, self.val_batch_size, self.seed = val_max_prompts, val_batch_size, seed
@@ -136,12 +162,10 @@ class RolloutDataModule(pl.LightningDataModule):
         self.sync_policy(module)
         sampling = self.sampling_spec(module, greedy=False, seed=self.epoch_seed(epoch))
         if self.rollout == "grouped":
-            prompt_ids = [self.task.prompt_ids(r, module.tokenizer) for r in records]
-            completions = self.engine.generate(prompt_ids, self.group_size, sampling)
+            buffer = self.grouped_buffer(module, records, sampling)
+            if self.mask_truncated:  # DAPO's overlong filtering: a cut-off completion is no evidence either way
+                buffer.completion_mask[buffer.truncated] = False
             generated = time.perf_counter()
-            buffer = build_buffer(prompt_ids, completions, module.tokenizer.pad_token_id, self.temperature,
-                                  self.max_new_tokens)
-            self.score(buffer, records, module.tokenizer)
         else:  # trees: the environment scores each round as it is generated
             widths = self.branching if self.rollout == "tree" else [self.group_size] + [1] * (len(self.branching) - 1)
             roots = expand_trees(self.task, self.engine, module.tokenizer, records, widths, sampling)
@@ -159,11 +183,36 @@ class RolloutDataModule(pl.LightningDataModule):
         )
         return buffer
 
-    def next_prompts(self) -> list[PromptRecord]:
-        """The next ``prompts_per_epoch`` training prompts, wrapping around the split."""
+    def grouped_buffer(self, module: Any, records: list[PromptRecord], sampling: SamplingSpec) -> RolloutBuffer:
+        """``group_size`` scored completions per prompt. With ``dynamic_sampling`` (DAPO), groups whose rewards
+        are all equal are dropped and fresh prompts drawn for them, up to ``max_sampling_rounds`` draws."""
+        tokenizer = module.tokenizer
+        kept: list[RolloutBuffer] = []
+        rounds = self.max_sampling_rounds if self.dynamic_sampling else 1
+        for draw in range(rounds):
+            prompt_ids = [self.task.prompt_ids(r, tokenizer) for r in records]
+            draw_sampling = replace(sampling, seed=None if sampling.seed is None else sampling.seed + 104_729 * draw)
+            completions = self.engine.generate(prompt_ids, self.group_size, draw_sampling)
+            part = build_buffer(prompt_ids, completions, tokenizer.pad_token_id, self.temperature, self.max_new_tokens)
+            self.score(part, records, tokenizer)
+            if self.overlong_cache is not None:
+                part.rewards += overlong_penalty(part.completion_lengths, self.max_new_tokens, self.overlong_cache)
+            self.sampling_draws = draw + 1
+            if not self.dynamic_sampling:
+                return part
+            kept.append(select_groups(part, informative_groups(part)))
+            missing = self.prompts_per_epoch - sum(b.num_groups for b in kept)
+            if missing == 0:
+                break
+            records = self.next_prompts(missing)
+        return concat_buffers([b for b in kept if b.num_groups]) if any(b.num_groups for b in kept) else part
+
+    def next_prompts(self, count: int | None = None) -> list[PromptRecord]:
+        """The next ``count`` (default ``prompts_per_epoch``) training prompts, wrapping around the split."""
+        count = self.prompts_per_epoch if count is None else count
         train = self.task.train_records()
-        records = [train[(self.cursor + i) % len(train)] for i in range(self.prompts_per_epoch)]
-        self.cursor = (self.cursor + self.prompts_per_epoch) % len(train)
+        records = [train[(self.cursor + i) % len(train)] for i in range(count)]
+        self.cursor = (self.cursor + count) % len(train)
         return records
 
     def score(self, buffer: RolloutBuffer, records: Sequence[PromptRecord], tokenizer: Any) -> None:

@@ -1,0 +1,57 @@
+"""DAPO's sampling fixes in the DataModule, on the shipped tiny model: dynamic sampling, overlong filtering."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from lit_grpo.callbacks import RolloutMetrics
+from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.module import PolicyModule
+from lit_grpo.tasks import ArithmeticTask
+
+
+class Buffers(pl.Callback):
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        self.seen.append((trainer.datamodule.buffer, trainer.datamodule.sampling_draws, trainer.datamodule.cursor))
+
+
+def fit(tmp_path, **data_kwargs: Any) -> tuple[Buffers, pl.Trainer]:
+    pl.seed_everything(0)
+    module = PolicyModule(kl_coef=0.0, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4, weight_decay=0.0))
+    datamodule = RolloutDataModule(task=ArithmeticTask(), group_size=4, prompts_per_epoch=8, minibatch_size=16,
+                                   **data_kwargs)
+    buffers = Buffers()
+    trainer = pl.Trainer(max_epochs=2, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,
+                         limit_val_batches=0, callbacks=[buffers, RolloutMetrics(table_every_n_epochs=0)],
+                         default_root_dir=tmp_path, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, datamodule)
+    return buffers, trainer
+
+
+def test_dynamic_sampling_keeps_only_informative_groups(tmp_path):
+    buffers, trainer = fit(tmp_path, dynamic_sampling=True, max_sampling_rounds=6)
+    previous_cursor = 0
+    for buffer, draws, cursor in buffers.seen:
+        groups = buffer.rewards.split(buffer.sizes)
+        assert all(g.amax() > g.amin() for g in groups)  # no flat group is trained on
+        assert buffer.num_groups == 8
+        # the model gets ~28% right: many groups are all wrong, so more prompts were drawn than the 8 trained on
+        assert draws >= 2 and cursor - previous_cursor > 8
+        previous_cursor = cursor
+    assert trainer.callback_metrics["rollout/sampling_draws"] >= 2
+    assert trainer.callback_metrics["rollout/zero_std_frac"] == 0.0
+
+
+def test_truncated_completions_carry_no_loss(tmp_path):
+    buffers, _ = fit(tmp_path, max_new_tokens=2, mask_truncated=True)  # answers need 3-4 tokens: most are cut off
+    buffer = buffers.seen[0][0]
+    assert buffer.truncated.any()
+    assert not buffer.completion_mask[buffer.truncated].any()
+    assert buffer.completion_mask[~buffer.truncated].any(dim=1).all()
