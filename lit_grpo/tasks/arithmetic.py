@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 
 from lit_grpo.tasks.base import ExactMatchReward, PromptRecord, Task
 

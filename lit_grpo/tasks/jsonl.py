@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
 from pathlib import Path
 
 from lit_grpo.tasks.base import ExactMatchReward, PromptRecord, Reward, Task
