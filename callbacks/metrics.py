@@ -84,7 +84,10 @@ class RolloutMetrics(pl.Callback):
         table_rows: completions in that table.
     """
 
-    TRAIN_KEYS = ("surrogate", "kl_ref", "clip_frac_low", "clip_frac_high", "ratio_mean", "approx_kl")
+    TRAIN_KEYS = (
+        "surrogate", "kl_ref", "clip_frac_low", "clip_frac_high", "ratio_mean", "approx_kl",
+        "value_loss", "explained_variance", "value_mean",
+    )
 
     def __init__(self, table_every_n_epochs: int = 5, table_rows: int = 16) -> None:
         self.table_every_n_epochs = table_every_n_epochs

@@ -35,6 +35,8 @@ class RolloutBuffer:
     old_logp: torch.Tensor | None = None  # [N, L] pi_old, filled by the no-grad passes
     ref_logp: torch.Tensor | None = None  # [N, L] pi_ref, filled when kl_coef > 0
     advantages: torch.Tensor | None = None  # [N] (or [N, L]), filled last
+    values: torch.Tensor | None = None  # [N, L] value estimates at theta_old (PPO)
+    returns: torch.Tensor | None = None  # [N, L] GAE returns, the value head's targets (PPO)
     reward_errors: int = 0
     prompt_texts: list[str] = field(default_factory=list)  # [N]
     completion_texts: list[str] = field(default_factory=list)  # [N]
@@ -152,6 +154,9 @@ def minibatch(buffer: RolloutBuffer, rows: torch.Tensor) -> dict[str, torch.Tens
         out["ref_logp"] = buffer.ref_logp[rows, :width]
     if buffer.sampler_logp is not None:
         out["sampler_logp"] = buffer.sampler_logp[rows, :width]
+    if buffer.values is not None:
+        out["old_values"] = buffer.values[rows, :width]
+        out["returns"] = buffer.returns[rows, :width]
     return out
 
 

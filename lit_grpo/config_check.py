@@ -158,6 +158,8 @@ def cross_problems(model_args: dict[str, Any], data_args: dict[str, Any]) -> lis
             f"data.group_size 1 with model.advantage_mode {model_args['advantage_mode']!r}: a group of one has "
             "advantage 0, so nothing would be learned; use group_size >= 2 (or advantage_mode 'raw')"
         )
+    if model_args["advantage_mode"] == "gae" and data_args["rollout"] != "grouped":
+        problems.append("model.advantage_mode 'gae' (PPO) takes grouped rollouts; trees use tree-relative advantages")
     return problems
 
 

@@ -14,11 +14,12 @@ from lit_grpo.buffer import RolloutBuffer
 from lit_grpo.callbacks.reference import ReferencePolicy
 from lit_grpo.logprobs import batched_sequence_logprobs, sequence_logprobs
 from lit_grpo.losses import (
-    AdvantageMode,
     Aggregation,
     KLEstimator,
     PolicyVariant,
     aggregation_terms,
+    gae,
+    kl_shaped_rewards,
     batch_std_advantages,
     group_advantages,
     kl_divergence,
@@ -31,6 +32,7 @@ from lit_grpo.module_config import LossSettings, module_config_problems
 from lit_grpo.tree import ValueMode, assign_advantages, depth_first
 from lit_grpo.tree_rollout import chain_returns, policy_nodes
 from lit_grpo.validation import GreedyEvaluation
+from lit_grpo.value_head import ValueHead, logprobs_and_values, value_loss
 
 
 class PolicyModule(pl.LightningModule):
@@ -45,7 +47,9 @@ class PolicyModule(pl.LightningModule):
             to the sampler's.
         lora_target_modules: module names to adapt, or ``all-linear`` for every linear layer but the output head.
         init_adapter: a PEFT adapter directory to continue training from instead of a fresh adapter.
-        advantage_mode: group advantages: ``raw``, ``centered``, ``grpo``, ``drgrpo``, ``rloo``, ``max``.
+        advantage_mode: group advantages: ``raw``, ``centered``, ``grpo``, ``drgrpo``, ``rloo``, ``max``; or
+            ``gae``: PPO, with a value head on the policy's hidden states and per-token GAE advantages (whitened
+            over the buffer's counted tokens).
         std_scope: for ``grpo``, normalise by the std of each ``group`` or of the whole ``batch``.
         loss_variant: ``reinforce``, ``unclipped``, ``clip`` (PPO/GRPO) or ``gspo`` (sequence-level ratio).
         clip_eps: lower clip epsilon; ``None`` means 0.2, or 3e-4 for ``gspo``.
@@ -59,6 +63,10 @@ class PolicyModule(pl.LightningModule):
             sequence's reward before the advantages (grouped rollouts only).
         tree_value_mode: node values of ``tree`` rollouts: ``mean`` (Bellman expectation over the sampled
             children) or ``optimal_stopping`` (the better of answering now and asking, by the sampled future).
+        vf_coef: weight of the value loss (``gae`` only).
+        vf_clip: PPO's value clipping range around the old values; ``None`` turns it off.
+        gamma: GAE discount.
+        gae_lambda: GAE lambda.
         old_logp_source: pi_old from the ``sampler``'s log-probs, or recomputed by the ``trainer``.
         tis_cap: the cap C of a truncated importance-sampling correction, for engines whose log-probs differ from
             the trainer's (half precision): pi_old is recomputed by the trainer and each token's surrogate is weighted
@@ -78,7 +86,7 @@ class PolicyModule(pl.LightningModule):
         lora_dropout: float = 0.0,
         lora_target_modules: str | list[str] = "all-linear",
         init_adapter: str | None = None,
-        advantage_mode: AdvantageMode = "grpo",
+        advantage_mode: Literal["raw", "centered", "grpo", "drgrpo", "rloo", "max", "gae"] = "grpo",
         std_scope: Literal["group", "batch"] = "group",
         loss_variant: PolicyVariant = "clip",
         clip_eps: float | None = None,
@@ -88,6 +96,10 @@ class PolicyModule(pl.LightningModule):
         kl_estimator: KLEstimator = "k3",
         kl_in: Literal["loss", "reward"] = "loss",
         tree_value_mode: ValueMode = "mean",
+        vf_coef: float = 0.5,
+        vf_clip: float | None = 0.2,
+        gamma: float = 1.0,
+        gae_lambda: float = 0.95,
         old_logp_source: Literal["sampler", "trainer"] = "sampler",
         tis_cap: float | None = None,
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
@@ -108,6 +120,7 @@ class PolicyModule(pl.LightningModule):
         self.strict_loading = False  # checkpoints hold the trainable weights only, not the frozen base
         self.policy: Any = None
         self.tokenizer: Any = None
+        self.value_head: ValueHead | None = None
         self.evaluation = GreedyEvaluation()
 
     # --- model -------------------------------------------------------------------------------------------------
@@ -121,6 +134,8 @@ class PolicyModule(pl.LightningModule):
             path, hp.lora_rank, hp.lora_alpha, hp.lora_dropout, hp.lora_target_modules,
             hp.init_adapter, hp.attn_implementation, hp.trust_remote_code,
         )
+        if hp.advantage_mode == "gae":
+            self.value_head = ValueHead(self.policy.config.hidden_size)
 
     def configure_optimizers(self) -> Any:
         params = [p for p in self.parameters() if p.requires_grad]
@@ -154,6 +169,24 @@ class PolicyModule(pl.LightningModule):
             buffer.old_logp = buffer.sampler_logp
         if self.loss.needs_reference:
             buffer.ref_logp = self.reference_policy.logprobs(self.policy, *args, batch_size).cpu()
+        if self.value_head is not None:
+            buffer.values = self.old_values(*args, batch_size).cpu()
+
+    @torch.no_grad()
+    def old_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
+                   batch_size: int) -> torch.Tensor:
+        """``[N, L]`` value estimates at theta_old, in eval mode."""
+        was_training = self.policy.training
+        self.policy.eval()
+        try:
+            chunks = [
+                logprobs_and_values(self.policy, self.value_head, input_ids[i : i + batch_size],
+                                    attention_mask[i : i + batch_size], temperature)[1]
+                for i in range(0, input_ids.shape[0], batch_size)
+            ]
+        finally:
+            self.policy.train(was_training)
+        return torch.cat(chunks)
 
     def assign_advantages(self, buffer: RolloutBuffer) -> None:
         """Group advantages of the rewards (less beta * KL when ``kl_in='reward'``), or of the trees."""
@@ -161,6 +194,9 @@ class PolicyModule(pl.LightningModule):
             if self.loss.kl_in == "reward" and self.loss.kl_coef > 0:
                 raise ValueError("kl_in='reward' is for grouped rollouts; use kl_in='loss' with tree or chain rollouts")
             buffer.advantages = tree_row_advantages(buffer, self.loss.advantage_mode, self.hparams.tree_value_mode)
+            return
+        if self.value_head is not None:
+            buffer.advantages, buffer.returns = self.gae_advantages(buffer)
             return
         rewards = buffer.rewards
         if self.loss.kl_in == "reward" and self.loss.kl_coef > 0:
@@ -178,12 +214,31 @@ class PolicyModule(pl.LightningModule):
             )  # [N, L]; a positive weight on the surrogate is a weight on the advantage
             buffer.advantages = buffer.advantages[:, None] * weights  # [N, L]
 
+    def gae_advantages(self, buffer: RolloutBuffer) -> tuple[torch.Tensor, torch.Tensor]:
+        """PPO: per-token rewards (the task reward on the last token, less beta * k1 with ``kl_in='reward'``),
+        GAE against the old values, advantages whitened over the counted tokens.  -> ``([N, L], [N, L])``."""
+        mask = buffer.completion_mask
+        k1 = torch.zeros_like(buffer.old_logp)
+        if self.loss.kl_in == "reward" and self.loss.kl_coef > 0:
+            k1 = kl_divergence(buffer.old_logp, buffer.ref_logp, "k1")
+        beta = self.loss.kl_coef if self.loss.kl_in == "reward" else 0.0
+        token_rewards = kl_shaped_rewards(buffer.rewards, k1, mask, beta)
+        advantages, returns = gae(token_rewards, buffer.values, mask, self.hparams.gamma, self.hparams.gae_lambda)
+        counted = advantages[mask]
+        if counted.numel() > 1:
+            advantages = torch.where(mask, (advantages - counted.mean()) / (counted.std(correction=0) + 1e-6), 0.0)
+        return advantages, returns
+
     # --- training ----------------------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, Any]:
         loss_cfg = self.loss
         completion_mask = batch["completion_mask"]
         max_new_tokens = int(batch["max_new_tokens"])
-        logp = sequence_logprobs(self.policy, batch["input_ids"], batch["attention_mask"], float(batch["temperature"]))
+        if self.value_head is None:
+            logp = sequence_logprobs(self.policy, batch["input_ids"], batch["attention_mask"], float(batch["temperature"]))
+        else:
+            logp, values = logprobs_and_values(self.policy, self.value_head, batch["input_ids"],
+                                               batch["attention_mask"], float(batch["temperature"]))
         surrogate, stats = policy_loss(
             logp, batch["old_logp"], batch["advantages"], completion_mask, loss_cfg.variant,
             loss_cfg.clip_eps, loss_cfg.clip_eps_high, loss_cfg.aggregation, max_new_tokens,
@@ -197,6 +252,11 @@ class PolicyModule(pl.LightningModule):
             )
             loss = loss + loss_cfg.kl_coef * kl
             stats["kl_ref"] = kl.detach()
+        if self.value_head is not None:
+            vf_loss, vf_stats = value_loss(values, batch["old_values"], batch["returns"], completion_mask,
+                                           self.hparams.vf_clip)
+            loss = loss + self.hparams.vf_coef * vf_loss
+            stats.update(vf_stats, value_loss=vf_loss.detach())
         if batch_idx == 0 and "sampler_logp" in batch:  # no update yet this epoch: logp is the trainer's pi_old
             stats.update(sampler_agreement(logp.detach(), batch["sampler_logp"], completion_mask))
         self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp))
@@ -226,14 +286,18 @@ class PolicyModule(pl.LightningModule):
 
     # --- checkpoints and the final adapter ---------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        trainable = {f"policy.{name}" for name, p in self.policy.named_parameters() if p.requires_grad}
+        trainable = self.trainable_keys()
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        trainable = {f"policy.{name}" for name, p in self.policy.named_parameters() if p.requires_grad}
+        trainable = self.trainable_keys()
         missing = sorted(trainable - set(checkpoint["state_dict"]))
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} adapter tensors (e.g. {missing[0]}): another model?")
+
+    def trainable_keys(self) -> set[str]:
+        """State-dict keys of the trained weights: the adapter, and the value head if any."""
+        return {name for name, p in self.named_parameters() if p.requires_grad}
 
     def on_fit_end(self) -> None:
         self.save_adapter()

@@ -20,7 +20,7 @@ def choice_problem(name: str, value: Any, choices: tuple[str, ...]) -> list[str]
 def module_config_problems(args: dict[str, Any]) -> list[str]:
     """Every problem with PolicyModule's arguments, as messages naming the knob (empty when all is well)."""
     problems = (
-        choice_problem("advantage_mode", args["advantage_mode"], ADVANTAGE_MODES)
+        choice_problem("advantage_mode", args["advantage_mode"], (*ADVANTAGE_MODES, "gae"))
         + choice_problem("loss_variant", args["loss_variant"], POLICY_VARIANTS)
         + choice_problem("aggregation", args["aggregation"], AGGREGATIONS)
         + choice_problem("kl_estimator", args["kl_estimator"], KL_ESTIMATORS)
@@ -45,6 +45,12 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
         problems.append(f"tis_cap: must be positive or None, got {args['tis_cap']}")
     if args["tis_cap"] is not None and args["loss_variant"] == "gspo":
         problems.append("tis_cap: the per-token correction does not apply to gspo's sequence-level ratio")
+    if args["vf_clip"] is not None and args["vf_clip"] <= 0:
+        problems.append(f"vf_clip: must be positive or None, got {args['vf_clip']}")
+    if not 0 <= args["gamma"] <= 1 or not 0 <= args["gae_lambda"] <= 1:
+        problems.append(f"gamma and gae_lambda must be in [0, 1], got {args['gamma']} and {args['gae_lambda']}")
+    if args["advantage_mode"] == "gae" and args["loss_variant"] == "gspo":
+        problems.append("advantage_mode: 'gae' gives per-token advantages, which gspo does not take")
     if args["no_grad_batch_size"] < 1:
         problems.append(f"no_grad_batch_size: must be >= 1, got {args['no_grad_batch_size']}")
     path_problem = model_path_problem(args["model_name_or_path"])

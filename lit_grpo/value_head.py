@@ -1,0 +1,69 @@
+"""A value head on the policy's hidden states (PPO's critic, sharing the LoRA backbone), and its loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from lit_grpo.logprobs import gather_logprobs
+from lit_grpo.losses import masked_mean
+
+
+class ValueHead(nn.Module):
+    """V(state) from the last hidden state; zero-initialised so PPO starts from a neutral critic."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.linear(hidden.float()).squeeze(-1)  # [N, L]
+
+
+def logprobs_and_values(
+    model: Any, head: ValueHead, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward: per-token log-probs (as ``sequence_logprobs``) and values aligned with the tokens.
+
+    ``values[:, t]`` is the head on the hidden state that predicts token t: the value of the state before token t
+    is generated. Both ``[N, L]``, 0 in column 0 and on padding.
+    """
+    mask = attention_mask.long()
+    position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, output_hidden_states=True)
+    logp = gather_logprobs(out.logits[:, :-1].float() / temperature, input_ids[:, 1:])  # [N, L-1]
+    values = head(out.hidden_states[-1][:, :-1])  # [N, L-1]
+    pad = logp.new_zeros(logp.shape[0], 1)
+    keep = attention_mask.to(logp.dtype)
+    return torch.cat([pad, logp], dim=1) * keep, torch.cat([pad, values], dim=1) * keep
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    completion_mask: torch.Tensor,
+    clip: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Mean over counted tokens of (V - G)^2, or with ``clip`` PPO's pessimistic clipped form
+    max((V - G)^2, (old_V + clip(V - old_V, -clip, clip) - G)^2). All inputs ``[N, T]``.
+
+    Returns ``(loss [], stats)``: ``value_mean`` and ``explained_variance`` 1 - Var(G - V) / Var(G), detached.
+
+    Example: V [1, 2], old V [0, 0], G [0, 3], clip 0.5: unclipped errors 1, 1; clipped V [0.5, 0.5] errors
+    0.25, 6.25; max -> 1, 6.25; loss 3.625.
+    """
+    squared = (values - returns).square()  # [N, T]
+    if clip is not None:
+        clipped = old_values + (values - old_values).clamp(-clip, clip)
+        squared = torch.maximum(squared, (clipped - returns).square())
+    loss = masked_mean(squared, completion_mask)
+    counted = completion_mask.bool()
+    residual, target = (returns - values).detach()[counted], returns.detach()[counted]
+    variance = target.var(correction=0) if target.numel() > 1 else target.new_tensor(0.0)
+    explained = 1 - residual.var(correction=0) / variance if variance > 0 else variance.new_tensor(0.0)
+    return loss, {"value_mean": masked_mean(values.detach(), completion_mask), "explained_variance": explained}
