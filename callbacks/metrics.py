@@ -86,7 +86,7 @@ class RolloutMetrics(pl.Callback):
 
     TRAIN_KEYS = (
         "surrogate", "kl_ref", "clip_frac_low", "clip_frac_high", "ratio_mean", "approx_kl",
-        "value_loss", "explained_variance", "value_mean",
+        "value_loss", "explained_variance", "value_mean", "dpo_reward_margin", "dpo_accuracy",
     )
 
     def __init__(self, table_every_n_epochs: int = 5, table_rows: int = 16) -> None:

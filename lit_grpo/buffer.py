@@ -37,6 +37,8 @@ class RolloutBuffer:
     advantages: torch.Tensor | None = None  # [N] (or [N, L]), filled last
     values: torch.Tensor | None = None  # [N, L] value estimates at theta_old (PPO)
     returns: torch.Tensor | None = None  # [N, L] GAE returns, the value head's targets (PPO)
+    pair_role: torch.Tensor | None = None  # [N] +1 chosen, -1 rejected, 0 neither (online DPO)
+    pair_id: torch.Tensor | None = None  # [N] the pair's group index, -1 outside a pair (online DPO)
     reward_errors: int = 0
     prompt_texts: list[str] = field(default_factory=list)  # [N]
     completion_texts: list[str] = field(default_factory=list)  # [N]
@@ -154,6 +156,8 @@ def minibatch(buffer: RolloutBuffer, rows: torch.Tensor) -> dict[str, torch.Tens
         out["ref_logp"] = buffer.ref_logp[rows, :width]
     if buffer.sampler_logp is not None:
         out["sampler_logp"] = buffer.sampler_logp[rows, :width]
+    if buffer.pair_role is not None:
+        out["pair_role"], out["pair_id"] = buffer.pair_role[rows], buffer.pair_id[rows]
     if buffer.values is not None:
         out["old_values"] = buffer.values[rows, :width]
         out["returns"] = buffer.returns[rows, :width]

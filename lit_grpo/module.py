@@ -16,7 +16,6 @@ from lit_grpo.logprobs import batched_sequence_logprobs, sequence_logprobs
 from lit_grpo.losses import (
     Aggregation,
     KLEstimator,
-    PolicyVariant,
     aggregation_terms,
     gae,
     kl_shaped_rewards,
@@ -28,6 +27,7 @@ from lit_grpo.losses import (
     truncated_importance_weights,
 )
 from lit_grpo.model_loading import load_policy, load_tokenizer, resolve_model_path
+from lit_grpo.online_dpo import assign_pairs, online_dpo_loss
 from lit_grpo.module_config import LossSettings, module_config_problems
 from lit_grpo.tree import ValueMode, assign_advantages, depth_first
 from lit_grpo.tree_rollout import chain_returns, policy_nodes
@@ -51,7 +51,9 @@ class PolicyModule(pl.LightningModule):
             ``gae``: PPO, with a value head on the policy's hidden states and per-token GAE advantages (whitened
             over the buffer's counted tokens).
         std_scope: for ``grpo``, normalise by the std of each ``group`` or of the whole ``batch``.
-        loss_variant: ``reinforce``, ``unclipped``, ``clip`` (PPO/GRPO) or ``gspo`` (sequence-level ratio).
+        loss_variant: ``reinforce``, ``unclipped``, ``clip`` (PPO/GRPO), ``gspo`` (sequence-level ratio), or
+            ``dpo``: online DPO on each group's best-versus-worst pair (tied groups give none), against pi_ref.
+        dpo_beta: DPO's beta (``dpo`` only).
         clip_eps: lower clip epsilon; ``None`` means 0.2, or 3e-4 for ``gspo``.
         clip_eps_high: upper clip epsilon (DAPO's clip-higher); ``None`` means ``clip_eps``, or 4e-4 for ``gspo``
             when ``clip_eps`` is unset too.
@@ -88,7 +90,8 @@ class PolicyModule(pl.LightningModule):
         init_adapter: str | None = None,
         advantage_mode: Literal["raw", "centered", "grpo", "drgrpo", "rloo", "max", "gae"] = "grpo",
         std_scope: Literal["group", "batch"] = "group",
-        loss_variant: PolicyVariant = "clip",
+        loss_variant: Literal["reinforce", "unclipped", "clip", "gspo", "dpo"] = "clip",
+        dpo_beta: float = 0.1,
         clip_eps: float | None = None,
         clip_eps_high: float | None = None,
         aggregation: Aggregation = "seq-mean",
@@ -198,6 +201,9 @@ class PolicyModule(pl.LightningModule):
         if self.value_head is not None:
             buffer.advantages, buffer.returns = self.gae_advantages(buffer)
             return
+        if self.loss.variant == "dpo":
+            assign_pairs(buffer)
+            return
         rewards = buffer.rewards
         if self.loss.kl_in == "reward" and self.loss.kl_coef > 0:
             k1 = kl_divergence(buffer.old_logp, buffer.ref_logp, "k1") * buffer.completion_mask  # [N, L]
@@ -231,6 +237,8 @@ class PolicyModule(pl.LightningModule):
 
     # --- training ----------------------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, Any]:
+        if self.loss.variant == "dpo":
+            return self.dpo_step(batch)
         loss_cfg = self.loss
         completion_mask = batch["completion_mask"]
         max_new_tokens = int(batch["max_new_tokens"])
@@ -263,6 +271,14 @@ class PolicyModule(pl.LightningModule):
         local_count = aggregation_terms(logp.detach(), completion_mask, loss_cfg.aggregation, max_new_tokens)[1]
         step_scale = local_count / batch["step_denominator"] * self.trainer.accumulate_grad_batches
         return {"loss": loss * step_scale, "stats": stats}
+
+    def dpo_step(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """Online DPO: the mean DPO loss over the minibatch's pairs (a minibatch without a pair gives 0)."""
+        logp = sequence_logprobs(self.policy, batch["input_ids"], batch["attention_mask"], float(batch["temperature"]))
+        loss, stats = online_dpo_loss(logp, batch["ref_logp"], batch["completion_mask"], batch["pair_role"],
+                                      batch["pair_id"], self.hparams.dpo_beta)
+        self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp))
+        return {"loss": loss, "stats": {f"dpo_{k}": v for k, v in stats.items()}}
 
     # --- validation --------------------------------------------------------------------------------------------
     def on_train_start(self) -> None:

@@ -21,7 +21,7 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
     """Every problem with PolicyModule's arguments, as messages naming the knob (empty when all is well)."""
     problems = (
         choice_problem("advantage_mode", args["advantage_mode"], (*ADVANTAGE_MODES, "gae"))
-        + choice_problem("loss_variant", args["loss_variant"], POLICY_VARIANTS)
+        + choice_problem("loss_variant", args["loss_variant"], (*POLICY_VARIANTS, "dpo"))
         + choice_problem("aggregation", args["aggregation"], AGGREGATIONS)
         + choice_problem("kl_estimator", args["kl_estimator"], KL_ESTIMATORS)
         + choice_problem("kl_in", args["kl_in"], ("loss", "reward"))
@@ -51,6 +51,10 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
         problems.append(f"gamma and gae_lambda must be in [0, 1], got {args['gamma']} and {args['gae_lambda']}")
     if args["advantage_mode"] == "gae" and args["loss_variant"] == "gspo":
         problems.append("advantage_mode: 'gae' gives per-token advantages, which gspo does not take")
+    if args["loss_variant"] == "dpo" and args["advantage_mode"] == "gae":
+        problems.append("loss_variant 'dpo' learns from preference pairs; it takes no GAE advantages")
+    if args["dpo_beta"] <= 0:
+        problems.append(f"dpo_beta: must be positive, got {args['dpo_beta']}")
     if args["no_grad_batch_size"] < 1:
         problems.append(f"no_grad_batch_size: must be >= 1, got {args['no_grad_batch_size']}")
     path_problem = model_path_problem(args["model_name_or_path"])
@@ -77,7 +81,7 @@ class LossSettings:
 
     @property
     def needs_reference(self) -> bool:
-        return self.kl_coef > 0
+        return self.kl_coef > 0 or self.variant == "dpo"
 
     @classmethod
     def from_arguments(cls, args: dict[str, Any]) -> LossSettings:

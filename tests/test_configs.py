@@ -16,7 +16,8 @@ CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"
 
 
 def test_there_are_configs():
-    assert {"quickstart.yaml", "quickstart_vllm.yaml", "sort.yaml", "clarify_tree.yaml", "clarify_grpo.yaml"} <= {
+    assert {"quickstart.yaml", "quickstart_vllm.yaml", "sort.yaml", "clarify_tree.yaml", "clarify_grpo.yaml", "ppo.yaml",
+            "dpo_online.yaml", "dapo.yaml"} <= {
         path.name for path in CONFIGS
     }
 
