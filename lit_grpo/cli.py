@@ -36,6 +36,12 @@ class LitGRPOCLI(LightningCLI):
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.save_last": True})
 
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
+        # the always-on checkpoint callback steps aside when the user turns checkpointing off
+        if config.get("enable_checkpointing") is False:
+            callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
+        return super()._instantiate_trainer(config, callbacks)
+
     def parse_arguments(self, parser: Any, args: Any) -> None:
         argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
         config = merged_config(argv)

@@ -30,3 +30,14 @@ def test_config_parses_and_instantiates(path, tmp_path, monkeypatch):
     assert isinstance(cli.model, PolicyModule) and isinstance(cli.datamodule, RolloutDataModule)
     assert cli.trainer.reload_dataloaders_every_n_epochs == 1
     assert cli.model.policy is None  # the model loads in configure_model, not at instantiation
+
+
+def test_checkpointing_can_be_turned_off(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    path = CONFIGS[0]
+    cli = LitGRPOCLI(args=["--config", str(path), "--trainer.enable_checkpointing", "false"], run=False)
+    assert not any(isinstance(c, ModelCheckpoint) for c in cli.trainer.callbacks)
+    cli = LitGRPOCLI(args=["--config", str(path)], run=False)
+    assert [c.save_last for c in cli.trainer.callbacks if isinstance(c, ModelCheckpoint)] == [True]
