@@ -47,6 +47,9 @@ def data_config_problems(args: dict[str, Any]) -> list[str]:
         problems.append(f"branching: needs one width >= 1 per round, got {args['branching']}")
     if args["overlong_cache"] is not None and not 0 < args["overlong_cache"] <= args["max_new_tokens"]:
         problems.append(f"overlong_cache: must be in [1, max_new_tokens], got {args['overlong_cache']}")
+    budget = args["completion_budget"]
+    if budget is not None and args["group_size"] >= 1 and budget < args["group_size"]:
+        problems.append(f"completion_budget: must be >= group_size ({args['group_size']}) or None, got {budget}")
     if args["val_max_prompts"] is not None and args["val_max_prompts"] < 1:
         problems.append(f"val_max_prompts: must be >= 1 or None, got {args['val_max_prompts']}")
     return problems
@@ -78,6 +81,10 @@ class RolloutDataModule(pl.LightningDataModule):
             fresh prompts for them until the epoch has ``prompts_per_epoch`` informative groups or
             ``max_sampling_rounds`` draws were made (``rollout/sampling_draws`` logs how many).
         max_sampling_rounds: the cap on draws per epoch for ``dynamic_sampling``.
+        completion_budget: total completions (or tree segments) to generate over the run, every draw counted;
+            a draw is cut to the whole groups that still fit, and training stops after the epoch that spends the
+            budget, with a final validation (``None``: no budget, ``trainer.max_epochs`` rules). Compares
+            variants at an equal sample cost, e.g. DAPO's dynamic sampling against plain GRPO.
         overlong_cache: DAPO's soft overlong punishment: a reward term falling from 0 to -1 over the last
             ``overlong_cache`` tokens of the ``max_new_tokens`` budget (``None``: off).
         mask_truncated: DAPO's overlong filtering: completions that hit ``max_new_tokens`` carry no loss.
@@ -103,6 +110,7 @@ class RolloutDataModule(pl.LightningDataModule):
         temperature: float = 1.0,
         dynamic_sampling: bool = False,
         max_sampling_rounds: int = 4,
+        completion_budget: int | None = None,
         overlong_cache: int | None = None,
         mask_truncated: bool = False,
         rollout: Literal["grouped", "tree", "chains"] = "grouped",
@@ -124,6 +132,8 @@ class RolloutDataModule(pl.LightningDataModule):
         self.rollout, self.branching = rollout, list(branching)
         self.dynamic_sampling, self.max_sampling_rounds = dynamic_sampling, max_sampling_rounds
         self.sampling_draws = 0
+        self.completion_budget = completion_budget
+        self.completions_generated = 0  # every draw counted; carried by checkpoints
         self.overlong_cache, self.mask_truncated = overlong_cache, mask_truncated
         if rollout != "grouped" and not isinstance(task, MultiRoundTask):
             raise ValueError(f"rollout {rollout!r} needs a multi-round task (a MultiRoundTask), got {type(task).__name__}")
@@ -146,6 +156,9 @@ class RolloutDataModule(pl.LightningDataModule):
             # Lightning asks for the finished epoch's loader before moving on to the next one and never iterates
             # it: generating here would draw (and skip) a whole epoch of prompts
             return DataLoader([{}], batch_size=None)
+        if self.budget_spent:  # resumed after the epoch that spent it: end the run without drawing
+            trainer.should_stop = True
+            return DataLoader([], batch_size=None)
         module = trainer.lightning_module
         self.buffer = self.collect_rollouts(module, epoch)
         generator = torch.Generator().manual_seed(self.epoch_seed(epoch) + 1)
@@ -158,7 +171,8 @@ class RolloutDataModule(pl.LightningDataModule):
     def collect_rollouts(self, module: Any, epoch: int) -> RolloutBuffer:
         """Generate, score, run the no-grad passes, then compute advantages, in that order."""
         clock = time.perf_counter()
-        records = self.next_prompts()
+        # a tree's size is known only once grown, so only grouped draws are cut to the budget
+        records = self.next_prompts(self.affordable_groups(self.prompts_per_epoch) if self.rollout == "grouped" else None)
         self.sync_policy(module)
         sampling = self.sampling_spec(module, greedy=False, seed=self.epoch_seed(epoch))
         if self.rollout == "grouped":
@@ -171,6 +185,7 @@ class RolloutDataModule(pl.LightningDataModule):
             roots = expand_trees(self.task, self.engine, module.tokenizer, records, widths, sampling)
             generated = time.perf_counter()
             buffer = tree_buffer(roots, module.tokenizer, self.temperature, self.max_new_tokens, self.rollout)
+            self.completions_generated += buffer.input_ids.shape[0]
         scored = time.perf_counter()
         module.run_no_grad_passes(buffer)
         module.assign_advantages(buffer)
@@ -194,6 +209,7 @@ class RolloutDataModule(pl.LightningDataModule):
             draw_sampling = replace(sampling, seed=None if sampling.seed is None else sampling.seed + 104_729 * draw)
             completions = self.engine.generate(prompt_ids, self.group_size, draw_sampling)
             part = build_buffer(prompt_ids, completions, tokenizer.pad_token_id, self.temperature, self.max_new_tokens)
+            self.completions_generated += part.input_ids.shape[0]
             self.score(part, records, tokenizer)
             if self.overlong_cache is not None:
                 part.rewards += overlong_penalty(part.completion_lengths, self.max_new_tokens, self.overlong_cache)
@@ -204,8 +220,21 @@ class RolloutDataModule(pl.LightningDataModule):
             missing = self.prompts_per_epoch - sum(b.num_groups for b in kept)
             if missing == 0:
                 break
-            records = self.next_prompts(missing)
+            records = self.next_prompts(self.affordable_groups(missing))
+            if not records:
+                break
         return concat_buffers([b for b in kept if b.num_groups]) if any(b.num_groups for b in kept) else part
+
+    def affordable_groups(self, wanted: int) -> int:
+        """How many of ``wanted`` groups of ``group_size`` the remaining ``completion_budget`` pays for."""
+        if self.completion_budget is None:
+            return wanted
+        return min(wanted, (self.completion_budget - self.completions_generated) // self.group_size)
+
+    @property
+    def budget_spent(self) -> bool:
+        """True once ``completion_budget`` cannot pay for another group: the run should end after this epoch."""
+        return self.completion_budget is not None and self.affordable_groups(1) == 0
 
     def next_prompts(self, count: int | None = None) -> list[PromptRecord]:
         """The next ``count`` (default ``prompts_per_epoch``) training prompts, wrapping around the split."""
@@ -277,10 +306,11 @@ class RolloutDataModule(pl.LightningDataModule):
 
     # --- state and teardown ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"cursor": self.cursor}
+        return {"cursor": self.cursor, "completions_generated": self.completions_generated}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.cursor = int(state_dict["cursor"])
+        self.completions_generated = int(state_dict.get("completions_generated", 0))
 
     def teardown(self, stage: str) -> None:
         if not self.engine.shared:

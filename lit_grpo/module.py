@@ -288,6 +288,20 @@ class PolicyModule(pl.LightningModule):
                 self.logger.log_metrics({f"val/{k}": v for k, v in metrics.items()}, step=0)
             rank_zero_info("before training: " + ", ".join(f"val/{k} {v:.4f}" for k, v in metrics.items()))
 
+    def on_train_epoch_end(self) -> None:
+        datamodule = self.trainer.datamodule
+        if not getattr(datamodule, "budget_spent", False):
+            return
+        self.trainer.should_stop = True
+        rank_zero_info(f"completion budget spent ({datamodule.completions_generated} generated): stopping after "
+                       f"epoch {self.current_epoch}")
+        every = self.trainer.check_val_every_n_epoch
+        validated = every is not None and (self.current_epoch + 1) % every == 0
+        if self.trainer.enable_validation and not validated:  # the run's last policy is always measured
+            for records in datamodule.val_dataloader():
+                self.evaluation.update(self, datamodule, records)
+            self.evaluation.log_to(self, "val")
+
     def validation_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
         self.evaluation.update(self, self.trainer.datamodule, batch)
 

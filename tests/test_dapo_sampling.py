@@ -55,3 +55,34 @@ def test_truncated_completions_carry_no_loss(tmp_path):
     assert buffer.truncated.any()
     assert not buffer.completion_mask[buffer.truncated].any()
     assert buffer.completion_mask[~buffer.truncated].any(dim=1).all()
+
+
+def test_completion_budget_cuts_draws_and_ends_the_run_with_a_validation(tmp_path, caplog):
+    # 8 prompts x 4 = 32 completions per draw; 52 pays for 13 groups: epoch 0 spends 32 on its first draw and
+    # its replacement draws are cut to the 5 groups (20 completions) left, so the run ends after epoch 0
+    pl.seed_everything(0)
+    module = PolicyModule(kl_coef=0.0, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4, weight_decay=0.0))
+    datamodule = RolloutDataModule(task=ArithmeticTask(), group_size=4, prompts_per_epoch=8, minibatch_size=16,
+                                   dynamic_sampling=True, max_sampling_rounds=6, completion_budget=52,
+                                   val_max_prompts=16)
+    buffers = Buffers()
+    trainer = pl.Trainer(max_epochs=5, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,
+                         check_val_every_n_epoch=3, callbacks=[buffers, RolloutMetrics(table_every_n_epochs=0)],
+                         default_root_dir=tmp_path, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    with caplog.at_level("INFO"):
+        trainer.fit(module, datamodule)
+    assert datamodule.completions_generated == 52
+    assert len(buffers.seen) == 1 and trainer.current_epoch == 1
+    assert datamodule.cursor == 13  # 8 prompts, then 5: no prompt drawn that the budget could not pay for
+    assert "after epoch 0: val/reward" in caplog.text  # epoch 0 is no validation epoch: the stop measured it
+    assert datamodule.state_dict()["completions_generated"] == 52
+
+
+def test_completion_budget_is_validated():
+    try:
+        RolloutDataModule(group_size=8, completion_budget=4)
+    except ValueError as error:
+        assert "completion_budget: must be >= group_size (8) or None, got 4" in str(error)
+    else:
+        raise AssertionError("a budget smaller than one group was accepted")
