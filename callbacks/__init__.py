@@ -2,5 +2,6 @@
 
 from lit_grpo.callbacks.metrics import RolloutMetrics
 from lit_grpo.callbacks.reference import ReferencePolicy
+from lit_grpo.callbacks.risk import RiskThreshold
 
-__all__ = ["ReferencePolicy", "RolloutMetrics"]
+__all__ = ["ReferencePolicy", "RiskThreshold", "RolloutMetrics"]

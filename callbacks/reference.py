@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_grpo.logprobs import batched_sequence_logprobs
+from lit_grpo.logprobs import FirstTokenConstraint, batched_sequence_logprobs
 
 REFERENCE_ADAPTER = "reference"
 
@@ -47,10 +47,10 @@ class ReferencePolicy(pl.Callback):
             rank_zero_info(f"reference policy refreshed from the adapter after epoch {trainer.current_epoch}")
 
     def logprobs(self, policy: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
-                 batch_size: int = 256) -> torch.Tensor:
-        """``[N, L]`` log-probs of the sequences under pi_ref."""
+                 batch_size: int = 256, constraint: FirstTokenConstraint | None = None) -> torch.Tensor:
+        """``[N, L]`` log-probs of the sequences under pi_ref (with the sampler's first-token restrictions)."""
         with self.active(policy):
-            return batched_sequence_logprobs(policy, input_ids, attention_mask, temperature, batch_size)
+            return batched_sequence_logprobs(policy, input_ids, attention_mask, temperature, batch_size, constraint)
 
     @contextmanager
     def active(self, policy: Any) -> Iterator[None]:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from lit_grpo.engines.base import Completion
+from lit_grpo.logprobs import FirstTokenConstraint
 from lit_grpo.losses import aggregation_terms
 
 
@@ -45,6 +46,15 @@ class RolloutBuffer:
     group_sizes: list[int] | None = None  # rows per group when they differ (trees); None: group_size each
     trees: list[Any] | None = None  # the rollout trees, in group order, for tree rollouts
     tree_mode: str | None = None  # "tree" (tree-relative advantages) or "chains" (group advantages of returns)
+    decision_index: torch.Tensor | None = None  # [N] column of each row's first completion token (trees)
+    first_token_allowed: torch.Tensor | None = None  # [N, C] the sampler's first-token restriction, -1 padding
+    inferred: torch.Tensor | None = None  # [N] bool: the row's reward is an observed return of inferring (trees)
+
+    def first_token_constraint(self) -> FirstTokenConstraint | None:
+        """The sampler's first-token restrictions, when any row had one."""
+        if self.first_token_allowed is None or not (self.first_token_allowed >= 0).any():
+            return None
+        return FirstTokenConstraint(self.decision_index, self.first_token_allowed)
 
     @property
     def sizes(self) -> list[int]:
@@ -161,6 +171,9 @@ def minibatch(buffer: RolloutBuffer, rows: torch.Tensor) -> dict[str, torch.Tens
     if buffer.values is not None:
         out["old_values"] = buffer.values[rows, :width]
         out["returns"] = buffer.returns[rows, :width]
+    if buffer.decision_index is not None:  # trees: the risk head's inputs and targets, the sampler's restriction
+        out["decision_index"], out["first_token_allowed"] = buffer.decision_index[rows], buffer.first_token_allowed[rows]
+        out["inferred"], out["rewards"] = buffer.inferred[rows], buffer.rewards[rows]
     return out
 
 

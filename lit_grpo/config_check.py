@@ -160,6 +160,9 @@ def cross_problems(model_args: dict[str, Any], data_args: dict[str, Any]) -> lis
         )
     if model_args["advantage_mode"] == "gae" and data_args["rollout"] != "grouped":
         problems.append("model.advantage_mode 'gae' (PPO) takes grouped rollouts; trees use tree-relative advantages")
+    if model_args.get("risk") is not None and data_args["rollout"] == "grouped":
+        problems.append("model.risk: the risk head learns at the decision points of tree or chain rollouts; set "
+                        "data.rollout to tree or chains")
     return problems
 
 

@@ -22,7 +22,9 @@ from lit_grpo.buffer import (
     serve_minibatches,
 )
 from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
+from lit_grpo.callbacks.risk import RiskThreshold
 from lit_grpo.losses import overlong_penalty
+from lit_grpo.risk_rollout import RiskRule
 from lit_grpo.tasks import ArithmeticTask, MultiRoundTask, PromptRecord, Task
 from lit_grpo.tree_rollout import expand_trees, greedy_episodes, tree_buffer
 
@@ -182,7 +184,7 @@ class RolloutDataModule(pl.LightningDataModule):
             generated = time.perf_counter()
         else:  # trees: the environment scores each round as it is generated
             widths = self.branching if self.rollout == "tree" else [self.group_size] + [1] * (len(self.branching) - 1)
-            roots = expand_trees(self.task, self.engine, module.tokenizer, records, widths, sampling)
+            roots = self.grow_trees(module, records, widths, sampling)
             generated = time.perf_counter()
             buffer = tree_buffer(roots, module.tokenizer, self.temperature, self.max_new_tokens, self.rollout)
             self.completions_generated += buffer.input_ids.shape[0]
@@ -276,6 +278,32 @@ class RolloutDataModule(pl.LightningDataModule):
             stop_token_ids=(module.tokenizer.eos_token_id,),
         )
 
+    def grow_trees(self, module: Any, records: list[PromptRecord], widths: list[int],
+                   sampling: SamplingSpec) -> list[Any]:
+        """The epoch's trees; with the risk rule, the ``RiskThreshold``'s ``explore_fraction`` of the prompts grow
+        without it, so the head keeps seeing outcomes of inferring where the rule would forbid it."""
+        rule = self.risk_rule(module, training=True)
+        free = 0 if rule is None else round(len(records) * self.risk_threshold().explore_fraction)
+        roots = expand_trees(self.task, self.engine, module.tokenizer, records[:free], widths, sampling) if free else []
+        if free < len(records):
+            roots += expand_trees(self.task, self.engine, module.tokenizer, records[free:], widths, sampling, rule)
+        return roots
+
+    def risk_threshold(self) -> RiskThreshold | None:
+        found = [c for c in self.trainer.callbacks if isinstance(c, RiskThreshold)] if self.trainer else []
+        return found[0] if found else None
+
+    def risk_rule(self, module: Any, training: bool = False) -> RiskRule | None:
+        """The infer/defer rule at the ``RiskThreshold`` callback's tau; None without a risk head or that callback."""
+        threshold = self.risk_threshold()
+        if getattr(module, "risk_head", None) is None or threshold is None:
+            return None
+        tokenizer = module.tokenizer
+        epoch = self.trainer.current_epoch
+        tau = threshold.training_tau(epoch) if training else threshold.current_tau(epoch)
+        return RiskRule(module.policy, module.risk_head, tau,
+                        self.task.defer_token_ids(tokenizer), tokenizer.pad_token_id)
+
     def epoch_seed(self, epoch: int) -> int:
         return self.seed * 1_000_003 + epoch * 7919
 
@@ -285,7 +313,8 @@ class RolloutDataModule(pl.LightningDataModule):
         self.sync_policy(module)
         if isinstance(self.task, MultiRoundTask):
             sampling = self.sampling_spec(module, greedy=True, seed=None)
-            return greedy_episodes(self.task, self.engine, module.tokenizer, records, len(self.branching), sampling)
+            return greedy_episodes(self.task, self.engine, module.tokenizer, records, len(self.branching), sampling,
+                                   self.risk_rule(module))
         prompt_ids = [self.task.prompt_ids(r, module.tokenizer) for r in records]
         completions = self.engine.generate(prompt_ids, 1, self.sampling_spec(module, greedy=True, seed=None))
         rewards, correct = [], []
@@ -297,9 +326,12 @@ class RolloutDataModule(pl.LightningDataModule):
         return torch.tensor(rewards), torch.tensor(correct)
 
     # --- held-out prompts --------------------------------------------------------------------------------------
+    def val_records(self) -> list[PromptRecord]:
+        """The held-out prompts a validation uses (the first ``val_max_prompts``)."""
+        return list(self.task.heldout_records())[: self.val_max_prompts]
+
     def val_dataloader(self) -> DataLoader:
-        heldout = list(self.task.heldout_records())[: self.val_max_prompts]
-        return DataLoader(heldout, batch_size=self.val_batch_size, shuffle=False, collate_fn=list)
+        return DataLoader(self.val_records(), batch_size=self.val_batch_size, shuffle=False, collate_fn=list)
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()

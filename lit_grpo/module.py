@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,9 +31,11 @@ from lit_grpo.model_loading import load_policy, load_tokenizer, resolve_model_pa
 from lit_grpo.online_dpo import assign_pairs, online_dpo_loss
 from lit_grpo.module_config import LossSettings, module_config_problems
 from lit_grpo.tree import ValueMode, assign_advantages, depth_first
+from lit_grpo.risk import RiskHead, RiskHeadSpec
+from lit_grpo.risk_rollout import batch_constraint, risk_head_loss
 from lit_grpo.tree_rollout import chain_returns, policy_nodes
 from lit_grpo.validation import GreedyEvaluation
-from lit_grpo.value_head import ValueHead, logprobs_and_values, value_loss
+from lit_grpo.value_head import ValueHead, aligned_values, logprobs_and_hidden, logprobs_and_values, value_loss
 
 
 class PolicyModule(pl.LightningModule):
@@ -69,6 +72,11 @@ class PolicyModule(pl.LightningModule):
         vf_clip: PPO's value clipping range around the old values; ``None`` turns it off.
         gamma: GAE discount.
         gae_lambda: GAE lambda.
+        risk: a distributional risk head at each decision point of tree rollouts (``lit_grpo.risk``), trained
+            with the policy on the returns of inferring; the ``RiskThreshold`` callback turns it into the
+            infer/defer rule. ``None``: no head.
+        head_lr: the learning rate of the value and risk heads, in their own optimizer parameter group (``None``:
+            the optimizer's own, as for the adapter).
         old_logp_source: pi_old from the ``sampler``'s log-probs, or recomputed by the ``trainer``.
         tis_cap: the cap C of a truncated importance-sampling correction, for engines whose log-probs differ from
             the trainer's (half precision): pi_old is recomputed by the trainer and each token's surrogate is weighted
@@ -103,6 +111,8 @@ class PolicyModule(pl.LightningModule):
         vf_clip: float | None = 0.2,
         gamma: float = 1.0,
         gae_lambda: float = 0.95,
+        risk: RiskHeadSpec | None = None,
+        head_lr: float | None = None,
         old_logp_source: Literal["sampler", "trainer"] = "sampler",
         tis_cap: float | None = None,
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
@@ -116,6 +126,8 @@ class PolicyModule(pl.LightningModule):
         problems = module_config_problems(arguments)
         if problems:
             raise ValueError("invalid PolicyModule configuration:\n  - " + "\n  - ".join(problems))
+        # hparams go into checkpoints, which load with weights_only=True: keep the risk spec a plain mapping there
+        risk = dataclasses.asdict(risk) if isinstance(risk, RiskHeadSpec) else risk
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.loss = LossSettings.from_arguments(arguments)
         self.optimizer_factory = optimizer
@@ -124,6 +136,8 @@ class PolicyModule(pl.LightningModule):
         self.policy: Any = None
         self.tokenizer: Any = None
         self.value_head: ValueHead | None = None
+        self.risk_head: RiskHead | None = None
+        self.risk_spec = None if risk is None else RiskHeadSpec(**risk)
         self.evaluation = GreedyEvaluation()
 
     # --- model -------------------------------------------------------------------------------------------------
@@ -139,9 +153,15 @@ class PolicyModule(pl.LightningModule):
         )
         if hp.advantage_mode == "gae":
             self.value_head = ValueHead(self.policy.config.hidden_size)
+        if self.risk_spec is not None:
+            self.risk_head = RiskHead(self.policy.config.hidden_size, self.risk_spec)
 
     def configure_optimizers(self) -> Any:
-        params = [p for p in self.parameters() if p.requires_grad]
+        params: list[Any] = [p for p in self.parameters() if p.requires_grad]
+        if self.hparams.head_lr is not None:  # the heads start from zero and need larger steps than the adapter
+            heads = [p for head in (self.value_head, self.risk_head) if head is not None for p in head.parameters()]
+            head_ids = {id(p) for p in heads}
+            params = [{"params": [p for p in params if id(p) not in head_ids]}, {"params": heads, "lr": self.hparams.head_lr}]
         optimizer = (
             self.optimizer_factory(params) if self.optimizer_factory else torch.optim.AdamW(params, lr=5e-4, weight_decay=0.0)
         )
@@ -166,12 +186,13 @@ class PolicyModule(pl.LightningModule):
         """pi_old (unless the sampler's log-probs are used) and pi_ref log-probs of the whole buffer."""
         batch_size = self.hparams.no_grad_batch_size
         args = (buffer.input_ids.to(self.device), buffer.attention_mask.to(self.device), buffer.temperature)
+        constraint = buffer.first_token_constraint()  # the risk rule's forced defers, scored as sampled
         if self.hparams.old_logp_source == "trainer" or self.hparams.tis_cap is not None or buffer.sampler_logp is None:
-            buffer.old_logp = batched_sequence_logprobs(self.policy, *args, batch_size).cpu()
+            buffer.old_logp = batched_sequence_logprobs(self.policy, *args, batch_size, constraint).cpu()
         else:
             buffer.old_logp = buffer.sampler_logp
         if self.loss.needs_reference:
-            buffer.ref_logp = self.reference_policy.logprobs(self.policy, *args, batch_size).cpu()
+            buffer.ref_logp = self.reference_policy.logprobs(self.policy, *args, batch_size, constraint).cpu()
         if self.value_head is not None:
             buffer.values = self.old_values(*args, batch_size).cpu()
 
@@ -242,11 +263,11 @@ class PolicyModule(pl.LightningModule):
         loss_cfg = self.loss
         completion_mask = batch["completion_mask"]
         max_new_tokens = int(batch["max_new_tokens"])
-        if self.value_head is None:
-            logp = sequence_logprobs(self.policy, batch["input_ids"], batch["attention_mask"], float(batch["temperature"]))
+        forward = (batch["input_ids"], batch["attention_mask"], float(batch["temperature"]), batch_constraint(batch))
+        if self.value_head is None and self.risk_head is None:
+            logp = sequence_logprobs(self.policy, *forward)
         else:
-            logp, values = logprobs_and_values(self.policy, self.value_head, batch["input_ids"],
-                                               batch["attention_mask"], float(batch["temperature"]))
+            logp, hidden = logprobs_and_hidden(self.policy, *forward)
         surrogate, stats = policy_loss(
             logp, batch["old_logp"], batch["advantages"], completion_mask, loss_cfg.variant,
             loss_cfg.clip_eps, loss_cfg.clip_eps_high, loss_cfg.aggregation, max_new_tokens,
@@ -260,7 +281,12 @@ class PolicyModule(pl.LightningModule):
             )
             loss = loss + loss_cfg.kl_coef * kl
             stats["kl_ref"] = kl.detach()
+        if self.risk_head is not None:
+            risk_loss, risk_stats = risk_head_loss(self.risk_head, hidden, batch)
+            loss = loss + self.risk_spec.coef * risk_loss
+            stats.update(risk_stats)
         if self.value_head is not None:
+            values = aligned_values(self.value_head, hidden, batch["attention_mask"])
             vf_loss, vf_stats = value_loss(values, batch["old_values"], batch["returns"], completion_mask,
                                            self.hparams.vf_clip)
             loss = loss + self.hparams.vf_coef * vf_loss

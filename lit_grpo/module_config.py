@@ -8,6 +8,7 @@ from typing import Any
 
 from lit_grpo.losses import ADVANTAGE_MODES, AGGREGATIONS, KL_ESTIMATORS, POLICY_VARIANTS
 from lit_grpo.model_loading import model_path_problem
+from lit_grpo.risk import RiskHeadSpec
 
 GSPO_CLIP_EPS = (3e-4, 4e-4)  # the GSPO paper's (low, high)
 DEFAULT_CLIP_EPS = 0.2
@@ -60,10 +61,25 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
     path_problem = model_path_problem(args["model_name_or_path"])
     if path_problem:
         problems.append(f"model_name_or_path: {path_problem}")
+    problems += risk_spec_problems(args.get("risk"))
+    if args.get("head_lr") is not None and args["head_lr"] <= 0:
+        problems.append(f"head_lr: must be positive or None, got {args['head_lr']}")
     adapter = args["init_adapter"]
     if adapter is not None and not (Path(adapter).expanduser() / "adapter_config.json").is_file():
         problems.append(f"init_adapter: {adapter!r} is not a PEFT adapter directory (no adapter_config.json)")
     return problems
+
+
+def risk_spec_problems(risk: Any) -> list[str]:
+    """Problems of the ``risk`` head spec, given as a ``RiskHeadSpec`` or as the mapping a config file holds."""
+    if risk is None:
+        return []
+    if isinstance(risk, dict):
+        try:
+            risk = RiskHeadSpec(**risk)
+        except TypeError as error:
+            return [f"risk: {error}; fields: v_min, v_max, num_atoms, success_threshold, coef"]
+    return risk.problems()
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -14,12 +14,16 @@ from lit_grpo.tasks.base import PromptRecord
 from lit_grpo.tasks.multiround import MultiRoundTask
 from lit_grpo.tree import Node, close_with_no_answer, depth_first
 
+Decide = Callable[[list[list[int]], int], Sequence["tuple[int, ...] | None"]]
+"""A decision rule: for the open contexts of round ``depth``, each one's allowed first tokens (None: free)."""
+
 
 @dataclass(eq=False)
 class SegmentNode(Node):
     """A tree node with its tokens: ``context`` (everything before the segment: prompt, ancestors' segments and the
     environment's replies), the policy's ``segment`` with the sampler's ``logprobs``, and the environment's
-    ``reply`` to it (for a question). Only ``segment`` tokens carry loss."""
+    ``reply`` to it (for a question), and ``allowed``, the first tokens the sampler was restricted to (the risk
+    rule's forced defer; None: unrestricted). Only ``segment`` tokens carry loss."""
 
     context: tuple[int, ...] = ()
     segment: tuple[int, ...] = ()
@@ -29,6 +33,7 @@ class SegmentNode(Node):
     correct: bool = False
     truncated: bool = False
     record: PromptRecord = field(default_factory=dict)
+    allowed: tuple[int, ...] | None = None
 
 
 def expand_trees(
@@ -38,10 +43,12 @@ def expand_trees(
     records: Sequence[PromptRecord],
     branching: Sequence[int],
     sampling: SamplingSpec,
+    decide: Decide | None = None,
 ) -> list[SegmentNode]:
     """One tree per prompt, ``len(branching)`` rounds deep; round d gives every open node ``branching[d-1]``
     children, all open nodes of all trees in one engine call. A question still open after the last round is
-    closed by the environment with the task's no-answer reward."""
+    closed by the environment with the task's no-answer reward. ``decide`` (the risk rule) restricts the first
+    token of some open nodes' children; the restriction is kept on each child for the trainer."""
     roots = [SegmentNode(context=tuple(task.prompt_ids(r, tokenizer)), record=r) for r in records]
     open_nodes: list[SegmentNode] = list(roots)
     for depth, width in enumerate(branching, start=1):
@@ -49,11 +56,15 @@ def expand_trees(
             break
         contexts = [list(node.context + node.segment + node.reply) for node in open_nodes]
         round_sampling = replace(sampling, seed=None if sampling.seed is None else sampling.seed + 7_919 * depth)
+        constraints = tuple(decide(contexts, depth)) if decide is not None else (None,) * len(contexts)
+        if any(c is not None for c in constraints):
+            round_sampling = replace(round_sampling, allowed_token_ids=constraints)
         groups = engine.generate(contexts, width, round_sampling)
         next_open = []
-        for parent, context, completions in zip(open_nodes, contexts, groups):
+        for parent, context, completions, allowed in zip(open_nodes, contexts, groups, constraints):
             for completion in completions:
                 child = segment_child(task, tokenizer, parent.record, depth, context, completion)
+                child.allowed = allowed
                 parent.children.append(child)
                 if not child.terminal:
                     next_open.append(child)
@@ -86,7 +97,10 @@ def tree_rows(roots: Sequence[SegmentNode], pad_id: int) -> dict[str, torch.Tens
     """One right-padded row per policy node: its context (masked out) then its segment (counted).
 
     Returns ``input_ids``, ``attention_mask``, ``completion_mask`` and ``sampler_logp`` ``[N, L]``, ``rewards``
-    ``[N]`` (each node's immediate reward) and ``group_sizes`` (rows per tree, trees in order).
+    ``[N]`` (each node's immediate reward), ``group_sizes`` (rows per tree, trees in order), ``decision_index``
+    ``[N]`` (each row's first segment column), ``allowed_ids`` ``[N, C]`` (the first-token restriction, -1
+    padding) and ``inferred`` ``[N]`` (the policy chose, unrestricted, to commit: its reward is a return of
+    inferring).
     """
     nodes = [node for root in roots for node in policy_nodes(root)]
     width = max(len(n.context) + len(n.segment) for n in nodes)
@@ -108,7 +122,21 @@ def tree_rows(roots: Sequence[SegmentNode], pad_id: int) -> dict[str, torch.Tens
         "sampler_logp": sampler_logp,
         "rewards": torch.tensor([n.reward for n in nodes]),
         "group_sizes": torch.tensor([len(policy_nodes(root)) for root in roots]),
+        "decision_index": torch.tensor([len(n.context) for n in nodes]),
+        "allowed_ids": allowed_table([n.allowed for n in nodes]),
+        # a forced defer that went astray (e.g. "?5", malformed) is not an outcome of choosing to infer
+        "inferred": torch.tensor([n.terminal and n.allowed is None for n in nodes]),
     }
+
+
+def allowed_table(allowed: Sequence[tuple[int, ...] | None]) -> torch.Tensor:
+    """Per-row allowed first tokens as ``[N, C]`` ids, -1 padding (``C >= 1``; an all -1 row is unrestricted)."""
+    width = max([len(a) for a in allowed if a is not None], default=1)
+    table = torch.full((len(allowed), width), -1, dtype=torch.long)
+    for row, ids in enumerate(allowed):
+        if ids is not None:
+            table[row, : len(ids)] = torch.tensor(ids)
+    return table
 
 
 def tree_buffer(
@@ -133,6 +161,9 @@ def tree_buffer(
         group_sizes=rows["group_sizes"].tolist(),
         trees=list(roots),
         tree_mode=mode,
+        decision_index=rows["decision_index"],
+        first_token_allowed=rows["allowed_ids"],
+        inferred=rows["inferred"],
     )
 
 
@@ -157,9 +188,10 @@ def greedy_episodes(
     records: Sequence[PromptRecord],
     max_depth: int,
     sampling: SamplingSpec,
+    decide: Decide | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One greedy episode per prompt: ``(returns [B], correct [B])``, correct meaning it ended in a right answer."""
-    roots = expand_trees(task, engine, tokenizer, records, [1] * max_depth, replace(sampling, greedy=True))
+    roots = greedy_trees(task, engine, tokenizer, records, max_depth, sampling, decide)
     returns, correct = [], []
     for root in roots:
         (episode_return,) = chain_returns(root)
@@ -167,3 +199,16 @@ def greedy_episodes(
         last = depth_first(root)[-1]
         correct.append(bool(getattr(last, "correct", False)))
     return torch.tensor(returns), torch.tensor(correct)
+
+
+def greedy_trees(
+    task: MultiRoundTask,
+    engine: RolloutEngine,
+    tokenizer: Any,
+    records: Sequence[PromptRecord],
+    max_depth: int,
+    sampling: SamplingSpec,
+    decide: Decide | None = None,
+) -> list[SegmentNode]:
+    """One greedy episode per prompt, as single-path trees."""
+    return expand_trees(task, engine, tokenizer, records, [1] * max_depth, replace(sampling, greedy=True), decide)

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lit_grpo.logprobs import gather_logprobs
+from lit_grpo.logprobs import FirstTokenConstraint, gather_logprobs, restrict_first_tokens
 from lit_grpo.losses import masked_mean
 
 
@@ -24,22 +24,51 @@ class ValueHead(nn.Module):
         return self.linear(hidden.float()).squeeze(-1)  # [N, L]
 
 
-def logprobs_and_values(
-    model: Any, head: ValueHead, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float
+def logprobs_and_hidden(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float,
+    constraint: FirstTokenConstraint | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward: per-token log-probs (as ``sequence_logprobs``) and values aligned with the tokens.
+    """One forward: per-token log-probs (as ``sequence_logprobs``) and the last hidden states aligned with them.
 
-    ``values[:, t]`` is the head on the hidden state that predicts token t: the value of the state before token t
-    is generated. Both ``[N, L]``, 0 in column 0 and on padding.
+    ``hidden[:, t]`` is the state that predicts token t: the state before token t is generated, on which the
+    value and risk heads sit. Returns ``logp [N, L]`` (0 in column 0 and on padding) and ``hidden [N, L, H]``
+    (0 in column 0).
     """
     mask = attention_mask.long()
     position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
     out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, output_hidden_states=True)
-    logp = gather_logprobs(out.logits[:, :-1].float() / temperature, input_ids[:, 1:])  # [N, L-1]
-    values = head(out.hidden_states[-1][:, :-1])  # [N, L-1]
-    pad = logp.new_zeros(logp.shape[0], 1)
-    keep = attention_mask.to(logp.dtype)
-    return torch.cat([pad, logp], dim=1) * keep, torch.cat([pad, values], dim=1) * keep
+    logits = out.logits[:, :-1].float() / temperature  # [N, L-1, V]
+    if constraint is not None:
+        logits = restrict_first_tokens(logits, constraint)
+    logp = gather_logprobs(logits, input_ids[:, 1:])  # [N, L-1]
+    last = out.hidden_states[-1]  # [N, L, H]
+    hidden = torch.cat([last.new_zeros(last.shape[0], 1, last.shape[2]), last[:, :-1]], dim=1)  # [N, L, H]
+    logp = torch.cat([logp.new_zeros(logp.shape[0], 1), logp], dim=1)  # [N, L]
+    return logp * attention_mask.to(logp.dtype), hidden
+
+
+def logprobs_and_values(
+    model: Any,
+    head: ValueHead,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float,
+    constraint: FirstTokenConstraint | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward: per-token log-probs and values ``[N, L]``; ``values[:, t]`` is the value of the state before
+    token t is generated (0 in column 0 and on padding)."""
+    logp, hidden = logprobs_and_hidden(model, input_ids, attention_mask, temperature, constraint)
+    return logp, aligned_values(head, hidden, attention_mask)
+
+
+def aligned_values(head: ValueHead, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The head on token-aligned ``hidden [N, L, H]``: ``[N, L]``, 0 in column 0 (no state) and on padding."""
+    values = head(hidden)  # [N, L]
+    values = torch.cat([values.new_zeros(values.shape[0], 1), values[:, 1:]], dim=1)
+    return values * attention_mask.to(values.dtype)
 
 
 def value_loss(

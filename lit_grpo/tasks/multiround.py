@@ -6,7 +6,7 @@ import random
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from lit_grpo.tasks.base import PromptRecord, Task
 
@@ -49,6 +49,11 @@ class MultiRoundTask(Task):
     @abstractmethod
     def malformed_reward(self) -> float:
         """The reward of a segment that is neither an answer nor a question."""
+
+    def defer_token_ids(self, tokenizer: Any) -> list[int]:
+        """The first tokens that start a defer (a question): the only ones the risk rule allows when it forces a
+        defer. Tasks used with a risk head override this."""
+        raise NotImplementedError(f"{type(self).__name__} does not say which first tokens defer (defer_token_ids)")
 
     def reward(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
         """Single-round view: the first segment's reward."""
@@ -112,6 +117,9 @@ class ClarifyTask(MultiRoundTask):
     @property
     def no_answer_reward(self) -> float:
         return self._no_answer
+
+    def defer_token_ids(self, tokenizer: Any) -> list[int]:
+        return tokenizer("?", add_special_tokens=False)["input_ids"][:1]
 
     @property
     def malformed_reward(self) -> float:

@@ -1,0 +1,170 @@
+"""The distributional risk head and the infer/defer rule built on it (design §6, last part).
+
+At a decision point (a context the policy is about to extend in some round) the head predicts the distribution of
+the return of inferring now, i.e. the reward of the answer the policy would commit to. The rule lets the policy
+infer only when P(error) = P(return < success threshold) <= tau, and otherwise forces a defer.
+
+Why a categorical over fixed return atoms (C51-style) and not quantiles: the return of inferring takes a few
+discrete values (right, wrong, malformed), so a categorical represents it exactly; P(error) is then a plain sum of
+atom probabilities below the threshold, with no interpolation between quantiles (which would need many quantiles to
+resolve a two-point distribution), and its cross-entropy loss is a proper scoring rule, so the P(error) it learns
+is calibrated in the limit. CVaR follows in closed form from the same probabilities.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class RiskHeadSpec:
+    """The risk head's support and loss.
+
+    Args:
+        v_min: the lowest return atom (returns below are clipped onto it).
+        v_max: the highest return atom.
+        num_atoms: atoms evenly spaced over ``[v_min, v_max]``.
+        success_threshold: an inferred answer whose return is below this is an error.
+        coef: weight of the head's cross-entropy in the loss.
+    """
+
+    v_min: float = -1.0
+    v_max: float = 1.0
+    num_atoms: int = 11
+    success_threshold: float = 0.0
+    coef: float = 1.0
+
+    def problems(self) -> list[str]:
+        found = []
+        if not self.v_min < self.v_max:
+            found.append(f"risk: v_min ({self.v_min}) must be below v_max ({self.v_max})")
+        if self.num_atoms < 2:
+            found.append(f"risk: num_atoms must be >= 2, got {self.num_atoms}")
+        if not self.v_min < self.success_threshold <= self.v_max:
+            found.append(f"risk: success_threshold must be in (v_min, v_max], got {self.success_threshold}")
+        if self.coef < 0:
+            found.append(f"risk: coef must be >= 0, got {self.coef}")
+        return found
+
+    def atoms(self) -> torch.Tensor:
+        return torch.linspace(self.v_min, self.v_max, self.num_atoms)  # [K]
+
+
+class RiskHead(nn.Module):
+    """Logits over the return atoms from the hidden state at a decision point; zero-initialised (uniform)."""
+
+    def __init__(self, hidden_size: int, spec: RiskHeadSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.linear = nn.Linear(hidden_size, spec.num_atoms)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+        self.register_buffer("atoms", spec.atoms(), persistent=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.linear(hidden.float())  # [..., K]
+
+    def error_probability(self, hidden: torch.Tensor) -> torch.Tensor:
+        """P(return of inferring < success threshold) ``[...]``."""
+        return error_probability(self(hidden).softmax(-1), self.atoms, self.spec.success_threshold)
+
+
+def two_hot(returns: torch.Tensor, atoms: torch.Tensor) -> torch.Tensor:
+    """Project returns ``[M]`` onto evenly spaced ``atoms`` ``[K]``: ``[M, K]``, mass split between the two nearest
+    atoms so the expectation is kept (returns outside the support are clipped to it).
+
+    Example: atoms [-1, 0, 1]: 0.5 -> [0, 0.5, 0.5]; -1 -> [1, 0, 0]; 3 -> [0, 0, 1]; -0.25 -> [0.25, 0.75, 0].
+    """
+    spacing = atoms[1] - atoms[0]
+    position = ((returns.clamp(atoms[0], atoms[-1]) - atoms[0]) / spacing).clamp(0, len(atoms) - 1)  # [M]
+    lower = position.floor().long().clamp(max=len(atoms) - 2)  # [M]
+    upper_weight = position - lower  # [M] in [0, 1]
+    target = torch.zeros(len(returns), len(atoms), dtype=atoms.dtype, device=atoms.device)
+    target.scatter_(1, lower.unsqueeze(1), (1 - upper_weight).unsqueeze(1))
+    target.scatter_add_(1, (lower + 1).unsqueeze(1), upper_weight.unsqueeze(1))
+    return target
+
+
+def risk_loss(logits: torch.Tensor, returns: torch.Tensor, atoms: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the predicted categorical ``logits [M, K]`` against the two-hot projection of the
+    observed returns of inferring ``[M]``; 0 when ``M == 0``.
+
+    Example: atoms [-1, 0, 1], logits [0, 0, 0], return 0.5: target [0, 0.5, 0.5], loss log 3 = 1.0986.
+    """
+    if logits.shape[0] == 0:
+        return logits.sum() * 0.0
+    target = two_hot(returns.to(atoms.dtype), atoms)  # [M, K]
+    return -(target * logits.log_softmax(-1)).sum(-1).mean()
+
+
+def error_probability(probs: torch.Tensor, atoms: torch.Tensor, success_threshold: float) -> torch.Tensor:
+    """P(return < success_threshold) from categorical ``probs [..., K]`` over ``atoms [K]``: ``[...]``."""
+    return (probs * (atoms < success_threshold).to(probs.dtype)).sum(-1)
+
+
+def lower_cvar(probs: torch.Tensor, atoms: torch.Tensor, level: float) -> torch.Tensor:
+    """CVaR at ``level`` in (0, 1]: the mean return over the worst ``level`` share of the distribution ``[...]``.
+
+    Example: atoms [-1, 0, 1], probs [0.2, 0.3, 0.5]: CVaR 0.1 = -1; CVaR 0.5 = (0.2 * -1 + 0.3 * 0) / 0.5 = -0.4.
+    """
+    before = probs.cumsum(-1) - probs  # [..., K] mass of the atoms below each one
+    taken = torch.minimum(probs, (level - before).clamp(min=0))  # [..., K]
+    return (taken * atoms).sum(-1) / level
+
+
+def forced_defer(p_error: torch.Tensor, tau: float | None) -> torch.Tensor:
+    """The rule: infer only if P(error) <= tau, so a defer is forced where P(error) > tau; ``tau=None`` is the
+    always-defer state (no tau was feasible). ``[B]`` bool."""
+    if tau is None:
+        return torch.ones_like(p_error, dtype=torch.bool)
+    return p_error > tau
+
+
+def first_token_constraints(
+    forced: torch.Tensor, defer_token_ids: Sequence[int]
+) -> tuple[tuple[int, ...] | None, ...]:
+    """Per request, the allowed first tokens for the engine: the defer tokens where a defer is forced, else None."""
+    allowed = tuple(defer_token_ids)
+    return tuple(allowed if flag else None for flag in forced.tolist())
+
+
+def selective_error(errors: torch.Tensor, covered: torch.Tensor) -> float | None:
+    """Errors among the covered (inferred) episodes; None when nothing was covered (undefined)."""
+    count = int(covered.sum())
+    return None if count == 0 else float((errors & covered).sum()) / count
+
+
+def calibrate_tau(
+    candidates: Sequence[float], evaluate: Callable[[float], tuple[float | None, float]], alpha: float
+) -> tuple[float | None, list[tuple[float, float | None, float]]]:
+    """Design §6: the largest candidate tau whose selective error on fresh validation rollouts is <= alpha.
+
+    ``evaluate(tau) -> (selective error or None if nothing was covered, coverage)`` runs fresh rollouts per tau,
+    since tau changes the later rounds. A tau that covers nothing is not feasible (its error is undefined).
+    Returns ``(tau or None when none is feasible, [(tau, selective error, coverage)] for every candidate)``.
+    """
+    curve = [(tau, *evaluate(tau)) for tau in sorted(candidates)]
+    feasible = [tau for tau, error, _ in curve if error is not None and error <= alpha]
+    return (max(feasible) if feasible else None), curve
+
+
+def expected_calibration_error(p_error: torch.Tensor, errors: torch.Tensor, num_bins: int = 10) -> float:
+    """ECE of predicted error probabilities ``[M]`` against observed errors ``[M]`` (bool): sum over equal-width
+    bins of (bin share) * |mean predicted - observed error rate|.
+
+    Example: predictions [0.1, 0.1, 0.9, 0.9], errors [F, F, T, F], 10 bins: |0.1 - 0| * 0.5 + |0.9 - 0.5| * 0.5
+    = 0.25.
+    """
+    if p_error.numel() == 0:
+        return 0.0
+    bins = (p_error * num_bins).long().clamp(max=num_bins - 1)  # [M]
+    total = 0.0
+    for b in bins.unique().tolist():
+        members = bins == b
+        gap = (p_error[members].mean() - errors[members].float().mean()).abs()
+        total += float(members.float().mean() * gap)
+    return total

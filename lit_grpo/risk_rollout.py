@@ -1,0 +1,138 @@
+"""The risk head in the loop: its loss on the trees' observed returns of inferring, and the infer/defer rule
+applied to open contexts between rounds (vLLM returns no hidden states, so the trainer runs the head's forward)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lit_grpo.logprobs import FirstTokenConstraint
+from lit_grpo.risk import (
+    RiskHead,
+    error_probability,
+    first_token_constraints,
+    forced_defer,
+    risk_loss,
+    selective_error,
+)
+from lit_grpo.tree import depth_first
+from lit_grpo.tree_rollout import SegmentNode, greedy_trees
+
+
+def batch_constraint(batch: dict[str, torch.Tensor]) -> FirstTokenConstraint | None:
+    """The sampler's first-token restrictions of a minibatch, if it has rows that had one."""
+    allowed = batch.get("first_token_allowed")
+    if allowed is None or not (allowed >= 0).any():
+        return None
+    return FirstTokenConstraint(batch["decision_index"], allowed)
+
+
+def risk_head_loss(
+    head: RiskHead, hidden: torch.Tensor, batch: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Cross-entropy of the head at each inferring row's decision point against the return it observed.
+
+    ``hidden [N, L, H]`` is aligned with the tokens (``hidden[:, t]`` predicts token t), so the state at a row's
+    decision point, its last context token, is ``hidden[row, decision_index]``. Rows that deferred carry no target.
+    """
+    rows = batch["inferred"].nonzero().squeeze(1)  # [M]
+    decision_hidden = hidden[rows, batch["decision_index"][rows]]  # [M, H]
+    logits = head(decision_hidden)  # [M, K]
+    loss = risk_loss(logits, batch["rewards"][rows], head.atoms)
+    p_error = error_probability(logits.detach().softmax(-1), head.atoms, head.spec.success_threshold)  # [M]
+    observed = (batch["rewards"][rows] < head.spec.success_threshold).float()  # [M]
+    stats = {"risk_loss": loss.detach(), "risk_rows": torch.tensor(float(len(rows)))}
+    if len(rows):
+        stats.update(risk_p_error=p_error.mean(), risk_observed_error=observed.mean())
+    return loss, stats
+
+
+@torch.no_grad()
+def context_error_probability(policy: Any, head: RiskHead, contexts: Sequence[Sequence[int]], pad_id: int,
+                              batch_size: int = 256) -> torch.Tensor:
+    """P(error of inferring now) at each open context ``[B]``: the head on the hidden state of its last token, from
+    right-padded rows with positions from 0 (as in training), in eval mode."""
+    was_training = policy.training
+    policy.eval()
+    device = next(head.parameters()).device
+    try:
+        chunks = []
+        for start in range(0, len(contexts), batch_size):
+            part = contexts[start : start + batch_size]
+            lengths = torch.tensor([len(c) for c in part])
+            ids = torch.full((len(part), int(lengths.max())), pad_id, dtype=torch.long)
+            for row, context in enumerate(part):
+                ids[row, : len(context)] = torch.tensor(list(context))
+            mask = (torch.arange(ids.shape[1]) < lengths.unsqueeze(1)).long()  # [B, L]
+            out = policy(input_ids=ids.to(device), attention_mask=mask.to(device),
+                         position_ids=(mask.cumsum(1) - 1).clamp(min=0).to(device), output_hidden_states=True)
+            last = out.hidden_states[-1][torch.arange(len(part)), (lengths - 1).to(device)]  # [B, H]
+            chunks.append(head.error_probability(last).cpu())
+    finally:
+        policy.train(was_training)
+    return torch.cat(chunks)
+
+
+class RiskRule:
+    """The decision rule for ``expand_trees``: at each round, force a defer (allow only ``defer_token_ids`` as the
+    first token) at every open context whose P(error) > tau; ``tau=None`` forces a defer everywhere."""
+
+    def __init__(self, policy: Any, head: RiskHead, tau: float | None, defer_token_ids: Sequence[int], pad_id: int):
+        self.policy, self.head, self.tau = policy, head, tau
+        self.defer_token_ids, self.pad_id = tuple(defer_token_ids), pad_id
+        self.last_p_error: torch.Tensor | None = None
+
+    def __call__(self, contexts: list[list[int]], depth: int) -> tuple[tuple[int, ...] | None, ...]:
+        p_error = context_error_probability(self.policy, self.head, contexts, self.pad_id)  # [B]
+        self.last_p_error = p_error
+        return first_token_constraints(forced_defer(p_error, self.tau), self.defer_token_ids)
+
+
+@dataclass(frozen=True)
+class RuleOutcome:
+    """Greedy episodes under the rule at one tau: per episode ``covered`` (it ended in a committed answer, not a
+    forced defer), ``errors`` (covered and wrong) and ``returns``; per inferring decision point the head's
+    ``decision_p_error`` and whether that answer was an ``decision_error``."""
+
+    tau: float | None
+    covered: torch.Tensor  # [B] bool
+    errors: torch.Tensor  # [B] bool
+    returns: torch.Tensor  # [B]
+    decision_p_error: torch.Tensor  # [M]
+    decision_error: torch.Tensor  # [M] bool
+
+    @property
+    def coverage(self) -> float:
+        return float(self.covered.float().mean())
+
+    @property
+    def selective_error(self) -> float | None:
+        return selective_error(self.errors, self.covered)
+
+
+def rule_outcome(module: Any, datamodule: Any, records: Sequence[Any], tau: float | None) -> RuleOutcome:
+    """Fresh greedy episodes of the held-out ``records`` with the rule at ``tau`` (design §6's calibration runs)."""
+    task, tokenizer, head = datamodule.task, module.tokenizer, module.risk_head
+    datamodule.sync_policy(module)
+    rule = RiskRule(module.policy, head, tau, task.defer_token_ids(tokenizer), tokenizer.pad_token_id)
+    sampling = datamodule.sampling_spec(module, greedy=True, seed=None)
+    roots = greedy_trees(task, datamodule.engine, tokenizer, records, len(datamodule.branching), sampling, rule)
+    threshold = head.spec.success_threshold
+    covered, errors, returns, decisions = [], [], [], []
+    for root in roots:
+        path = depth_first(root)[1:]
+        last = path[-1]
+        # covered: the policy chose, unrestricted, to commit (a forced defer that went astray is not covered)
+        committed = isinstance(last, SegmentNode) and bool(last.segment) and last.terminal and last.allowed is None
+        covered.append(committed)
+        errors.append(committed and last.reward < threshold)
+        returns.append(sum(node.reward for node in path))
+        if committed:
+            decisions.append(last)
+    p_error = context_error_probability(module.policy, head, [list(n.context) for n in decisions],
+                                        tokenizer.pad_token_id) if decisions else torch.zeros(0)
+    return RuleOutcome(tau, torch.tensor(covered), torch.tensor(errors), torch.tensor(returns), p_error,
+                       torch.tensor([n.reward < threshold for n in decisions], dtype=torch.bool))

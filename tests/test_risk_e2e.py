@@ -1,0 +1,110 @@
+"""The risk head and RiskThreshold in a real Trainer on the shipped clarification model: the rule forces a defer
+exactly where P(error) > tau, the forced first token is scored under the sampler's renormalised distribution, the
+head trains, and calibration and tau survive a checkpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from lit_grpo.callbacks import RiskThreshold, RolloutMetrics
+from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.engines import HFEngine
+from lit_grpo.module import PolicyModule
+from lit_grpo.risk import RiskHeadSpec, calibrate_tau
+from lit_grpo.risk_rollout import context_error_probability, rule_outcome
+from lit_grpo.tasks import ClarifyTask
+from lit_grpo.tree_rollout import policy_nodes
+
+CLARIFY_MODEL = "data/tiny-llama-clarify"
+
+
+class CheckRule(pl.Callback):
+    """At the start of each epoch (no update yet) the buffer's restrictions must match the rule at tau."""
+
+    def __init__(self, tau: float) -> None:
+        self.tau, self.forced_rows, self.free_rows = tau, 0, 0
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        buffer, tokenizer = trainer.datamodule.buffer, pl_module.tokenizer
+        nodes = [node for root in buffer.trees for node in policy_nodes(root)]
+        p_error = context_error_probability(pl_module.policy, pl_module.risk_head, [list(n.context) for n in nodes],
+                                            tokenizer.pad_token_id)
+        ask = tokenizer("?", add_special_tokens=False)["input_ids"][0]
+        forced = (buffer.first_token_allowed >= 0).any(dim=1)  # [N]
+        assert (p_error - self.tau).abs().min() > 1e-6  # no row so close to tau that batch rounding could flip it
+        assert torch.equal(forced, p_error > self.tau)
+        rows = forced.nonzero().squeeze(1)
+        columns = buffer.decision_index[rows]
+        assert (buffer.input_ids[rows, columns] == ask).all()  # the forced first token is the question
+        # one allowed token: probability 1 under the renormalised distribution, for the sampler and the trainer
+        assert (buffer.sampler_logp[rows, columns] == 0).all() and (buffer.old_logp[rows, columns] == 0).all()
+        counted = buffer.completion_mask
+        assert (buffer.old_logp - buffer.sampler_logp)[counted].abs().max() < 1e-4
+        assert not buffer.inferred[rows].any()  # a forced defer is never a target of the head
+        self.forced_rows += len(rows)
+        self.free_rows += int((~forced).sum())
+
+
+def build(tau_mode: str = "fixed", tau: float = 0.5, **threshold_kwargs: Any) -> tuple[Any, Any, RiskThreshold]:
+    pl.seed_everything(0)
+    module = PolicyModule(model_name_or_path=CLARIFY_MODEL, risk=RiskHeadSpec(), kl_coef=0.0,
+                          old_logp_source="trainer",
+                          optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0))
+    # a shared engine outlives the fit, so the test can rerun the calibration's episodes afterwards
+    datamodule = RolloutDataModule(task=ClarifyTask(), engine=HFEngine(shared=True), rollout="tree", branching=[2, 2], prompts_per_epoch=8,
+                                   minibatch_size=32, max_new_tokens=5, val_max_prompts=24)
+    threshold = RiskThreshold(mode=tau_mode, tau=tau, explore_fraction=0.0, **threshold_kwargs)
+    return module, datamodule, threshold
+
+
+def trainer_for(tmp_path, callbacks: list[Any], epochs: int, validate: bool) -> pl.Trainer:
+    return pl.Trainer(max_epochs=epochs, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,
+                      limit_val_batches=1.0 if validate else 0, callbacks=[*callbacks, RolloutMetrics(0)],
+                      default_root_dir=tmp_path, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False)
+
+
+def test_the_rule_restricts_exactly_the_risky_contexts_and_the_head_trains(tmp_path):
+    module, datamodule, _ = build()
+    module.configure_model()
+    # a head with random weights, so P(error) differs between contexts; tau at their median splits them
+    torch.manual_seed(0)
+    torch.nn.init.normal_(module.risk_head.linear.weight, std=0.5)
+    records = ClarifyTask().train_records()[:8]
+    tokenizer = module.tokenizer
+    roots_p = context_error_probability(module.policy, module.risk_head,
+                                        [tokenizer(r["prompt"])["input_ids"] for r in records], tokenizer.pad_token_id)
+    ordered = roots_p.sort().values
+    tau = float(ordered[3] + ordered[4]) / 2  # between two contexts' values: no float tie with any of them
+    threshold = RiskThreshold(mode="fixed", tau=tau, explore_fraction=0.0)
+    check = CheckRule(tau)
+    before = module.risk_head.linear.weight.detach().clone()
+    trainer_for(tmp_path, [threshold, check], epochs=2, validate=False).fit(module, datamodule)
+    assert check.forced_rows > 0 and check.free_rows > 0
+    assert not torch.equal(before, module.risk_head.linear.weight.detach())  # trained from observed outcomes
+
+
+def test_calibration_in_the_loop_and_tau_in_the_checkpoint(tmp_path):
+    module, datamodule, threshold = build(tau_mode="calibrated", alpha=0.3, candidates=[0.0, 0.3, 0.5, 1.0])
+    trainer = trainer_for(tmp_path, [threshold], epochs=1, validate=True)
+    trainer.fit(module, datamodule)
+    assert threshold.calibrated
+    # greedy episodes are deterministic: the same fresh runs give the same choice as design §6 defines it
+    outcomes = {t: rule_outcome(module, datamodule, datamodule.val_records(), t) for t in threshold.candidates}
+    expected, _ = calibrate_tau(threshold.candidates, lambda t: (outcomes[t].selective_error, outcomes[t].coverage),
+                                0.3)
+    assert threshold.calibrated_tau == expected
+    metrics = trainer.callback_metrics
+    assert {"risk/coverage", "risk/selective_error", "risk/ece", "risk/always_defer"} <= set(metrics)
+    assert metrics["risk/always_defer"].item() == float(expected is None)
+    path = tmp_path / "risk.ckpt"
+    trainer.save_checkpoint(path)
+    saved = torch.load(path, weights_only=True)
+    restored = RiskThreshold(mode="calibrated")
+    (state,) = [v for k, v in saved["callbacks"].items() if k.startswith("RiskThreshold")]
+    restored.load_state_dict(state)
+    assert (restored.calibrated_tau, restored.calibrated) == (threshold.calibrated_tau, True)
+    assert any(k.startswith("risk_head.") for k in saved["state_dict"])  # the head is checkpointed with the adapter
