@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -21,8 +21,8 @@ from lit_grpo.buffer import (
     select_groups,
     serve_minibatches,
 )
-from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
 from lit_grpo.callbacks.risk import RiskThreshold
+from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
 from lit_grpo.losses import overlong_penalty
 from lit_grpo.risk_rollout import RiskRule
 from lit_grpo.tasks import ArithmeticTask, MultiRoundTask, PromptRecord, Task

@@ -100,3 +100,13 @@ def batched_sequence_logprobs(
     finally:
         model.train(was_training)
     return torch.cat(chunks, dim=0)  # [N, L]
+
+
+def sampler_agreement(
+    logp: torch.Tensor, sampler_logp: torch.Tensor, completion_mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """max and mean |sampler - trainer| log-prob over counted tokens: ~0 in fp32 when the engine is in sync."""
+    diff = (sampler_logp - logp).abs()[completion_mask]
+    if diff.numel() == 0:
+        return {}
+    return {"logp_diff_max": diff.max(), "logp_diff_mean": diff.mean()}

@@ -13,29 +13,39 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lit_grpo.buffer import RolloutBuffer
 from lit_grpo.callbacks.reference import ReferencePolicy
-from lit_grpo.logprobs import batched_sequence_logprobs, sequence_logprobs
+from lit_grpo.logprobs import (
+    batched_sequence_logprobs,
+    sampler_agreement,
+    sequence_logprobs,
+)
 from lit_grpo.losses import (
     Aggregation,
     KLEstimator,
     aggregation_terms,
-    gae,
-    kl_shaped_rewards,
     batch_std_advantages,
+    gae,
     group_advantages,
     kl_divergence,
+    kl_shaped_rewards,
     masked_aggregate,
     policy_loss,
     truncated_importance_weights,
 )
 from lit_grpo.model_loading import load_policy, load_tokenizer, resolve_model_path
-from lit_grpo.online_dpo import assign_pairs, online_dpo_loss
 from lit_grpo.module_config import LossSettings, module_config_problems
-from lit_grpo.tree import ValueMode, assign_advantages, depth_first
+from lit_grpo.online_dpo import assign_pairs, online_dpo_loss
 from lit_grpo.risk import RiskHead, RiskHeadSpec
 from lit_grpo.risk_rollout import batch_constraint, risk_head_loss
-from lit_grpo.tree_rollout import chain_returns, policy_nodes
+from lit_grpo.tree import ValueMode
+from lit_grpo.tree_rollout import tree_row_advantages
 from lit_grpo.validation import GreedyEvaluation
-from lit_grpo.value_head import ValueHead, aligned_values, logprobs_and_hidden, logprobs_and_values, value_loss
+from lit_grpo.value_head import (
+    ValueHead,
+    aligned_values,
+    logprobs_and_hidden,
+    logprobs_and_values,
+    value_loss,
+)
 
 
 class PolicyModule(pl.LightningModule):
@@ -352,7 +362,7 @@ class PolicyModule(pl.LightningModule):
             raise ValueError(f"checkpoint lacks {len(missing)} adapter tensors (e.g. {missing[0]}): another model?")
 
     def trainable_keys(self) -> set[str]:
-        """State-dict keys of the trained weights: the adapter, and the value head if any."""
+        """State-dict keys of the trained weights: the adapter, and the value and risk heads if any."""
         return {name for name, p in self.named_parameters() if p.requires_grad}
 
     def on_fit_end(self) -> None:
@@ -365,28 +375,3 @@ class PolicyModule(pl.LightningModule):
         self.policy.save_pretrained(str(target), selected_adapters=[self.policy.active_adapter])
         self.tokenizer.save_pretrained(str(target))
         rank_zero_info(f"adapter saved to {target}")
-
-
-def tree_row_advantages(buffer: RolloutBuffer, advantage_mode: str, value_mode: str) -> torch.Tensor:
-    """One advantage per policy node (row): tree-relative for ``tree`` rollouts; for ``chains``, the group
-    advantage of each chain's return on every segment of that chain.  -> ``[N]``."""
-    if buffer.tree_mode == "tree":
-        for root in buffer.trees:
-            assign_advantages(root, value_mode)
-    else:
-        for root in buffer.trees:
-            returns = torch.tensor([chain_returns(root)], dtype=torch.float64)  # [1, G]
-            for chain, advantage in zip(root.children, group_advantages(returns, advantage_mode)[0].tolist()):
-                for node in depth_first(chain):
-                    node.advantage = advantage
-    return torch.tensor([node.advantage for root in buffer.trees for node in policy_nodes(root)])  # [N]
-
-
-def sampler_agreement(
-    logp: torch.Tensor, sampler_logp: torch.Tensor, completion_mask: torch.Tensor
-) -> dict[str, torch.Tensor]:
-    """max and mean |sampler - trainer| log-prob over counted tokens: ~0 in fp32 when the engine is in sync."""
-    diff = (sampler_logp - logp).abs()[completion_mask]
-    if diff.numel() == 0:
-        return {}
-    return {"logp_diff_max": diff.max(), "logp_diff_mean": diff.mean()}

@@ -113,14 +113,17 @@ class RuleOutcome:
         return selective_error(self.errors, self.covered)
 
 
-def rule_outcome(module: Any, datamodule: Any, records: Sequence[Any], tau: float | None) -> RuleOutcome:
-    """Fresh greedy episodes of the held-out ``records`` with the rule at ``tau`` (design §6's calibration runs)."""
+def rule_outcome(module: Any, datamodule: Any, records: Sequence[Any], tau: float | None,
+                 apply_rule: bool = True, success_threshold: float = 0.0) -> RuleOutcome:
+    """Fresh greedy episodes of the held-out ``records`` with the rule at ``tau`` (design §6's calibration runs);
+    ``apply_rule=False`` plays the policy alone (no head needed; ``success_threshold`` then defines an error)."""
     task, tokenizer, head = datamodule.task, module.tokenizer, module.risk_head
     datamodule.sync_policy(module)
-    rule = RiskRule(module.policy, head, tau, task.defer_token_ids(tokenizer), tokenizer.pad_token_id)
+    rule = RiskRule(module.policy, head, tau, task.defer_token_ids(tokenizer), tokenizer.pad_token_id) \
+        if apply_rule else None
     sampling = datamodule.sampling_spec(module, greedy=True, seed=None)
     roots = greedy_trees(task, datamodule.engine, tokenizer, records, len(datamodule.branching), sampling, rule)
-    threshold = head.spec.success_threshold
+    threshold = head.spec.success_threshold if head is not None else success_threshold
     covered, errors, returns, decisions = [], [], [], []
     for root in roots:
         path = depth_first(root)[1:]
@@ -130,9 +133,10 @@ def rule_outcome(module: Any, datamodule: Any, records: Sequence[Any], tau: floa
         covered.append(committed)
         errors.append(committed and last.reward < threshold)
         returns.append(sum(node.reward for node in path))
-        if committed:
+        if committed and head is not None:  # the head's calibration is read at the decisions it let through
             decisions.append(last)
     p_error = context_error_probability(module.policy, head, [list(n.context) for n in decisions],
                                         tokenizer.pad_token_id) if decisions else torch.zeros(0)
-    return RuleOutcome(tau, torch.tensor(covered), torch.tensor(errors), torch.tensor(returns), p_error,
-                       torch.tensor([n.reward < threshold for n in decisions], dtype=torch.bool))
+    decision_error = torch.tensor([n.reward < threshold for n in decisions], dtype=torch.bool)
+    return RuleOutcome(tau if apply_rule else None, torch.tensor(covered), torch.tensor(errors),
+                       torch.tensor(returns), p_error, decision_error)

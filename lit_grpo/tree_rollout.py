@@ -10,9 +10,10 @@ import torch
 
 from lit_grpo.buffer import RolloutBuffer
 from lit_grpo.engines.base import RolloutEngine, SamplingSpec
+from lit_grpo.losses import group_advantages
 from lit_grpo.tasks.base import PromptRecord
 from lit_grpo.tasks.multiround import MultiRoundTask
-from lit_grpo.tree import Node, close_with_no_answer, depth_first
+from lit_grpo.tree import Node, assign_advantages, close_with_no_answer, depth_first
 
 Decide = Callable[[list[list[int]], int], Sequence["tuple[int, ...] | None"]]
 """A decision rule: for the open contexts of round ``depth``, each one's allowed first tokens (None: free)."""
@@ -212,3 +213,18 @@ def greedy_trees(
 ) -> list[SegmentNode]:
     """One greedy episode per prompt, as single-path trees."""
     return expand_trees(task, engine, tokenizer, records, [1] * max_depth, replace(sampling, greedy=True), decide)
+
+
+def tree_row_advantages(buffer: RolloutBuffer, advantage_mode: str, value_mode: str) -> torch.Tensor:
+    """One advantage per policy node (row): tree-relative for ``tree`` rollouts; for ``chains``, the group
+    advantage of each chain's return on every segment of that chain.  -> ``[N]``."""
+    if buffer.tree_mode == "tree":
+        for root in buffer.trees:
+            assign_advantages(root, value_mode)
+    else:
+        for root in buffer.trees:
+            returns = torch.tensor([chain_returns(root)], dtype=torch.float64)  # [1, G]
+            for chain, advantage in zip(root.children, group_advantages(returns, advantage_mode)[0].tolist()):
+                for node in depth_first(chain):
+                    node.advantage = advantage
+    return torch.tensor([node.advantage for root in buffer.trees for node in policy_nodes(root)])  # [N]

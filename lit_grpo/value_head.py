@@ -7,7 +7,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from lit_grpo.logprobs import FirstTokenConstraint, gather_logprobs, restrict_first_tokens
+from lit_grpo.logprobs import (
+    FirstTokenConstraint,
+    gather_logprobs,
+    restrict_first_tokens,
+)
 from lit_grpo.losses import masked_mean
 
 

@@ -7,7 +7,11 @@ import math
 import pytest
 import torch
 
-from lit_grpo.logprobs import FirstTokenConstraint, gather_logprobs, restrict_first_tokens
+from lit_grpo.logprobs import (
+    FirstTokenConstraint,
+    gather_logprobs,
+    restrict_first_tokens,
+)
 from lit_grpo.risk import (
     RiskHead,
     RiskHeadSpec,

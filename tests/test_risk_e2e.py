@@ -8,8 +8,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-
 from lit_grpo.callbacks import RiskThreshold, RolloutMetrics
+
 from lit_grpo.datamodule import RolloutDataModule
 from lit_grpo.engines import HFEngine
 from lit_grpo.module import PolicyModule
@@ -55,7 +55,7 @@ def build(tau_mode: str = "fixed", tau: float = 0.5, **threshold_kwargs: Any) ->
                           optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0))
     # a shared engine outlives the fit, so the test can rerun the calibration's episodes afterwards
     datamodule = RolloutDataModule(task=ClarifyTask(), engine=HFEngine(shared=True), rollout="tree", branching=[2, 2], prompts_per_epoch=8,
-                                   minibatch_size=32, max_new_tokens=5, val_max_prompts=24)
+                                   minibatch_size=32, max_new_tokens=5, val_max_prompts=16)
     threshold = RiskThreshold(mode=tau_mode, tau=tau, explore_fraction=0.0, **threshold_kwargs)
     return module, datamodule, threshold
 

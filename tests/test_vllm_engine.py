@@ -73,6 +73,9 @@ def test_real_vllm_engine_stays_in_sync(strategy, tmp_path):
     assert len(figures["logp_diff_max_per_epoch"]) == 2 and max(figures["logp_diff_max_per_epoch"]) < 1e-4
     assert figures["greedy_equal"] == 32  # greedy completions equal transformers' on 32 prompts
     assert figures["synced_diff"] < 1e-4
+    # first-token constraints (the risk rule's forced defers): obeyed, renormalised, and scored alike by the trainer
+    assert figures["restricted_first_allowed"] and figures["restricted_single_logp"] < 1e-6
+    assert figures["restricted_diff"] < 1e-4
     # a perturbed adapter that the engine has not received shows up (so the check can fail), and a push fixes it
     assert figures["stale_diff"] > 1e-2
     assert figures["pushed_diff"] < 1e-4

@@ -13,11 +13,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-
 from lit_grpo.callbacks import RolloutMetrics
+
 from lit_grpo.datamodule import RolloutDataModule
 from lit_grpo.engines import HFEngine, SamplingSpec, VLLMEngine
-from lit_grpo.logprobs import batched_sequence_logprobs
+from lit_grpo.logprobs import FirstTokenConstraint, batched_sequence_logprobs
 from lit_grpo.module import PolicyModule
 from lit_grpo.tasks import ArithmeticTask
 
@@ -63,6 +63,32 @@ def sampler_vs_trainer(engine: VLLMEngine, module: PolicyModule, prompts: list[l
     return worst
 
 
+def restricted_check(engine: VLLMEngine, module: PolicyModule, prompts: list[list[int]]) -> dict[str, Any]:
+    """First-token constraints: the first token is always allowed, a single allowed token has log-prob 0, and the
+    sampler's log-probs equal the trainer's under the same renormalised first-token distribution."""
+    tokenizer = module.tokenizer
+    one, two = (tokenizer(d, add_special_tokens=False)["input_ids"][0] for d in ("1", "2"))
+    allowed = tuple((one,) if k % 3 == 0 else (one, two) if k % 3 == 1 else None for k in range(len(prompts)))
+    spec = SamplingSpec(max_new_tokens=6, temperature=1.0, seed=11, stop_token_ids=(tokenizer.eos_token_id,),
+                        allowed_token_ids=allowed)
+    groups = engine.generate(prompts, 4, spec)
+    first_allowed, single_zero, worst = True, 0.0, 0.0
+    for prompt, group, ids in zip(prompts, groups, allowed):
+        for completion in group:
+            row = torch.tensor([prompt + list(completion.token_ids)])
+            table = torch.tensor([list(ids) if ids is not None else [-1]])
+            constraint = FirstTokenConstraint(torch.tensor([len(prompt)]), table)
+            logp = batched_sequence_logprobs(module.policy, row, torch.ones_like(row, dtype=torch.bool), 1.0,
+                                             constraint=constraint)[0, len(prompt):]
+            worst = max(worst, (logp - torch.tensor(completion.logprobs)).abs().max().item())
+            if ids is not None:
+                first_allowed &= completion.token_ids[0] in ids
+                if len(ids) == 1:
+                    single_zero = max(single_zero, abs(completion.logprobs[0]))
+    return {"restricted_first_allowed": first_allowed, "restricted_single_logp": single_zero,
+            "restricted_diff": worst}
+
+
 def greedy_matches(engine: VLLMEngine, module: PolicyModule, prompts: list[list[int]]) -> int:
     spec = SamplingSpec(max_new_tokens=6, greedy=True, stop_token_ids=(module.tokenizer.eos_token_id,))
     hf = HFEngine()
@@ -91,6 +117,7 @@ def main(strategy: str) -> None:
     figures: dict[str, Any] = {"strategy": strategy, "logp_diff_max_per_epoch": diff_max}
     figures["greedy_equal"] = greedy_matches(engine, module, prompts)
     figures["synced_diff"] = sampler_vs_trainer(engine, module, prompts[:8])
+    figures.update(restricted_check(engine, module, prompts[:9]))
     perturb_adapter(module)
     figures["stale_diff"] = sampler_vs_trainer(engine, module, prompts[:8])
     engine.push_policy(module.policy)

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -140,21 +141,56 @@ class VLLMEngine:
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSpec) -> list[list[Completion]]:
         if self._llm is None:
             raise RuntimeError("VLLMEngine has no policy: call push_policy(model) first")
-        if sampling.allowed_token_ids is not None or sampling.banned_token_ids is not None:
-            raise ValueError("VLLMEngine does not take per-request token constraints; use the hf engine for them")
+        if sampling.banned_token_ids is not None:
+            raise ValueError("VLLMEngine takes first-token constraints as allowed_token_ids only, not banned ones")
+        allowed = sampling.allowed_token_ids or (None,) * len(prompts)
+        free = [i for i, ids in enumerate(allowed) if ids is None]
+        results: list[list[Completion] | None] = [None] * len(prompts)
+        for index, group in zip(free, self._generate([prompts[i] for i in free], n, sampling, free)):
+            results[index] = group
+        restricted = [i for i, ids in enumerate(allowed) if ids is not None]
+        if restricted:
+            for index, group in zip(restricted, self._generate_restricted(prompts, n, sampling, restricted, allowed)):
+                results[index] = group
+        return results  # type: ignore[return-value]
+
+    def _generate(self, prompts: list[list[int]], n: int, sampling: SamplingSpec, indices: list[int],
+                  allowed: list[tuple[int, ...]] | None = None) -> list[list[Completion]]:
+        """``n`` completions per prompt; ``indices`` are the prompts' places in the caller's batch (their seeds)."""
+        if not prompts:
+            return []
         from vllm import TokensPrompt
 
-        params = [self._params(n, sampling, index) for index in range(len(prompts))]
+        params = [self._params(n, sampling, index, None if allowed is None else allowed[k])
+                  for k, index in enumerate(indices)]
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         show_progress = len(prompts) * n >= 1024  # vLLM's own bar, for long generations only
         outputs = self._llm.generate(requests, params, lora_request=self._lora, use_tqdm=show_progress)
         stop_ids = set(sampling.stop_token_ids)
         return [[to_completion(o, stop_ids) for o in output.outputs] for output in outputs]
 
-    def _params(self, n: int, sampling: SamplingSpec, index: int) -> Any:
+    def _generate_restricted(self, prompts: list[list[int]], n: int, sampling: SamplingSpec, restricted: list[int],
+                             allowed: Any) -> list[list[Completion]]:
+        """vLLM's ``allowed_token_ids`` holds for every token of a request, and the constraint is on the first only:
+        sample the first token alone under it (its log-prob renormalised over the allowed ids, as the trainer
+        scores it), then continue each sample freely."""
+        first = self._generate([prompts[i] for i in restricted], n, replace(sampling, max_new_tokens=1), restricted,
+                               [tuple(allowed[i]) for i in restricted])
+        stop_ids = set(sampling.stop_token_ids)
+        heads = [(i, c) for i, group in zip(restricted, first) for c in group]
+        open_heads = [(i, c) for i, c in heads if c.token_ids[0] not in stop_ids and sampling.max_new_tokens > 1]
+        rest = self._generate([prompts[i] + list(c.token_ids) for i, c in open_heads], 1,
+                              replace(sampling, max_new_tokens=sampling.max_new_tokens - 1),
+                              [i * n + k for k, (i, _) in enumerate(open_heads)])
+        tails = {id(c): group[0] for (_, c), group in zip(open_heads, rest)}
+        joined = [join_completions(c, tails.get(id(c))) for _, c in heads]
+        return [joined[k * n : (k + 1) * n] for k in range(len(restricted))]
+
+    def _params(self, n: int, sampling: SamplingSpec, index: int, allowed: tuple[int, ...] | None = None) -> Any:
         from vllm import SamplingParams
 
         return SamplingParams(
+            allowed_token_ids=None if allowed is None else list(allowed),
             n=n,
             temperature=0.0 if sampling.greedy else sampling.temperature,
             top_p=1.0,
@@ -165,6 +201,13 @@ class VLLMEngine:
             logprobs=0,
             detokenize=False,
         )
+
+
+def join_completions(first: Completion, rest: Completion | None) -> Completion:
+    """A first token sampled alone, followed by its free continuation (None: the first token ended it)."""
+    if rest is None:
+        return first
+    return Completion(first.token_ids + rest.token_ids, first.logprobs + rest.logprobs, rest.finish_reason)
 
 
 def to_completion(output: Any, stop_ids: set[int]) -> Completion:
