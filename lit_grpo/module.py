@@ -13,11 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lit_grpo.buffer import RolloutBuffer
 from lit_grpo.callbacks.reference import ReferencePolicy
-from lit_grpo.logprobs import (
-    batched_sequence_logprobs,
-    sampler_agreement,
-    sequence_logprobs,
-)
+from lit_grpo.logprobs import batched_sequence_logprobs, sampler_agreement, sequence_logprobs
 from lit_grpo.losses import (
     Aggregation,
     KLEstimator,
@@ -39,13 +35,7 @@ from lit_grpo.risk_rollout import batch_constraint, risk_head_loss
 from lit_grpo.tree import ValueMode
 from lit_grpo.tree_rollout import tree_row_advantages
 from lit_grpo.validation import GreedyEvaluation
-from lit_grpo.value_head import (
-    ValueHead,
-    aligned_values,
-    logprobs_and_hidden,
-    logprobs_and_values,
-    value_loss,
-)
+from lit_grpo.value_head import ValueHead, aligned_values, logprobs_and_hidden, logprobs_and_values, value_loss
 
 
 class PolicyModule(pl.LightningModule):

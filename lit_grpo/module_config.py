@@ -6,12 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lit_grpo.losses import (
-    ADVANTAGE_MODES,
-    AGGREGATIONS,
-    KL_ESTIMATORS,
-    POLICY_VARIANTS,
-)
+from lit_grpo.losses import ADVANTAGE_MODES, AGGREGATIONS, KL_ESTIMATORS, POLICY_VARIANTS
 from lit_grpo.model_loading import model_path_problem
 from lit_grpo.risk import RiskHeadSpec
 
