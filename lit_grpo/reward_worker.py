@@ -8,7 +8,10 @@ rewards are called in-process as before.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import signal
+import sys
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
@@ -16,8 +19,22 @@ from typing import Any
 from lit_grpo.tasks.base import PromptRecord, ScoredCompletion, Task
 
 
+def die_with_parent() -> None:
+    """Linux: have the kernel SIGKILL this process when its parent dies (elsewhere: a no-op)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
 def serve_rewards(connection: Connection, task: Task) -> None:
     """The child's loop: score each ``(record, text, ids)`` it receives until it receives None."""
+    # a forked child inherits the trainer's signal handlers (Lightning's SIGTERM handler only sets a flag): restore
+    # the defaults so terminate() ends it, and let it die with its parent, even one that was SIGKILLed
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it then ends this child
+    die_with_parent()
     while True:
         request = connection.recv()
         if request is None:
@@ -50,6 +67,7 @@ class RewardWorker:
                 return self._connection.recv()
             error = f"TimeoutError: the reward took longer than {self.timeout}s"
         except (EOFError, OSError):
+            self._process.join(timeout=5)  # reap it, for its exit code
             error = f"RuntimeError: the reward's worker process died (exit code {self._process.exitcode})"
         self._stop(kill=True)
         return ScoredCompletion(self.task.failure_reward, False, error)
