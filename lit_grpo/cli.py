@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import sys
 from typing import Any
 
@@ -65,11 +66,24 @@ class LitGRPOCLI(LightningCLI):
         super().parse_arguments(parser, args)
 
 
+def refused_global(error: Exception) -> str:
+    """The line of torch's weights-only error that names what it refused (``Unsupported global: GLOBAL io.open``)."""
+    lines = [line.strip() for line in str(error).splitlines() if "Unsupported" in line]
+    return lines[0].split(". Please")[0] if lines else str(error).splitlines()[0]
+
+
 def main(args: list[str] | None = None) -> None:
     try:
         LitGRPOCLI(args=args)
     except InputError as error:  # a bad input is the user's to fix: its message, not a traceback
         print(f"lit-grpo: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except pickle.UnpicklingError as error:  # checkpoints are read with weights_only=True
+        print(
+            "lit-grpo: refused to load the checkpoint: it holds pickled objects other than tensors and plain "
+            f"containers, which could run code when loaded ({refused_global(error)})",
+            file=sys.stderr,
+        )
         raise SystemExit(2) from None
     except NonFiniteTrainingError as error:
         print(f"lit-grpo: {error}", file=sys.stderr)
