@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -68,3 +69,30 @@ class PoisonAdvantages(pl.Callback):
         if trainer.global_step in self.steps:
             batch["advantages"] = batch["advantages"].clone()
             batch["advantages"].view(-1)[0] = float("nan")
+
+
+class PromptLog(pl.Callback):
+    """Test-only: appends each finished epoch's prompts (one per group, in order) to ``path`` as a JSON line."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        buffer = trainer.datamodule.buffer
+        prompts = buffer.prompt_texts[:: buffer.group_size]
+        with open(self.path, "a") as log:
+            log.write(json.dumps({"epoch": trainer.current_epoch, "prompts": prompts}) + "\n")
+
+
+class PauseAt(pl.Callback):
+    """Test-only: at batch ``batch_idx`` of epoch ``epoch`` writes ``marker`` and sleeps, for a test to kill the run
+    mid-epoch (after the epoch's first optimizer step, so the live weights differ from the last checkpoint). Once the
+    marker exists it no longer pauses, so the resumed run can use the same config."""
+
+    def __init__(self, marker: str, epoch: int, batch_idx: int) -> None:
+        self.marker, self.epoch, self.batch_idx = marker, epoch, batch_idx
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch_idx) and not Path(self.marker).exists():
+            Path(self.marker).write_text(f"{trainer.global_step}\n")
+            time.sleep(600)
