@@ -12,12 +12,14 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from safetensors.torch import load_file
 
 from lit_grpo.callbacks import NonFiniteGuard, RolloutMetrics
 from lit_grpo.callbacks.nonfinite import NonFiniteTrainingError, agreed_skip
 from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.engines import HFEngine
 from lit_grpo.module import PolicyModule
 from lit_grpo.reward_worker import RewardWorker
 from lit_grpo.tasks import ArithmeticTask
@@ -151,3 +153,34 @@ def test_too_many_consecutive_skips_stop_the_run(tiny_llama_dir, tmp_path):
         "checkpoint is untouched."
     )
     assert not list(tmp_path.rglob("adapter_model.safetensors"))  # nothing written after the run went bad
+
+
+class DyingEngine(HFEngine):
+    """An HF engine whose process "dies" (raises) on its ``die_on_call``-th generate."""
+
+    def __init__(self, die_on_call: int) -> None:
+        super().__init__()
+        self.calls, self.die_on_call = 0, die_on_call
+
+    def generate(self, prompts: Any, n: int, sampling: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.die_on_call:
+            raise ConnectionError("engine process exited with code -9")
+        return super().generate(prompts, n, sampling)
+
+
+def test_engine_death_fails_the_run_with_its_cause_and_keeps_the_last_checkpoint(tiny_llama_dir, tmp_path):
+    pl.seed_everything(0)
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4, kl_coef=0.0)
+    datamodule = RolloutDataModule(task=ArithmeticTask(), engine=DyingEngine(die_on_call=3), group_size=4,
+                                   prompts_per_epoch=4, minibatch_size=8, max_new_tokens=4)
+    trainer = pl.Trainer(
+        max_epochs=4, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0, limit_val_batches=0,
+        callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)], default_root_dir=tmp_path,
+        logger=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    with pytest.raises(ConnectionError, match="engine process exited with code -9"):
+        trainer.fit(module, datamodule)
+    checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
+    assert checkpoint["epoch"] == 1 and checkpoint["RolloutDataModule"]["cursor"] == 8  # epochs 0 and 1, intact
+    assert not list(tmp_path.rglob("adapter_model.safetensors"))
