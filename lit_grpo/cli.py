@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import sys
 from typing import Any
 
@@ -9,9 +10,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 from lit_grpo.callbacks import RolloutMetrics
+from lit_grpo.callbacks.nonfinite import NonFiniteTrainingError
 
 from lit_grpo.config_check import config_problems, merged_config
 from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.input_check import InputError
+from lit_grpo.resume import find_last_checkpoint
 from lit_grpo.module import PolicyModule
 
 TRAINER_DEFAULTS: dict[str, Any] = {
@@ -42,6 +46,14 @@ class LitGRPOCLI(LightningCLI):
             callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
         return super()._instantiate_trainer(config, callbacks)
 
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
+        kwargs = super()._prepare_subcommand_kwargs(subcommand)
+        if "weights_only" in self._subcommand_method_arguments[subcommand] and kwargs.get("weights_only") is None:
+            kwargs["weights_only"] = True  # a checkpoint is never unpickled beyond tensors and plain containers
+        if kwargs.get("ckpt_path") == "last":
+            kwargs["ckpt_path"] = find_last_checkpoint(self.trainer) or "last"
+        return kwargs
+
     def parse_arguments(self, parser: Any, args: Any) -> None:
         argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
         config = merged_config(argv)
@@ -54,8 +66,28 @@ class LitGRPOCLI(LightningCLI):
         super().parse_arguments(parser, args)
 
 
+def refused_global(error: Exception) -> str:
+    """The line of torch's weights-only error that names what it refused (``Unsupported global: GLOBAL io.open``)."""
+    lines = [line.strip() for line in str(error).splitlines() if "Unsupported" in line]
+    return lines[0].split(". Please")[0] if lines else str(error).splitlines()[0]
+
+
 def main(args: list[str] | None = None) -> None:
-    LitGRPOCLI(args=args)
+    try:
+        LitGRPOCLI(args=args)
+    except InputError as error:  # a bad input is the user's to fix: its message, not a traceback
+        print(f"lit-grpo: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except pickle.UnpicklingError as error:  # checkpoints are read with weights_only=True
+        print(
+            "lit-grpo: refused to load the checkpoint: it holds pickled objects other than tensors and plain "
+            f"containers, which could run code when loaded ({refused_global(error)})",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
+    except NonFiniteTrainingError as error:
+        print(f"lit-grpo: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -122,7 +122,24 @@ def class_path_problems(section: str, spec: Any, base: type) -> list[str]:
     # jsonargparse also takes a subclass's arguments beside class_path, without the init_args level
     init_args = {**{k: v for k, v in spec.items() if k not in ("class_path", "init_args", "dict_kwargs")},
                  **(spec.get("init_args") or {})}
-    return list(key_problems(section, cls, init_args).values())
+    unimportable = nested_import_problems(section, init_args)
+    rest = {k: v for k, v in init_args.items() if k not in unimportable}
+    return list(unimportable.values()) + list(key_problems(section, cls, rest).values())
+
+
+def nested_import_problems(section: str, init_args: dict[str, Any]) -> dict[str, str]:
+    """Arguments given as ``{class_path: ...}`` (a task's ``reward``, or a list of them) whose class does not
+    import: reported plainly instead of jsonargparse's union-type listing."""
+    problems = {}
+    for key, value in init_args.items():
+        for item in value if isinstance(value, list) else [value]:
+            if not (isinstance(item, dict) and isinstance(item.get("class_path"), str)):
+                continue
+            try:
+                import_object(item["class_path"])
+            except Exception:  # noqa: BLE001
+                problems[key] = f"{section}.{key}: cannot import class_path {item['class_path']!r}"
+    return problems
 
 
 def config_problems(config: dict[str, Any]) -> list[str]:

@@ -25,6 +25,7 @@ from lit_grpo.callbacks.risk import RiskThreshold
 from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
 from lit_grpo.losses import overlong_penalty
 from lit_grpo.risk_rollout import RiskRule
+from lit_grpo.reward_worker import RewardWorker
 from lit_grpo.tasks import ArithmeticTask, MultiRoundTask, PromptRecord, Task
 from lit_grpo.tree_rollout import expand_trees, greedy_episodes, tree_buffer
 
@@ -52,6 +53,8 @@ def data_config_problems(args: dict[str, Any]) -> list[str]:
     budget = args["completion_budget"]
     if budget is not None and args["group_size"] >= 1 and budget < args["group_size"]:
         problems.append(f"completion_budget: must be >= group_size ({args['group_size']}) or None, got {budget}")
+    if args["reward_timeout"] is not None and args["reward_timeout"] <= 0:
+        problems.append(f"reward_timeout: must be > 0 seconds or None, got {args['reward_timeout']}")
     if args["val_max_prompts"] is not None and args["val_max_prompts"] < 1:
         problems.append(f"val_max_prompts: must be >= 1 or None, got {args['val_max_prompts']}")
     return problems
@@ -95,6 +98,9 @@ class RolloutDataModule(pl.LightningDataModule):
             prompt, group advantages on their returns); the last two need a multi-round task.
         branching: children per open node at each round of a ``tree`` rollout; its length is ``max_depth``, the
             number of policy rounds (``chains`` use the length only).
+        reward_timeout: seconds one reward call may take; with a timeout, rewards of grouped rollouts and of
+            validation run in a worker process, and a call that hangs (or raises) scores the task's
+            ``failure_reward`` and counts in ``rollout/reward_errors`` (``None``: in-process, no limit, no overhead).
         val_max_prompts: held-out prompts used per validation (``None``: the whole held-out split).
         val_batch_size: held-out prompts per validation batch.
         seed: seeds the sampling and the minibatch order (each epoch derives its own from it).
@@ -117,6 +123,7 @@ class RolloutDataModule(pl.LightningDataModule):
         mask_truncated: bool = False,
         rollout: Literal["grouped", "tree", "chains"] = "grouped",
         branching: list[int] = [4, 2, 2],  # noqa: B006 - jsonargparse shows list defaults; never mutated
+        reward_timeout: float | None = None,
         val_max_prompts: int | None = None,
         val_batch_size: int = 256,
         seed: int = 0,
@@ -127,6 +134,7 @@ class RolloutDataModule(pl.LightningDataModule):
         if problems:
             raise ValueError("invalid RolloutDataModule configuration:\n  - " + "\n  - ".join(problems))
         self.task = task
+        self.scorer: Task | RewardWorker = task if reward_timeout is None else RewardWorker(task, reward_timeout)
         self.engine: RolloutEngine = engine if engine is not None else HFEngine()
         self.group_size, self.prompts_per_epoch = group_size, prompts_per_epoch
         self.minibatch_size, self.ppo_epochs = minibatch_size, ppo_epochs
@@ -253,7 +261,7 @@ class RolloutDataModule(pl.LightningDataModule):
             record = records[row // buffer.group_size]
             ids = buffer.input_ids[row][buffer.completion_mask[row]].tolist()
             text = tokenizer.decode(ids, skip_special_tokens=True).strip()
-            scored = self.task.score(record, text, ids)
+            scored = self.scorer.score(record, text, ids)
             buffer.rewards[row], buffer.correct[row] = scored.reward, scored.correct
             errors += scored.error is not None
             texts.append(text)
@@ -320,7 +328,7 @@ class RolloutDataModule(pl.LightningDataModule):
         rewards, correct = [], []
         for record, (completion,) in zip(records, completions):
             text = module.tokenizer.decode(list(completion.token_ids), skip_special_tokens=True).strip()
-            scored = self.task.score(record, text, completion.token_ids)
+            scored = self.scorer.score(record, text, completion.token_ids)
             rewards.append(scored.reward)
             correct.append(scored.correct)
         return torch.tensor(rewards), torch.tensor(correct)
@@ -347,3 +355,5 @@ class RolloutDataModule(pl.LightningDataModule):
     def teardown(self, stage: str) -> None:
         if not self.engine.shared:
             self.engine.close()
+        if isinstance(self.scorer, RewardWorker):
+            self.scorer.close()

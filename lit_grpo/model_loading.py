@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from lit_grpo.input_check import InputError, lora_target_problem, remote_code_problem
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,11 +38,27 @@ def model_path_problem(model_name_or_path: str) -> str | None:
 
 
 def load_tokenizer(model_path: str, trust_remote_code: bool = False) -> Any:
-    """The model's tokenizer, with a pad token (its EOS) if it had none."""
+    """The model's tokenizer, with a pad token (its EOS, with a warning) if it had none."""
+    refuse_remote_code(model_path, trust_remote_code)
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token is None:
+            raise InputError(f"the tokenizer of {model_path!r} has neither a pad nor an EOS token: add a pad token")
+        warnings.warn(
+            f"the tokenizer of {model_path!r} has no pad token: padding with its EOS token {tokenizer.eos_token!r} "
+            "(padded positions are masked, so this changes no result)",
+            stacklevel=2,
+        )
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def refuse_remote_code(model_path: str, trust_remote_code: bool) -> None:
+    """Raise ``InputError`` naming ``model.trust_remote_code`` when a local model ships code it was not allowed to run
+    (for a hub id, transformers refuses by itself, since ``trust_remote_code=False`` is passed explicitly)."""
+    problem = remote_code_problem(model_path, trust_remote_code) if Path(model_path).is_dir() else None
+    if problem:
+        raise InputError(problem)
 
 
 def load_policy(
@@ -52,7 +71,14 @@ def load_policy(
     attn_implementation: str = "sdpa",
     trust_remote_code: bool = False,
 ) -> PeftModel:
-    """The base model in float32 with a trainable LoRA adapter named ``default`` (every base weight frozen)."""
+    """The base model in float32 with a trainable LoRA adapter named ``default`` (every base weight frozen).
+    An ``init_adapter`` is read from safetensors only (a pickled ``adapter_model.bin`` could run code)."""
+    refuse_remote_code(model_path, trust_remote_code)
+    if init_adapter is not None and not (Path(init_adapter).expanduser() / "adapter_model.safetensors").is_file():
+        raise InputError(
+            f"init_adapter: {init_adapter!r} has no adapter_model.safetensors; adapters are read from safetensors "
+            "only (convert a pickled adapter_model.bin you trust with safetensors.torch.save_file)"
+        )
     base = AutoModelForCausalLM.from_pretrained(
         model_path,
         dtype=torch.float32,
@@ -61,6 +87,9 @@ def load_policy(
     )
     if init_adapter is not None:
         return PeftModel.from_pretrained(base, init_adapter, is_trainable=True)
+    problem = lora_target_problem(base, lora_target_modules)
+    if problem:
+        raise InputError(problem)
     config = LoraConfig(
         r=lora_rank,
         lora_alpha=lora_alpha,

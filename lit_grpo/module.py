@@ -12,8 +12,11 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lit_grpo.buffer import RolloutBuffer
+from lit_grpo.callbacks.nonfinite import NonFiniteGuard
 from lit_grpo.callbacks.reference import ReferencePolicy
 from lit_grpo.logprobs import batched_sequence_logprobs, sampler_agreement, sequence_logprobs
+from lit_grpo.callbacks.rng_state import RngState
+from lit_grpo.input_check import check_inputs
 from lit_grpo.losses import (
     Aggregation,
     KLEstimator,
@@ -171,8 +174,11 @@ class PolicyModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def configure_callbacks(self) -> list[pl.Callback]:
-        present = any(isinstance(c, ReferencePolicy) for c in self.trainer.callbacks)
-        return [] if present or not self.loss.needs_reference else [ReferencePolicy()]
+        wanted = [NonFiniteGuard(), RngState()] + ([ReferencePolicy()] if self.loss.needs_reference else [])
+        return [c for c in wanted if not any(isinstance(t, type(c)) for t in self.trainer.callbacks)]
+
+    def on_fit_start(self) -> None:
+        check_inputs(self, self.trainer.datamodule)  # before any rollout: a bad input fails in seconds
 
     @property
     def reference_policy(self) -> ReferencePolicy:

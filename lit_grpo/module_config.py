@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from lit_grpo.losses import ADVANTAGE_MODES, AGGREGATIONS, KL_ESTIMATORS, POLICY_VARIANTS
-from lit_grpo.model_loading import model_path_problem
 from lit_grpo.risk import RiskHeadSpec
+from lit_grpo.input_check import remote_code_problem
+from lit_grpo.model_loading import model_path_problem, resolve_model_path
 
 GSPO_CLIP_EPS = (3e-4, 4e-4)  # the GSPO paper's (low, high)
 DEFAULT_CLIP_EPS = 0.2
@@ -61,6 +62,9 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
     path_problem = model_path_problem(args["model_name_or_path"])
     if path_problem:
         problems.append(f"model_name_or_path: {path_problem}")
+    elif Path(resolve_model_path(args["model_name_or_path"])).is_dir():
+        code_problem = remote_code_problem(resolve_model_path(args["model_name_or_path"]), args["trust_remote_code"])
+        problems += [f"model_name_or_path: {code_problem}"] if code_problem else []
     problems += risk_spec_problems(args.get("risk"))
     if args.get("head_lr") is not None and args["head_lr"] <= 0:
         problems.append(f"head_lr: must be positive or None, got {args['head_lr']}")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import lightning.pytorch as pl
 import torch
 from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
@@ -31,3 +35,64 @@ class DigitShareTask(ArithmeticTask):
 
     def reward(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
         return sum(ch.isdigit() for ch in completion_text) / max(len(completion_text), 1)
+
+
+class FaultyDigitTask(DigitShareTask):
+    """``DigitShareTask`` whose reward raises on call number ``raise_on_call`` and hangs on ``hang_on_call``
+    (counting from 1 over the run). Calls are counted in ``calls_file``, so the count survives the reward worker's
+    restarts (each child is forked from the parent, which never scores itself when a timeout is set)."""
+
+    def __init__(self, calls_file: str, raise_on_call: int = 0, hang_on_call: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.calls_file, self.raise_on_call, self.hang_on_call = calls_file, raise_on_call, hang_on_call
+
+    def reward(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
+        with open(self.calls_file, "a+") as calls:
+            calls.seek(0)
+            number = len(calls.read().splitlines()) + 1
+            calls.write(f"{number}\n")
+        if number == self.raise_on_call:
+            raise RuntimeError("injected reward failure")
+        if number == self.hang_on_call:
+            time.sleep(3600)
+        return super().reward(prompt_record, completion_text, completion_ids)
+
+
+class PoisonAdvantages(pl.Callback):
+    """Test-only fault: writes NaN into one advantage of the batches of the given optimizer steps, so the loss of
+    those steps is NaN through the real code path."""
+
+    def __init__(self, steps: Sequence[int]) -> None:
+        self.steps = set(steps)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step in self.steps:
+            batch["advantages"] = batch["advantages"].clone()
+            batch["advantages"].view(-1)[0] = float("nan")
+
+
+class PromptLog(pl.Callback):
+    """Test-only: appends each finished epoch's prompts (one per group, in order) to ``path`` as a JSON line."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        buffer = trainer.datamodule.buffer
+        prompts = buffer.prompt_texts[:: buffer.group_size]
+        with open(self.path, "a") as log:
+            log.write(json.dumps({"epoch": trainer.current_epoch, "prompts": prompts}) + "\n")
+
+
+class PauseAt(pl.Callback):
+    """Test-only: at batch ``batch_idx`` of epoch ``epoch`` writes ``marker`` and sleeps, for a test to kill the run
+    mid-epoch (after the epoch's first optimizer step, so the live weights differ from the last checkpoint). Once the
+    marker exists it no longer pauses, so the resumed run can use the same config."""
+
+    def __init__(self, marker: str, epoch: int, batch_idx: int) -> None:
+        self.marker, self.epoch, self.batch_idx = marker, epoch, batch_idx
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch_idx) and not Path(self.marker).exists():
+            Path(self.marker).write_text(f"{trainer.global_step}\n")
+            time.sleep(600)

@@ -6,6 +6,7 @@ import json
 import random
 from pathlib import Path
 
+from lit_grpo.input_check import InputError
 from lit_grpo.tasks.base import ExactMatchReward, PromptRecord, Reward, Task
 
 
@@ -13,20 +14,25 @@ def read_jsonl(path: str | Path, prompt_key: str, answer_key: str) -> list[Promp
     """Records of a JSON-lines file, each with ``prompt`` and ``answer`` copied from the given keys."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"prompt file {str(path)!r} does not exist or is not a file")
+        raise InputError(f"prompt file {str(path)!r} does not exist or is not a file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = "not UTF-8 text" if isinstance(error, UnicodeDecodeError) else (error.strerror or str(error))
+        raise InputError(f"prompt file {str(path)!r} cannot be read: {reason}") from None
     records: list[PromptRecord] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+            raise InputError(f"{path}:{number}: not valid JSON ({error.msg})") from None
         if not isinstance(row, dict) or prompt_key not in row:
-            raise ValueError(f"{path}:{number}: expected an object with a {prompt_key!r} key")
+            raise InputError(f"{path}:{number}: expected an object with a {prompt_key!r} key")
         records.append({**row, "prompt": str(row[prompt_key]), "answer": row.get(answer_key, "")})
     if not records:
-        raise ValueError(f"prompt file {str(path)!r} holds no records")
+        raise InputError(f"prompt file {str(path)!r} is empty: it holds no records")
     return records
 
 

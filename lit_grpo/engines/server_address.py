@@ -1,0 +1,78 @@
+"""Where an engine-started inference server listens: loopback by default, an API key when exposed (design §7).
+
+A server an engine starts for itself (e.g. ``vllm serve`` for the ``vllm_server`` engine) is reachable from this
+machine only unless the user asks otherwise; one bound to another interface must be given an API key.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from dataclasses import dataclass
+
+LOOPBACK = "127.0.0.1"
+API_KEY_ENV = "VLLM_API_KEY"  # read by `vllm serve`; passing the key in the environment keeps it out of `ps`
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (``127.0.0.0/8``, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port free on ``host`` now (the kernel's choice); the server binds it moments later."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class ServerAddress:
+    """A server's host, port and optional API key, and how to hand them to the server and to its clients."""
+
+    host: str
+    port: int
+    api_key: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-compatible API root, e.g. ``http://127.0.0.1:8000/v1``."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    def server_args(self) -> list[str]:
+        """Command-line arguments for the server (``vllm serve`` spells them ``--host`` and ``--port``)."""
+        return ["--host", self.host, "--port", str(self.port)]
+
+    def server_env(self) -> dict[str, str]:
+        """Environment for the server process: the API key, if any."""
+        return {API_KEY_ENV: self.api_key} if self.api_key else {}
+
+    def headers(self) -> dict[str, str]:
+        """HTTP headers a client sends: ``Authorization: Bearer <key>`` when there is a key."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+def server_address(host: str = LOOPBACK, port: int | None = None, api_key: str | None = None) -> ServerAddress:
+    """Host and port for a server an engine starts: ``127.0.0.1`` and a free port unless given.
+
+    Args:
+        host: the interface to listen on; anything but loopback exposes the server to the network and needs
+            ``api_key``.
+        port: the port; ``None`` or 0 picks a free one.
+        api_key: the key clients must present; required off loopback.
+    """
+    if not is_loopback(host) and not api_key:
+        raise ValueError(
+            f"server host {host!r} is not loopback: the server would accept requests from the network; set an "
+            f"api_key (or keep the default host {LOOPBACK})"
+        )
+    if port is not None and not 0 <= port < 65536:
+        raise ValueError(f"server port must be in [0, 65535], got {port}")
+    return ServerAddress(host, free_port(host) if not port else port, api_key)

@@ -1,0 +1,125 @@
+"""Checks of the run's inputs that need the loaded tokenizer or model, made before any rollout is generated.
+
+Each failure raises ``InputError`` with a message that names the input and what to change; the ``lit-grpo``
+command prints it without a traceback (exit code 2), like the up-front config check.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REMOTE_CODE_FLAG = "model.trust_remote_code"
+
+
+class InputError(ValueError):
+    """A bad input found before training starts: the message says which input and how to fix it."""
+
+
+def remote_code_problem(model_path: str, trust_remote_code: bool) -> str | None:
+    """Why a local model directory may not be loaded: its config (or tokenizer config) maps classes to code shipped
+    with the model (``auto_map``), which transformers would execute, and the user did not allow it."""
+    if trust_remote_code:
+        return None
+    for name in ("config.json", "tokenizer_config.json"):
+        path = Path(model_path) / name
+        if not path.is_file():
+            continue
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # an unreadable config is reported by the loader itself
+        if isinstance(config, dict) and config.get("auto_map"):
+            return (
+                f"{model_path!r} asks to run its own Python code ({name} has an auto_map); it is refused unless you "
+                f"trust that code and set {REMOTE_CODE_FLAG}=true"
+            )
+    return None
+
+
+def adaptable_module_names(model: Any) -> list[str]:
+    """Sorted last names of the modules LoRA can adapt (linear and GPT-2's Conv1D layers), e.g. ``q_proj``."""
+    from torch import nn
+
+    names = set()
+    for full_name, module in model.named_modules():
+        if full_name and (isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"):
+            names.add(full_name.rsplit(".", 1)[-1])
+    return sorted(names)
+
+
+def lora_target_problem(model: Any, targets: str | Sequence[str]) -> str | None:
+    """Why ``lora_target_modules`` does not fit ``model``: the names it lacks, and the names it has."""
+    if targets == "all-linear":
+        return None
+    module_names = [name for name, _ in model.named_modules() if name]
+    if isinstance(targets, str):  # PEFT reads a string as a regex over full module names
+        if any(re.fullmatch(targets, name) for name in module_names):
+            return None
+        missing = [targets]
+    else:
+        missing = [t for t in targets if not any(name == t or name.endswith(f".{t}") for name in module_names)]
+    if not missing:
+        return None
+    return (
+        f"lora_target_modules: the model has no module named {', '.join(map(repr, missing))}; "
+        f"its adaptable modules are: {', '.join(adaptable_module_names(model))} (or use 'all-linear')"
+    )
+
+
+def prompt_length_problem(
+    prompts: Sequence[str], lengths: Sequence[int], context: int, new_tokens: int, split: str
+) -> str | None:
+    """Why some prompts cannot be trained on: prompt tokens plus ``new_tokens`` exceed the model's ``context``."""
+    too_long = [i for i, length in enumerate(lengths) if length + new_tokens > context]
+    if not too_long:
+        return None
+    longest = max(too_long, key=lambda i: lengths[i])
+    return (
+        f"{len(too_long)} {split} prompt(s) do not fit the model's context of {context} tokens with {new_tokens} "
+        f"generated tokens (the longest has {lengths[longest]} tokens: {prompts[longest][:40]!r}...): shorten the "
+        "prompts or lower data.max_new_tokens"
+    )
+
+
+def context_length(config: Any) -> int | None:
+    """The model's maximum sequence length from its config (``max_position_embeddings`` or GPT-2's ``n_positions``)."""
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def check_inputs(module: Any, datamodule: Any) -> None:
+    """The checks that need the loaded model: every prompt of both splits fits the context with its generation
+    budget (for multi-round rollouts, one budget per round). Raises ``InputError``."""
+    if datamodule is None or not hasattr(datamodule, "task"):
+        return
+    task, tokenizer = datamodule.task, module.tokenizer
+    rounds = len(datamodule.branching) if datamodule.rollout != "grouped" else 1
+    budget = datamodule.max_new_tokens * rounds
+    limit = context_length(module.policy.config)
+    if limit is None:
+        return
+    for split, records in (("training", task.train_records()), ("held-out", task.heldout_records())):
+        candidates = possibly_too_long(task, tokenizer, records, limit - budget)
+        lengths = [len(task.prompt_ids(r, tokenizer)) for r in candidates]
+        problem = prompt_length_problem([str(r["prompt"]) for r in candidates], lengths, limit, budget, split)
+        if problem:
+            raise InputError(problem)
+
+
+def possibly_too_long(task: Any, tokenizer: Any, records: Sequence[Any], room: int) -> list[Any]:
+    """The records whose prompt may take more than ``room`` tokens; only these are tokenised, since tokenising a
+    whole split can take seconds. Assumes at most one token per UTF-8 byte of the text (true of byte-level BPE,
+    character and SentencePiece byte-fallback vocabularies) plus the fixed overhead measured on the first record
+    (special tokens, chat template), with a margin of 8."""
+    if not records:
+        return []
+    probe = records[0]
+    overhead = max(len(task.prompt_ids(probe, tokenizer)) - len(str(probe["prompt"]).encode()), 0) + 8
+    return [r for r in records if len(str(r["prompt"]).encode()) + overhead > room]

@@ -1,0 +1,146 @@
+"""Bad input gets a clear error before any rollout, never a stack trace from deep inside (one test per input)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+from transformers import AutoTokenizer
+
+from lit_grpo.config_check import config_problems
+from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.input_check import InputError
+from lit_grpo.model_loading import load_policy, load_tokenizer
+from lit_grpo.module import PolicyModule
+from lit_grpo.tasks import JsonlTask
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_jsonl(path: Path, prompts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"prompt": p, "answer": "1"}) + "\n" for p in prompts))
+    return path
+
+
+def fit(model_dir: Path, task: JsonlTask, root: Path, max_new_tokens: int = 4) -> RolloutDataModule:
+    module = PolicyModule(model_name_or_path=str(model_dir), lora_rank=2, kl_coef=0.0)
+    datamodule = RolloutDataModule(task=task, group_size=2, prompts_per_epoch=2, minibatch_size=4,
+                                   max_new_tokens=max_new_tokens)
+    trainer = pl.Trainer(max_epochs=1, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=root)
+    trainer.fit(module, datamodule)
+    return datamodule
+
+
+def test_empty_prompt_file(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n\n")
+    with pytest.raises(InputError, match=r"prompt file '.*empty\.jsonl' is empty: it holds no records"):
+        JsonlTask(path=str(path)).train_records()
+
+
+def test_unreadable_prompt_file(tmp_path):
+    binary = tmp_path / "prompts.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(InputError, match=r"prompt file '.*prompts\.jsonl' cannot be read: not UTF-8 text"):
+        JsonlTask(path=str(binary)).train_records()
+    with pytest.raises(InputError, match=r"prompt file '.*' does not exist or is not a file"):
+        JsonlTask(path=str(tmp_path)).train_records()  # a directory
+
+
+def test_empty_prompt_file_fails_fit_before_any_rollout(tiny_llama_dir, tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("")
+    with pytest.raises(InputError, match="is empty: it holds no records"):
+        fit(tiny_llama_dir, JsonlTask(path=str(path)), tmp_path)
+
+
+def test_prompt_longer_than_context(tiny_llama_dir, tmp_path):
+    # the test model's context is 256 tokens; its tokenizer gives one token per character plus <s>
+    prompts = [f"{i}+{i}=" for i in range(10, 40)] + ["x" * 300]
+    task = JsonlTask(path=str(write_jsonl(tmp_path / "p.jsonl", prompts)), heldout_fraction=0.5, split_seed=1)
+    long_split = "training" if any(len(r["prompt"]) == 300 for r in task.train_records()) else "held-out"
+    with pytest.raises(InputError) as info:
+        fit(tiny_llama_dir, task, tmp_path)
+    assert str(info.value) == (
+        f"1 {long_split} prompt(s) do not fit the model's context of 256 tokens with 4 generated tokens (the longest "
+        f"has 301 tokens: {'x' * 40!r}...): shorten the prompts or lower data.max_new_tokens"
+    )
+
+
+def test_prompt_fitting_exactly_passes_the_check(tiny_llama_dir, tmp_path):
+    from lit_grpo.input_check import check_inputs
+
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=2, kl_coef=0.0)
+    module.configure_model()
+    # 251 characters + <s> = 252 tokens, + 4 new tokens = 256: fits; one more character does not
+    prompts = ["y" * 251] + [f"{i}+1=" for i in range(10, 20)]
+    task = JsonlTask(path=str(write_jsonl(tmp_path / "p.jsonl", prompts)), heldout_fraction=0.1)
+    datamodule = RolloutDataModule(task=task, group_size=2, prompts_per_epoch=2, minibatch_size=4, max_new_tokens=4)
+    check_inputs(module, datamodule)
+    datamodule.max_new_tokens = 5
+    with pytest.raises(InputError, match="context of 256 tokens with 5 generated tokens"):
+        check_inputs(module, datamodule)
+
+
+def test_tokenizer_without_pad_token_is_fixed_with_a_warning(tiny_llama_dir, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    tokenizer.pad_token = None
+    tokenizer.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text((tiny_llama_dir / "config.json").read_text())
+    assert AutoTokenizer.from_pretrained(tmp_path).pad_token_id is None
+    with pytest.warns(UserWarning, match=r"has no pad token: padding with its EOS token '</s>'"):
+        fixed = load_tokenizer(str(tmp_path))
+    assert fixed.pad_token == "</s>" and fixed.pad_token_id == fixed.eos_token_id == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_tokenizer(str(tiny_llama_dir))  # a tokenizer with a pad token: no warning
+
+
+def test_lora_target_modules_the_model_lacks(tiny_llama_dir):
+    with pytest.raises(InputError) as info:
+        load_policy(str(tiny_llama_dir), 2, 4, 0.0, ["q_proj", "query_key_value"])
+    assert str(info.value) == (
+        "lora_target_modules: the model has no module named 'query_key_value'; its adaptable modules are: "
+        "down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj (or use 'all-linear')"
+    )
+    with pytest.raises(InputError, match="no module named 'c_attn'"):
+        load_policy(str(tiny_llama_dir), 2, 4, 0.0, "c_attn")  # a string is a regex over full names
+    load_policy(str(tiny_llama_dir), 2, 4, 0.0, ["q_proj", "v_proj"])  # present: no error
+
+
+def test_group_size_must_divide_minibatch_size():
+    with pytest.raises(ValueError) as info:
+        RolloutDataModule(group_size=3, minibatch_size=8)
+    assert "minibatch_size: 8 is not a multiple of group_size (3); minibatches hold whole groups" in str(info.value)
+
+
+def test_unknown_task_and_reward_class_paths():
+    assert config_problems({"data": {"task": {"class_path": "my_tasks.NoSuchTask"}}}) == [
+        "data.task: cannot import class_path 'my_tasks.NoSuchTask'"
+    ]
+    task = {"class_path": "lit_grpo.tasks.JsonlTask",
+            "init_args": {"path": "p.jsonl", "reward": {"class_path": "my_rewards.NoSuchReward"}}}
+    assert config_problems({"data": {"task": task}}) == [
+        "data.task.reward: cannot import class_path 'my_rewards.NoSuchReward'"
+    ]
+
+
+def test_cli_prints_a_bad_input_without_traceback(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    script = Path(sys.executable).parent / "lit-grpo"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "lit_grpo.cli"]
+    args = ["fit", "--model.model_name_or_path", str(ROOT / "data" / "tiny-llama"), "--data.task",
+            "lit_grpo.tasks.JsonlTask", "--data.task.init_args.path", str(empty), "--trainer.logger", "false",
+            "--trainer.max_epochs", "1"]
+    result = subprocess.run(command + args, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"lit-grpo: prompt file '{empty}' is empty: it holds no records" in result.stderr
+    assert "Traceback" not in result.stderr
