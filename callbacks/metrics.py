@@ -120,9 +120,10 @@ class RolloutMetrics(pl.Callback):
             if key in stats:
                 self.train[key] = self.train[key].to(pl_module.device)
                 self.train[key].update(stats[key])
-        for key in ("logp_diff_max", "logp_diff_mean"):
+        for key, reduce in (("logp_diff_max", "max"), ("logp_diff_mean", "mean")):  # the worst rank's max
             if key in stats:
-                pl_module.log(f"rollout/{key}", stats[key], on_step=False, on_epoch=True, sync_dist=True, batch_size=1)
+                pl_module.log(f"rollout/{key}", stats[key], on_step=False, on_epoch=True, sync_dist=True, batch_size=1,
+                              reduce_fx=reduce)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
         if self._train_started is not None:  # the updates' share of the epoch, beside generate and no-grad passes
