@@ -127,7 +127,8 @@ class RolloutMetrics(pl.Callback):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
         if self._train_started is not None:  # the updates' share of the epoch, beside generate and no-grad passes
-            pl_module.log("time/train", time.perf_counter() - self._train_started, on_step=False, on_epoch=True)
+            pl_module.log("time/train", time.perf_counter() - self._train_started, on_step=False, on_epoch=True,
+                          sync_dist=True)
             self._train_started = None
         for key in self.TRAIN_KEYS:
             metric = self.train[key]
