@@ -15,7 +15,7 @@ import torch
 
 from ddp_check import run as run_fit
 from lit_grpo.datamodule import RolloutDataModule
-from lit_grpo.distributed import global_step_denominators, rank_share
+from lit_grpo.distributed import check_distributed_data, global_step_denominators, rank_share
 from lit_grpo.tasks import ArithmeticTask
 
 CHECK = Path(__file__).with_name("ddp_check.py")
@@ -39,6 +39,18 @@ def test_each_rank_draws_its_share_and_the_cursor_moves_past_all_shares():
         assert datamodule.cursor == 4 and datamodule.share_start == 3 * rank
     expected = [train[len(train) - 2], train[len(train) - 1], train[0], train[1], train[2], train[3]]
     assert shares[0] + shares[1] == expected
+
+
+def test_options_that_would_unbalance_ranks_are_refused_on_every_rank():
+    datamodule = RolloutDataModule(prompts_per_epoch=4, group_size=2, minibatch_size=4, dynamic_sampling=True,
+                                   completion_budget=64)
+    trainer = SimpleNamespace(world_size=2, _accelerator_connector=SimpleNamespace(use_distributed_sampler=True))
+    with pytest.raises(ValueError) as refused:
+        check_distributed_data(trainer, datamodule)
+    message = str(refused.value)
+    assert message.startswith("2 ranks: Trainer(use_distributed_sampler=False) is needed")
+    assert "data.dynamic_sampling" in message and "data.completion_budget" in message
+    check_distributed_data(SimpleNamespace(world_size=1), datamodule)  # one process: all of them are fine
 
 
 class TwoRankStrategy:

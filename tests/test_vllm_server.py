@@ -83,7 +83,7 @@ def test_real_vllm_server_trains_two_epochs_in_sync(tmp_path):
     lines = [line for line in result.stdout.splitlines() if line.startswith("FIGURES ")]
     assert result.returncode == 0 and lines, result.stderr[-3000:]
     figures = json.loads(lines[-1][len("FIGURES "):])
-    print(figures)
+    print("vllm_server figures:", figures)
     assert figures["server_url"].startswith("http://127.0.0.1:")
     # after each of 2 training epochs the server's log-probs match the trainer's at theta_old (fp32)
     assert len(figures["logp_diff_max_per_epoch"]) == 2 and max(figures["logp_diff_max_per_epoch"]) < 1e-4
