@@ -103,8 +103,9 @@ class RolloutMetrics(pl.Callback):
         stats = rollout_stats(buffer)
         if getattr(datamodule, "dynamic_sampling", False):
             stats["sampling_draws"] = float(datamodule.sampling_draws)
-        for name, value in stats.items():
-            pl_module.log(f"rollout/{name}", value, on_step=False, on_epoch=True, sync_dist=True)
+        for name, value in stats.items():  # over ranks: counts add up, the rest are means of equal shares
+            reduce = "sum" if name in ("policy_tokens", "reward_errors") else "mean"
+            pl_module.log(f"rollout/{name}", value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx=reduce)
         for name, seconds in datamodule.timings.items():
             pl_module.log(f"time/{name}", seconds, on_step=False, on_epoch=True, sync_dist=True)
         self._train_started = time.perf_counter()

@@ -61,8 +61,8 @@ class PerPromptSeededEngine:
 
 
 class Record(pl.Callback):
-    """Per rank: each epoch's (prompt, completion) pairs and the synced ``rollout/reward_mean``; the adapter after
-    every optimizer step."""
+    """Per rank: each epoch's (prompt, completion) pairs and the synced ``rollout/reward_mean`` and
+    ``rollout/policy_tokens``; the adapter after every optimizer step."""
 
     def __init__(self, out: Path) -> None:
         self.out, self.saved_step = out, 0
@@ -78,7 +78,9 @@ class Record(pl.Callback):
             torch.save(adapter, self.out / f"rank{trainer.global_rank}_step{trainer.global_step}.pt")
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
-        record = {"pairs": self.pairs, "reward_mean": float(trainer.callback_metrics["rollout/reward_mean"])}
+        metrics = trainer.callback_metrics
+        record = {"pairs": self.pairs, "reward_mean": float(metrics["rollout/reward_mean"]),
+                  "policy_tokens": float(metrics["rollout/policy_tokens"])}
         path = self.out / f"rank{trainer.global_rank}_epoch{trainer.current_epoch}.json"
         path.write_text(json.dumps(record))
 

@@ -79,16 +79,17 @@ def test_step_denominators_are_summed_over_ranks_and_unequal_batch_counts_refuse
     assert float(untouched[0]["step_denominator"]) == 5.0
 
 
-def read_run(out: Path, ranks: int) -> tuple[list[list[list[list[str]]]], list[float], dict[int, dict]]:
-    """Per epoch: each rank's (prompt, completion) pairs and the logged reward mean; rank 0's adapter per step."""
-    pairs, reward_means = [], []
+def read_run(out: Path, ranks: int) -> tuple[list[list[list[list[str]]]], list[tuple[float, float]], dict[int, dict]]:
+    """Per epoch: each rank's (prompt, completion) pairs and the logged (reward mean, policy tokens); rank 0's
+    adapter per step."""
+    pairs, logged = [], []
     for epoch in range(2):
         records = [json.loads((out / f"rank{r}_epoch{epoch}.json").read_text()) for r in range(ranks)]
         pairs.append([record["pairs"] for record in records])
-        reward_means.append(records[0]["reward_mean"])
-        assert all(record["reward_mean"] == records[0]["reward_mean"] for record in records)  # reduced over ranks
+        logged.append((records[0]["reward_mean"], records[0]["policy_tokens"]))
+        assert all((r["reward_mean"], r["policy_tokens"]) == logged[-1] for r in records)  # reduced over ranks
     steps = {int(p.stem.split("step")[1]): torch.load(p, weights_only=True) for p in out.glob("rank0_step*.pt")}
-    return pairs, reward_means, steps
+    return pairs, logged, steps
 
 
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean"])
@@ -98,8 +99,8 @@ def test_two_ddp_ranks_train_like_one_process_on_the_union(aggregation, tiny_lla
                             capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     run_fit("single", aggregation, str(tiny_llama_dir), tmp_path / "single")
-    ddp_pairs, ddp_rewards, ddp_steps = read_run(tmp_path / "ddp", 2)
-    one_pairs, one_rewards, one_steps = read_run(tmp_path / "single", 1)
+    ddp_pairs, ddp_logged, ddp_steps = read_run(tmp_path / "ddp", 2)
+    one_pairs, one_logged, one_steps = read_run(tmp_path / "single", 1)
     seen: set[str] = set()
     for epoch in range(2):
         prompts = [{prompt for prompt, _ in rank_pairs} for rank_pairs in ddp_pairs[epoch]]
@@ -108,7 +109,9 @@ def test_two_ddp_ranks_train_like_one_process_on_the_union(aggregation, tiny_lla
         seen |= prompts[0] | prompts[1]
         # the union of the ranks' rollouts is the one-process run's epoch, completions included
         assert ddp_pairs[epoch][0] + ddp_pairs[epoch][1] == one_pairs[epoch][0]
-    assert ddp_rewards == pytest.approx(one_rewards, abs=1e-6)
+    for (ddp_reward, ddp_tokens), (one_reward, one_tokens) in zip(ddp_logged, one_logged):
+        assert ddp_reward == pytest.approx(one_reward, abs=1e-6)  # a mean of equal shares
+        assert ddp_tokens == one_tokens  # a count summed over ranks
     assert sorted(ddp_steps) == sorted(one_steps) == [1, 2, 3, 4]
     for rank1_file in (tmp_path / "ddp").glob("rank1_step*.pt"):  # the ranks hold one adapter
         step = int(rank1_file.stem.split("step")[1])
