@@ -113,7 +113,7 @@ def run(mode: str, aggregation: str, model_dir: str, out: Path) -> None:
     trainer = pl.Trainer(
         strategy="ddp" if mode == "ddp" else "auto", devices=ranks, accelerator="cpu", max_epochs=2,
         accumulate_grad_batches=ACCUMULATE, reload_dataloaders_every_n_epochs=1, use_distributed_sampler=False,
-        num_sanity_val_steps=0, limit_val_batches=0, logger=False, enable_checkpointing=False,
+        num_sanity_val_steps=0, limit_val_batches=0, logger=False, enable_checkpointing=False, default_root_dir=out,
         enable_progress_bar=False, enable_model_summary=False,
         callbacks=[FixedAdapterInit(), Record(out), RolloutMetrics(table_every_n_epochs=0)],
     )

@@ -95,8 +95,8 @@ def read_run(out: Path, ranks: int) -> tuple[list[list[list[list[str]]]], list[t
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean"])
 def test_two_ddp_ranks_train_like_one_process_on_the_union(aggregation, tiny_llama_dir, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, str(CHECK), "ddp", aggregation, str(tiny_llama_dir), str(tmp_path / "ddp")],
-                            capture_output=True, text=True, env=env, timeout=600)
+    command = [sys.executable, str(CHECK), "ddp", aggregation, str(tiny_llama_dir), str(tmp_path / "ddp")]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     run_fit("single", aggregation, str(tiny_llama_dir), tmp_path / "single")
     ddp_pairs, ddp_logged, ddp_steps = read_run(tmp_path / "ddp", 2)

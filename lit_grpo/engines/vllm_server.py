@@ -196,7 +196,8 @@ class VLLMServerEngine:
             raise RuntimeError("VLLMServerEngine has no policy: call push_policy(model) first")
         if sampling.allowed_token_ids is not None or sampling.banned_token_ids is not None:
             raise ValueError("VLLMServerEngine does not take per-request token constraints; use the hf engine for them")
-        bodies = [completion_request(self._adapter[0], prompt, n, sampling, index) for index, prompt in enumerate(prompts)]
+        name = self._adapter[0]
+        bodies = [completion_request(name, prompt, n, sampling, index) for index, prompt in enumerate(prompts)]
         with ThreadPoolExecutor(max_workers=min(self.max_parallel_requests, max(len(bodies), 1))) as pool:
             answers = list(pool.map(lambda body: self._request("POST", "/v1/completions", body), bodies))
         return [parse_choices(answer, n) for answer in answers]
