@@ -58,7 +58,8 @@ def global_step_denominators(batches: list[dict[str, torch.Tensor]], strategy: A
     is an error on every rank rather than a hang at the first missing all-reduce."""
     if world_size == 1:
         return
-    counts = strategy.all_gather(torch.tensor([len(batches)]))  # [W, 1]
+    device = strategy.root_device  # NCCL reduces CUDA tensors only
+    counts = strategy.all_gather(torch.tensor([len(batches)], device=device)).cpu()  # [W, 1]
     if counts.min() != counts.max():
         raise RuntimeError(
             f"ranks would train on different numbers of minibatches ({counts.flatten().tolist()}): their rollouts "
@@ -66,8 +67,8 @@ def global_step_denominators(batches: list[dict[str, torch.Tensor]], strategy: A
         )
     if not batches:
         return
-    local = torch.stack([batch["step_denominator"].float() for batch in batches])  # [num_batches]
-    summed = strategy.reduce(local.clone(), reduce_op="sum")  # [num_batches]
+    local = torch.stack([batch["step_denominator"].float() for batch in batches]).to(device)  # [num_batches]
+    summed = strategy.reduce(local, reduce_op="sum")  # [num_batches]
     for batch, denominator in zip(batches, summed.cpu()):
         batch["step_denominator"] = denominator
 

@@ -56,6 +56,8 @@ def test_options_that_would_unbalance_ranks_are_refused_on_every_rank():
 class TwoRankStrategy:
     """Stands in for a 2-rank strategy: the other rank served the given minibatch count and denominators."""
 
+    root_device = torch.device("cpu")
+
     def __init__(self, other_count: int, other_denominators: list[float]) -> None:
         self.other_count, self.other_denominators = other_count, other_denominators
 
