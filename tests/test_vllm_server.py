@@ -94,3 +94,27 @@ def test_real_vllm_server_trains_two_epochs_in_sync(tmp_path):
     assert figures["pushed_diff"] < 1e-4
     assert "HTTP 401" in figures["wrong_key_error"] and "api_key" in figures["wrong_key_error"]
     assert figures["server_stopped"]  # close() stopped the server the engine started
+
+
+def test_a_started_server_that_died_is_reported_with_its_exit_code_and_log(tmp_path):
+    engine = VLLMServerEngine(adapter_dir=str(tmp_path))
+    engine._log_path = tmp_path / "server.log"
+    with open(engine._log_path, "wb") as log:  # stands in for a server process that crashed after starting
+        engine._server = subprocess.Popen([sys.executable, "-c", "print('KV cache exhausted'); raise SystemExit(3)"],
+                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    engine._server.wait()
+    engine.url, engine._adapter = f"http://127.0.0.1:{free_port()}", ("policy-1", tmp_path / "policy-1")
+    with pytest.raises(RuntimeError, match=r"(?s)exited with code 3:.*KV cache exhausted"):
+        engine.generate([[1, 2]], 1, SamplingSpec(max_new_tokens=2))
+
+
+def test_a_server_that_cannot_start_is_reported_with_its_log(tiny_llama_dir, tmp_path):
+    from lit_grpo.model_loading import load_policy
+
+    policy = load_policy(str(tiny_llama_dir), 4, 8, 0.0, "all-linear")
+    policy.peft_config[policy.active_adapter].base_model_name_or_path = str(tmp_path / "no-such-model")
+    engine = VLLMServerEngine(startup_timeout=600)
+    with pytest.raises(RuntimeError, match=r"(?s)the vLLM server for '.*no-such-model' exited with code \d+ while "
+                                           r"starting\. Check model\.model_name_or_path.*Its last lines:\n.+"):
+        engine.push_policy(policy)
+    engine.close()

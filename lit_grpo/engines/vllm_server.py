@@ -93,12 +93,17 @@ class VLLMServerEngine:
         self._temp_dir: Path | None = None
         self._prefix = f"lit-grpo-{uuid.uuid4().hex[:8]}"  # adapter names unique to this engine on a shared server
         self._adapter: tuple[str, Path] | None = None  # (name on the server, local directory) of the pushed adapter
+        self._model_path: str | None = None  # the base model of the pushed policy
         self._pushes = 0
 
     # --- lifecycle ---------------------------------------------------------------------------------------------
     def push_policy(self, model: Any) -> None:
-        if self.url is None:
-            self._start_server(model.peft_config[model.active_adapter].base_model_name_or_path)
+        base_path = model.peft_config[model.active_adapter].base_model_name_or_path
+        if self._model_path is not None and base_path != self._model_path:
+            raise ValueError(f"this engine serves {self._model_path!r}, not {base_path!r}: use one engine per model")
+        self._model_path = base_path
+        if self.url is None or self._server is not None:
+            self._start_server(base_path)  # once; afterwards it reports a server that has died since
         elif self._pushes == 0:
             self._request("GET", "/v1/models")  # reachable, and the key is accepted
         self._pushes += 1
@@ -222,7 +227,11 @@ class VLLMServerEngine:
             raise RuntimeError(f"the vLLM server at {self.url} refused {method} {path}: HTTP {error.code}{hint}: "
                                f"{detail}") from error
         except (urllib.error.URLError, OSError) as error:
-            raise RuntimeError(f"cannot reach the vLLM server at {self.url} ({method} {path}): {error}") from error
+            cause, server = "", self._server
+            if server is not None and server.poll() is not None:
+                cause = f"; the server the engine started exited with code {server.returncode}:\n{self._log_tail()}"
+            message = f"cannot reach the vLLM server at {self.url} ({method} {path}): {error}{cause}"
+            raise RuntimeError(message) from error
         try:
             return json.loads(text)
         except json.JSONDecodeError:
