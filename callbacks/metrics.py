@@ -103,8 +103,9 @@ class RolloutMetrics(pl.Callback):
         stats = rollout_stats(buffer)
         if getattr(datamodule, "dynamic_sampling", False):
             stats["sampling_draws"] = float(datamodule.sampling_draws)
-        for name, value in stats.items():
-            pl_module.log(f"rollout/{name}", value, on_step=False, on_epoch=True, sync_dist=True)
+        for name, value in stats.items():  # over ranks: counts add up, the rest are means of equal shares
+            reduce = "sum" if name in ("policy_tokens", "reward_errors") else "mean"
+            pl_module.log(f"rollout/{name}", value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx=reduce)
         for name, seconds in datamodule.timings.items():
             pl_module.log(f"time/{name}", seconds, on_step=False, on_epoch=True, sync_dist=True)
         self._train_started = time.perf_counter()
@@ -120,13 +121,15 @@ class RolloutMetrics(pl.Callback):
             if key in stats:
                 self.train[key] = self.train[key].to(pl_module.device)
                 self.train[key].update(stats[key])
-        for key in ("logp_diff_max", "logp_diff_mean"):
+        for key, reduce in (("logp_diff_max", "max"), ("logp_diff_mean", "mean")):  # the worst rank's max
             if key in stats:
-                pl_module.log(f"rollout/{key}", stats[key], on_step=False, on_epoch=True, sync_dist=True, batch_size=1)
+                pl_module.log(f"rollout/{key}", stats[key], on_step=False, on_epoch=True, sync_dist=True, batch_size=1,
+                              reduce_fx=reduce)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
         if self._train_started is not None:  # the updates' share of the epoch, beside generate and no-grad passes
-            pl_module.log("time/train", time.perf_counter() - self._train_started, on_step=False, on_epoch=True)
+            pl_module.log("time/train", time.perf_counter() - self._train_started, on_step=False, on_epoch=True,
+                          sync_dist=True)
             self._train_started = None
         for key in self.TRAIN_KEYS:
             metric = self.train[key]

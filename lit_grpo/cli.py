@@ -22,6 +22,7 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     "reload_dataloaders_every_n_epochs": 1,  # every epoch trains on fresh rollouts
     "num_sanity_val_steps": 0,  # the pre-training validation runs from on_train_start, where its logs are kept
     "log_every_n_steps": 1,
+    "use_distributed_sampler": False,  # under DDP each rank's rollout buffer is already its own share
 }
 
 

@@ -16,6 +16,7 @@ from jsonargparse._loaders_dumpers import yaml_load
 from jsonargparse._util import import_object
 
 from lit_grpo.datamodule import RolloutDataModule, data_config_problems
+from lit_grpo.distributed import distributed_config_problems
 from lit_grpo.module import PolicyModule
 from lit_grpo.module_config import module_config_problems
 
@@ -162,6 +163,7 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     problems += [f"model.{p}" for p in module_config_problems(model_args)]
     problems += [f"data.{p}" for p in data_config_problems(data_args)]
     problems += cross_problems(model_args, data_args)
+    problems += distributed_config_problems(trainer_cfg, data_args)
     if trainer_cfg.get("reload_dataloaders_every_n_epochs", 1) != 1:
         problems.append("trainer.reload_dataloaders_every_n_epochs: must be 1 (rollouts are regenerated each epoch)")
     return problems

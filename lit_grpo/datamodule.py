@@ -22,6 +22,7 @@ from lit_grpo.buffer import (
     serve_minibatches,
 )
 from lit_grpo.callbacks.risk import RiskThreshold
+from lit_grpo.distributed import check_distributed_data, global_step_denominators, rank_and_world, rank_share
 from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
 from lit_grpo.losses import overlong_penalty
 from lit_grpo.risk_rollout import RiskRule
@@ -149,6 +150,7 @@ class RolloutDataModule(pl.LightningDataModule):
             raise ValueError(f"rollout {rollout!r} needs a multi-round task (a MultiRoundTask), got {type(task).__name__}")
         self.val_max_prompts, self.val_batch_size, self.seed = val_max_prompts, val_batch_size, seed
         self.cursor = 0  # index of the next training prompt; carried by checkpoints
+        self.share_start = 0  # this rank's first prompt within the last draw
         self.buffer: RolloutBuffer | None = None
         self.timings: dict[str, float] = {}
         self._pushed_at_step: int | None = None
@@ -170,12 +172,14 @@ class RolloutDataModule(pl.LightningDataModule):
             trainer.should_stop = True
             return DataLoader([], batch_size=None)
         module = trainer.lightning_module
+        check_distributed_data(trainer, self)
         self.buffer = self.collect_rollouts(module, epoch)
         generator = torch.Generator().manual_seed(self.epoch_seed(epoch) + 1)
         batches = serve_minibatches(
             self.buffer, self.minibatch_size, self.ppo_epochs, trainer.accumulate_grad_batches,
             module.loss.aggregation, generator,
         )
+        global_step_denominators(batches, trainer.strategy, trainer.world_size)  # design §5: over all ranks
         return DataLoader(batches, batch_size=None, shuffle=False)
 
     def collect_rollouts(self, module: Any, epoch: int) -> RolloutBuffer:
@@ -184,7 +188,9 @@ class RolloutDataModule(pl.LightningDataModule):
         # a tree's size is known only once grown, so only grouped draws are cut to the budget
         records = self.next_prompts(self.affordable_groups(self.prompts_per_epoch) if self.rollout == "grouped" else None)
         self.sync_policy(module)
-        sampling = self.sampling_spec(module, greedy=False, seed=self.epoch_seed(epoch))
+        # offset by the share's first prompt: an engine seeding request i with seed + i then samples each prompt
+        # as a one-process run would
+        sampling = self.sampling_spec(module, greedy=False, seed=self.epoch_seed(epoch) + self.share_start)
         if self.rollout == "grouped":
             buffer = self.grouped_buffer(module, records, sampling)
             if self.mask_truncated:  # DAPO's overlong filtering: a cut-off completion is no evidence either way
@@ -247,10 +253,12 @@ class RolloutDataModule(pl.LightningDataModule):
         return self.completion_budget is not None and self.affordable_groups(1) == 0
 
     def next_prompts(self, count: int | None = None) -> list[PromptRecord]:
-        """The next ``count`` (default ``prompts_per_epoch``) training prompts, wrapping around the split."""
+        """This rank's share of the next ``count`` (default ``prompts_per_epoch``) training prompts, wrapping around
+        the split; the cursor moves past all ranks' shares."""
         count = self.prompts_per_epoch if count is None else count
         train = self.task.train_records()
-        records = [train[(self.cursor + i) % len(train)] for i in range(count)]
+        self.share_start, size = rank_share(count, *rank_and_world(self.trainer))
+        records = [train[(self.cursor + self.share_start + i) % len(train)] for i in range(size)]
         self.cursor = (self.cursor + count) % len(train)
         return records
 

@@ -299,9 +299,13 @@ class PolicyModule(pl.LightningModule):
             stats.update(vf_stats, value_loss=vf_loss.detach())
         if batch_idx == 0 and "sampler_logp" in batch:  # no update yet this epoch: logp is the trainer's pi_old
             stats.update(sampler_agreement(logp.detach(), batch["sampler_logp"], completion_mask))
-        self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp))
+        self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp),
+                 sync_dist=True)
         local_count = aggregation_terms(logp.detach(), completion_mask, loss_cfg.aggregation, max_new_tokens)[1]
-        step_scale = local_count / batch["step_denominator"] * self.trainer.accumulate_grad_batches
+        # Lightning divides by the accumulation count and DDP averages over ranks: undo both, so a step's gradient is
+        # its counted sum over every minibatch and rank divided by the step's global count (design §5)
+        undo_averaging = self.trainer.accumulate_grad_batches * self.trainer.world_size
+        step_scale = local_count / batch["step_denominator"] * undo_averaging
         return {"loss": loss * step_scale, "stats": stats}
 
     def dpo_step(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -362,12 +366,12 @@ class PolicyModule(pl.LightningModule):
         return {name for name, p in self.named_parameters() if p.requires_grad}
 
     def on_fit_end(self) -> None:
-        self.save_adapter()
+        # every rank asks for the log dir (a broadcast under DDP); rank 0 writes
+        self.save_adapter(Path(self.trainer.log_dir or self.trainer.default_root_dir) / "adapter")
 
     @rank_zero_only
-    def save_adapter(self) -> None:
-        """The trained adapter in PEFT format under ``<log dir>/adapter``."""
-        target = Path(self.trainer.log_dir or self.trainer.default_root_dir) / "adapter"
+    def save_adapter(self, target: Path) -> None:
+        """The trained adapter in PEFT format under ``target`` (``<log dir>/adapter``)."""
         self.policy.save_pretrained(str(target), selected_adapters=[self.policy.active_adapter])
         self.tokenizer.save_pretrained(str(target))
         rank_zero_info(f"adapter saved to {target}")

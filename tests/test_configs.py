@@ -17,7 +17,7 @@ CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"
 
 def test_there_are_configs():
     assert {"quickstart.yaml", "quickstart_vllm.yaml", "sort.yaml", "clarify_tree.yaml", "clarify_grpo.yaml", "ppo.yaml",
-            "dpo_online.yaml", "dapo.yaml"} <= {
+            "dpo_online.yaml", "dapo.yaml", "quickstart_server.yaml"} <= {
         path.name for path in CONFIGS
     }
 

@@ -1,0 +1,153 @@
+"""Several ranks (design §2 DDP notes, §5): disjoint prompt shares, step normalisers summed over ranks, and a real
+2-rank DDP fit (gloo, CPU) whose adapter equals a one-process run's on the union of the same rollouts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ddp_check import run as run_fit
+from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.distributed import check_distributed_data, global_step_denominators, rank_share
+from lit_grpo.tasks import ArithmeticTask
+
+CHECK = Path(__file__).with_name("ddp_check.py")
+
+
+def test_rank_share_splits_prompts_into_contiguous_equal_parts():
+    assert [rank_share(12, rank, 3) for rank in range(3)] == [(0, 4), (4, 4), (8, 4)]
+    assert rank_share(5, 0, 1) == (0, 5)
+    with pytest.raises(ValueError, match=r"prompts_per_epoch \(10\) must be a multiple of the number of ranks \(4\)"):
+        rank_share(10, 1, 4)
+
+
+def test_each_rank_draws_its_share_and_the_cursor_moves_past_all_shares():
+    train = ArithmeticTask().train_records()
+    shares = []
+    for rank in range(2):
+        datamodule = RolloutDataModule(prompts_per_epoch=6, group_size=2, minibatch_size=4)
+        datamodule.trainer = SimpleNamespace(global_rank=rank, world_size=2)
+        datamodule.cursor = len(train) - 2  # the draw wraps around the split
+        shares.append(datamodule.next_prompts())
+        assert datamodule.cursor == 4 and datamodule.share_start == 3 * rank
+    expected = [train[len(train) - 2], train[len(train) - 1], train[0], train[1], train[2], train[3]]
+    assert shares[0] + shares[1] == expected
+
+
+def test_options_that_would_unbalance_ranks_are_refused_on_every_rank():
+    datamodule = RolloutDataModule(prompts_per_epoch=4, group_size=2, minibatch_size=4, dynamic_sampling=True,
+                                   completion_budget=64)
+    trainer = SimpleNamespace(world_size=2, _accelerator_connector=SimpleNamespace(use_distributed_sampler=True))
+    with pytest.raises(ValueError) as refused:
+        check_distributed_data(trainer, datamodule)
+    message = str(refused.value)
+    assert message.startswith("2 ranks: Trainer(use_distributed_sampler=False) is needed")
+    assert "data.dynamic_sampling" in message and "data.completion_budget" in message
+    check_distributed_data(SimpleNamespace(world_size=1), datamodule)  # one process: all of them are fine
+
+
+class TwoRankStrategy:
+    """Stands in for a 2-rank strategy: the other rank served the given minibatch count and denominators."""
+
+    root_device = torch.device("cpu")
+
+    def __init__(self, other_count: int, other_denominators: list[float]) -> None:
+        self.other_count, self.other_denominators = other_count, other_denominators
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return torch.stack([tensor, torch.tensor([self.other_count])])  # [2, 1]
+
+    def reduce(self, tensor: torch.Tensor, reduce_op: str) -> torch.Tensor:
+        assert reduce_op == "sum"
+        return tensor + torch.tensor(self.other_denominators)
+
+
+def test_step_denominators_are_summed_over_ranks_and_unequal_batch_counts_refused():
+    batches = [{"step_denominator": torch.tensor(7.0)}, {"step_denominator": torch.tensor(7.0)},
+               {"step_denominator": torch.tensor(3.0)}]
+    global_step_denominators(batches, TwoRankStrategy(3, [9.0, 9.0, 4.0]), world_size=2)
+    assert [float(b["step_denominator"]) for b in batches] == [16.0, 16.0, 7.0]
+    with pytest.raises(RuntimeError, match=r"different numbers of minibatches \(\[3, 2\]\)"):
+        global_step_denominators(batches, TwoRankStrategy(2, [0.0, 0.0]), world_size=2)
+    untouched = [{"step_denominator": torch.tensor(5.0)}]
+    global_step_denominators(untouched, None, world_size=1)
+    assert float(untouched[0]["step_denominator"]) == 5.0
+
+
+def read_run(out: Path, ranks: int) -> tuple[list[list[list[list[str]]]], list[tuple[float, float]], dict[int, dict]]:
+    """Per epoch: each rank's (prompt, completion) pairs and the logged (reward mean, policy tokens); rank 0's
+    adapter per step."""
+    pairs, logged = [], []
+    for epoch in range(2):
+        records = [json.loads((out / f"rank{r}_epoch{epoch}.json").read_text()) for r in range(ranks)]
+        pairs.append([record["pairs"] for record in records])
+        logged.append((records[0]["reward_mean"], records[0]["policy_tokens"]))
+        assert all((r["reward_mean"], r["policy_tokens"]) == logged[-1] for r in records)  # reduced over ranks
+    steps = {int(p.stem.split("step")[1]): torch.load(p, weights_only=True) for p in out.glob("rank0_step*.pt")}
+    return pairs, logged, steps
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean"])
+def test_two_ddp_ranks_train_like_one_process_on_the_union(aggregation, tiny_llama_dir, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(CHECK), "ddp", aggregation, str(tiny_llama_dir), str(tmp_path / "ddp")]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_fit("single", aggregation, str(tiny_llama_dir), tmp_path / "single")
+    ddp_pairs, ddp_logged, ddp_steps = read_run(tmp_path / "ddp", 2)
+    one_pairs, one_logged, one_steps = read_run(tmp_path / "single", 1)
+    seen: set[str] = set()
+    for epoch in range(2):
+        prompts = [{prompt for prompt, _ in rank_pairs} for rank_pairs in ddp_pairs[epoch]]
+        assert len(prompts[0]) == len(prompts[1]) == 4 and not prompts[0] & prompts[1]  # disjoint shares
+        assert not (prompts[0] | prompts[1]) & seen  # and no prompt drawn again in the next epoch
+        seen |= prompts[0] | prompts[1]
+        # the union of the ranks' rollouts is the one-process run's epoch, completions included
+        assert ddp_pairs[epoch][0] + ddp_pairs[epoch][1] == one_pairs[epoch][0]
+    for (ddp_reward, ddp_tokens), (one_reward, one_tokens) in zip(ddp_logged, one_logged):
+        assert ddp_reward == pytest.approx(one_reward, abs=1e-6)  # a mean of equal shares
+        assert ddp_tokens == one_tokens  # a count summed over ranks
+    assert sorted(ddp_steps) == sorted(one_steps) == [1, 2, 3, 4]
+    for rank1_file in (tmp_path / "ddp").glob("rank1_step*.pt"):  # the ranks hold one adapter
+        step = int(rank1_file.stem.split("step")[1])
+        other = torch.load(rank1_file, weights_only=True)
+        assert all(torch.equal(other[name], ddp_steps[step][name]) for name in other)
+    worst = max((ddp_steps[s][n] - v).abs().max().item() for s in one_steps for n, v in one_steps[s].items())
+    print(f"{aggregation}: max |DDP - one process| adapter difference over 4 steps: {worst:.2e}")
+    previous = None
+    for step in sorted(one_steps):
+        for name, value in one_steps[step].items():
+            torch.testing.assert_close(ddp_steps[step][name], value, rtol=0, atol=1e-5)
+        if previous is not None:  # each step moves the adapter far beyond the tolerance
+            moved = max((one_steps[step][n] - previous[n]).abs().max().item() for n in previous)
+            assert moved > 1e-3
+        previous = one_steps[step]
+
+
+def test_config_check_reports_every_multi_rank_problem(tmp_path):
+    from lit_grpo.config_check import config_problems
+
+    (tmp_path / "config.json").write_text("{}")
+    config = {"model": {"model_name_or_path": str(tmp_path)},
+              "data": {"prompts_per_epoch": 10, "dynamic_sampling": True, "completion_budget": 640},
+              "trainer": {"strategy": "ddp", "devices": 3, "use_distributed_sampler": True}}
+    problems = config_problems(config)
+    assert problems == [
+        "data.prompts_per_epoch: 10 is not a multiple of the 3 ranks; every rank trains on an equal share of the "
+        "epoch's prompts",
+        "data.dynamic_sampling: not supported with 3 ranks (ranks would keep different numbers of groups)",
+        "data.completion_budget: not supported with 3 ranks (counted per process)",
+        "trainer.use_distributed_sampler: must be false; each rank's buffer is already its share",
+    ]
+    config["trainer"] = {"strategy": "ddp", "devices": 2, "num_nodes": 2}
+    config["data"] = {"prompts_per_epoch": 8}
+    assert config_problems(config) == []
+    config["data"] = {"prompts_per_epoch": 6}
+    assert len(config_problems(config)) == 1  # 4 ranks
