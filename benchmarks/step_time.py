@@ -6,10 +6,13 @@ stripped) equals ``str(a+b)``; per optimizer step 8 prompts x 8 completions of <
 top-p 1; LoRA r 16, alpha 32, dropout 0 on q, k, v, o, gate, up, down; AdamW lr 5e-4 constant, no weight decay,
 grad clip 1.0; beta 0.04 (k3 in the loss), eps 0.2, one optimizer step per rollout batch, seq-mean, group std;
 fp32; the shipped tiny model. ``fewshot-bench`` — the same with four solved examples before each question
-(a header line and four ``a+b=c`` lines from ``random.Random(5678)``: about 60 tokens).
+(a header line and four ``a+b=c`` lines from ``random.Random(5678)``: about 60 tokens). ``tree-bench`` — the
+clarification game (``ClarifyTask``, ``data/tiny-llama-clarify``) with tree rollouts, branching 4 at each of 3
+rounds, 8 trees per optimizer step, otherwise as above (TRL has no tree rollouts: no TRL figure).
 
 The floor: generating the 64 completions, one (padded, unshared) LoRA forward+backward, one reference forward
-and one AdamW step, each the median of 7 timings. A trainer's time per step is the wall time from the end of its
+and one AdamW step, each the median of 7 timings in a process of its own, measured once per round of runs (the
+median over rounds is reported). A trainer's time per step is the wall time from the end of its
 first optimizer step to the end of its last over the steps in between (rollout, no-grad passes, update and the
 trainer's own overhead all counted); each run is a fresh process (its peak RSS is reported), and runs of lit-grpo
 packed, lit-grpo padded and TRL alternate. TRL runs only if installed (``pip install -e '.[benchmark]'``).
@@ -33,6 +36,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = str(ROOT / "data" / "tiny-llama")
+TREE_MODEL = str(ROOT / "data" / "tiny-llama-clarify")
+BRANCHING = [4, 4, 4]
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS, GROUP, NEW_TOKENS, LR, BETA, EPS = 8, 8, 6, 5e-4, 0.04, 0.2
 
@@ -58,24 +63,39 @@ def timed(action: Any) -> float:
     return time.perf_counter() - start
 
 
+def rollouts(workload: str, tokenizer: Any, engine: Any, spec: Any) -> tuple[Any, Any]:
+    """``(generate, buffer)``: the workload's generation for one optimizer step, and a buffer it made."""
+    from lit_grpo.buffer import build_buffer
+    from lit_grpo.tasks import ClarifyTask
+    from lit_grpo.tree_rollout import expand_trees, tree_buffer
+
+    if workload == "tree-bench":
+        task = ClarifyTask()
+        records = list(task.train_records()[:PROMPTS])
+        roots = expand_trees(task, engine, tokenizer, records, BRANCHING, spec)
+        buffer = tree_buffer(roots, tokenizer, 1.0, NEW_TOKENS, "tree")
+        return (lambda: expand_trees(task, engine, tokenizer, records, BRANCHING, spec)), buffer
+    prompts = [tokenizer(r["prompt"])["input_ids"] for r in workload_records(workload)[:PROMPTS]]
+    buffer = build_buffer(prompts, engine.generate(prompts, GROUP, spec), tokenizer.pad_token_id, 1.0, NEW_TOKENS)
+    return (lambda: engine.generate(prompts, GROUP, spec)), buffer
+
+
 def floor(workload: str) -> dict[str, float]:
     """Median seconds of each floor component, and of the packed forward+backward and reference forward."""
     import torch
 
-    from lit_grpo.buffer import build_buffer
     from lit_grpo.engines import HFEngine, SamplingSpec
     from lit_grpo.logprobs import sequence_logprobs
     from lit_grpo.model_loading import load_policy, load_tokenizer
     from lit_grpo.packed import packed_logprobs
 
-    tokenizer = load_tokenizer(MODEL)
-    policy = load_policy(MODEL, 16, 32, 0.0, TARGETS)
-    prompts = [tokenizer(r["prompt"])["input_ids"] for r in workload_records(workload)[:PROMPTS]]
+    model = TREE_MODEL if workload == "tree-bench" else MODEL
+    tokenizer = load_tokenizer(model)
+    policy = load_policy(model, 16, 32, 0.0, TARGETS)
     engine = HFEngine()
     engine.push_policy(policy)
     spec = SamplingSpec(max_new_tokens=NEW_TOKENS, temperature=1.0, seed=0, stop_token_ids=(tokenizer.eos_token_id,))
-    completions = engine.generate(prompts, GROUP, spec)
-    buffer = build_buffer(prompts, completions, tokenizer.pad_token_id, 1.0, NEW_TOKENS)
+    generate, buffer = rollouts(workload, tokenizer, engine, spec)
     ids, mask, counted = buffer.input_ids, buffer.attention_mask, buffer.completion_mask
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=LR, weight_decay=0.0)
 
@@ -90,7 +110,7 @@ def floor(workload: str) -> dict[str, float]:
             packed_logprobs(policy, ids, mask, counted) if packed else sequence_logprobs(policy, ids, mask)
 
     actions = {
-        "generate": lambda: engine.generate(prompts, GROUP, spec),
+        "generate": generate,
         "forward_backward": lambda: forward_backward(False),
         "reference_forward": lambda: reference(False),
         "adamw_step": optimizer.step,
@@ -102,7 +122,9 @@ def floor(workload: str) -> dict[str, float]:
         action()  # warm-up
         result[name] = statistics.median(timed(action) for _ in range(7))
     result["floor"] = sum(result[k] for k in ("generate", "forward_backward", "reference_forward", "adamw_step"))
-    result["prompt_tokens"] = statistics.mean(len(p) for p in prompts)
+    contexts = (mask.sum(dim=1) - counted.sum(dim=1)).float()  # [N]
+    result["prompt_tokens"] = float(contexts.mean())
+    result["rows"] = ids.shape[0]
     return result
 
 
@@ -124,7 +146,7 @@ def lit_run(workload: str, packed: bool, steps: int) -> float:
     from lit_grpo.callbacks import RolloutMetrics
     from lit_grpo.datamodule import RolloutDataModule
     from lit_grpo.module import PolicyModule
-    from lit_grpo.tasks import Task
+    from lit_grpo.tasks import ClarifyTask, Task
     from lit_grpo.tasks.base import ExactMatchReward
 
     records = workload_records(workload)
@@ -143,14 +165,16 @@ def lit_run(workload: str, packed: bool, steps: int) -> float:
         def on_train_batch_end(self, *args: Any) -> None:
             clock.ends.append(time.perf_counter())
 
+    tree = workload == "tree-bench"
     module = PolicyModule(
-        model_name_or_path=MODEL, lora_rank=16, lora_alpha=32, lora_dropout=0.0, lora_target_modules=TARGETS,
+        model_name_or_path=TREE_MODEL if tree else MODEL, lora_rank=16, lora_alpha=32, lora_dropout=0.0, lora_target_modules=TARGETS,
         advantage_mode="grpo", std_scope="group", loss_variant="clip", clip_eps=EPS, aggregation="seq-mean",
         kl_coef=BETA, kl_estimator="k3", packed_forward=packed,
         optimizer=lambda params: torch.optim.AdamW(params, lr=LR, weight_decay=0.0),
     )
-    data = RolloutDataModule(task=PoolTask(), group_size=GROUP, prompts_per_epoch=PROMPTS,
-                             minibatch_size=PROMPTS * GROUP, max_new_tokens=NEW_TOKENS, temperature=1.0)
+    data = RolloutDataModule(task=ClarifyTask() if tree else PoolTask(), group_size=GROUP, prompts_per_epoch=PROMPTS,
+                             minibatch_size=1024 if tree else PROMPTS * GROUP, max_new_tokens=NEW_TOKENS,
+                             temperature=1.0, rollout="tree" if tree else "grouped", branching=BRANCHING)
     trainer = pl.Trainer(
         max_epochs=steps, gradient_clip_val=1.0, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,
         limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -227,8 +251,8 @@ def trl_installed() -> bool:
 
 
 def report(workload: str, parts: dict[str, float], runs: dict[str, list[dict[str, Any]]]) -> None:
-    print(f"\n## {workload} (prompt ~{parts['prompt_tokens']:.0f} tokens)")
-    print("floor, median of 7 (ms): " + ", ".join(
+    print(f"\n## {workload} ({parts['rows']} rows, context ~{parts['prompt_tokens']:.0f} tokens per row)")
+    print("floor, median over runs of each run's median of 7 (ms): " + ", ".join(
         f"{k} {1000 * parts[k]:.0f}" for k in ("generate", "forward_backward", "reference_forward", "adamw_step")
     ) + f"; total {1000 * parts['floor']:.0f} ms")
     print(f"shared-prefix forward+backward {1000 * parts['packed_forward_backward']:.0f} ms "
@@ -248,7 +272,7 @@ def report(workload: str, parts: dict[str, float], runs: dict[str, list[dict[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=["arith-bench", "fewshot-bench"],
-                        choices=["arith-bench", "fewshot-bench"])
+                        choices=["arith-bench", "fewshot-bench", "tree-bench"])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--no-trl", action="store_true")
@@ -264,11 +288,14 @@ def main() -> None:
         print("TRL is not installed (pip install -e '.[benchmark]'): no TRL figures")
     print(f"{options.steps} optimizer steps per run, {options.runs} alternating runs per trainer")
     for workload in options.workloads:
-        parts = measure("floor", workload, options.steps)
-        runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
-        for _ in range(options.runs):
-            for kind in kinds:
+        kinds_here = [k for k in kinds if k != "trl" or workload != "tree-bench"]
+        runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds_here}
+        floors: list[dict[str, float]] = []
+        for _ in range(options.runs):  # the floor too, so that machine noise hits it alike
+            floors.append(measure("floor", workload, options.steps))
+            for kind in kinds_here:
                 runs[kind].append(measure(kind.split()[-1], workload, options.steps))
+        parts = {key: statistics.median(f[key] for f in floors) for key in floors[0]}
         report(workload, parts, runs)
 
 

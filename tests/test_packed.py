@@ -211,3 +211,13 @@ def test_packed_forward_flag_is_validated():
     assert module_config_problems(arguments) == []
     problems = module_config_problems(dict(arguments, packed_forward="yes"))
     assert problems == ["packed_forward: must be true or false, got 'yes'"]
+
+
+@pytest.mark.parametrize("packed_forward", [True, False])
+def test_policy_module_chooses_its_forward_once(tiny_gpt2_dir, packed_forward):
+    from lit_grpo.module import PolicyModule
+
+    module = PolicyModule(model_name_or_path=str(tiny_gpt2_dir), packed_forward=packed_forward,
+                          attn_implementation="eager")
+    module.configure_model()
+    assert module.token_logprobs.packed is packed_forward
