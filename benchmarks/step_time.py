@@ -138,8 +138,8 @@ class StepClock:
         return (self.ends[-1] - self.ends[0]) / (len(self.ends) - 1)
 
 
-def lit_run(workload: str, packed: bool, steps: int) -> float:
-    """lit-grpo on the workload: seconds per optimizer step."""
+def lit_run(workload: str, packed: bool, steps: int, callbacks: tuple[Any, ...] = ()) -> float:
+    """lit-grpo on the workload: seconds per optimizer step (``callbacks`` join the trainer's)."""
     import lightning.pytorch as pl
     import torch
 
@@ -178,7 +178,7 @@ def lit_run(workload: str, packed: bool, steps: int) -> float:
     trainer = pl.Trainer(
         max_epochs=steps, gradient_clip_val=1.0, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,
         limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[RolloutMetrics(), Clock()], default_root_dir="/tmp/lit-grpo-step-time",
+        enable_model_summary=False, callbacks=[RolloutMetrics(), Clock(), *callbacks], default_root_dir="/tmp/lit-grpo-step-time",
     )
     trainer.fit(module, datamodule=data)
     assert len(clock.ends) == steps, len(clock.ends)

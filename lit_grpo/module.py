@@ -79,6 +79,7 @@ class PolicyModule(pl.LightningModule):
         packed_forward: compute each shared prefix once (a group's prompt, a tree node's ancestors) by packing rows
             into one with a 4-D ancestor mask (design §9); same log-probs and gradients as the padded forward. Falls
             back to the padded forward, with an info message, where the attention kernel takes no custom mask.
+            PPO's value-head forward (``advantage_mode: gae``) stays padded.
         optimizer: the optimizer over the trainable parameters; ``None`` means AdamW(lr=5e-4, weight_decay=0).
         lr_scheduler: an optional learning-rate scheduler, stepped every optimizer step.
     """

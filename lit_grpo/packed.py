@@ -7,7 +7,8 @@ hidden state is the one a separate forward of any row through it would compute. 
 is read at the packed slot of token t-1, so shared tokens are computed once and their gradients sum over the rows
 that use them. The result has the padded forward's layout, ``[N, L]``, so the losses are unchanged.
 
-The mask is float (0 allowed, the dtype's minimum elsewhere): transformers' eager attention adds the mask to the
+With ``lora_dropout`` > 0 a shared token draws one dropout mask for all the rows through it (each row still sees
+an ordinary dropout sample). The mask is float (0 allowed, the dtype's minimum elsewhere): transformers' eager attention adds the mask to the
 scores, so a boolean 4-D mask there silently gives wrong logits (design §9).
 """
 
