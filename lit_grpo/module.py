@@ -14,9 +14,9 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lit_grpo.buffer import RolloutBuffer
 from lit_grpo.callbacks.nonfinite import NonFiniteGuard
 from lit_grpo.callbacks.reference import ReferencePolicy
-from lit_grpo.logprobs import batched_sequence_logprobs, sampler_agreement, sequence_logprobs
 from lit_grpo.callbacks.rng_state import RngState
 from lit_grpo.input_check import check_inputs
+from lit_grpo.logprobs import sampler_agreement
 from lit_grpo.losses import (
     Aggregation,
     KLEstimator,
@@ -33,6 +33,7 @@ from lit_grpo.losses import (
 from lit_grpo.model_loading import load_policy, load_tokenizer, resolve_model_path
 from lit_grpo.module_config import LossSettings, module_config_problems
 from lit_grpo.online_dpo import assign_pairs, online_dpo_loss
+from lit_grpo.packed import TokenLogprobs
 from lit_grpo.risk import RiskHead, RiskHeadSpec
 from lit_grpo.risk_rollout import batch_constraint, risk_head_loss
 from lit_grpo.tree import ValueMode
@@ -87,6 +88,10 @@ class PolicyModule(pl.LightningModule):
         attn_implementation: the transformers attention kernel: ``sdpa`` or ``eager``.
         trust_remote_code: allow the model's own code from its repository to run; off unless you trust it.
         no_grad_batch_size: rows per forward in the no-grad passes (pi_old, pi_ref).
+        packed_forward: compute each shared prefix once (a group's prompt, a tree node's ancestors) by packing rows
+            into one with a 4-D ancestor mask (design §9); same log-probs and gradients as the padded forward. Falls
+            back to the padded forward, with an info message, where the attention kernel takes no custom mask.
+            PPO's value-head forward (``advantage_mode: gae``) stays padded.
         optimizer: the optimizer over the trainable parameters; ``None`` means AdamW(lr=5e-4, weight_decay=0).
         lr_scheduler: an optional learning-rate scheduler, stepped every optimizer step.
     """
@@ -121,6 +126,7 @@ class PolicyModule(pl.LightningModule):
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
         trust_remote_code: bool = False,
         no_grad_batch_size: int = 256,
+        packed_forward: bool = True,
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -141,6 +147,7 @@ class PolicyModule(pl.LightningModule):
         self.value_head: ValueHead | None = None
         self.risk_head: RiskHead | None = None
         self.risk_spec = None if risk is None else RiskHeadSpec(**risk)
+        self.token_logprobs: TokenLogprobs | None = None
         self.evaluation = GreedyEvaluation()
 
     # --- model -------------------------------------------------------------------------------------------------
@@ -154,6 +161,7 @@ class PolicyModule(pl.LightningModule):
             path, hp.lora_rank, hp.lora_alpha, hp.lora_dropout, hp.lora_target_modules,
             hp.init_adapter, hp.attn_implementation, hp.trust_remote_code,
         )
+        self.token_logprobs = TokenLogprobs(self.policy, hp.packed_forward)
         if hp.advantage_mode == "gae":
             self.value_head = ValueHead(self.policy.config.hidden_size)
         if self.risk_spec is not None:
@@ -192,13 +200,15 @@ class PolicyModule(pl.LightningModule):
         """pi_old (unless the sampler's log-probs are used) and pi_ref log-probs of the whole buffer."""
         batch_size = self.hparams.no_grad_batch_size
         args = (buffer.input_ids.to(self.device), buffer.attention_mask.to(self.device), buffer.temperature)
+        rows = (*args[:2], buffer.completion_mask.to(self.device), buffer.temperature, batch_size)
         constraint = buffer.first_token_constraint()  # the risk rule's forced defers, scored as sampled
         if self.hparams.old_logp_source == "trainer" or self.hparams.tis_cap is not None or buffer.sampler_logp is None:
-            buffer.old_logp = batched_sequence_logprobs(self.policy, *args, batch_size, constraint).cpu()
+            buffer.old_logp = self.token_logprobs.batched(self.policy, *rows, constraint).cpu()
         else:
             buffer.old_logp = buffer.sampler_logp
         if self.loss.needs_reference:
-            buffer.ref_logp = self.reference_policy.logprobs(self.policy, *args, batch_size, constraint).cpu()
+            with self.reference_policy.active(self.policy):
+                buffer.ref_logp = self.token_logprobs.batched(self.policy, *rows, constraint).cpu()
         if self.value_head is not None:
             buffer.values = self.old_values(*args, batch_size).cpu()
 
@@ -269,11 +279,13 @@ class PolicyModule(pl.LightningModule):
         loss_cfg = self.loss
         completion_mask = batch["completion_mask"]
         max_new_tokens = int(batch["max_new_tokens"])
-        forward = (batch["input_ids"], batch["attention_mask"], float(batch["temperature"]), batch_constraint(batch))
+        constraint = batch_constraint(batch)
         if self.value_head is None and self.risk_head is None:
-            logp = sequence_logprobs(self.policy, *forward)
+            logp = self.token_logprobs(self.policy, batch["input_ids"], batch["attention_mask"], completion_mask,
+                                       float(batch["temperature"]), constraint)
         else:
-            logp, hidden = logprobs_and_hidden(self.policy, *forward)
+            logp, hidden = logprobs_and_hidden(self.policy, batch["input_ids"], batch["attention_mask"],
+                                               float(batch["temperature"]), constraint)
         surrogate, stats = policy_loss(
             logp, batch["old_logp"], batch["advantages"], completion_mask, loss_cfg.variant,
             loss_cfg.clip_eps, loss_cfg.clip_eps_high, loss_cfg.aggregation, max_new_tokens,
@@ -310,7 +322,8 @@ class PolicyModule(pl.LightningModule):
 
     def dpo_step(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
         """Online DPO: the mean DPO loss over the minibatch's pairs (a minibatch without a pair gives 0)."""
-        logp = sequence_logprobs(self.policy, batch["input_ids"], batch["attention_mask"], float(batch["temperature"]))
+        logp = self.token_logprobs(self.policy, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
+                                   float(batch["temperature"]))
         loss, stats = online_dpo_loss(logp, batch["ref_logp"], batch["completion_mask"], batch["pair_role"],
                                       batch["pair_id"], self.hparams.dpo_beta)
         self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp))

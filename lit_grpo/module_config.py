@@ -57,6 +57,8 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
         problems.append("loss_variant 'dpo' learns from preference pairs; it takes no GAE advantages")
     if args["dpo_beta"] <= 0:
         problems.append(f"dpo_beta: must be positive, got {args['dpo_beta']}")
+    if not isinstance(args["packed_forward"], bool):
+        problems.append(f"packed_forward: must be true or false, got {args['packed_forward']!r}")
     if args["no_grad_batch_size"] < 1:
         problems.append(f"no_grad_batch_size: must be >= 1, got {args['no_grad_batch_size']}")
     path_problem = model_path_problem(args["model_name_or_path"])
