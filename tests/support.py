@@ -96,3 +96,14 @@ class PauseAt(pl.Callback):
         if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch_idx) and not Path(self.marker).exists():
             Path(self.marker).write_text(f"{trainer.global_step}\n")
             time.sleep(600)
+
+
+def listening_addresses(port: int) -> list[str]:
+    """Local IPv4 addresses with a socket in LISTEN state on ``port``, read from /proc/net/tcp."""
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, port_hex = local.split(":")
+        if state == "0A" and int(port_hex, 16) == port:
+            found.append(".".join(str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0)))  # little-endian
+    return found

@@ -22,6 +22,7 @@ from lit_grpo.engines.server_address import LOOPBACK, is_loopback, server_addres
 from lit_grpo.input_check import InputError
 from lit_grpo.model_loading import load_policy, load_tokenizer
 from lit_grpo.module import PolicyModule
+from support import listening_addresses
 
 TESTS = Path(__file__).resolve().parent
 
@@ -103,17 +104,6 @@ def test_model_asking_for_remote_code_is_refused_without_the_flag(remote_code_mo
 
 
 # --- the address of a server an engine starts ---------------------------------------------------------------------
-def listening_addresses(port: int) -> list[str]:
-    """Local IPv4 addresses with a socket in LISTEN state on ``port``, read from /proc/net/tcp."""
-    found = []
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        local, state = line.split()[1], line.split()[3]
-        address, port_hex = local.split(":")
-        if state == "0A" and int(port_hex, 16) == port:
-            found.append(".".join(str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0)))  # little-endian
-    return found
-
-
 def start_stand_in(address) -> subprocess.Popen:
     env = {**os.environ, **address.server_env()}
     process = subprocess.Popen([sys.executable, str(TESTS / "stand_in_server.py"), *address.server_args()], env=env)

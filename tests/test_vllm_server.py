@@ -85,6 +85,7 @@ def test_real_vllm_server_trains_two_epochs_in_sync(tmp_path):
     figures = json.loads(lines[-1][len("FIGURES "):])
     print("vllm_server figures:", figures)
     assert figures["server_url"].startswith("http://127.0.0.1:")
+    assert figures["listening"] == ["127.0.0.1"]  # the started server's socket is bound to loopback only
     # after each of 2 training epochs the server's log-probs match the trainer's at theta_old (fp32)
     assert len(figures["logp_diff_max_per_epoch"]) == 2 and max(figures["logp_diff_max_per_epoch"]) < 1e-4
     assert figures["greedy_equal"] == 32  # greedy completions equal transformers' on 32 prompts

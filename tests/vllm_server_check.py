@@ -16,6 +16,7 @@ import torch
 
 from lit_grpo.engines import VLLMServerEngine
 from lit_grpo.tasks import ArithmeticTask
+from support import listening_addresses
 from vllm_sync_check import greedy_matches, perturb_adapter, sampler_vs_trainer, train_two_epochs
 
 KEY = "lit-grpo-test-key"
@@ -29,6 +30,7 @@ def main(root: Path) -> None:
         module, _, diff_max = train_two_epochs(engine, root)
         figures["logp_diff_max_per_epoch"] = diff_max
         figures["server_url"] = engine.url
+        figures["listening"] = listening_addresses(int(engine.url.rsplit(":", 1)[1]))  # the socket's bound address
         server = engine._server
         records = list(ArithmeticTask().heldout_records())
         prompts = [module.tokenizer(r["prompt"])["input_ids"] for r in records[:32]]
