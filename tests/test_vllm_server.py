@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from lit_grpo.engines import SamplingSpec, VLLMServerEngine
-from lit_grpo.engines.vllm_server import completion_request, free_port, parse_choices, server_command
+from lit_grpo.engines.server_address import free_port, server_address
+from lit_grpo.engines.vllm_server import completion_request, parse_choices, server_command
 
 CHECK = Path(__file__).with_name("vllm_server_check.py")
 
@@ -49,7 +50,7 @@ def test_parse_choices_in_index_order_with_sampled_token_logprobs():
 
 def test_started_server_listens_on_loopback_with_runtime_lora():
     engine = VLLMServerEngine(kv_cache_gib=0.5, max_model_len=64, max_lora_rank=16, server_args=["--max-num-seqs", "8"])
-    command = server_command("/models/base", 8123, engine)
+    command = server_command("/models/base", server_address(port=8123), engine)
     assert command[command.index("--host") + 1] == "127.0.0.1" and command[command.index("--port") + 1] == "8123"
     assert "--enable-lora" in command and command[command.index("--max-lora-rank") + 1] == "16"
     assert command[command.index("--kv-cache-memory-bytes") + 1] == str(2**29)

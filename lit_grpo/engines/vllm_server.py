@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from lit_grpo.engines.base import Completion, SamplingSpec
+from lit_grpo.engines.server_address import ServerAddress, server_address
 
 
 class VLLMServerEngine:
@@ -151,18 +151,17 @@ class VLLMServerEngine:
             if self._server.poll() is not None:
                 raise RuntimeError(f"the vLLM server exited with code {self._server.returncode}:\n{self._log_tail()}")
             return
-        port = free_port()
-        command = server_command(model_path, port, self)
+        address = server_address(api_key=self.api_key)  # loopback and a free port: never exposed by default
+        command = server_command(model_path, address, self)
         self._log_path = self._local_adapter_dir() / "server.log"
         env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # an in-process setting; the server keeps its own default
-        if self.api_key:
-            env["VLLM_API_KEY"] = self.api_key  # not on the command line, where any local user could read it
+        env.update(address.server_env())  # the key goes in the environment, not on the command line
         with open(self._log_path, "wb") as log:  # its own session: stopping it stops its engine processes too
             self._server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                             start_new_session=True)
         weakref.finalize(self, stop_process, self._server)
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://{address.host}:{address.port}"
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self._server.poll() is not None:
@@ -281,13 +280,12 @@ def parse_choices(answer: dict[str, Any], n: int) -> list[Completion]:
     return completions
 
 
-def server_command(model_path: str, port: int, engine: VLLMServerEngine) -> list[str]:
-    """``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 with runtime LoRA and processed log-probs."""
+def server_command(model_path: str, address: ServerAddress, engine: VLLMServerEngine) -> list[str]:
+    """``python -m vllm.entrypoints.openai.api_server`` at ``address`` with runtime LoRA and processed log-probs."""
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", model_path,
-        "--host", "127.0.0.1",
-        "--port", str(port),
+        *address.server_args(),
         "--dtype", engine.dtype,
         "--max-model-len", str(engine.max_model_len),
         "--kv-cache-memory-bytes", str(int(engine.kv_cache_gib * 2**30)),
@@ -300,13 +298,6 @@ def server_command(model_path: str, port: int, engine: VLLMServerEngine) -> list
     if engine.enforce_eager:
         command.append("--enforce-eager")
     return command + engine.server_args
-
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def stop_process(process: subprocess.Popen | None, grace: float = 30.0) -> None:
