@@ -71,6 +71,18 @@ def sequence_logprobs(
     mask = attention_mask.long()
     position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)  # [N, L]: every row starts at 0, as in generation
     logits = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids).logits  # [N, L, V]
+    return logprobs_from_logits(logits, input_ids, attention_mask, temperature, constraint)
+
+
+def logprobs_from_logits(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float,
+    constraint: FirstTokenConstraint | None = None,
+) -> torch.Tensor:
+    """Per-token log-probs ``[N, L]`` from a forward's ``logits [N, L, V]``, aligned with ``input_ids``: column 0
+    (no context) and padded positions are 0."""
     logits = logits[:, :-1].float() / temperature  # [N, L-1, V]: position t predicts token t+1
     if constraint is not None:
         logits = restrict_first_tokens(logits, constraint)

@@ -7,11 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lit_grpo.logprobs import (
-    FirstTokenConstraint,
-    gather_logprobs,
-    restrict_first_tokens,
-)
+from lit_grpo.logprobs import FirstTokenConstraint, logprobs_from_logits
 from lit_grpo.losses import masked_mean
 
 
@@ -44,14 +40,10 @@ def logprobs_and_hidden(
     mask = attention_mask.long()
     position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
     out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, output_hidden_states=True)
-    logits = out.logits[:, :-1].float() / temperature  # [N, L-1, V]
-    if constraint is not None:
-        logits = restrict_first_tokens(logits, constraint)
-    logp = gather_logprobs(logits, input_ids[:, 1:])  # [N, L-1]
+    logp = logprobs_from_logits(out.logits, input_ids, attention_mask, temperature, constraint)  # [N, L]
     last = out.hidden_states[-1]  # [N, L, H]
     hidden = torch.cat([last.new_zeros(last.shape[0], 1, last.shape[2]), last[:, :-1]], dim=1)  # [N, L, H]
-    logp = torch.cat([logp.new_zeros(logp.shape[0], 1), logp], dim=1)  # [N, L]
-    return logp * attention_mask.to(logp.dtype), hidden
+    return logp, hidden
 
 
 def logprobs_and_values(
