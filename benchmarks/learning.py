@@ -16,6 +16,7 @@ exact-match reward and stop after 3,840 completions (60 optimizer steps of 8 pro
   also run on the base model and on each lit-grpo run's final adapter and printed beside lit-grpo's own figures.
 
     flock /tmp/heavy.lock .venv/bin/python benchmarks/learning.py [--seeds 0 1 2] [--plot docs/learning_per_sample.png]
+        [--budget 3840] [--no-trl] [--lit-args "--model.optimizer.init_args.lr 0.001"]
 
 TRL comes from the benchmark extra (``pip install -e '.[benchmark]'``, keeping torch 2.13.0).
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -65,15 +67,16 @@ def split() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return [{"prompt": r["prompt"], "answer": r["answer"]} for r in train], list(heldout)
 
 
-def lit_curve(seed: int) -> dict[str, Any]:
-    """lit-grpo's quickstart for one seed: ``{"completions": [...], "accuracy": [...], "adapter": path}``."""
+def lit_curve(seed: int, overrides: tuple[str, ...] = (), budget: int = BUDGET) -> dict[str, Any]:
+    """lit-grpo's quickstart for one seed (``overrides``: extra command-line arguments, for exploring):
+    ``{"completions": [...], "accuracy": [...], "adapter": path}``."""
     root = Path(f"/tmp/lit-grpo-learning/{seed}")
     command = [str(ROOT / ".venv" / "bin" / "lit-grpo"), "fit", "--config", "configs/quickstart.yaml",
-               "--seed_everything", str(seed), "--data.seed", str(seed), "--data.completion_budget", str(BUDGET),
-               "--trainer.max_epochs", "100", "--trainer.check_val_every_n_epoch", "3", "--trainer.logger", "false",
+               "--seed_everything", str(seed), "--data.seed", str(seed), "--data.completion_budget", str(budget),
+               "--trainer.max_epochs", "1000", "--trainer.check_val_every_n_epoch", "3", "--trainer.logger", "false",
                "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false",
-               "--trainer.default_root_dir", str(root)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+               "--trainer.default_root_dir", str(root), *overrides]
+    done = subprocess.run(command, check=False, cwd=ROOT, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"lit-grpo seed {seed} failed:\n{done.stderr[-3000:]}")
     per_epoch = 256  # the quickstart's 32 prompts x 8 completions
@@ -81,12 +84,12 @@ def lit_curve(seed: int) -> dict[str, Any]:
     for _, epoch, accuracy in ACCURACY.findall(done.stdout + done.stderr):
         curve["completions"].append(0 if not epoch else (int(epoch) + 1) * per_epoch)
         curve["accuracy"].append(float(accuracy))
-    if curve["completions"][0] != 0 or curve["completions"][-1] != BUDGET:
+    if curve["completions"][0] != 0 or curve["completions"][-1] != budget:
         raise RuntimeError(f"lit-grpo seed {seed}: unexpected validations {curve['completions']}")
     return curve
 
 
-def trl_curve(seed: int) -> dict[str, Any]:
+def trl_curve(seed: int, budget: int = BUDGET) -> dict[str, Any]:
     """TRL's GRPOTrainer for one seed, evaluated every ``EVERY_STEPS`` steps: ``{"completions", "accuracy"}``."""
     from datasets import Dataset
     from peft import LoraConfig
@@ -116,7 +119,7 @@ def trl_curve(seed: int) -> dict[str, Any]:
 
     config = GRPOConfig(
         output_dir=f"/tmp/lit-grpo-learning-trl/{seed}", use_cpu=True, bf16=False, fp16=False,
-        max_steps=BUDGET // PER_STEP, per_device_train_batch_size=PER_STEP, gradient_accumulation_steps=1,
+        max_steps=budget // PER_STEP, per_device_train_batch_size=PER_STEP, gradient_accumulation_steps=1,
         num_generations=8, generation_batch_size=PER_STEP, max_completion_length=6, temperature=1.0, top_p=1.0,
         top_k=0, learning_rate=5e-4, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_grad_norm=1.0, beta=0.04, epsilon=0.2, num_iterations=1, loss_type="grpo", scale_rewards="group",
@@ -150,14 +153,14 @@ def evaluator_check(adapters: list[str]) -> dict[str, float]:
     return result
 
 
-def in_child(function: str, argument: Any) -> Any:
-    """Run ``function(argument)`` of this file in a fresh process (no state shared between runs); its JSON result."""
+def in_child(function: str, *arguments: Any) -> Any:
+    """Run ``function(*arguments)`` of this file in a fresh process (no state shared between runs); its JSON result."""
     code = (f"import json, sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import learning; "
-            f"print('RESULT ' + json.dumps(learning.{function}({argument!r})))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+            f"print('RESULT ' + json.dumps(learning.{function}(*{arguments!r})))")
+    done = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
-        raise RuntimeError(f"{function}({argument!r}) failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{function}{arguments!r} failed:\n{done.stderr[-3000:]}")
     return json.loads(lines[-1][len("RESULT ") :])
 
 
@@ -182,38 +185,55 @@ def plot(curves: dict[str, list[dict[str, Any]]], path: Path) -> None:
     figure.savefig(path, dpi=110, bbox_inches="tight")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "learning_per_sample.png")
-    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "learning.json")
-    options = parser.parse_args()
-    curves: dict[str, list[dict[str, Any]]] = {"lit-grpo": [], "TRL 1.16": []}
-    for seed in options.seeds:  # alternate, one run at a time: 2 cores
-        curves["lit-grpo"].append(in_child("lit_curve", seed))
-        curves["TRL 1.16"].append(in_child("trl_curve", seed))
+def run_all(seeds: list[int], budget: int, lit_args: tuple[str, ...], trl: bool) -> dict[str, list[dict[str, Any]]]:
+    """Every seed's curves, the trainers alternating, one run at a time (2 cores); then the evaluator check."""
+    curves: dict[str, list[dict[str, Any]]] = {"lit-grpo": [], **({"TRL 1.16": []} if trl else {})}
+    for seed in seeds:
+        curves["lit-grpo"].append(in_child("lit_curve", seed, lit_args, budget))
+        if trl:
+            curves["TRL 1.16"].append(in_child("trl_curve", seed, budget))
         for name, runs in curves.items():
-            run = runs[-1]
-            print(f"seed {seed} {name}: " + ", ".join(f"{c}: {a:.3f}" for c, a in zip(run["completions"], run["accuracy"])),
-                  flush=True)
+            points = ", ".join(f"{c}: {a:.3f}" for c, a in zip(runs[-1]["completions"], runs[-1]["accuracy"]))
+            print(f"seed {seed} {name}: {points}", flush=True)
     check = in_child("evaluator_check", [run["adapter"] for run in curves["lit-grpo"]])
     before = ", ".join(f"{run['accuracy'][0]:.3f}" for run in curves["lit-grpo"])
     print(f"evaluator check, base model: greedy_accuracy {check['base']:.3f}, lit-grpo's val/accuracy {before}")
     for run in curves["lit-grpo"]:
         print(f"evaluator check, {run['adapter']}: greedy_accuracy {check[run['adapter']]:.3f}, "
               f"lit-grpo's val/accuracy {run['accuracy'][-1]:.3f}")
+    return curves
+
+
+def report(curves: dict[str, list[dict[str, Any]]], budget: int) -> None:
     gains = {name: [100 * (run["accuracy"][-1] - run["accuracy"][0]) for run in runs] for name, runs in curves.items()}
-    print(f"\n| trainer | accuracy before | after {BUDGET:,} completions | gain, points (mean ± sd) | per seed |")
+    print(f"\n| trainer | accuracy before | after {budget:,} completions | gain, points (mean ± sd) | per seed |")
     print("|---|---|---|---|---|")
     for name, runs in curves.items():
         before = statistics.mean(run["accuracy"][0] for run in runs)
         after = statistics.mean(run["accuracy"][-1] for run in runs)
         spread = statistics.pstdev(gains[name]) if len(gains[name]) > 1 else 0.0
-        print(f"| {name} | {100 * before:.1f}% | {100 * after:.1f}% | {statistics.mean(gains[name]):+.1f} ± {spread:.1f} | "
-              f"{', '.join(f'{g:+.1f}' for g in gains[name])} |")
-    trl_gain = statistics.mean(gains["TRL 1.16"])
-    ratio = statistics.mean(gains["lit-grpo"]) / trl_gain if trl_gain > 0 else float("nan")
-    print(f"\nlit-grpo's gain / TRL's gain: {ratio:.2f} (TRL's gain {'>' if trl_gain > 0 else '<='} 0)")
+        per_seed = ", ".join(f"{g:+.1f}" for g in gains[name])
+        print(f"| {name} | {100 * before:.1f}% | {100 * after:.1f}% | {statistics.mean(gains[name]):+.1f} ± {spread:.1f} "
+              f"| {per_seed} |")
+    if "TRL 1.16" in gains:
+        trl_gain = statistics.mean(gains["TRL 1.16"])
+        ratio = statistics.mean(gains["lit-grpo"]) / trl_gain if trl_gain > 0 else float("nan")
+        print(f"\nlit-grpo's gain / TRL's gain: {ratio:.2f} (TRL's gain {'>' if trl_gain > 0 else '<='} 0)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--budget", type=int, default=BUDGET, help="completions per run (a multiple of 768)")
+    parser.add_argument("--lit-args", default="", help="extra lit-grpo arguments, for exploring (one string)")
+    parser.add_argument("--no-trl", action="store_true")
+    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "learning_per_sample.png")
+    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "learning.json")
+    options = parser.parse_args()
+    if options.budget % (EVERY_STEPS * PER_STEP):
+        parser.error(f"--budget must be a multiple of {EVERY_STEPS * PER_STEP}")
+    curves = run_all(options.seeds, options.budget, tuple(shlex.split(options.lit_args)), not options.no_trl)
+    report(curves, options.budget)
     options.json.parent.mkdir(parents=True, exist_ok=True)
     options.json.write_text(json.dumps(curves, indent=1))
     plot(curves, options.plot)
