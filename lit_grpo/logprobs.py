@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +93,18 @@ def logprobs_from_logits(
 
 
 @torch.no_grad()
+def chunked_eval(model: Any, num_rows: int, batch_size: int, forward: Callable[[slice], torch.Tensor]) -> torch.Tensor:
+    """``forward(rows)`` over consecutive slices of ``batch_size`` of ``num_rows`` rows, concatenated on dim 0: the
+    no-grad passes (pi_old, pi_ref, values, risk) run in eval mode because the sampler ran without dropout, in
+    chunks so that memory stays bounded; the model's training flag is restored even if a chunk fails."""
+    was_training = model.training
+    model.eval()
+    try:
+        return torch.cat([forward(slice(i, i + batch_size)) for i in range(0, num_rows, batch_size)], dim=0)
+    finally:
+        model.train(was_training)
+
+
 def batched_sequence_logprobs(
     model: Any,
     input_ids: torch.Tensor,
@@ -100,18 +113,13 @@ def batched_sequence_logprobs(
     batch_size: int = 256,
     constraint: FirstTokenConstraint | None = None,
 ) -> torch.Tensor:
-    """``sequence_logprobs`` in chunks, in eval mode (dropout off, as the sampler ran), without gradients."""
-    was_training = model.training
-    model.eval()
-    try:
-        chunks = [
-            sequence_logprobs(model, input_ids[i : i + batch_size], attention_mask[i : i + batch_size], temperature,
-                              None if constraint is None else constraint.rows(i, i + batch_size))
-            for i in range(0, input_ids.shape[0], batch_size)
-        ]
-    finally:
-        model.train(was_training)
-    return torch.cat(chunks, dim=0)  # [N, L]
+    """``sequence_logprobs`` in chunks, in eval mode (dropout off, as the sampler ran), without gradients: ``[N, L]``."""
+
+    def forward(rows: slice) -> torch.Tensor:
+        restriction = None if constraint is None else constraint.rows(rows.start, rows.stop)
+        return sequence_logprobs(model, input_ids[rows], attention_mask[rows], temperature, restriction)
+
+    return chunked_eval(model, input_ids.shape[0], batch_size, forward)
 
 
 def sampler_agreement(

@@ -16,7 +16,7 @@ from lit_grpo.callbacks.nonfinite import NonFiniteGuard
 from lit_grpo.callbacks.reference import ReferencePolicy
 from lit_grpo.callbacks.rng_state import RngState
 from lit_grpo.input_check import check_inputs
-from lit_grpo.logprobs import sampler_agreement
+from lit_grpo.logprobs import chunked_eval, sampler_agreement
 from lit_grpo.losses import (
     Aggregation,
     KLEstimator,
@@ -212,21 +212,14 @@ class PolicyModule(pl.LightningModule):
         if self.value_head is not None:
             buffer.values = self.old_values(*args, batch_size).cpu()
 
-    @torch.no_grad()
     def old_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
                    batch_size: int) -> torch.Tensor:
         """``[N, L]`` value estimates at theta_old, in eval mode."""
-        was_training = self.policy.training
-        self.policy.eval()
-        try:
-            chunks = [
-                logprobs_and_values(self.policy, self.value_head, input_ids[i : i + batch_size],
-                                    attention_mask[i : i + batch_size], temperature)[1]
-                for i in range(0, input_ids.shape[0], batch_size)
-            ]
-        finally:
-            self.policy.train(was_training)
-        return torch.cat(chunks)
+
+        def forward(rows: slice) -> torch.Tensor:
+            return logprobs_and_values(self.policy, self.value_head, input_ids[rows], attention_mask[rows], temperature)[1]
+
+        return chunked_eval(self.policy, input_ids.shape[0], batch_size, forward)
 
     def assign_advantages(self, buffer: RolloutBuffer) -> None:
         """Group advantages of the rewards (less beta * KL when ``kl_in='reward'``), or of the trees."""

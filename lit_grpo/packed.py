@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_grpo.logprobs import FirstTokenConstraint, sequence_logprobs
+from lit_grpo.logprobs import FirstTokenConstraint, chunked_eval, sequence_logprobs
 
 MASK_ATTENTION = ("eager", "sdpa")  # transformers' kernels that take a custom 4-D float mask as given
 MAX_PACK_TOKENS = 1024  # dense attention over a pack is quadratic in its length: cap it, repeat the prefix instead
@@ -249,20 +249,13 @@ class TokenLogprobs:
             return packed_logprobs(model, input_ids, attention_mask, completion_mask, temperature)
         return sequence_logprobs(model, input_ids, attention_mask, temperature, constraint)
 
-    @torch.no_grad()
     def batched(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 completion_mask: torch.Tensor, temperature: float, batch_size: int,
                 constraint: FirstTokenConstraint | None = None) -> torch.Tensor:
         """``[N, L]`` log-probs in chunks of ``batch_size`` rows, in eval mode, without gradients (pi_old, pi_ref)."""
-        was_training = model.training
-        model.eval()
-        try:
-            chunks = [
-                self(model, input_ids[i : i + batch_size], attention_mask[i : i + batch_size],
-                     completion_mask[i : i + batch_size], temperature,
-                     None if constraint is None else constraint.rows(i, i + batch_size))
-                for i in range(0, input_ids.shape[0], batch_size)
-            ]
-        finally:
-            model.train(was_training)
-        return torch.cat(chunks, dim=0)  # [N, L]
+
+        def forward(rows: slice) -> torch.Tensor:
+            restriction = None if constraint is None else constraint.rows(rows.start, rows.stop)
+            return self(model, input_ids[rows], attention_mask[rows], completion_mask[rows], temperature, restriction)
+
+        return chunked_eval(model, input_ids.shape[0], batch_size, forward)

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from lit_grpo.logprobs import FirstTokenConstraint
+from lit_grpo.logprobs import FirstTokenConstraint, chunked_eval
 from lit_grpo.risk import (
     RiskHead,
     error_probability,
@@ -50,30 +50,25 @@ def risk_head_loss(
     return loss, stats
 
 
-@torch.no_grad()
 def context_error_probability(policy: Any, head: RiskHead, contexts: Sequence[Sequence[int]], pad_id: int,
                               batch_size: int = 256) -> torch.Tensor:
     """P(error of inferring now) at each open context ``[B]``: the head on the hidden state of its last token, from
     right-padded rows with positions from 0 (as in training), in eval mode."""
-    was_training = policy.training
-    policy.eval()
     device = next(head.parameters()).device
-    try:
-        chunks = []
-        for start in range(0, len(contexts), batch_size):
-            part = contexts[start : start + batch_size]
-            lengths = torch.tensor([len(c) for c in part])
-            ids = torch.full((len(part), int(lengths.max())), pad_id, dtype=torch.long)
-            for row, context in enumerate(part):
-                ids[row, : len(context)] = torch.tensor(list(context))
-            mask = (torch.arange(ids.shape[1]) < lengths.unsqueeze(1)).long()  # [B, L]
-            out = policy(input_ids=ids.to(device), attention_mask=mask.to(device),
-                         position_ids=(mask.cumsum(1) - 1).clamp(min=0).to(device), output_hidden_states=True)
-            last = out.hidden_states[-1][torch.arange(len(part)), (lengths - 1).to(device)]  # [B, H]
-            chunks.append(head.error_probability(last).cpu())
-    finally:
-        policy.train(was_training)
-    return torch.cat(chunks)
+
+    def forward(rows: slice) -> torch.Tensor:
+        part = contexts[rows]
+        lengths = torch.tensor([len(c) for c in part])
+        ids = torch.full((len(part), int(lengths.max())), pad_id, dtype=torch.long)
+        for row, context in enumerate(part):
+            ids[row, : len(context)] = torch.tensor(list(context))
+        mask = (torch.arange(ids.shape[1]) < lengths.unsqueeze(1)).long()  # [B, L]
+        out = policy(input_ids=ids.to(device), attention_mask=mask.to(device),
+                     position_ids=(mask.cumsum(1) - 1).clamp(min=0).to(device), output_hidden_states=True)
+        last = out.hidden_states[-1][torch.arange(len(part)), (lengths - 1).to(device)]  # [B, H]
+        return head.error_probability(last).cpu()
+
+    return chunked_eval(policy, len(contexts), batch_size, forward)
 
 
 class RiskRule:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from lit_grpo.logprobs import batched_sequence_logprobs, gather_logprobs, sequence_logprobs
+from lit_grpo.logprobs import batched_sequence_logprobs, chunked_eval, gather_logprobs, sequence_logprobs
 from lit_grpo.tiny import build_char_tokenizer, tiny_llama_config
 
 
@@ -108,3 +108,25 @@ def test_batched_sequence_logprobs_chunks_and_restores_mode(tiny_model):
         model.eval()
     assert not chunked.requires_grad
     assert torch.allclose(chunked, whole, rtol=0, atol=1e-6)
+
+
+def test_chunked_eval_slices_in_order_in_eval_mode_and_restores_the_flag_on_failure():
+    model = torch.nn.Dropout(0.5)  # its training flag is the state chunked_eval must manage
+    model.train()
+    seen = []
+
+    def forward(rows: slice) -> torch.Tensor:
+        seen.append((rows.start, rows.stop, model.training, torch.is_grad_enabled()))
+        return torch.arange(7.0)[rows] * 10  # [rows]
+
+    out = chunked_eval(model, 7, 3, forward)
+    assert out.tolist() == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+    assert seen == [(0, 3, False, False), (3, 6, False, False), (6, 9, False, False)]
+    assert model.training
+
+    def failing(rows: slice) -> torch.Tensor:
+        raise RuntimeError("chunk failed")
+
+    with pytest.raises(RuntimeError, match="chunk failed"):
+        chunked_eval(model, 7, 3, failing)
+    assert model.training  # restored although the forward raised
