@@ -10,7 +10,8 @@ fp32; the shipped tiny model. ``fewshot-bench`` — the same with four solved ex
 clarification game (``ClarifyTask``, ``data/tiny-llama-clarify``) with tree rollouts, branching 4 at each of 3
 rounds, 8 trees per optimizer step, otherwise as above (TRL has no tree rollouts: no TRL figure).
 
-The floor: generating the 64 completions, one (padded, unshared) LoRA forward+backward, one reference forward
+The floor: generating the 64 completions (unshared: every row prefills its own prompt), one (padded, unshared) LoRA
+forward+backward, one reference forward
 and one AdamW step, each the median of 7 timings in a process of its own, measured once per round of runs (the
 median over rounds is reported). A trainer's time per step is the wall time from the end of its
 first optimizer step to the end of its last over the steps in between (rollout, no-grad passes, update and the
@@ -92,7 +93,7 @@ def floor(workload: str) -> dict[str, float]:
     model = TREE_MODEL if workload == "tree-bench" else MODEL
     tokenizer = load_tokenizer(model)
     policy = load_policy(model, 16, 32, 0.0, TARGETS)
-    engine = HFEngine()
+    engine = HFEngine(share_prompt_prefill=False)  # the floor is unshared: each of the G rows prefills its prompt
     engine.push_policy(policy)
     spec = SamplingSpec(max_new_tokens=NEW_TOKENS, temperature=1.0, seed=0, stop_token_ids=(tokenizer.eos_token_id,))
     generate, buffer = rollouts(workload, tokenizer, engine, spec)

@@ -262,3 +262,52 @@ def test_generate_needs_a_policy(policy):
 def test_engine_rejects_bad_batch_size():
     with pytest.raises(ValueError, match="batch_size"):
         HFEngine(batch_size=0)
+
+
+def forward_shapes(policy):
+    """Records ``input_ids`` shapes of every forward of the base model; returns (shapes, hook handle)."""
+    shapes = []
+    base = policy.get_base_model()
+    handle = base.register_forward_pre_hook(lambda _, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
+                                            with_kwargs=True)
+    return shapes, handle
+
+
+@pytest.mark.parametrize("constrained", [False, True])
+def test_shared_prompt_prefill_equals_unshared_generation(policy, constrained):
+    prompts = [*PROMPTS, [1]]  # lengths 7, 5, 4 and 1: the last one's shared context is all padding
+    allowed = ((21, 22), None, (30,), (25, 26, 27)) if constrained else None
+    spec = SamplingSpec(max_new_tokens=6, temperature=T, seed=3, stop_token_ids=STOPS, allowed_token_ids=allowed)
+    results = {}
+    for share in (False, True):
+        engine = HFEngine(share_prompt_prefill=share)
+        engine.push_policy(policy)
+        shapes, handle = forward_shapes(policy)
+        try:
+            results[share] = engine.generate(prompts, 4, spec)
+        finally:
+            handle.remove()
+        # shared: one prefill of the 4 prompts' first 6 columns; unshared: 16 rows of all 7 from the start
+        assert shapes[0] == ((4, 6) if share else (16, 7))
+    for shared_group, unshared_group in zip(results[True], results[False]):
+        for shared, unshared in zip(shared_group, unshared_group):
+            assert shared.token_ids == unshared.token_ids
+            assert shared.finish_reason == unshared.finish_reason
+            assert max(abs(a - b) for a, b in zip(shared.logprobs, unshared.logprobs)) < 1e-5
+    for index, (prompt, group) in enumerate(zip(prompts, results[True])):
+        for completion in group:
+            assert all(torch.isfinite(torch.tensor(completion.logprobs)))
+            if allowed is None or allowed[index] is None:  # restricted rows are renormalised: tested above
+                assert_trainer_logprobs(policy, prompt, completion)
+    if constrained:
+        assert all(c.token_ids[0] in (21, 22) for c in results[True][0])
+        assert all(c.token_ids[0] == 30 and c.logprobs[0] == pytest.approx(0.0, abs=1e-6) for c in results[True][2])
+
+
+def test_one_sample_per_prompt_does_not_prefill_separately(policy, engine):
+    shapes, handle = forward_shapes(policy)
+    try:
+        engine.generate(PROMPTS, 1, SamplingSpec(max_new_tokens=3, temperature=T, seed=0))
+    finally:
+        handle.remove()
+    assert shapes[0] == (3, 7)  # nothing to share: generate's own prefill of the whole prompts

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 
 from lit_grpo.engines.base import Completion, SamplingSpec
 
@@ -36,16 +36,24 @@ class HFEngine:
     Top-k is set to 0 explicitly: transformers fills an unset ``top_k`` with 50, which would truncate the sampling
     distribution and bias the importance ratio.
 
+    With ``share_prompt_prefill`` (the default), a prompt sampled ``n`` times is run through the model once: all
+    but its last token are prefilled for the ``B`` prompts, the key/value cache is repeated ``n`` times per prompt,
+    and ``generate`` continues the ``B * n`` rows from there (what ``num_return_sequences`` would otherwise compute
+    ``n`` times). Tokens and log-probs are those of the unshared path (``tests/test_engine_hf.py``); models whose
+    cache is not a ``DynamicCache`` take the unshared path.
+
     Args:
         batch_size: prompts per ``generate`` call (each expands to ``n`` rows).
         shared: see ``RolloutEngine.shared``.
+        share_prompt_prefill: compute each prompt's prefill once for its ``n`` samples.
     """
 
-    def __init__(self, batch_size: int = 64, shared: bool = False) -> None:
+    def __init__(self, batch_size: int = 64, shared: bool = False, share_prompt_prefill: bool = True) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
         self.shared = shared
+        self.share_prompt_prefill = share_prompt_prefill
         self._model: Any = None
 
     def push_policy(self, model: Any) -> None:
@@ -78,14 +86,20 @@ class HFEngine:
         model.eval()
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                cache = None
+                if self.share_prompt_prefill and n > 1 and input_ids.shape[1] > 1:
+                    cache = shared_prefill(model, input_ids, attention_mask, n)
+                if cache is not None:
+                    input_ids, attention_mask = input_ids.repeat_interleave(n, 0), attention_mask.repeat_interleave(n, 0)
                 if sampling.seed is not None:
                     torch.manual_seed(sampling.seed + chunk.start)
                 out = model.generate(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
+                    past_key_values=cache,
                     **sampling_kwargs(sampling),
                     max_new_tokens=sampling.max_new_tokens,
-                    num_return_sequences=n,
+                    num_return_sequences=1 if cache is not None else n,
                     eos_token_id=list(sampling.stop_token_ids) or None,
                     pad_token_id=pad_id,
                     logits_processor=processors,
@@ -99,6 +113,21 @@ class HFEngine:
         logprobs = torch.log_softmax(scores, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
         flat = [to_completion(ids, lps, set(sampling.stop_token_ids)) for ids, lps in zip(new_tokens, logprobs)]
         return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+
+def shared_prefill(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int) -> DynamicCache | None:
+    """The key/value cache of every prompt's tokens but the last (``input_ids [B, P]``, left-padded), computed once
+    and repeated ``n`` times per prompt (``[B * n]`` rows, prompt-major like ``num_return_sequences``); ``generate``
+    then runs from each row's last prompt token. ``None`` when the model's cache cannot be repeated."""
+    context_mask = attention_mask[:, :-1]  # [B, P-1]
+    positions = (context_mask.cumsum(-1) - 1).masked_fill(context_mask == 0, 1)  # as generate numbers left-padded rows
+    out = model(input_ids=input_ids[:, :-1], attention_mask=context_mask, position_ids=positions, use_cache=True,
+                logits_to_keep=1)
+    cache = out.past_key_values
+    if type(cache) is not DynamicCache:  # e.g. a sliding-window or hybrid cache: generate unshared
+        return None
+    cache.batch_repeat_interleave(n)
+    return cache
 
 
 def sampling_kwargs(sampling: SamplingSpec) -> dict[str, Any]:
