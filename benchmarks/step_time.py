@@ -97,6 +97,9 @@ def floor(workload: str) -> dict[str, float]:
     engine.push_policy(policy)
     spec = SamplingSpec(max_new_tokens=NEW_TOKENS, temperature=1.0, seed=0, stop_token_ids=(tokenizer.eos_token_id,))
     generate, buffer = rollouts(workload, tokenizer, engine, spec)
+    shared_engine = HFEngine()  # lit-grpo's default: each prompt's prefill computed once for its G samples
+    shared_engine.push_policy(policy)
+    shared_generate, _ = rollouts(workload, tokenizer, shared_engine, spec)
     ids, mask, counted = buffer.input_ids, buffer.attention_mask, buffer.completion_mask
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=LR, weight_decay=0.0)
 
@@ -117,6 +120,7 @@ def floor(workload: str) -> dict[str, float]:
         "adamw_step": optimizer.step,
         "packed_forward_backward": lambda: forward_backward(True),
         "packed_reference_forward": lambda: reference(True),
+        "shared_prefill_generate": shared_generate,
     }
     result = {}
     for name, action in actions.items():
@@ -258,9 +262,10 @@ def report(workload: str, parts: dict[str, float], runs: dict[str, list[dict[str
     ) + f"; total {1000 * parts['floor']:.0f} ms")
     print(f"shared-prefix forward+backward {1000 * parts['packed_forward_backward']:.0f} ms "
           f"({parts['forward_backward'] / parts['packed_forward_backward']:.2f}x less), reference forward "
-          f"{1000 * parts['packed_reference_forward']:.0f} ms")
+          f"{1000 * parts['packed_reference_forward']:.0f} ms; shared-prefill generation "
+          f"{1000 * parts['shared_prefill_generate']:.0f} ms")
     trl = statistics.median(r["seconds_per_step"] for r in runs["trl"]) if runs.get("trl") else None
-    print(f"| trainer | s / step, median | min-max | / floor | / TRL | peak RSS MB |")
+    print("| trainer | s / step, median | min-max | / floor | / TRL | peak RSS MB |")
     print("|---|---|---|---|---|---|")
     for kind, results in runs.items():
         times = [r["seconds_per_step"] for r in results]
