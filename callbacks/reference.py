@@ -10,13 +10,12 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_grpo.logprobs import FirstTokenConstraint, batched_sequence_logprobs
-
 REFERENCE_ADAPTER = "reference"
 
 
 class ReferencePolicy(pl.Callback):
-    """Owns what pi_ref is and computes its log-probs for the rollout buffer.
+    """Owns what pi_ref is: inside ``active(policy)`` the policy model runs as pi_ref, which is how the module
+    computes the buffer's ``ref_logp`` (with whichever forward it trains with, packed or padded).
 
     Args:
         reference: ``base``: the base model with the LoRA adapter disabled (no extra memory); ``initial``: a frozen
@@ -45,12 +44,6 @@ class ReferencePolicy(pl.Callback):
         if every is not None and (trainer.current_epoch + 1) % every == 0:
             self._freeze(pl_module.policy)
             rank_zero_info(f"reference policy refreshed from the adapter after epoch {trainer.current_epoch}")
-
-    def logprobs(self, policy: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
-                 batch_size: int = 256, constraint: FirstTokenConstraint | None = None) -> torch.Tensor:
-        """``[N, L]`` log-probs of the sequences under pi_ref (with the sampler's first-token restrictions)."""
-        with self.active(policy):
-            return batched_sequence_logprobs(policy, input_ids, attention_mask, temperature, batch_size, constraint)
 
     @contextmanager
     def active(self, policy: Any) -> Iterator[None]:

@@ -93,7 +93,8 @@ def test_refresh_copies_the_adapter_and_then_stays_frozen(tiny_llama_dir, tmp_pa
     module, datamodule = make_pair(tiny_llama_dir)
     trainer = make_trainer(tmp_path, 3, [reference, capture])
     trainer.fit(module, datamodule)
-    ref_logp = reference.logprobs(module.policy, probe, mask, 1.0)
+    with reference.active(module.policy):
+        ref_logp = batched_sequence_logprobs(module.policy, probe, mask, 1.0)
     # refreshed after epoch index 1 (the second epoch): pi_ref is pi_theta as it was then, not as it is now
     torch.testing.assert_close(ref_logp, capture.policy_logp[1], rtol=0, atol=1e-6)
     assert (ref_logp - capture.policy_logp[2]).abs().max() > 1e-4
