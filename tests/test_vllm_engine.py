@@ -58,6 +58,8 @@ def test_bad_knobs_fail_at_construction():
         VLLMEngine(push_strategy="nccl")
     with pytest.raises(ValueError, match="kv_cache_gib"):
         VLLMEngine(kv_cache_gib=0)
+    with pytest.raises(ValueError, match="max_model_len must be >= 2 or None, got 0"):
+        VLLMEngine(max_model_len=0)
 
 
 @pytest.mark.parametrize("strategy", ["merged", "adapter"])

@@ -55,7 +55,10 @@ def test_started_server_listens_on_loopback_with_runtime_lora():
     assert "--enable-lora" in command and command[command.index("--max-lora-rank") + 1] == "16"
     assert command[command.index("--kv-cache-memory-bytes") + 1] == str(2**29)
     assert command[command.index("--logprobs-mode") + 1] == "processed_logprobs"
+    assert command[command.index("--max-model-len") + 1] == "64"
     assert command[-2:] == ["--max-num-seqs", "8"]
+    # by default the server takes the model's own context length
+    assert "--max-model-len" not in server_command("/models/base", server_address(port=8123), VLLMServerEngine())
 
 
 def test_nothing_starts_at_construction_and_bad_knobs_fail_early():
@@ -65,6 +68,8 @@ def test_nothing_starts_at_construction_and_bad_knobs_fail_early():
         VLLMServerEngine(url="localhost:8000")
     with pytest.raises(ValueError, match="kv_cache_gib"):
         VLLMServerEngine(kv_cache_gib=0)
+    with pytest.raises(ValueError, match="max_model_len must be >= 2 or None, got 1"):
+        VLLMServerEngine(max_model_len=1)
     with pytest.raises(RuntimeError, match="call push_policy"):
         engine.generate([[1]], 1, SamplingSpec(max_new_tokens=2))
 

@@ -109,7 +109,7 @@ def perturb_adapter(module: PolicyModule) -> None:
 def main(strategy: str) -> None:
     torch.manual_seed(0)
     root = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("/tmp/lit-grpo-vllm-check")
-    engine = VLLMEngine(push_strategy=strategy, kv_cache_gib=0.25, max_model_len=64, shared=True)
+    engine = VLLMEngine(push_strategy=strategy, kv_cache_gib=0.25, shared=True)  # max_model_len: the model's own
     module, datamodule, diff_max = train_two_epochs(engine, root)
     records = list(ArithmeticTask().heldout_records())
     prompts = [module.tokenizer(r["prompt"])["input_ids"] for r in records[:32]]

@@ -70,7 +70,8 @@ class HFEngine:
         results: list[list[Completion]] = []
         starts = range(0, len(prompts), self.batch_size)
         # a bar on a terminal when generation takes several calls; None lets tqdm stay quiet when not a TTY
-        for start in tqdm(starts, desc="generating", unit="batch", leave=False, disable=True if len(starts) < 2 else None):
+        quiet = True if len(starts) < 2 else None
+        for start in tqdm(starts, desc="generating", unit="batch", leave=False, disable=quiet):
             chunk = slice(start, min(start + self.batch_size, len(prompts)))
             results.extend(self._generate_chunk(prompts[chunk], n, sampling, chunk))
         return results
@@ -90,7 +91,8 @@ class HFEngine:
                 if self.share_prompt_prefill and n > 1 and input_ids.shape[1] > 1:
                     cache = shared_prefill(model, input_ids, attention_mask, n)
                 if cache is not None:
-                    input_ids, attention_mask = input_ids.repeat_interleave(n, 0), attention_mask.repeat_interleave(n, 0)
+                    input_ids = input_ids.repeat_interleave(n, 0)  # [B * n, P], prompt-major
+                    attention_mask = attention_mask.repeat_interleave(n, 0)
                 if sampling.seed is not None:
                     torch.manual_seed(sampling.seed + chunk.start)
                 out = model.generate(

@@ -33,7 +33,8 @@ class VLLMEngine:
         push_strategy: how the current policy reaches the engine each epoch: ``merged`` (merged weights reloaded in
             place) or ``adapter`` (a LoRARequest per push). ``merged`` generated faster here (see the README).
         kv_cache_gib: memory reserved for the KV cache, in GiB (RAM on a CPU build).
-        max_model_len: the longest prompt + completion the engine accepts.
+        max_model_len: the longest prompt + completion the engine accepts; ``None``: the model's own context length
+            (its ``max_position_embeddings``), which a larger value may not exceed.
         dtype: the engine's weight dtype; float32 on CPU keeps the sampler's log-probs equal to the trainer's.
         enforce_eager: skip graph compilation: faster start-up, slightly slower steady state.
         tensor_parallel_size: GPUs per engine (1 on CPU).
@@ -46,7 +47,7 @@ class VLLMEngine:
         self,
         push_strategy: PushStrategy = "merged",
         kv_cache_gib: float = 1.0,
-        max_model_len: int = 512,
+        max_model_len: int | None = None,
         dtype: str = "float32",
         enforce_eager: bool = True,
         tensor_parallel_size: int = 1,
@@ -56,6 +57,8 @@ class VLLMEngine:
     ) -> None:
         if push_strategy not in ("merged", "adapter"):
             raise ValueError(f"unknown push_strategy {push_strategy!r}; valid choices: merged, adapter")
+        if max_model_len is not None and max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2 or None, got {max_model_len}")
         if kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib must be positive, got {kv_cache_gib}")
         self.push_strategy = push_strategy

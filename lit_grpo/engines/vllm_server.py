@@ -44,7 +44,8 @@ class VLLMServerEngine:
             machine.
         server_adapter_dir: ``adapter_dir`` as the server's machine sees it, if mounted elsewhere there.
         kv_cache_gib: KV cache of a server the engine starts, in GiB (RAM on a CPU build).
-        max_model_len: the longest prompt + completion a server the engine starts accepts.
+        max_model_len: the longest prompt + completion a server the engine starts accepts; ``None``: the model's own
+            context length (its ``max_position_embeddings``), which a larger value may not exceed.
         dtype: weight dtype of a server the engine starts; float32 on CPU keeps its log-probs equal to the trainer's.
         enforce_eager: start the server without graph compilation (faster start-up).
         max_lora_rank: the largest LoRA rank a server the engine starts accepts.
@@ -63,7 +64,7 @@ class VLLMServerEngine:
         adapter_dir: str | None = None,
         server_adapter_dir: str | None = None,
         kv_cache_gib: float = 1.0,
-        max_model_len: int = 512,
+        max_model_len: int | None = None,
         dtype: str = "float32",
         enforce_eager: bool = True,
         max_lora_rank: int = 64,
@@ -74,6 +75,8 @@ class VLLMServerEngine:
         max_parallel_requests: int = 64,
         shared: bool = False,
     ) -> None:
+        if max_model_len is not None and max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2 or None, got {max_model_len}")
         if kv_cache_gib <= 0:
             raise ValueError(f"kv_cache_gib must be positive, got {kv_cache_gib}")
         if max_parallel_requests < 1:
@@ -287,7 +290,6 @@ def server_command(model_path: str, address: ServerAddress, engine: VLLMServerEn
         "--model", model_path,
         *address.server_args(),
         "--dtype", engine.dtype,
-        "--max-model-len", str(engine.max_model_len),
         "--kv-cache-memory-bytes", str(int(engine.kv_cache_gib * 2**30)),
         "--enable-lora",
         "--max-lora-rank", str(engine.max_lora_rank),
@@ -295,6 +297,8 @@ def server_command(model_path: str, address: ServerAddress, engine: VLLMServerEn
         "--logprobs-mode", "processed_logprobs",
         "--seed", str(engine.seed),
     ]
+    if engine.max_model_len is not None:
+        command += ["--max-model-len", str(engine.max_model_len)]
     if engine.enforce_eager:
         command.append("--enforce-eager")
     return command + engine.server_args
