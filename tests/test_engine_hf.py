@@ -273,8 +273,18 @@ def forward_shapes(policy):
     return shapes, handle
 
 
+@pytest.fixture(scope="module")
+def gpt2_policy(tiny_gpt2_dir):
+    """Learned absolute positions: a wrong position id for a left-padded row changes its tokens."""
+    policy = load_policy(str(tiny_gpt2_dir), 4, 8, 0.0, "all-linear")
+    randomise_lora(policy, 2)
+    return policy.eval()
+
+
 @pytest.mark.parametrize("constrained", [False, True])
-def test_shared_prompt_prefill_equals_unshared_generation(policy, constrained):
+@pytest.mark.parametrize("architecture", ["llama", "gpt2"])
+def test_shared_prompt_prefill_equals_unshared_generation(request, architecture, constrained):
+    policy = request.getfixturevalue("policy" if architecture == "llama" else "gpt2_policy")
     prompts = [*PROMPTS, [1]]  # lengths 7, 5, 4 and 1: the last one's shared context is all padding
     allowed = ((21, 22), None, (30,), (25, 26, 27)) if constrained else None
     spec = SamplingSpec(max_new_tokens=6, temperature=T, seed=3, stop_token_ids=STOPS, allowed_token_ids=allowed)

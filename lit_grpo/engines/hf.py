@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -123,8 +124,11 @@ def shared_prefill(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     then runs from each row's last prompt token. ``None`` when the model's cache cannot be repeated."""
     context_mask = attention_mask[:, :-1]  # [B, P-1]
     positions = (context_mask.cumsum(-1) - 1).masked_fill(context_mask == 0, 1)  # as generate numbers left-padded rows
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    # only the cache is wanted: skip the output head over the prompt (B x P x vocab floats) where the model allows
+    head = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(base.forward).parameters else {}
     out = model(input_ids=input_ids[:, :-1], attention_mask=context_mask, position_ids=positions, use_cache=True,
-                logits_to_keep=1)
+                **head)
     cache = out.past_key_values
     if type(cache) is not DynamicCache:  # e.g. a sliding-window or hybrid cache: generate unshared
         return None
