@@ -10,8 +10,8 @@ exact-match reward and stop after 3,840 completions (60 optimizer steps of 8 pro
   in the seed, ``--data.completion_budget 3840`` and how often it validates (every 3 epochs = 768 completions).
   Its curve is its own ``val/accuracy`` (greedy, transformers ``generate``, the whole held-out split).
 - TRL 1.16 runs issue 10's arith-bench settings (lr 5e-4 constant, beta 0.04, eps 0.2, one pass per batch,
-  ``loss_type="grpo"``, group std, grad clip 1.0, LoRA r 16 / alpha 32 on q, k, v, o, gate, up, down), the ones the
-  issue found best for it. Its curve is measured every 12 steps (768 completions) by ``greedy_accuracy`` below,
+  ``loss_type="grpo"``, group std, grad clip 1.0, LoRA r 16 / alpha 32 on q, k, v, o, gate, up, down): the issue
+  reports that TRL did worse with a higher lr or more passes per batch. Its curve is measured every 12 steps (768 completions) by ``greedy_accuracy`` below,
   plain ``model.generate`` on the held-out split. As a check that the two evaluators agree, ``greedy_accuracy`` is
   also run on the base model and on each lit-grpo run's final adapter and printed beside lit-grpo's own figures.
 
