@@ -28,7 +28,9 @@ def config(model_dir: Path, run_dir: Path, pause_marker: Path | None) -> Path:
         "seed_everything": 0,
         "trainer": {"max_epochs": EPOCHS, "limit_val_batches": 0, "enable_progress_bar": False,
                     "enable_model_summary": False, "callbacks": callbacks},
-        "model": {"model_name_or_path": str(model_dir), "lora_rank": 4, "kl_coef": 0.04,
+        # LoRA dropout draws from the global RNG in every training forward: the resumed run matches only if the
+        # checkpoint restores that RNG (RngState)
+        "model": {"model_name_or_path": str(model_dir), "lora_rank": 4, "lora_dropout": 0.1, "kl_coef": 0.04,
                   "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.01, "weight_decay": 0.0}}},
         "data": {"task": {"class_path": "support.DigitShareTask"}, "engine": {"class_path": "lit_grpo.engines.HFEngine"},
                  "group_size": 4, "prompts_per_epoch": PROMPTS_PER_EPOCH, "minibatch_size": 8, "max_new_tokens": 4},
