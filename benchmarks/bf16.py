@@ -20,9 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_time  # noqa: E402  (the workloads and their rollouts)
 
-from lit_grpo.engines import HFEngine, SamplingSpec  # noqa: E402
 from lit_grpo.logprobs import sequence_logprobs  # noqa: E402
-from lit_grpo.model_loading import load_policy, load_tokenizer  # noqa: E402
 from lit_grpo.packed import packed_logprobs  # noqa: E402
 
 
@@ -39,16 +37,13 @@ def forward_backward(policy: Any, buffer: Any, packed: bool, bf16: bool) -> torc
 
 def main() -> None:
     flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
-    print(f"CPU bf16 flags: {sorted(flags & {'avx512_bf16', 'amx_bf16'}) or 'none'}; torch threads {torch.get_num_threads()}")
+    bf16_flags = sorted(flags & {"avx512_bf16", "amx_bf16"}) or "none"
+    print(f"CPU bf16 flags: {bf16_flags}; torch threads {torch.get_num_threads()}")
     print("| workload | forward | fp32 ms | bf16 autocast ms | max abs log-prob error |")
     print("|---|---|---|---|---|")
     for workload in ("arith-bench", "fewshot-bench"):
-        tokenizer = load_tokenizer(step_time.MODEL)
-        policy = load_policy(step_time.MODEL, 16, 32, 0.0, step_time.TARGETS)
-        engine = HFEngine()
-        engine.push_policy(policy)
-        spec = SamplingSpec(max_new_tokens=6, temperature=1.0, seed=0, stop_token_ids=(tokenizer.eos_token_id,))
-        _, buffer = step_time.rollouts(workload, tokenizer, engine, spec)
+        tokenizer, policy, spec = step_time.policy_and_spec(workload)
+        _, buffer = step_time.hf_rollouts(workload, tokenizer, policy, spec)
         for packed in (True, False):
             exact = forward_backward(policy, buffer, packed, bf16=False)
             times, error = {}, 0.0

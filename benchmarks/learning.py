@@ -11,9 +11,10 @@ exact-match reward and stop after 3,840 completions (60 optimizer steps of 8 pro
   Its curve is its own ``val/accuracy`` (greedy, transformers ``generate``, the whole held-out split).
 - TRL 1.16 runs issue 10's arith-bench settings (lr 5e-4 constant, beta 0.04, eps 0.2, one pass per batch,
   ``loss_type="grpo"``, group std, grad clip 1.0, LoRA r 16 / alpha 32 on q, k, v, o, gate, up, down): the issue
-  reports that TRL did worse with a higher lr or more passes per batch. Its curve is measured every 12 steps (768 completions) by ``greedy_accuracy`` below,
-  plain ``model.generate`` on the held-out split. As a check that the two evaluators agree, ``greedy_accuracy`` is
-  also run on the base model and on each lit-grpo run's final adapter and printed beside lit-grpo's own figures.
+  reports that TRL did worse with a higher lr or more passes per batch. Its curve is measured every 12 steps (768
+  completions) by ``greedy_accuracy`` below, plain ``model.generate`` on the held-out split. As a check that the
+  two evaluators agree, ``greedy_accuracy`` is also run on the base model and on each lit-grpo run's final adapter
+  and printed beside lit-grpo's own figures.
 
     flock /tmp/heavy.lock .venv/bin/python benchmarks/learning.py [--seeds 0 1 2] [--plot docs/learning_per_sample.png]
         [--budget 3840] [--no-trl] [--lit-args "--model.optimizer.init_args.lr 0.001"]
@@ -175,7 +176,8 @@ def plot(curves: dict[str, list[dict[str, Any]]], path: Path) -> None:
         for run in runs:
             axes.plot(run["completions"], [100 * a for a in run["accuracy"]], color=color, alpha=0.3, linewidth=1)
         mean = [100 * statistics.mean(values) for values in zip(*(run["accuracy"] for run in runs))]
-        axes.plot(runs[0]["completions"], mean, color=color, linewidth=2.5, marker="o", label=f"{name} (mean of {len(runs)})")
+        axes.plot(runs[0]["completions"], mean, color=color, linewidth=2.5, marker="o",
+                  label=f"{name} (mean of {len(runs)})")
     axes.set_xlabel("completions generated")
     axes.set_ylabel("held-out greedy accuracy, %")
     axes.set_title("Two-digit addition, 1,000 held-out pairs, tiny model")
@@ -213,8 +215,8 @@ def report(curves: dict[str, list[dict[str, Any]]], budget: int) -> None:
         after = statistics.mean(run["accuracy"][-1] for run in runs)
         spread = statistics.pstdev(gains[name]) if len(gains[name]) > 1 else 0.0
         per_seed = ", ".join(f"{g:+.1f}" for g in gains[name])
-        print(f"| {name} | {100 * before:.1f}% | {100 * after:.1f}% | {statistics.mean(gains[name]):+.1f} ± {spread:.1f} "
-              f"| {per_seed} |")
+        gain = f"{statistics.mean(gains[name]):+.1f} ± {spread:.1f}"
+        print(f"| {name} | {100 * before:.1f}% | {100 * after:.1f}% | {gain} | {per_seed} |")
     if "TRL 1.16" in gains:
         trl_gain = statistics.mean(gains["TRL 1.16"])
         ratio = statistics.mean(gains["lit-grpo"]) / trl_gain if trl_gain > 0 else float("nan")

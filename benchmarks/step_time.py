@@ -81,25 +81,40 @@ def rollouts(workload: str, tokenizer: Any, engine: Any, spec: Any) -> tuple[Any
     return (lambda: engine.generate(prompts, GROUP, spec)), buffer
 
 
-def floor(workload: str) -> dict[str, float]:
-    """Median seconds of each floor component, and of the packed forward+backward and reference forward."""
-    import torch
-
-    from lit_grpo.engines import HFEngine, SamplingSpec
-    from lit_grpo.logprobs import sequence_logprobs
+def policy_and_spec(workload: str) -> tuple[Any, Any, Any]:
+    """The workload's ``(tokenizer, policy, sampling spec)``: a fresh LoRA policy (r 16, alpha 32, no dropout) on
+    the workload's model, sampling at temperature 1 with seed 0."""
+    from lit_grpo.engines import SamplingSpec
     from lit_grpo.model_loading import load_policy, load_tokenizer
-    from lit_grpo.packed import packed_logprobs
 
     model = TREE_MODEL if workload == "tree-bench" else MODEL
     tokenizer = load_tokenizer(model)
     policy = load_policy(model, 16, 32, 0.0, TARGETS)
-    engine = HFEngine(share_prompt_prefill=False)  # the floor is unshared: each of the G rows prefills its prompt
-    engine.push_policy(policy)
     spec = SamplingSpec(max_new_tokens=NEW_TOKENS, temperature=1.0, seed=0, stop_token_ids=(tokenizer.eos_token_id,))
-    generate, buffer = rollouts(workload, tokenizer, engine, spec)
-    shared_engine = HFEngine()  # lit-grpo's default: each prompt's prefill computed once for its G samples
-    shared_engine.push_policy(policy)
-    shared_generate, _ = rollouts(workload, tokenizer, shared_engine, spec)
+    return tokenizer, policy, spec
+
+
+def hf_rollouts(workload: str, tokenizer: Any, policy: Any, spec: Any,
+                share_prompt_prefill: bool = True) -> tuple[Any, Any]:
+    """``rollouts`` through an ``HFEngine`` on ``policy``."""
+    from lit_grpo.engines import HFEngine
+
+    engine = HFEngine(share_prompt_prefill=share_prompt_prefill)
+    engine.push_policy(policy)
+    return rollouts(workload, tokenizer, engine, spec)
+
+
+def floor(workload: str) -> dict[str, float]:
+    """Median seconds of each floor component, and of the packed forward+backward and reference forward."""
+    import torch
+
+    from lit_grpo.logprobs import sequence_logprobs
+    from lit_grpo.packed import packed_logprobs
+
+    tokenizer, policy, spec = policy_and_spec(workload)
+    # the floor is unshared (each of the G rows prefills its prompt); lit-grpo's default shares the prefill
+    generate, buffer = hf_rollouts(workload, tokenizer, policy, spec, share_prompt_prefill=False)
+    shared_generate, _ = hf_rollouts(workload, tokenizer, policy, spec)
     ids, mask, counted = buffer.input_ids, buffer.attention_mask, buffer.completion_mask
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=LR, weight_decay=0.0)
 

@@ -18,8 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_time  # noqa: E402  (the workloads and their rollouts)
 
-from lit_grpo.engines import HFEngine, SamplingSpec, VLLMEngine  # noqa: E402
-from lit_grpo.model_loading import load_policy, load_tokenizer  # noqa: E402
+from lit_grpo.engines import VLLMEngine  # noqa: E402
 from lit_grpo.packed import packed_logprobs  # noqa: E402
 
 
@@ -29,12 +28,8 @@ def median_ms(action: Any) -> float:
 
 
 def main() -> None:
-    tokenizer = load_tokenizer(step_time.MODEL)
-    policy = load_policy(step_time.MODEL, 16, 32, 0.0, step_time.TARGETS)
-    spec = SamplingSpec(max_new_tokens=6, temperature=1.0, seed=0, stop_token_ids=(tokenizer.eos_token_id,))
-    hf = HFEngine()
-    hf.push_policy(policy)
-    hf_generate, buffer = step_time.rollouts("fewshot-bench", tokenizer, hf, spec)
+    tokenizer, policy, spec = step_time.policy_and_spec("fewshot-bench")
+    hf_generate, buffer = step_time.hf_rollouts("fewshot-bench", tokenizer, policy, spec)
 
     def forward_backward() -> None:
         policy.zero_grad()
