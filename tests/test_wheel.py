@@ -3,6 +3,7 @@ the checkout."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,8 +19,12 @@ def test_wheel_holds_and_imports_every_module(tmp_path: Path) -> None:
     )
     # callbacks/x.py installs as lit_grpo/callbacks/x.py
     expected = {s.replace("callbacks/", "lit_grpo/callbacks/", 1) if s.startswith("callbacks/") else s for s in sources}
+    # build from a fresh copy: setuptools would also pack whatever a stale build/ folder in the checkout holds
+    source = tmp_path / "source"
+    shutil.copytree(PROJECT_ROOT, source, ignore=shutil.ignore_patterns(
+        ".*", "build", "*.egg-info", "__pycache__", "data", "runs", "lightning_logs", "benchmarks", "docs"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(PROJECT_ROOT),
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(source),
          "-w", str(tmp_path / "dist")],
         check=True, capture_output=True, text=True,
     )
