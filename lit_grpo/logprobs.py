@@ -1,4 +1,12 @@
-"""Per-token log-probs of given sequences under a causal LM."""
+"""Per-token log-probs of given sequences under a causal LM: the one place they are computed (design §10).
+
+A forward never builds logits for every position: the model's body gives the last hidden states ``[N, L, H]``;
+only the positions whose token is wanted (the completion tokens) go through the output head, in chunks of
+``chunk_tokens`` tokens, each chunk's ``[C, V]`` logits cast to fp32 for the log-softmax and recomputed in backward
+(non-reentrant checkpoint) instead of being kept. So no tensor with the vocabulary as a dimension is larger than one
+chunk, whatever the number of rows, their length or the vocabulary. The frozen (possibly tied) head gets no weight
+gradient: only the hidden states it is applied to do.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
+
+CHUNK_TOKENS = 256  # tokens per output-head chunk: 256 x 151,936 fp32 logits is 156 MB
 
 
 @dataclass(frozen=True)
@@ -21,33 +32,127 @@ class FirstTokenConstraint:
     def rows(self, start: int, end: int) -> FirstTokenConstraint:
         return FirstTokenConstraint(self.decision_index[start:end], self.allowed_ids[start:end])
 
+    def at(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """The allowed ids ``[M, C]`` of the tokens at ``(rows [M], cols [M])``: the row's set at its decision
+        column, all -1 (unconstrained) elsewhere."""
+        decision = self.decision_index.to(rows.device)[rows]  # [M]
+        allowed = self.allowed_ids.to(rows.device)[rows]  # [M, C]
+        return torch.where((cols == decision)[:, None], allowed, -1)
 
-def restrict_first_tokens(logits: torch.Tensor, constraint: FirstTokenConstraint) -> torch.Tensor:
-    """``logits [N, L-1, V]`` (position t predicts token t+1) with every id outside a constrained row's allowed set
-    at its decision position set to -inf, so log-softmax renormalises over the allowed ids, as the sampler did.
 
-    Example: a row with decision_index 3 and allowed [7]: position 2 keeps only id 7, whose log-prob becomes 0.
+def restrict_to_allowed(logits: torch.Tensor, allowed_ids: torch.Tensor) -> torch.Tensor:
+    """``logits [M, V]`` with every id outside a constrained row's ``allowed_ids [M, C]`` (-1 padding; a row of
+    only -1 is unconstrained) set to -inf, so log-softmax renormalises over the allowed ids, as the sampler did.
+
+    Example: a row allowed [7] keeps only id 7, whose log-prob becomes 0.
     """
-    constrained = (constraint.allowed_ids >= 0).any(dim=1)  # [N]
+    constrained = (allowed_ids >= 0).any(dim=1)  # [M]
     if not constrained.any():
         return logits
-    rows = constrained.nonzero().squeeze(1)  # [M]
-    position = constraint.decision_index[rows] - 1  # [M]
     vocab = logits.shape[-1]
-    allowed = constraint.allowed_ids[rows]  # [M, C]
-    target = torch.where(allowed >= 0, allowed, vocab)  # [M, C]: padding goes to a spare column, dropped below
-    keep = torch.zeros(len(rows), vocab + 1, dtype=torch.bool, device=logits.device)
-    keep = keep.scatter(1, target, True)[:, :vocab]  # [M, V]
-    restricted = logits[rows, position].masked_fill(~keep, float("-inf"))  # [M, V]
-    logits = logits.clone()
-    logits[rows, position] = restricted
-    return logits
+    target = torch.where(allowed_ids >= 0, allowed_ids, vocab)  # [M, C]: padding goes to a spare column, dropped
+    keep = torch.zeros(logits.shape[0], vocab + 1, dtype=torch.bool, device=logits.device)
+    keep = keep.scatter(1, target.to(logits.device), True)[:, :vocab]  # [M, V]
+    keep |= ~constrained[:, None].to(logits.device)
+    return logits.masked_fill(~keep, float("-inf"))
 
 
 def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[token] without materialising the full log-softmax.  ``[N, T, V]``, ``[N, T]`` -> ``[N, T]``."""
-    picked = logits.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)  # [N, T]
-    return picked - torch.logsumexp(logits, dim=-1)
+    """log softmax(logits)[token] in fp32.  ``[..., V]``, ``[...]`` -> ``[...]``."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
+
+
+def chunk_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor, allowed_ids: torch.Tensor | None,
+                   temperature: float) -> torch.Tensor:
+    """One chunk: log softmax(head(hidden) / T)[target], ``[C, H]``, ``[C]`` -> ``[C]`` fp32."""
+    logits = head(hidden).float()  # [C, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    if allowed_ids is not None:
+        logits = restrict_to_allowed(logits, allowed_ids)
+    return gather_logprobs(logits, targets)
+
+
+def head_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                  allowed_ids: torch.Tensor | None = None, chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
+    """Log-probs ``[M]`` (fp32) of ``targets [M]`` under softmax(head(hidden) / T) for ``hidden [M, H]`` (the state
+    before each target), ``chunk_tokens`` tokens at a time; under autograd each chunk is recomputed in backward, so
+    only its ``[C, H]`` input is kept. ``allowed_ids [M, C]`` restricts a token's distribution (see
+    ``restrict_to_allowed``)."""
+    recompute = torch.is_grad_enabled() and hidden.requires_grad
+    pieces = []
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        part = slice(start, start + chunk_tokens)
+        args = (head, hidden[part], targets[part], None if allowed_ids is None else allowed_ids[part], temperature)
+        pieces.append(checkpoint(chunk_logprobs, *args, use_reentrant=False) if recompute else chunk_logprobs(*args))
+    return torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+
+
+def body_and_head(model: Any) -> tuple[Any, Any]:
+    """The decoder stack (ids -> last hidden states) and the output head of a causal LM, a PEFT model or not."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base, base.base_model_prefix), base.get_output_embeddings()
+
+
+def last_hidden_states(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       position_ids: torch.Tensor) -> torch.Tensor:
+    """The body's last hidden states ``[N, L, H]`` (no output head); ``attention_mask`` is ``[N, L]`` or a 4-D
+    additive mask."""
+    body, _ = body_and_head(model)
+    return body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                use_cache=False).last_hidden_state
+
+
+def logprobs_from_hidden(
+    model: Any,
+    hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    wanted: torch.Tensor,
+    temperature: float = 1.0,
+    constraint: FirstTokenConstraint | None = None,
+    chunk_tokens: int = CHUNK_TOKENS,
+) -> torch.Tensor:
+    """``[N, L]`` log-probs of the ``wanted [N, L]`` tokens of ``input_ids [N, L]`` from the body's hidden states
+    ``[N, L, H]`` (position t-1 predicts token t), 0 everywhere else and in column 0 (no context)."""
+    wanted = wanted.bool().clone()
+    wanted[:, 0] = False
+    rows, cols = wanted.nonzero(as_tuple=True)  # [M], [M]
+    allowed = None if constraint is None else constraint.at(rows, cols)  # [M, C]
+    _, head = body_and_head(model)
+    picked = head_logprobs(head, hidden[rows, cols - 1], input_ids[rows, cols], temperature, allowed, chunk_tokens)
+    return torch.zeros(wanted.shape, dtype=picked.dtype, device=hidden.device).index_put((rows, cols), picked)
+
+
+def padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids ``[N, L]`` of right-padded rows: every row starts at 0, as in generation."""
+    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def wanted_tokens(attention_mask: torch.Tensor, token_mask: torch.Tensor | None) -> torch.Tensor:
+    """The tokens whose log-prob a forward computes ``[N, L]``: ``token_mask`` on real tokens, or every real one."""
+    return attention_mask.bool() if token_mask is None else token_mask.bool() & attention_mask.bool()
+
+
+def align_hidden(hidden: torch.Tensor) -> torch.Tensor:
+    """``[N, L, H]`` shifted so that ``[:, t]`` is the state that predicts token t (0 in column 0)."""
+    return torch.cat([hidden.new_zeros(hidden.shape[0], 1, hidden.shape[2]), hidden[:, :-1]], dim=1)
+
+
+def logprobs_and_hidden(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = 1.0,
+    constraint: FirstTokenConstraint | None = None,
+    token_mask: torch.Tensor | None = None,
+    chunk_tokens: int = CHUNK_TOKENS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One padded forward: log-probs ``[N, L]`` (as ``sequence_logprobs``) and the last hidden states aligned with
+    the tokens (``align_hidden``: ``[:, t]`` predicts token t), on which the value and risk heads sit."""
+    hidden = last_hidden_states(model, input_ids, attention_mask.long(), padded_positions(attention_mask))
+    wanted = wanted_tokens(attention_mask, token_mask)
+    logp = logprobs_from_hidden(model, hidden, input_ids, wanted, temperature, constraint, chunk_tokens)
+    return logp, align_hidden(hidden)
 
 
 def sequence_logprobs(
@@ -56,40 +161,54 @@ def sequence_logprobs(
     attention_mask: torch.Tensor,
     temperature: float = 1.0,
     constraint: FirstTokenConstraint | None = None,
+    token_mask: torch.Tensor | None = None,
+    chunk_tokens: int = CHUNK_TOKENS,
 ) -> torch.Tensor:
-    """Log-prob of every token given the tokens before it, from ``logits / temperature``.
+    """Log-prob of each token given the tokens before it, from ``logits / temperature``.
 
     Args:
-        model: a causal LM returning ``.logits`` ``[N, L, V]``.
+        model: a causal LM (or a PEFT model around one).
         input_ids: ``[N, L]`` right-padded prompt + completion rows.
         attention_mask: ``[N, L]`` 1 on real tokens.
         temperature: the sampler's temperature, so the trainer scores the distribution that was sampled.
         constraint: the sampler's first-token constraints, if any were applied.
+        token_mask: ``[N, L]`` the tokens whose log-prob is wanted (e.g. ``completion_mask``); None: every real one.
+        chunk_tokens: tokens per output-head chunk.
 
     Returns:
-        ``[N, L]``; column 0 (no context) is 0, and so is every padded position.
+        ``[N, L]`` fp32; 0 in column 0 (no context), on padding and on tokens outside ``token_mask``.
     """
-    mask = attention_mask.long()
-    position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)  # [N, L]: every row starts at 0, as in generation
-    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids).logits  # [N, L, V]
-    return logprobs_from_logits(logits, input_ids, attention_mask, temperature, constraint)
+    hidden = last_hidden_states(model, input_ids, attention_mask.long(), padded_positions(attention_mask))
+    wanted = wanted_tokens(attention_mask, token_mask)
+    return logprobs_from_hidden(model, hidden, input_ids, wanted, temperature, constraint, chunk_tokens)
 
 
-def logprobs_from_logits(
-    logits: torch.Tensor,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperature: float,
-    constraint: FirstTokenConstraint | None = None,
-) -> torch.Tensor:
-    """Per-token log-probs ``[N, L]`` from a forward's ``logits [N, L, V]``, aligned with ``input_ids``: column 0
-    (no context) and padded positions are 0."""
-    logits = logits[:, :-1].float() / temperature  # [N, L-1, V]: position t predicts token t+1
-    if constraint is not None:
-        logits = restrict_first_tokens(logits, constraint)
-    logp = gather_logprobs(logits, input_ids[:, 1:])  # [N, L-1]
-    logp = torch.cat([logp.new_zeros(logp.shape[0], 1), logp], dim=1)  # [N, L]
-    return logp * attention_mask.to(logp.dtype)
+def token_hidden_states(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The last hidden states of right-padded rows aligned with the tokens (``[N, L, H]``, ``[:, t]`` predicts
+    token t, 0 in column 0), without any output head: what the value and risk heads read."""
+    return align_hidden(last_hidden_states(model, input_ids, attention_mask.long(), padded_positions(attention_mask)))
+
+
+def head_problem(model: Any) -> str | None:
+    """Why the model's logits are not ``head(body(ids))`` (e.g. a final soft-cap or logit scale in its forward,
+    which the chunked head would skip), or None; checked on a short probe in eval mode."""
+    vocab = int(model.config.vocab_size)
+    ids = torch.tensor([[1 % vocab, 2 % vocab, 3 % vocab]], device=model.get_input_embeddings().weight.device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            expected = torch.log_softmax(model(input_ids=ids).logits.float(), dim=-1)[0, :-1]  # [2, V]
+            expected = expected.gather(-1, ids[0, 1:, None]).squeeze(-1)
+            got = sequence_logprobs(model, ids, torch.ones_like(ids))[0, 1:]
+    finally:
+        model.train(was_training)
+    error = float((expected - got).abs().max())
+    if error <= 1e-3:
+        return None
+    return (f"{type(model).__name__}'s logits are not its output head applied to its last hidden states (probe "
+            f"log-probs differ by {error:.3g}); lit-grpo computes log-probs from the head in chunks and cannot train "
+            "this architecture")
 
 
 @torch.no_grad()
@@ -105,21 +224,29 @@ def chunked_eval(model: Any, num_rows: int, batch_size: int, forward: Callable[[
         model.train(was_training)
 
 
+def rows_per_pass(batch_tokens: int, width: int) -> int:
+    """Rows of ``width`` tokens in one no-grad forward of at most ``batch_tokens`` tokens (at least one)."""
+    return max(1, batch_tokens // max(1, width))
+
+
 def batched_sequence_logprobs(
     model: Any,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     temperature: float,
-    batch_size: int = 256,
+    batch_tokens: int = 16384,
     constraint: FirstTokenConstraint | None = None,
+    token_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``sequence_logprobs`` in chunks, in eval mode (dropout off, as the sampler ran), without gradients: ``[N, L]``."""
+    """``sequence_logprobs`` in chunks of at most ``batch_tokens`` padded tokens, in eval mode (dropout off, as the
+    sampler ran), without gradients: ``[N, L]``."""
 
     def forward(rows: slice) -> torch.Tensor:
         restriction = None if constraint is None else constraint.rows(rows.start, rows.stop)
-        return sequence_logprobs(model, input_ids[rows], attention_mask[rows], temperature, restriction)
+        wanted = None if token_mask is None else token_mask[rows]
+        return sequence_logprobs(model, input_ids[rows], attention_mask[rows], temperature, restriction, wanted)
 
-    return chunked_eval(model, input_ids.shape[0], batch_size, forward)
+    return chunked_eval(model, input_ids.shape[0], rows_per_pass(batch_tokens, input_ids.shape[1]), forward)
 
 
 def sampler_agreement(

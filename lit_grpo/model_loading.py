@@ -70,8 +70,11 @@ def load_policy(
     init_adapter: str | None = None,
     attn_implementation: str = "sdpa",
     trust_remote_code: bool = False,
+    dtype: str = "float32",
+    gradient_checkpointing: bool = False,
 ) -> PeftModel:
-    """The base model in float32 with a trainable LoRA adapter named ``default`` (every base weight frozen).
+    """The base model in ``dtype`` (whatever the checkpoint's own) with a trainable LoRA adapter named ``default``
+    in float32 (every base weight frozen), with non-reentrant gradient checkpointing if asked.
     An ``init_adapter`` is read from safetensors only (a pickled ``adapter_model.bin`` could run code)."""
     refuse_remote_code(model_path, trust_remote_code)
     if init_adapter is not None and not (Path(init_adapter).expanduser() / "adapter_model.safetensors").is_file():
@@ -81,20 +84,24 @@ def load_policy(
         )
     base = AutoModelForCausalLM.from_pretrained(
         model_path,
-        dtype=torch.float32,
+        dtype=getattr(torch, dtype),
         attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code,
     )
+    if gradient_checkpointing:  # reentrant checkpointing with frozen embeddings leaves LoRA without gradients
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if init_adapter is not None:
-        return PeftModel.from_pretrained(base, init_adapter, is_trainable=True)
-    problem = lora_target_problem(base, lora_target_modules)
-    if problem:
-        raise InputError(problem)
-    config = LoraConfig(
-        r=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        target_modules=lora_target_modules,
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(base, config)
+        policy = PeftModel.from_pretrained(base, init_adapter, is_trainable=True, autocast_adapter_dtype=True)
+    else:
+        problem = lora_target_problem(base, lora_target_modules)
+        if problem:
+            raise InputError(problem)
+        config = LoraConfig(
+            r=lora_rank,
+            lora_alpha=lora_alpha,
+            lora_dropout=lora_dropout,
+            target_modules=lora_target_modules,
+            task_type="CAUSAL_LM",
+        )
+        policy = get_peft_model(base, config, autocast_adapter_dtype=True)
+    return policy  # autocast_adapter_dtype: the adapter is float32 (and so its optimizer state) on any base

@@ -15,8 +15,16 @@ from lit_grpo.buffer import RolloutBuffer
 from lit_grpo.callbacks.nonfinite import NonFiniteGuard
 from lit_grpo.callbacks.reference import ReferencePolicy
 from lit_grpo.callbacks.rng_state import RngState
-from lit_grpo.input_check import check_inputs
-from lit_grpo.logprobs import chunked_eval, sampler_agreement
+from lit_grpo.input_check import InputError, check_inputs
+from lit_grpo.logprobs import (
+    CHUNK_TOKENS,
+    chunked_eval,
+    head_problem,
+    logprobs_and_hidden,
+    rows_per_pass,
+    sampler_agreement,
+    token_hidden_states,
+)
 from lit_grpo.losses import (
     Aggregation,
     KLEstimator,
@@ -39,7 +47,7 @@ from lit_grpo.risk_rollout import batch_constraint, risk_head_loss
 from lit_grpo.tree import ValueMode
 from lit_grpo.tree_rollout import tree_row_advantages
 from lit_grpo.validation import GreedyEvaluation
-from lit_grpo.value_head import ValueHead, aligned_values, logprobs_and_hidden, logprobs_and_values, value_loss
+from lit_grpo.value_head import ValueHead, aligned_values, value_loss
 
 
 class PolicyModule(pl.LightningModule):
@@ -87,7 +95,16 @@ class PolicyModule(pl.LightningModule):
             by min(pi_old / pi_sampler, C). ``None`` turns it off (right for fp32, where the two agree).
         attn_implementation: the transformers attention kernel: ``sdpa`` or ``eager``.
         trust_remote_code: allow the model's own code from its repository to run; off unless you trust it.
-        no_grad_batch_size: rows per forward in the no-grad passes (pi_old, pi_ref).
+        dtype: the dtype of the frozen base weights: ``float32``, ``bfloat16`` (half the memory; what released
+            checkpoints ship) or ``float16``. The LoRA weights, their gradients and optimizer state, the heads and
+            every log-softmax stay in float32.
+        gradient_checkpointing: keep one activation per layer and recompute the rest in backward (non-reentrant,
+            so it works with PEFT's frozen embeddings and the packed forward): activation memory drops from every
+            layer's intermediates to one layer's, for about a third more compute.
+        logprob_chunk_tokens: tokens per output-head chunk: log-probs are computed from the last hidden states of
+            the counted tokens only, this many at a time, each chunk's ``[tokens, vocab]`` logits recomputed in
+            backward instead of kept (design §10). Lower it for a larger vocabulary or less memory.
+        no_grad_batch_tokens: padded tokens per forward in the no-grad passes (pi_old, pi_ref, old values).
         packed_forward: compute each shared prefix once (a group's prompt, a tree node's ancestors) by packing rows
             into one with a 4-D ancestor mask (design §9); same log-probs and gradients as the padded forward. Falls
             back to the padded forward, with an info message, where the attention kernel takes no custom mask.
@@ -125,7 +142,10 @@ class PolicyModule(pl.LightningModule):
         tis_cap: float | None = None,
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
         trust_remote_code: bool = False,
-        no_grad_batch_size: int = 256,
+        dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+        gradient_checkpointing: bool = False,
+        logprob_chunk_tokens: int = CHUNK_TOKENS,
+        no_grad_batch_tokens: int = 16384,
         packed_forward: bool = True,
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
@@ -159,9 +179,12 @@ class PolicyModule(pl.LightningModule):
         self.tokenizer = load_tokenizer(path, hp.trust_remote_code)
         self.policy = load_policy(
             path, hp.lora_rank, hp.lora_alpha, hp.lora_dropout, hp.lora_target_modules,
-            hp.init_adapter, hp.attn_implementation, hp.trust_remote_code,
+            hp.init_adapter, hp.attn_implementation, hp.trust_remote_code, hp.dtype, hp.gradient_checkpointing,
         )
-        self.token_logprobs = TokenLogprobs(self.policy, hp.packed_forward)
+        problem = head_problem(self.policy)
+        if problem:
+            raise InputError(f"model_name_or_path: {problem}")
+        self.token_logprobs = TokenLogprobs(self.policy, hp.packed_forward, hp.logprob_chunk_tokens)
         if hp.advantage_mode == "gae":
             self.value_head = ValueHead(self.policy.config.hidden_size)
         if self.risk_spec is not None:
@@ -198,9 +221,9 @@ class PolicyModule(pl.LightningModule):
     # --- the no-grad passes and advantages (design §2 steps 4-5), called by the DataModule -----------------------
     def run_no_grad_passes(self, buffer: RolloutBuffer) -> None:
         """pi_old (unless the sampler's log-probs are used) and pi_ref log-probs of the whole buffer."""
-        batch_size = self.hparams.no_grad_batch_size
-        args = (buffer.input_ids.to(self.device), buffer.attention_mask.to(self.device), buffer.temperature)
-        rows = (*args[:2], buffer.completion_mask.to(self.device), buffer.temperature, batch_size)
+        batch_tokens = self.hparams.no_grad_batch_tokens
+        args = (buffer.input_ids.to(self.device), buffer.attention_mask.to(self.device))
+        rows = (*args, buffer.completion_mask.to(self.device), buffer.temperature, batch_tokens)
         constraint = buffer.first_token_constraint()  # the risk rule's forced defers, scored as sampled
         if self.hparams.old_logp_source == "trainer" or self.hparams.tis_cap is not None or buffer.sampler_logp is None:
             buffer.old_logp = self.token_logprobs.batched(self.policy, *rows, constraint).cpu()
@@ -210,16 +233,17 @@ class PolicyModule(pl.LightningModule):
             with self.reference_policy.active(self.policy):
                 buffer.ref_logp = self.token_logprobs.batched(self.policy, *rows, constraint).cpu()
         if self.value_head is not None:
-            buffer.values = self.old_values(*args, batch_size).cpu()
+            buffer.values = self.old_values(*args, batch_tokens).cpu()
 
-    def old_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
-                   batch_size: int) -> torch.Tensor:
-        """``[N, L]`` value estimates at theta_old, in eval mode."""
+    def old_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, batch_tokens: int) -> torch.Tensor:
+        """``[N, L]`` value estimates at theta_old, in eval mode (no output head: the values need none)."""
 
         def forward(rows: slice) -> torch.Tensor:
-            return logprobs_and_values(self.policy, self.value_head, input_ids[rows], attention_mask[rows], temperature)[1]
+            hidden = token_hidden_states(self.policy, input_ids[rows], attention_mask[rows])  # [n, L, H]
+            return aligned_values(self.value_head, hidden, attention_mask[rows])
 
-        return chunked_eval(self.policy, input_ids.shape[0], batch_size, forward)
+        rows_per_chunk = rows_per_pass(batch_tokens, input_ids.shape[1])
+        return chunked_eval(self.policy, input_ids.shape[0], rows_per_chunk, forward)
 
     def assign_advantages(self, buffer: RolloutBuffer) -> None:
         """Group advantages of the rewards (less beta * KL when ``kl_in='reward'``), or of the trees."""
@@ -278,7 +302,8 @@ class PolicyModule(pl.LightningModule):
                                        float(batch["temperature"]), constraint)
         else:
             logp, hidden = logprobs_and_hidden(self.policy, batch["input_ids"], batch["attention_mask"],
-                                               float(batch["temperature"]), constraint)
+                                               float(batch["temperature"]), constraint, completion_mask,
+                                               self.hparams.logprob_chunk_tokens)
         surrogate, stats = policy_loss(
             logp, batch["old_logp"], batch["advantages"], completion_mask, loss_cfg.variant,
             loss_cfg.clip_eps, loss_cfg.clip_eps_high, loss_cfg.aggregation, max_new_tokens,

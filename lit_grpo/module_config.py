@@ -59,8 +59,10 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
         problems.append(f"dpo_beta: must be positive, got {args['dpo_beta']}")
     if not isinstance(args["packed_forward"], bool):
         problems.append(f"packed_forward: must be true or false, got {args['packed_forward']!r}")
-    if args["no_grad_batch_size"] < 1:
-        problems.append(f"no_grad_batch_size: must be >= 1, got {args['no_grad_batch_size']}")
+    for name in ("no_grad_batch_tokens", "logprob_chunk_tokens"):
+        if args[name] < 1:
+            problems.append(f"{name}: must be >= 1, got {args[name]}")
+    problems += choice_problem("dtype", args["dtype"], ("float32", "bfloat16", "float16"))
     path_problem = model_path_problem(args["model_name_or_path"])
     if path_problem:
         problems.append(f"model_name_or_path: {path_problem}")

@@ -20,7 +20,16 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_grpo.logprobs import FirstTokenConstraint, chunked_eval, sequence_logprobs
+from lit_grpo.logprobs import (
+    CHUNK_TOKENS,
+    FirstTokenConstraint,
+    body_and_head,
+    chunked_eval,
+    head_logprobs,
+    last_hidden_states,
+    rows_per_pass,
+    sequence_logprobs,
+)
 
 MASK_ATTENTION = ("eager", "sdpa")  # transformers' kernels that take a custom 4-D float mask as given
 MAX_PACK_TOKENS = 1024  # dense attention over a pack is quadratic in its length: cap it, repeat the prefix instead
@@ -168,8 +177,10 @@ def packed_logprobs(
     completion_mask: torch.Tensor,
     temperature: float = 1.0,
     max_pack_tokens: int = MAX_PACK_TOKENS,
+    chunk_tokens: int = CHUNK_TOKENS,
 ) -> torch.Tensor:
-    """``sequence_logprobs`` computed with every shared prefix once: same ``[N, L]`` output, column 0 and padding 0.
+    """``sequence_logprobs`` of the counted tokens computed with every shared prefix once: same ``[N, L]`` layout,
+    0 on every token that ``completion_mask`` does not count (column 0, context and padding included).
 
     Args:
         model: a causal LM whose attention takes a custom 4-D float mask (eager or sdpa in transformers).
@@ -178,23 +189,27 @@ def packed_logprobs(
         completion_mask: ``[N, L]`` True on counted tokens; what precedes a row's first one is its context.
         temperature: the sampler's temperature.
         max_pack_tokens: the longest packed row.
+        chunk_tokens: tokens per output-head chunk.
     """
     layout = build_layout(input_ids.cpu(), attention_mask.cpu(), completion_mask.cpu(), max_pack_tokens)
     device = input_ids.device
-    dtype = next(model.parameters()).dtype
-    logits = model(
-        input_ids=layout.input_ids.to(device),
-        attention_mask=layout.attention_bias(dtype).to(device),
-        position_ids=layout.position_ids.to(device),
-    ).logits  # [P, W, V]
-    logits = logits.float() / temperature
-    pack = torch.arange(logits.shape[0], device=device)[:, None]  # [P, 1]
-    parent = layout.parent.to(device)  # [P, W]
-    picked = logits[pack, parent, layout.input_ids.to(device)]  # [P, W]: the parent's logit of each slot's token
-    slot_logp = picked - torch.logsumexp(logits, dim=-1)[pack, parent]  # [P, W]
-    slot_logp = slot_logp * layout.has_parent.to(device)  # pack roots have no context: 0, as in column 0
-    logp = slot_logp[layout.row_pack.to(device)[:, None], layout.row_slots.to(device)]  # [N, L]
-    return logp * attention_mask.to(logp.dtype)
+    dtype = model.get_input_embeddings().weight.dtype
+    hidden = last_hidden_states(
+        model, layout.input_ids.to(device), layout.attention_bias(dtype).to(device), layout.position_ids.to(device)
+    )  # [P, W, H]
+    counted = completion_mask.bool() & attention_mask.bool()  # [N, L]
+    counted[:, 0] = False
+    row_pack = layout.row_pack.to(device)[:, None].expand_as(counted)  # [N, L]
+    row_slots = layout.row_slots.to(device)
+    needed = torch.zeros(layout.input_ids.shape, dtype=torch.bool, device=device)  # [P, W]
+    needed[row_pack[counted], row_slots[counted]] = True  # a slot shared by several rows is computed once
+    packs, slots = needed.nonzero(as_tuple=True)  # [M], [M]
+    parents = layout.parent.to(device)[packs, slots]  # [M]: the slot whose state predicts each needed token
+    _, head = body_and_head(model)
+    picked = head_logprobs(head, hidden[packs, parents], layout.input_ids.to(device)[packs, slots], temperature,
+                           chunk_tokens=chunk_tokens)  # [M]
+    slot_logp = torch.zeros(needed.shape, dtype=picked.dtype, device=device).index_put((packs, slots), picked)
+    return slot_logp[row_pack, row_slots] * counted  # [N, L]
 
 
 def packing_problem(model: Any) -> str | None:
@@ -211,13 +226,13 @@ def packing_problem(model: Any) -> str | None:
     input_ids = torch.tensor([rows[0] + [0], rows[1]])  # [2, 5]
     attention_mask = torch.tensor([[True] * 4 + [False], [True] * 5])
     completion_mask = torch.tensor([[False] * 3 + [True, False], [False] * 3 + [True] * 2])
-    device = next(model.parameters()).device
+    device = model.get_input_embeddings().weight.device
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             args = (input_ids.to(device), attention_mask.to(device))
-            padded = sequence_logprobs(model, *args)
+            padded = sequence_logprobs(model, *args, token_mask=completion_mask.to(device))
             packed = packed_logprobs(model, *args, completion_mask.to(device))
     finally:
         model.train(was_training)
@@ -226,36 +241,43 @@ def packing_problem(model: Any) -> str | None:
 
 
 class TokenLogprobs:
-    """The trainer's per-token log-probs: the shared-prefix (packed) forward where the model allows it, else the
-    padded one, chosen once per policy (with an info message when packing was asked for and is not possible).
+    """The trainer's per-token log-probs of the counted tokens: the shared-prefix (packed) forward where the model
+    allows it, else the padded one, chosen once per policy (with an info message when packing was asked for and is
+    not possible).
 
     Args:
         model: the policy (a PEFT model or a plain causal LM).
         packed: use the shared-prefix forward if the model supports it.
+        chunk_tokens: tokens per output-head chunk.
     """
 
-    def __init__(self, model: Any, packed: bool) -> None:
+    def __init__(self, model: Any, packed: bool, chunk_tokens: int = CHUNK_TOKENS) -> None:
         problem = packing_problem(model) if packed else None
         if problem is not None:
             rank_zero_info(f"packed_forward: using the padded forward instead: {problem}")
         self.packed = packed and problem is None
+        self.chunk_tokens = chunk_tokens
 
     def __call__(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  completion_mask: torch.Tensor, temperature: float,
                  constraint: FirstTokenConstraint | None = None) -> torch.Tensor:
-        """``[N, L]`` log-probs with gradients (the training forward). Rows with a first-token restriction (the
-        risk rule's forced defers) take the padded forward, which renormalises over the allowed ids."""
+        """``[N, L]`` log-probs of the counted tokens, 0 elsewhere, with gradients (the training forward). Rows with a
+        first-token restriction (the risk rule's forced defers) take the padded forward, which renormalises over
+        the allowed ids."""
         if self.packed and constraint is None:
-            return packed_logprobs(model, input_ids, attention_mask, completion_mask, temperature)
-        return sequence_logprobs(model, input_ids, attention_mask, temperature, constraint)
+            return packed_logprobs(model, input_ids, attention_mask, completion_mask, temperature,
+                                   chunk_tokens=self.chunk_tokens)
+        return sequence_logprobs(model, input_ids, attention_mask, temperature, constraint, completion_mask,
+                                 self.chunk_tokens)
 
     def batched(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                completion_mask: torch.Tensor, temperature: float, batch_size: int,
+                completion_mask: torch.Tensor, temperature: float, batch_tokens: int,
                 constraint: FirstTokenConstraint | None = None) -> torch.Tensor:
-        """``[N, L]`` log-probs in chunks of ``batch_size`` rows, in eval mode, without gradients (pi_old, pi_ref)."""
+        """``[N, L]`` log-probs in forwards of at most ``batch_tokens`` padded tokens, in eval mode, without
+        gradients (pi_old, pi_ref)."""
 
         def forward(rows: slice) -> torch.Tensor:
             restriction = None if constraint is None else constraint.rows(rows.start, rows.stop)
             return self(model, input_ids[rows], attention_mask[rows], completion_mask[rows], temperature, restriction)
 
-        return chunked_eval(model, input_ids.shape[0], batch_size, forward)
+        return chunked_eval(model, input_ids.shape[0], rows_per_pass(batch_tokens, input_ids.shape[1]), forward)

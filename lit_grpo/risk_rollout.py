@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from lit_grpo.logprobs import FirstTokenConstraint, chunked_eval
+from lit_grpo.logprobs import FirstTokenConstraint, chunked_eval, last_hidden_states, padded_positions
 from lit_grpo.risk import (
     RiskHead,
     error_probability,
@@ -62,10 +62,9 @@ def context_error_probability(policy: Any, head: RiskHead, contexts: Sequence[Se
         ids = torch.full((len(part), int(lengths.max())), pad_id, dtype=torch.long)
         for row, context in enumerate(part):
             ids[row, : len(context)] = torch.tensor(list(context))
-        mask = (torch.arange(ids.shape[1]) < lengths.unsqueeze(1)).long()  # [B, L]
-        out = policy(input_ids=ids.to(device), attention_mask=mask.to(device),
-                     position_ids=(mask.cumsum(1) - 1).clamp(min=0).to(device), output_hidden_states=True)
-        last = out.hidden_states[-1][torch.arange(len(part)), (lengths - 1).to(device)]  # [B, H]
+        mask = (torch.arange(ids.shape[1]) < lengths.unsqueeze(1)).long().to(device)  # [B, L]
+        hidden = last_hidden_states(policy, ids.to(device), mask, padded_positions(mask))  # [B, L, H]: no head
+        last = hidden[torch.arange(len(part), device=device), (lengths - 1).to(device)]  # [B, H]
         return head.error_probability(last).cpu()
 
     return chunked_eval(policy, len(contexts), batch_size, forward)

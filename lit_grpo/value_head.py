@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lit_grpo.logprobs import FirstTokenConstraint, logprobs_from_logits
+from lit_grpo.logprobs import CHUNK_TOKENS, FirstTokenConstraint, logprobs_and_hidden
 from lit_grpo.losses import masked_mean
 
 
@@ -24,28 +24,6 @@ class ValueHead(nn.Module):
         return self.linear(hidden.float()).squeeze(-1)  # [N, L]
 
 
-def logprobs_and_hidden(
-    model: Any,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperature: float,
-    constraint: FirstTokenConstraint | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward: per-token log-probs (as ``sequence_logprobs``) and the last hidden states aligned with them.
-
-    ``hidden[:, t]`` is the state that predicts token t: the state before token t is generated, on which the
-    value and risk heads sit. Returns ``logp [N, L]`` (0 in column 0 and on padding) and ``hidden [N, L, H]``
-    (0 in column 0).
-    """
-    mask = attention_mask.long()
-    position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, output_hidden_states=True)
-    logp = logprobs_from_logits(out.logits, input_ids, attention_mask, temperature, constraint)  # [N, L]
-    last = out.hidden_states[-1]  # [N, L, H]
-    hidden = torch.cat([last.new_zeros(last.shape[0], 1, last.shape[2]), last[:, :-1]], dim=1)  # [N, L, H]
-    return logp, hidden
-
-
 def logprobs_and_values(
     model: Any,
     head: ValueHead,
@@ -53,10 +31,14 @@ def logprobs_and_values(
     attention_mask: torch.Tensor,
     temperature: float,
     constraint: FirstTokenConstraint | None = None,
+    token_mask: torch.Tensor | None = None,
+    chunk_tokens: int = CHUNK_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward: per-token log-probs and values ``[N, L]``; ``values[:, t]`` is the value of the state before
-    token t is generated (0 in column 0 and on padding)."""
-    logp, hidden = logprobs_and_hidden(model, input_ids, attention_mask, temperature, constraint)
+    """One forward: per-token log-probs (of the ``token_mask`` tokens, as ``sequence_logprobs``) and values
+    ``[N, L]``; ``values[:, t]`` is the value of the state before token t is generated (0 in column 0 and on
+    padding)."""
+    logp, hidden = logprobs_and_hidden(model, input_ids, attention_mask, temperature, constraint, token_mask,
+                                       chunk_tokens)
     return logp, aligned_values(head, hidden, attention_mask)
 
 

@@ -67,7 +67,8 @@ def test_base_reference_is_the_model_without_adapter(tiny_llama_dir, tmp_path):
     trainer.fit(module, datamodule)
     buffer = datamodule.buffer
     base = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
-    expected = batched_sequence_logprobs(base, buffer.input_ids, buffer.attention_mask, buffer.temperature)
+    expected = batched_sequence_logprobs(base, buffer.input_ids, buffer.attention_mask, buffer.temperature,
+                                         token_mask=buffer.completion_mask)
     torch.testing.assert_close(buffer.ref_logp, expected, rtol=0, atol=1e-5)
     # after two epochs of updates the policy differs from its reference
     assert (buffer.old_logp - buffer.ref_logp)[buffer.completion_mask].abs().max() > 1e-3

@@ -102,7 +102,8 @@ def test_batched_sequence_logprobs_chunks_and_restores_mode(tiny_model):
         whole = sequence_logprobs(model, ids, mask, 0.7)
     model.train()
     try:
-        chunked = batched_sequence_logprobs(model, ids, mask, 0.7, batch_size=2)  # chunks of 2 + 1 rows
+        # 2 rows of the padded width per forward: chunks of 2 + 1 rows
+        chunked = batched_sequence_logprobs(model, ids, mask, 0.7, batch_tokens=2 * ids.shape[1] + 1)
         assert model.training  # restored
     finally:
         model.eval()

@@ -143,7 +143,7 @@ def lora_gradients(policy, logp: torch.Tensor, completion_mask: torch.Tensor) ->
 def test_packed_equals_padded_logprobs_and_lora_gradients(model_dir, kernel, rows):
     policy = lora_policy(model_dir, kernel)
     ids, mask, completion = rows()
-    expected = sequence_logprobs(policy, ids, mask, 0.7)  # [N, L], one padded row per completion / node
+    expected = sequence_logprobs(policy, ids, mask, 0.7, token_mask=completion)  # [N, L], one padded row per row
     expected_grads = lora_gradients(policy, expected, completion)
     got = packed_logprobs(policy, ids, mask, completion, 0.7)
     grads = lora_gradients(policy, got, completion)
@@ -151,7 +151,7 @@ def test_packed_equals_padded_logprobs_and_lora_gradients(model_dir, kernel, row
     assert layout.row_pack.max() == 1  # one pack per group / tree: the prefixes really are shared
     assert layout.input_ids.numel() < mask.sum()  # fewer token slots than the padded rows' real tokens
     assert got.shape == expected.shape
-    assert (got[~mask] == 0).all() and (got[:, 0] == 0).all()
+    assert (got[~completion] == 0).all() and (got[completion] != 0).all()  # counted tokens only
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
     assert len(grads) == len(expected_grads) > 0
     for name, reference in expected_grads.items():
@@ -164,7 +164,7 @@ def test_pack_cap_splits_a_tree_and_stays_exact(tiny_llama_dir):
     policy = lora_policy(tiny_llama_dir, "sdpa")
     ids, mask, completion = tree_rows_tensors()
     with torch.no_grad():
-        expected = sequence_logprobs(policy, ids, mask, 1.0)
+        expected = sequence_logprobs(policy, ids, mask, 1.0, token_mask=completion)
         got = packed_logprobs(policy, ids, mask, completion, 1.0, max_pack_tokens=40)
     assert build_layout(ids, mask, completion, max_pack_tokens=40).row_pack.max() > 1
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
@@ -175,10 +175,11 @@ def test_token_logprobs_batched_matches_padded_in_chunks(tiny_llama_dir):
     ids, mask, completion = group_rows()
     forward = TokenLogprobs(policy, packed=True)
     assert forward.packed
-    got = forward.batched(policy, ids, mask, completion, 0.7, batch_size=3)  # chunks split the groups: still exact
+    # 3 rows per forward: the chunks split the groups, still exact
+    got = forward.batched(policy, ids, mask, completion, 0.7, batch_tokens=3 * ids.shape[1])
     assert policy.training  # restored after the eval-mode pass
     with torch.no_grad():
-        expected = sequence_logprobs(policy.eval(), ids, mask, 0.7)
+        expected = sequence_logprobs(policy.eval(), ids, mask, 0.7, token_mask=completion)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 

@@ -10,7 +10,7 @@ import torch
 from lit_grpo.logprobs import (
     FirstTokenConstraint,
     gather_logprobs,
-    restrict_first_tokens,
+    restrict_to_allowed,
 )
 from lit_grpo.risk import (
     RiskHead,
@@ -103,7 +103,10 @@ def test_restricted_first_token_renormalises_over_the_allowed_ids_only():
     tokens = torch.tensor([[0, 2, 1], [0, 2, 1], [0, 3, 0]])  # [3, 3]: the token after position t is tokens[t]
     # row 0: decision column 2 (predicted at position 1) restricted to {2}; row 1: to {1, 2}; row 2: free
     constraint = FirstTokenConstraint(torch.tensor([2, 2, 2]), torch.tensor([[2, -1], [1, 2], [-1, -1]]))
-    logp = gather_logprobs(restrict_first_tokens(logits, constraint), tokens)
+    rows, positions = torch.arange(3).repeat_interleave(3), torch.arange(3).repeat(3)  # [9]: every (row, position)
+    allowed = constraint.at(rows, positions + 1)  # [9, 2]: position t predicts column t + 1
+    flat = restrict_to_allowed(logits.reshape(9, 4), allowed)  # [9, 4]
+    logp = gather_logprobs(flat, tokens.reshape(9)).view(3, 3)
     free = gather_logprobs(logits, tokens)
     assert logp[0, 1].item() == 0.0  # one allowed id: probability 1
     assert logp[1, 1].item() == pytest.approx(math.log(0.5), abs=1e-7)  # ids 1 and 2 tie at logit 0
