@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from lit_grpo.input_check import InputError, lora_target_problem, remote_code_problem
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def resolve_model_path(model_name_or_path: str) -> str:
@@ -30,7 +31,11 @@ def model_path_problem(model_name_or_path: str) -> str | None:
     """Why ``model_name_or_path`` cannot be loaded, or None: a path must exist; a hub id must look like one."""
     resolved = resolve_model_path(model_name_or_path)
     if Path(resolved).is_dir():
-        return None if (Path(resolved) / "config.json").is_file() else f"{resolved!r} holds no config.json"
+        if not (Path(resolved) / "config.json").is_file():
+            return f"{resolved!r} holds no config.json"
+        if not any((Path(resolved) / name).is_file() for name in TOKENIZER_FILES):
+            return f"{resolved!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)})"
+        return None
     looks_like_path = model_name_or_path.startswith((".", "/", "~")) or model_name_or_path.count("/") > 1
     if looks_like_path or not model_name_or_path.strip():
         return f"{model_name_or_path!r} is not a model directory (nor a hub id)"
@@ -40,6 +45,10 @@ def model_path_problem(model_name_or_path: str) -> str | None:
 def load_tokenizer(model_path: str, trust_remote_code: bool = False) -> Any:
     """The model's tokenizer, with a pad token (its EOS, with a warning) if it had none."""
     refuse_remote_code(model_path, trust_remote_code)
+    if Path(model_path).is_dir() and not any((Path(model_path) / name).is_file() for name in TOKENIZER_FILES):
+        # transformers would build an empty tokenizer of the model's type and train on nonsense
+        raise InputError(f"model_name_or_path: {model_path!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                         "save the model's tokenizer into it with tokenizer.save_pretrained(...)")
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token is None:

@@ -237,7 +237,9 @@ def packing_problem(model: Any) -> str | None:
     finally:
         model.train(was_training)
     error = float((padded - packed).abs().max())
-    return None if error <= 1e-4 else f"a probe's packed log-probs differ from the padded forward's by {error:.3g}"
+    # another summation order moves a half-precision base by a few ulps; a broken mask moves it by whole nats
+    tolerance = max(1e-4, 8 * torch.finfo(model.get_input_embeddings().weight.dtype).eps)
+    return None if error <= tolerance else f"a probe's packed log-probs differ from the padded forward's by {error:.3g}"
 
 
 class TokenLogprobs:

@@ -44,7 +44,7 @@ def risk_head_loss(
     loss = risk_loss(logits, batch["rewards"][rows], head.atoms)
     p_error = error_probability(logits.detach().softmax(-1), head.atoms, head.spec.success_threshold)  # [M]
     observed = (batch["rewards"][rows] < head.spec.success_threshold).float()  # [M]
-    stats = {"risk_loss": loss.detach(), "risk_rows": torch.tensor(float(len(rows)))}
+    stats = {"risk_loss": loss.detach(), "risk_rows": loss.new_tensor(float(len(rows)))}
     if len(rows):
         stats.update(risk_p_error=p_error.mean(), risk_observed_error=observed.mean())
     return loss, stats

@@ -6,6 +6,7 @@ tensor whose last dimension is the vocabulary cannot be confused with any other 
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from types import MethodType
 
@@ -15,8 +16,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from lit_grpo.logprobs import FirstTokenConstraint, head_problem, logprobs_and_hidden, sequence_logprobs
-from lit_grpo.model_loading import load_policy
+from lit_grpo.input_check import InputError
+from lit_grpo.model_loading import load_policy, load_tokenizer
 from lit_grpo.packed import TokenLogprobs
+from lit_grpo.tiny import build_char_tokenizer
 
 VOCAB = 997  # prime
 CHUNK = 8
@@ -31,6 +34,11 @@ def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("qwen2-prime")
     Qwen2ForCausalLM(config).save_pretrained(target)
     return target
+
+
+def test_a_model_directory_without_a_tokenizer_is_refused(qwen_dir):
+    with pytest.raises(InputError, match="holds no tokenizer"):  # transformers would build an empty one
+        load_tokenizer(str(qwen_dir))
 
 
 def policy_of(model_dir: Path, checkpointing: bool = False, dtype: str = "float32"):
@@ -197,3 +205,35 @@ def test_a_model_whose_logits_are_not_its_head_is_refused(qwen_dir):
 
     model.forward = MethodType(scaled, model)
     assert "not its output head applied to its last hidden states" in head_problem(model)
+
+
+def test_precision_and_chunk_knobs_are_validated_up_front():
+    from inspect import signature
+
+    from lit_grpo.module import PolicyModule
+    from lit_grpo.module_config import module_config_problems
+
+    arguments = {k: v.default for k, v in signature(PolicyModule.__init__).parameters.items() if k != "self"}
+    arguments.pop("optimizer"), arguments.pop("lr_scheduler")
+    assert module_config_problems(arguments) == []
+    problems = module_config_problems(dict(arguments, dtype="int8", logprob_chunk_tokens=0, no_grad_batch_tokens=-1))
+    assert problems == [
+        "no_grad_batch_tokens: must be >= 1, got -1",
+        "logprob_chunk_tokens: must be >= 1, got 0",
+        "dtype: unknown value 'int8'; valid choices: float32, bfloat16, float16",
+    ]
+
+
+def test_policy_module_loads_the_base_in_the_asked_dtype_with_checkpointing(qwen_dir, tmp_path):
+    from lit_grpo.module import PolicyModule
+
+    model_dir = tmp_path / "with-tokenizer"
+    shutil.copytree(qwen_dir, model_dir)
+    build_char_tokenizer().save_pretrained(model_dir)
+    module = PolicyModule(model_name_or_path=str(model_dir), dtype="bfloat16", gradient_checkpointing=True,
+                          lora_rank=4)
+    module.configure_model()
+    assert module.policy.get_input_embeddings().weight.dtype == torch.bfloat16
+    assert module.policy.is_gradient_checkpointing
+    optimizer = module.configure_optimizers()
+    assert all(p.dtype == torch.float32 for group in optimizer.param_groups for p in group["params"])

@@ -15,7 +15,8 @@ from lit_grpo.config_check import config_problems, merged_config, split_options
 def model_dir(tmp_path):
     path = tmp_path / "model"
     path.mkdir()
-    (path / "config.json").write_text("{}")  # all the check looks at: a directory with a config.json
+    (path / "config.json").write_text("{}")  # all the check looks at: a config.json and a tokenizer file
+    (path / "tokenizer.json").write_text("{}")
     return str(path)
 
 

@@ -135,6 +135,7 @@ def test_config_check_reports_every_multi_rank_problem(tmp_path):
     from lit_grpo.config_check import config_problems
 
     (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "tokenizer.json").write_text("{}")
     config = {"model": {"model_name_or_path": str(tmp_path)},
               "data": {"prompts_per_epoch": 10, "dynamic_sampling": True, "completion_budget": 640},
               "trainer": {"strategy": "ddp", "devices": 3, "use_distributed_sampler": True}}
