@@ -85,7 +85,9 @@ def head_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor, temper
         part = slice(start, start + chunk_tokens)
         args = (head, hidden[part], targets[part], None if allowed_ids is None else allowed_ids[part], temperature)
         pieces.append(checkpoint(chunk_logprobs, *args, use_reentrant=False) if recompute else chunk_logprobs(*args))
-    return torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+    # no target at all (e.g. every completion masked as truncated): an empty result still tied to the graph, so the
+    # loss backpropagates zero gradients instead of failing
+    return torch.cat(pieces) if pieces else hidden.float().sum(-1)  # [M]
 
 
 def body_and_head(model: Any) -> tuple[Any, Any]:
