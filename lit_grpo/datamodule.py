@@ -291,7 +291,7 @@ class RolloutDataModule(pl.LightningDataModule):
             temperature=self.temperature,
             greedy=greedy,
             seed=seed,
-            stop_token_ids=(module.tokenizer.eos_token_id,),
+            stop_token_ids=module.stop_token_ids,
         )
 
     def grow_trees(self, module: Any, records: list[PromptRecord], widths: list[int],

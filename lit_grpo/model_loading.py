@@ -62,6 +62,24 @@ def load_tokenizer(model_path: str, trust_remote_code: bool = False) -> Any:
     return tokenizer
 
 
+def completion_stop_ids(tokenizer: Any, model: Any) -> tuple[int, ...]:
+    """The ids that end a completion: the tokenizer's EOS and every EOS id of the model's generation_config
+    (released chat models list several, e.g. ``<|im_end|>`` and ``<|endoftext|>``). The generation_config is read
+    for its end-of-sequence ids only, never for sampling options."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    listed = [configured] if isinstance(configured, int) else list(configured or [])
+    ids = sorted({int(i) for i in [tokenizer.eos_token_id, *listed] if i is not None})
+    vocab = model.config.vocab_size
+    outside = [i for i in ids if not 0 <= i < vocab]
+    if outside:
+        raise InputError(f"model_name_or_path: EOS ids {outside} (tokenizer or generation_config.json) are outside the "
+                         f"model's vocabulary of {vocab}; fix eos_token_id there")
+    if not ids:
+        raise InputError("model_name_or_path: neither the tokenizer nor generation_config.json names an EOS token; "
+                         "set eos_token in the tokenizer")
+    return tuple(ids)
+
+
 def refuse_remote_code(model_path: str, trust_remote_code: bool) -> None:
     """Raise ``InputError`` naming ``model.trust_remote_code`` when a local model ships code it was not allowed to run
     (for a hub id, transformers refuses by itself, since ``trust_remote_code=False`` is passed explicitly)."""

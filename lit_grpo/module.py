@@ -38,7 +38,7 @@ from lit_grpo.losses import (
     policy_loss,
     truncated_importance_weights,
 )
-from lit_grpo.model_loading import load_policy, load_tokenizer, resolve_model_path
+from lit_grpo.model_loading import completion_stop_ids, load_policy, load_tokenizer, resolve_model_path
 from lit_grpo.module_config import LossSettings, module_config_problems
 from lit_grpo.online_dpo import assign_pairs, online_dpo_loss
 from lit_grpo.packed import TokenLogprobs
@@ -164,6 +164,7 @@ class PolicyModule(pl.LightningModule):
         self.strict_loading = False  # checkpoints hold the trainable weights only, not the frozen base
         self.policy: Any = None
         self.tokenizer: Any = None
+        self.stop_token_ids: tuple[int, ...] = ()  # what ends a completion (configure_model)
         self.value_head: ValueHead | None = None
         self.risk_head: RiskHead | None = None
         self.risk_spec = None if risk is None else RiskHeadSpec(**risk)
@@ -184,6 +185,7 @@ class PolicyModule(pl.LightningModule):
         problem = head_problem(self.policy)
         if problem:
             raise InputError(f"model_name_or_path: {problem}")
+        self.stop_token_ids = completion_stop_ids(self.tokenizer, self.policy)
         self.token_logprobs = TokenLogprobs(self.policy, hp.packed_forward, hp.logprob_chunk_tokens)
         if hp.advantage_mode == "gae":
             self.value_head = ValueHead(self.policy.config.hidden_size)

@@ -107,3 +107,30 @@ def listening_addresses(port: int) -> list[str]:
         if state == "0A" and int(port_hex, 16) == port:
             found.append(".".join(str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0)))  # little-endian
     return found
+
+
+# Every sampling option a released checkpoint's generation_config.json can carry that transformers or vLLM would
+# apply by default: each one alone moves the sampler away from softmax(logits / T) (or stops it early).
+PENALISING_GENERATION = {
+    "do_sample": True, "temperature": 0.3, "top_k": 5, "top_p": 0.8, "min_p": 0.05, "typical_p": 0.5,
+    "epsilon_cutoff": 0.01, "eta_cutoff": 0.01, "repetition_penalty": 1.3, "presence_penalty": 1.5,
+    "frequency_penalty": 1.0, "no_repeat_ngram_size": 2, "min_new_tokens": 3, "max_new_tokens": 2,
+    "suppress_tokens": [5, 6], "begin_suppress_tokens": [7], "bad_words_ids": [[8], [9]],
+    "forced_bos_token_id": 10, "forced_eos_token_id": 11, "renormalize_logits": True,
+    "exponential_decay_length_penalty": [1, 1.5], "sequence_bias": [[[12], 5.0]],
+}
+
+
+def penalised_copy(source: Path, target: Path, extra_eos: int | None = None) -> Path:
+    """A copy of the model folder ``source`` whose generation_config.json sets ``PENALISING_GENERATION`` (the model's
+    own EOS id kept, plus ``extra_eos`` as a second one)."""
+    import shutil
+
+    shutil.copytree(source, target)
+    config = json.loads((target / "config.json").read_text())
+    own = json.loads((source / "generation_config.json").read_text()) if (source / "generation_config.json").is_file() else {}
+    eos = own.get("eos_token_id", config.get("eos_token_id"))
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    generation = {**own, **PENALISING_GENERATION, "eos_token_id": eos + ([extra_eos] if extra_eos is not None else [])}
+    (target / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    return target

@@ -1,14 +1,18 @@
 """HFEngine (design §7) on a tiny random Llama in LoRA: layout, stop handling, log-probs, seeds, constraints."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import LlamaForCausalLM
 
 from lit_grpo.engines import HFEngine, SamplingSpec
-from lit_grpo.engines.hf import sampling_kwargs
+from lit_grpo.engines.hf import SampledLogprobs, sampling_kwargs
+from lit_grpo.input_check import InputError
 from lit_grpo.logprobs import sequence_logprobs
-from lit_grpo.model_loading import load_policy
+from lit_grpo.model_loading import completion_stop_ids, load_policy, load_tokenizer
 from lit_grpo.tiny import build_char_tokenizer, tiny_llama_config
+from support import penalised_copy
 
 T = 0.7
 PROMPTS = [[1, 21, 22, 15, 23, 24, 33], [1, 25, 15, 26, 33], [1, 30, 31, 32]]  # lengths 7, 5, 4: left padding varies
@@ -162,28 +166,43 @@ def test_greedy_stops_at_stop_token(policy, engine):
 
 
 def test_sampling_kwargs_full_distribution():
+    # no warper at all: the temperature is applied by our own processor, ahead of the log-prob recorder
     assert sampling_kwargs(SamplingSpec(max_new_tokens=3, temperature=T)) == {
         "do_sample": True,
-        "temperature": T,
+        "temperature": 1.0,
         "top_k": 0,
         "top_p": 1.0,
     }
     assert sampling_kwargs(SamplingSpec(max_new_tokens=3, greedy=True))["do_sample"] is False
 
 
-def test_model_generation_config_truncation_is_overridden(policy, engine):
-    # a hub model may ship top_k / top_p in its generation config: training rollouts still sample the full
-    # distribution, so every log-prob matches the untruncated softmax(logits / T)
-    config = policy.base_model.model.generation_config
-    saved = (config.top_k, config.top_p)
-    config.top_k, config.top_p = 3, 0.5
-    try:
-        out = engine.generate(PROMPTS, 4, SamplingSpec(max_new_tokens=4, temperature=T, seed=0))
-    finally:
-        config.top_k, config.top_p = saved
-    for prompt, group in zip(PROMPTS, out):
-        for c in group:
-            assert_trainer_logprobs(policy, prompt, c)
+def fresh_policy(path):
+    torch.manual_seed(0)  # LoRA A's initialisation
+    policy = load_policy(str(path), 4, 8, 0.0, "all-linear")
+    randomise_lora(policy, 1)
+    return policy.eval()
+
+
+def test_a_penalising_generation_config_changes_nothing(model_dir, tmp_path):
+    # a released checkpoint's generation_config.json (penalties, truncation, suppressed, forced and biased tokens,
+    # a minimum and maximum length, a second EOS id): rollouts still sample softmax(logits / T), stop at the spec's
+    # ids only, and are the very completions the same weights give without that file
+    plain = fresh_policy(model_dir)
+    penalised = fresh_policy(penalised_copy(Path(model_dir), tmp_path / "penalised", extra_eos=3))
+    for spec in (SamplingSpec(max_new_tokens=6, temperature=T, seed=0, stop_token_ids=(2,)),
+                 SamplingSpec(max_new_tokens=6, greedy=True, stop_token_ids=(2,))):
+        outputs = []
+        for policy in (plain, penalised):
+            engine = HFEngine()
+            engine.push_policy(policy)
+            outputs.append(engine.generate(PROMPTS, 4, spec))
+        assert outputs[0] == outputs[1]
+        temperature = 1.0 if spec.greedy else T
+        for prompt, group in zip(PROMPTS, outputs[1]):
+            for c in group:
+                assert_trainer_logprobs(penalised, prompt, c, temperature)
+                assert c.finish_reason == "stop" or len(c.token_ids) == 6
+    assert penalised.get_base_model().generation_config.repetition_penalty == 1.3  # the model's own, restored
 
 
 def test_allowed_first_tokens_and_renormalised_logprobs(policy, engine):
@@ -321,3 +340,28 @@ def test_one_sample_per_prompt_does_not_prefill_separately(policy, engine):
     finally:
         handle.remove()
     assert shapes[0] == (3, 7)  # nothing to share: generate's own prefill of the whole prompts
+
+
+def test_sampled_logprobs_records_each_drawn_token_from_one_held_step():
+    recorder = SampledLogprobs()
+    three = torch.log(torch.tensor(3.0))
+    prompt = torch.tensor([[4], [4]])
+    recorder(prompt, torch.tensor([[0.0, three, 0.0], [0.0, 0.0, 0.0]]))  # step 1: p = [1/5, 3/5, 1/5], uniform
+    recorder(torch.tensor([[4, 1], [4, 2]]), torch.tensor([[0.0, 0.0, three], [three, 0.0, 0.0]]))  # drew 1, 2
+    new_tokens = torch.tensor([[1, 2], [2, 0]])  # step 2 drew 2 and 0
+    expected = torch.log(torch.tensor([[3 / 5, 3 / 5], [1 / 3, 3 / 5]]))
+    assert torch.allclose(recorder.logprobs(new_tokens), expected, rtol=0, atol=1e-6)
+    assert recorder._held.shape == (2, 3)  # one step's distribution, not one per step
+    with pytest.raises(RuntimeError, match="recorded 2 sampling steps for 3 generated tokens"):
+        recorder.logprobs(torch.tensor([[1, 2, 0], [2, 0, 0]]))
+
+
+def test_every_eos_id_of_the_checkpoint_ends_a_completion(model_dir, tmp_path):
+    # the tokenizer's EOS (2) and the generation_config's second one (3) both stop rollouts; ids outside the
+    # vocabulary are refused by name
+    path = penalised_copy(Path(model_dir), tmp_path / "two-eos", extra_eos=3)
+    tokenizer, policy = load_tokenizer(str(path)), fresh_policy(path)
+    assert completion_stop_ids(tokenizer, policy) == (2, 3)
+    policy.get_base_model().generation_config.eos_token_id = [2, 100_000]
+    with pytest.raises(InputError, match=r"EOS ids \[100000\].*outside the model's vocabulary of 100"):
+        completion_stop_ids(tokenizer, policy)

@@ -64,6 +64,7 @@ def test_bad_knobs_fail_at_construction():
 
 @pytest.mark.parametrize("strategy", ["merged", "adapter"])
 def test_real_vllm_engine_stays_in_sync(strategy, tmp_path):
+    # on a model whose generation_config.json sets every sampling option a checkpoint can carry
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     result = subprocess.run([sys.executable, str(CHECK), strategy, str(tmp_path)], capture_output=True, text=True,
                             env=env, timeout=900)
@@ -78,6 +79,8 @@ def test_real_vllm_engine_stays_in_sync(strategy, tmp_path):
     # first-token constraints (the risk rule's forced defers): obeyed, renormalised, and scored alike by the trainer
     assert figures["restricted_first_allowed"] and figures["restricted_single_logp"] < 1e-6
     assert figures["restricted_diff"] < 1e-4
+    # the checkpoint's EOS ids stop nothing the spec does not list
+    assert figures["lengths_past_eos"] == [4] * 6
     # a perturbed adapter that the engine has not received shows up (so the check can fail), and a push fixes it
     assert figures["stale_diff"] > 1e-2
     assert figures["pushed_diff"] < 1e-4

@@ -24,7 +24,7 @@ def test_completion_request_asks_for_token_ids_logprobs_and_the_full_distributio
     assert body == {
         "model": "policy-3", "prompt": [1, 20, 21], "n": 4, "max_tokens": 6, "temperature": 0.7, "top_p": 1.0,
         "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-        "seed": 105, "stop_token_ids": [2], "logprobs": 0, "return_tokens_as_token_ids": True,
+        "min_tokens": 0, "ignore_eos": True, "seed": 105, "stop_token_ids": [2], "logprobs": 0, "return_tokens_as_token_ids": True,
         "return_token_ids": True, "skip_special_tokens": False,
     }
     greedy = completion_request("p", [1], 1, SamplingSpec(max_new_tokens=3, greedy=True), index=0)

@@ -2,6 +2,9 @@
 loopback (with an API key), trains 2 epochs through it, then a second engine connects to the same server by URL,
 as to a server a user started, for the sync and stale-engine checks. Prints one JSON line of measured figures.
 
+The model is a copy of tiny-llama whose generation_config.json sets every sampling option a released checkpoint
+can carry (``support.PENALISING_GENERATION``), which a server would otherwise take as its default sampling.
+
 Usage: python tests/vllm_server_check.py OUT_DIR
 """
 
@@ -16,8 +19,8 @@ import torch
 
 from lit_grpo.engines import VLLMServerEngine
 from lit_grpo.tasks import ArithmeticTask
-from support import listening_addresses
-from vllm_sync_check import greedy_matches, perturb_adapter, sampler_vs_trainer, train_two_epochs
+from support import listening_addresses, penalised_copy
+from vllm_sync_check import DATA, greedy_matches, perturb_adapter, sampler_vs_trainer, train_two_epochs
 
 KEY = "lit-grpo-test-key"
 
@@ -27,7 +30,7 @@ def main(root: Path) -> None:
     engine = VLLMServerEngine(api_key=KEY, kv_cache_gib=0.25, max_model_len=64, shared=True)
     figures: dict[str, Any] = {}
     try:
-        module, _, diff_max = train_two_epochs(engine, root)
+        module, _, diff_max = train_two_epochs(engine, root, penalised_copy(DATA / "tiny-llama", root / "penalised"))
         figures["logp_diff_max_per_epoch"] = diff_max
         figures["server_url"] = engine.url
         figures["listening"] = listening_addresses(int(engine.url.rsplit(":", 1)[1]))  # the socket's bound address

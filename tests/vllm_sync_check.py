@@ -1,7 +1,10 @@
 """Real-vLLM checks for one push strategy, run in a subprocess by test_vllm_engine.py (an in-process engine pins
 torch's thread count for its whole process). Prints one JSON line of measured figures.
 
-Usage: python tests/vllm_sync_check.py {merged|adapter}
+Every check runs on a copy of the model whose generation_config.json sets every sampling option a released
+checkpoint can carry (``support.PENALISING_GENERATION``): the engine must sample what the SamplingSpec says.
+
+Usage: python tests/vllm_sync_check.py {merged|adapter} OUT_DIR [MODEL_DIR]
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from lit_grpo.engines import HFEngine, SamplingSpec, VLLMEngine
 from lit_grpo.logprobs import FirstTokenConstraint, batched_sequence_logprobs
 from lit_grpo.module import PolicyModule
 from lit_grpo.tasks import ArithmeticTask
+from support import penalised_copy
 
-MODEL = str(Path(__file__).resolve().parents[1] / "data" / "tiny-llama")
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 class SyncLog(pl.Callback):
@@ -34,9 +38,9 @@ class SyncLog(pl.Callback):
         self.diff_max.append(float(trainer.callback_metrics["rollout/logp_diff_max"]))
 
 
-def train_two_epochs(engine: VLLMEngine, root: Path) -> tuple[PolicyModule, RolloutDataModule, list[float]]:
+def train_two_epochs(engine: VLLMEngine, root: Path, model: Path) -> tuple[PolicyModule, RolloutDataModule, list[float]]:
     pl.seed_everything(0)
-    module = PolicyModule(model_name_or_path=MODEL, kl_coef=0.04,
+    module = PolicyModule(model_name_or_path=str(model), kl_coef=0.04,
                           optimizer=lambda p: torch.optim.AdamW(p, lr=5e-3, weight_decay=0.0))
     datamodule = RolloutDataModule(task=ArithmeticTask(), engine=engine, group_size=8, prompts_per_epoch=16,
                                    minibatch_size=64, max_new_tokens=6)
@@ -51,8 +55,8 @@ def train_two_epochs(engine: VLLMEngine, root: Path) -> tuple[PolicyModule, Roll
 
 def sampler_vs_trainer(engine: VLLMEngine, module: PolicyModule, prompts: list[list[int]]) -> float:
     """max |sampler log-prob - trainer log-prob| of sampled tokens under the module's current weights."""
-    eos = module.tokenizer.eos_token_id
-    groups = engine.generate(prompts, 4, SamplingSpec(max_new_tokens=6, temperature=1.0, seed=7, stop_token_ids=(eos,)))
+    spec = SamplingSpec(max_new_tokens=6, temperature=1.0, seed=7, stop_token_ids=module.stop_token_ids)
+    groups = engine.generate(prompts, 4, spec)
     worst = 0.0
     for prompt, group in zip(prompts, groups):
         for completion in group:
@@ -69,7 +73,7 @@ def restricted_check(engine: VLLMEngine, module: PolicyModule, prompts: list[lis
     tokenizer = module.tokenizer
     one, two = (tokenizer(d, add_special_tokens=False)["input_ids"][0] for d in ("1", "2"))
     allowed = tuple((one,) if k % 3 == 0 else (one, two) if k % 3 == 1 else None for k in range(len(prompts)))
-    spec = SamplingSpec(max_new_tokens=6, temperature=1.0, seed=11, stop_token_ids=(tokenizer.eos_token_id,),
+    spec = SamplingSpec(max_new_tokens=6, temperature=1.0, seed=11, stop_token_ids=module.stop_token_ids,
                         allowed_token_ids=allowed)
     groups = engine.generate(prompts, 4, spec)
     first_allowed, single_zero, worst = True, 0.0, 0.0
@@ -89,8 +93,16 @@ def restricted_check(engine: VLLMEngine, module: PolicyModule, prompts: list[lis
             "restricted_diff": worst}
 
 
+def lengths_past_eos(engine: VLLMEngine, module: PolicyModule, prompts: list[list[int]]) -> list[int]:
+    """Completion lengths when the first token is forced to be the model's EOS and the spec lists no stop id: the
+    checkpoint's EOS ids must not end a completion the trainer will score as unfinished."""
+    eos = module.stop_token_ids[0]
+    spec = SamplingSpec(max_new_tokens=4, temperature=1.0, seed=5, allowed_token_ids=((eos,),) * len(prompts))
+    return [len(c.token_ids) for group in engine.generate(prompts, 2, spec) for c in group]
+
+
 def greedy_matches(engine: VLLMEngine, module: PolicyModule, prompts: list[list[int]]) -> int:
-    spec = SamplingSpec(max_new_tokens=6, greedy=True, stop_token_ids=(module.tokenizer.eos_token_id,))
+    spec = SamplingSpec(max_new_tokens=6, greedy=True, stop_token_ids=module.stop_token_ids)
     hf = HFEngine()
     hf.push_policy(module.policy)
     ours = engine.generate(prompts, 1, spec)
@@ -106,11 +118,11 @@ def perturb_adapter(module: PolicyModule) -> None:
                 param.add_(torch.randn(param.shape, generator=generator) * 0.05)
 
 
-def main(strategy: str) -> None:
+def main(strategy: str, root: Path, model: Path) -> None:
     torch.manual_seed(0)
-    root = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("/tmp/lit-grpo-vllm-check")
     engine = VLLMEngine(push_strategy=strategy, kv_cache_gib=0.25, shared=True)  # max_model_len: the model's own
-    module, datamodule, diff_max = train_two_epochs(engine, root)
+    model = penalised_copy(model, root / "penalised-model")
+    module, datamodule, diff_max = train_two_epochs(engine, root, model)
     records = list(ArithmeticTask().heldout_records())
     prompts = [module.tokenizer(r["prompt"])["input_ids"] for r in records[:32]]
     engine.push_policy(module.policy)
@@ -118,6 +130,7 @@ def main(strategy: str) -> None:
     figures["greedy_equal"] = greedy_matches(engine, module, prompts)
     figures["synced_diff"] = sampler_vs_trainer(engine, module, prompts[:8])
     figures.update(restricted_check(engine, module, prompts[:9]))
+    figures["lengths_past_eos"] = lengths_past_eos(engine, module, prompts[:3])
     perturb_adapter(module)
     figures["stale_diff"] = sampler_vs_trainer(engine, module, prompts[:8])
     engine.push_policy(module.policy)
@@ -127,4 +140,4 @@ def main(strategy: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]) if len(sys.argv) > 3 else DATA / "tiny-llama")

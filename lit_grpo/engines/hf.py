@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
+from transformers import DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from lit_grpo.engines.base import Completion, SamplingSpec
 
@@ -31,11 +33,78 @@ class FirstTokenConstraint(LogitsProcessor):
         return scores.masked_fill(blocked, float("-inf"))
 
 
+class TemperatureScale(LogitsProcessor):
+    """scores / T, done here rather than by ``generate``'s warper: the warpers run after every processor passed in,
+    so the log-prob recorder could not see the tempered scores otherwise."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        return scores if self.temperature == 1.0 else scores / self.temperature
+
+
+class SampledLogprobs(LogitsProcessor):
+    """Last processor: sees the scores each token is drawn from and records the sampled token's log-prob.
+
+    The token drawn at one step appears as the last column of ``input_ids`` at the next call, so only one step's
+    log-softmax ``[rows, V]`` is held at a time (``output_scores`` would keep ``[rows, steps, V]``); the last
+    step's token is read from the returned sequences by ``logprobs``.
+    """
+
+    def __init__(self) -> None:
+        self._held: torch.Tensor | None = None  # [rows, V] fp32 log-probs of the step whose token is not seen yet
+        self._picked: list[torch.Tensor] = []  # one [rows] per finished step
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self._held is not None:
+            self._picked.append(self._held.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self._held = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def logprobs(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """``[rows, steps]`` log-probs of the generated ``new_tokens [rows, steps]``."""
+        if self._held is None:
+            return new_tokens.new_zeros(new_tokens.shape, dtype=torch.float32)
+        picked = [*self._picked, self._held.gather(-1, new_tokens[:, -1:]).squeeze(-1)]
+        if len(picked) != new_tokens.shape[1]:
+            raise RuntimeError(f"recorded {len(picked)} sampling steps for {new_tokens.shape[1]} generated tokens")
+        return torch.stack(picked, dim=1)
+
+
+@contextmanager
+def neutral_generation_config(model: Any) -> Iterator[None]:
+    """``generate`` fills every option it is not passed from the model's generation_config (a checkpoint's
+    repetition/presence penalties, top-k/top-p/min-p, no-repeat n-grams, suppressed or forced tokens, min length,
+    ...): for our call the model holds a blank one, so only what the SamplingSpec says shapes the distribution."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    saved = base.generation_config
+    base.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        base.generation_config = saved
+
+
+@contextmanager
+def device_rng(device: torch.device) -> Iterator[None]:
+    """Fork the CPU generator and, on an accelerator, that device's: a seeded generate leaves both as it found them."""
+    if device.type == "cpu":
+        with torch.random.fork_rng(devices=[]):
+            yield
+        return
+    index = device.index if device.index is not None else getattr(torch, device.type).current_device()
+    with torch.random.fork_rng(devices=[index], device_type=device.type):
+        yield
+
+
 class HFEngine:
     """Generates with ``model.generate`` on the policy being trained, in eval mode, without gradients.
 
-    Top-k is set to 0 explicitly: transformers fills an unset ``top_k`` with 50, which would truncate the sampling
-    distribution and bias the importance ratio.
+    The sampling distribution is softmax(logits / T) over the whole vocabulary (restricted only by the spec's
+    first-token constraint), whatever the checkpoint's generation_config says: ``generate`` runs with a blank one,
+    top-k 0 and top-p 1 (transformers would otherwise fill top-k 50), and each sampled token's log-prob is recorded
+    as it is drawn.
 
     With ``share_prompt_prefill`` (the default), a prompt sampled ``n`` times is run through the model once: all
     but its last token are prefilled for the ``B`` prompts, the key/value cache is repeated ``n`` times per prompt,
@@ -83,11 +152,14 @@ class HFEngine:
         model = self._model
         pad_id = pad_token_id(model)
         input_ids, attention_mask = left_pad(prompts, pad_id, model.device)  # [B, P]
-        processors = constraint_processors(sampling, chunk, n, input_ids.shape[1])
+        constraints = constraint_processors(sampling, chunk, n, input_ids.shape[1])
+        temperature = 1.0 if sampling.greedy else sampling.temperature
+        recorder = SampledLogprobs()
+        processors = LogitsProcessorList([TemperatureScale(temperature), *constraints, recorder])
         was_training = model.training
         model.eval()
         try:
-            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            with torch.no_grad(), device_rng(model.device), neutral_generation_config(model):
                 cache = None
                 if self.share_prompt_prefill and n > 1 and input_ids.shape[1] > 1:
                     cache = shared_prefill(model, input_ids, attention_mask, n)
@@ -96,7 +168,7 @@ class HFEngine:
                     attention_mask = attention_mask.repeat_interleave(n, 0)
                 if sampling.seed is not None:
                     torch.manual_seed(sampling.seed + chunk.start)
-                out = model.generate(
+                sequences = model.generate(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
                     past_key_values=cache,
@@ -106,14 +178,11 @@ class HFEngine:
                     eos_token_id=list(sampling.stop_token_ids) or None,
                     pad_token_id=pad_id,
                     logits_processor=processors,
-                    output_scores=True,
-                    return_dict_in_generate=True,
                 )
         finally:
             model.train(was_training)
-        new_tokens = out.sequences[:, input_ids.shape[1] :]  # [B * n, steps]
-        scores = torch.stack(out.scores, dim=1).float()  # [B * n, steps, V], processed (temperature applied)
-        logprobs = torch.log_softmax(scores, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        new_tokens = sequences[:, input_ids.shape[1] :]  # [B * n, steps]
+        logprobs = recorder.logprobs(new_tokens)  # [B * n, steps]
         flat = [to_completion(ids, lps, set(sampling.stop_token_ids)) for ids, lps in zip(new_tokens, logprobs)]
         return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
 
@@ -137,10 +206,10 @@ def shared_prefill(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
 
 
 def sampling_kwargs(sampling: SamplingSpec) -> dict[str, Any]:
-    """Full-distribution sampling (top-k off, top-p 1, set explicitly), or plain greedy decoding."""
+    """Plain sampling (no warper: top-k off, top-p 1, temperature applied by ``TemperatureScale``) or greedy."""
     if sampling.greedy:
-        return {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
-    return {"do_sample": True, "temperature": sampling.temperature, "top_k": 0, "top_p": 1.0}
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
 
 
 def pad_token_id(model: Any) -> int:

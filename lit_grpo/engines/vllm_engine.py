@@ -117,6 +117,7 @@ class VLLMEngine:
                 max_loras=1,
                 seed=self.seed,
                 logprobs_mode="processed_logprobs",
+                generation_config="vllm",  # vLLM's neutral defaults, not the checkpoint's sampling options
             )
         except Exception as error:
             raise RuntimeError(
@@ -190,6 +191,8 @@ class VLLMEngine:
         return [joined[k * n : (k + 1) * n] for k in range(len(restricted))]
 
     def _params(self, n: int, sampling: SamplingSpec, index: int, allowed: tuple[int, ...] | None = None) -> Any:
+        """Every option that shapes the distribution set explicitly (full distribution, no penalties, no minimum
+        length), and ``ignore_eos``: the generation_config's EOS ids stop a request only when the spec lists them."""
         from vllm import SamplingParams
 
         return SamplingParams(
@@ -198,6 +201,12 @@ class VLLMEngine:
             temperature=0.0 if sampling.greedy else sampling.temperature,
             top_p=1.0,
             top_k=0,  # off: training rollouts sample the full distribution
+            min_p=0.0,
+            repetition_penalty=1.0,
+            presence_penalty=0.0,
+            frequency_penalty=0.0,
+            min_tokens=0,
+            ignore_eos=True,
             max_tokens=sampling.max_new_tokens,
             stop_token_ids=list(sampling.stop_token_ids),
             seed=None if sampling.seed is None else sampling.seed + index,

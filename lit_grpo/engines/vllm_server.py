@@ -242,7 +242,8 @@ class VLLMServerEngine:
 
 def completion_request(model: str, prompt: list[int], n: int, sampling: SamplingSpec, index: int) -> dict[str, Any]:
     """The ``/v1/completions`` body for one prompt: token ids in and out, the sampled tokens' log-probs, the full
-    distribution (top-p 1, top-k off, no penalties: explicit, so a model's generation_config.json cannot narrow it),
+    distribution (top-p 1, top-k off, no penalties, no minimum length: explicit, so the defaults a server takes from
+    a model's generation_config.json cannot narrow it; ``ignore_eos``: only the spec's stop ids end a completion),
     and request ``index`` seeded with ``seed + index`` as the in-process engine does."""
     return {
         "model": model,
@@ -256,6 +257,8 @@ def completion_request(model: str, prompt: list[int], n: int, sampling: Sampling
         "repetition_penalty": 1.0,
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
+        "min_tokens": 0,
+        "ignore_eos": True,
         "seed": None if sampling.seed is None else sampling.seed + index,
         "stop_token_ids": list(sampling.stop_token_ids),
         "logprobs": 0,
@@ -296,6 +299,7 @@ def server_command(model_path: str, address: ServerAddress, engine: VLLMServerEn
         "--max-loras", "1",
         "--logprobs-mode", "processed_logprobs",
         "--seed", str(engine.seed),
+        "--generation-config", "vllm",  # neutral default sampling options, not the checkpoint's
     ]
     if engine.max_model_len is not None:
         command += ["--max-model-len", str(engine.max_model_len)]
