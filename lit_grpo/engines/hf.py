@@ -14,7 +14,7 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessor, Logits
 from lit_grpo.engines.base import Completion, SamplingSpec
 
 
-class FirstTokenConstraint(LogitsProcessor):
+class FirstTokenProcessor(LogitsProcessor):
     """Restricts the first generated token of each row to its allowed ids and away from its banned ids."""
 
     def __init__(self, prompt_length: int, allowed: list[list[int] | None], banned: list[list[int] | None]) -> None:
@@ -239,7 +239,7 @@ def constraint_processors(sampling: SamplingSpec, chunk: slice, n: int, prompt_l
         return [None if ids is None else list(ids) for ids in rows for _ in range(n)]  # num_return_sequences order
 
     allowed, banned = per_row(sampling.allowed_token_ids), per_row(sampling.banned_token_ids)
-    return LogitsProcessorList([FirstTokenConstraint(prompt_length, allowed, banned)])
+    return LogitsProcessorList([FirstTokenProcessor(prompt_length, allowed, banned)])
 
 
 def to_completion(ids: torch.Tensor, logprobs: torch.Tensor, stop_ids: set[int]) -> Completion:
