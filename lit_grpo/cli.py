@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -15,7 +16,7 @@ from lit_grpo.callbacks.nonfinite import NonFiniteTrainingError
 from lit_grpo.config_check import config_problems, merged_config
 from lit_grpo.datamodule import RolloutDataModule
 from lit_grpo.input_check import InputError
-from lit_grpo.resume import find_last_checkpoint
+from lit_grpo.resume import check_resume, find_last_checkpoint
 from lit_grpo.module import PolicyModule
 
 TRAINER_DEFAULTS: dict[str, Any] = {
@@ -52,8 +53,19 @@ class LitGRPOCLI(LightningCLI):
         if "weights_only" in self._subcommand_method_arguments[subcommand] and kwargs.get("weights_only") is None:
             kwargs["weights_only"] = True  # a checkpoint is never unpickled beyond tensors and plain containers
         if kwargs.get("ckpt_path") == "last":
-            kwargs["ckpt_path"] = find_last_checkpoint(self.trainer) or "last"
+            kwargs["ckpt_path"] = find_last_checkpoint(self.trainer) or fixed_dir_last(self.trainer)
+        path = kwargs.get("ckpt_path")
+        if path is not None and path != "last":
+            if not Path(path).is_file():
+                raise InputError(f"ckpt_path: {path!r} is not a file; pass a .ckpt this program wrote, or 'last'")
+            for note in check_resume(path, dict(self.model.hparams)):
+                print(f"lit-grpo: resuming {path}: {note}", file=sys.stderr)
         return kwargs
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning would parse the checkpoint's hyper-parameters over this run's configuration, after our check and
+        above the command line (so a checkpoint could switch ``trust_remote_code`` on). A checkpoint is data: it
+        restores weights and loop state; ``check_resume`` compares its hyper-parameters with this run's instead."""
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
         argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
@@ -65,6 +77,19 @@ class LitGRPOCLI(LightningCLI):
                 print(f"lit-grpo: the configuration has {len(problems)} problem(s):\n{listing}", file=sys.stderr)
                 raise SystemExit(2)
         super().parse_arguments(parser, args)
+
+
+def fixed_dir_last(trainer: Any) -> str:
+    """``last`` when a fixed checkpoint directory holds a ``last.ckpt`` (Lightning resolves it there); else an
+    error: ``--ckpt_path last`` with nothing to resume must not quietly train from scratch."""
+    dirs = [c.dirpath for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.dirpath is not None]
+    if not dirs and not trainer.loggers:  # Lightning's own default without a logger
+        dirs = [str(Path(trainer.default_root_dir) / "checkpoints")]
+    if any((Path(d) / "last.ckpt").is_file() for d in dirs):
+        return "last"
+    where = ", ".join(map(str, dirs)) or "the run's log directory (<save_dir>/<name>/version_*/checkpoints)"
+    raise InputError(f"ckpt_path: 'last' found no last.ckpt in {where}; start without --ckpt_path, or pass a "
+                     "checkpoint file")
 
 
 def refused_global(error: Exception) -> str:

@@ -1,0 +1,96 @@
+"""What a checkpoint may decide when a run resumes from it: weights and loop state, never the configuration.
+
+A crafted checkpoint cannot switch remote code on (issue 17 S1); a knob that changes the trainable shapes is
+refused by name, any other difference is reported and this run's value is used (D4); ``--ckpt_path last`` with
+nothing to resume, or a file that is no checkpoint, is an error naming it (D1, clear errors).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from lit_grpo.cli import main
+
+
+def fit_args(model: Path, root: Path, epochs: int, *extra: str) -> list[str]:
+    return ["fit", "--model.model_name_or_path", str(model), "--trainer.logger", "false",
+            "--trainer.max_epochs", str(epochs), "--trainer.default_root_dir", str(root),
+            "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "0",
+            "--data.prompts_per_epoch", "2", "--data.group_size", "2", "--data.minibatch_size", "4",
+            "--data.max_new_tokens", "3", *extra]
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_llama_dir, tmp_path_factory) -> Path:
+    """The checkpoint of one epoch of a small run (rank 16, kl_coef 0.04)."""
+    root = tmp_path_factory.mktemp("first-run")
+    main(fit_args(tiny_llama_dir, root, 1))
+    checkpoint = root / "checkpoints" / "last.ckpt"
+    assert checkpoint.is_file()
+    return checkpoint
+
+
+
+
+@pytest.mark.parametrize("command_line", [[], ["--model.trust_remote_code", "false"]])
+def test_a_checkpoint_cannot_switch_remote_code_on(tiny_llama_dir, trained, tmp_path, capsys, command_line):
+    marker = tmp_path / "pwned.txt"
+    evil = tmp_path / "evil-model"
+    shutil.copytree(tiny_llama_dir, evil)
+    config = json.loads((evil / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
+    (evil / "config.json").write_text(json.dumps(config))
+    (evil / "modeling_evil.py").write_text(f"open({str(marker)!r}, 'w')\n")
+    checkpoint = torch.load(trained, weights_only=True)
+    checkpoint["hyper_parameters"].update(trust_remote_code=True, model_name_or_path=str(evil))
+    torch.save(checkpoint, tmp_path / "crafted.ckpt")  # plain tensors and containers: weights-only safe
+    main(fit_args(tiny_llama_dir, tmp_path, 2, "--ckpt_path", str(tmp_path / "crafted.ckpt"), *command_line))
+    assert not marker.exists()
+    err = capsys.readouterr().err
+    assert "model.trust_remote_code: True in the checkpoint, False now (this run's value is used)" in err
+    assert f"model.model_name_or_path: {str(evil)!r} in the checkpoint" in err
+
+
+def test_a_changed_kl_coef_is_reported_and_this_runs_value_used(tiny_llama_dir, trained, tmp_path, capsys):
+    shutil.copy(trained, tmp_path / "start.ckpt")
+    main(fit_args(tiny_llama_dir, tmp_path, 2, "--ckpt_path", str(tmp_path / "start.ckpt"), "--model.kl_coef", "0.5"))
+    err = capsys.readouterr().err
+    assert "model.kl_coef: 0.04 in the checkpoint, 0.5 now (this run's value is used)" in err
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["hyper_parameters"]["kl_coef"] == 0.5 and saved["epoch"] == 1
+
+
+@pytest.mark.parametrize("knob, value, old", [("lora_rank", "4", "16"), ("advantage_mode", "gae", "'grpo'")])
+def test_a_shape_changing_knob_is_refused_by_name(tiny_llama_dir, trained, tmp_path, capsys, knob, value, old):
+    shutil.copy(trained, tmp_path / "start.ckpt")
+    with pytest.raises(SystemExit) as info:
+        main(fit_args(tiny_llama_dir, tmp_path, 2, "--ckpt_path", str(tmp_path / "start.ckpt"), f"--model.{knob}",
+                      value))
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    shown = value if knob == "lora_rank" else repr(value)
+    assert f"model.{knob}: the checkpoint was trained with {old}, this run asks for {shown}" in err
+    assert "Traceback" not in err
+
+
+def test_ckpt_path_last_with_nothing_to_resume_is_an_error(tiny_llama_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(fit_args(tiny_llama_dir, tmp_path, 1, "--ckpt_path", "last"))
+    assert info.value.code == 2
+    assert f"ckpt_path: 'last' found no last.ckpt in {tmp_path / 'checkpoints'}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [b"", b"not a checkpoint at all", "truncated"])
+def test_a_file_that_is_no_checkpoint_is_named(tiny_llama_dir, trained, tmp_path, capsys, content):
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(trained.read_bytes()[:2000] if content == "truncated" else content)
+    with pytest.raises(SystemExit) as info:
+        main(fit_args(tiny_llama_dir, tmp_path, 1, "--ckpt_path", str(bad)))
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"lit-grpo: ckpt_path: {str(bad)!r} is not a readable checkpoint" in err and "Traceback" not in err
