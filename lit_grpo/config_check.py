@@ -94,17 +94,35 @@ def signature_defaults(cls: type) -> dict[str, Any]:
     }
 
 
+def required_arguments(cls: type | Callable) -> list[str]:
+    """The arguments of a class (or function) that have no default."""
+    target = cls.__init__ if isinstance(cls, type) else cls
+    skip = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [name for name, p in inspect.signature(target).parameters.items()
+            if name != "self" and p.kind not in skip and p.default is inspect.Parameter.empty]
+
+
 def key_problems(section: str, cls: type | Callable, values: dict[str, Any]) -> dict[str, str]:
-    """Unknown keys and wrongly typed values of one class's arguments, checked one key at a time."""
+    """Unknown keys and wrongly typed values of one class's arguments, checked one key at a time (each beside the
+    given required arguments, which a class's parser needs whatever key it checks)."""
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(cls) if isinstance(cls, type) else parser.add_function_arguments(cls)
-    problems = {}
-    for key, value in values.items():
+    missing = [name for name in required_arguments(cls) if name not in values]
+    if missing:  # every key's parse would fail on them: report them alone
+        return {name: f"{section}.{name}: required, not given" for name in missing}
+    required = required_arguments(cls)
+
+    def problem(key: str, alongside: list[str]) -> str | None:
         try:
-            parser.parse_object({key: value}, defaults=False)
+            parser.parse_object({**{k: values[k] for k in alongside if k != key}, key: values[key]}, defaults=False)
         except Exception as error:  # noqa: BLE001 - jsonargparse raises several types; we report its text
             detail = " ".join(str(error).split("\n")[1:]).strip() or str(error)
-            problems[key] = f"{section}.{key}: {detail}"
+            return f"{section}.{key}: {detail}"
+        return None
+
+    problems = {key: p for key in required if (p := problem(key, required)) is not None}
+    sound = [key for key in required if key not in problems]
+    problems.update({key: p for key in values if key not in required and (p := problem(key, sound)) is not None})
     return problems
 
 

@@ -212,3 +212,18 @@ def test_cli_reports_all_problems_in_one_message_and_exits_2(tmp_path):
     )
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "lightning_logs").exists()  # nothing ran
+
+
+def test_a_task_with_a_required_argument_takes_its_other_arguments(model_dir):
+    # JsonlTask's path is required: each other argument is checked beside it (it used to be refused alone with
+    # "required: path", which blocked every custom reward), a bad one is still named, a missing path is named once
+    task = {"class_path": "lit_grpo.tasks.JsonlTask",
+            "init_args": {"path": "p.jsonl", "reward": {"class_path": "lit_grpo.tasks.ExactMatchReward"},
+                          "split_seed": 3}}
+    config = {"model": {"model_name_or_path": model_dir}, "data": {"task": task}}
+    assert config_problems(config) == []
+    task["init_args"]["heldout_fraction"] = "lots"
+    (problem,) = config_problems(config)
+    assert problem.startswith("data.task.heldout_fraction:") and "lots" in problem
+    del task["init_args"]["path"]
+    assert config_problems(config) == ["data.task.path: required, not given"]
