@@ -26,9 +26,7 @@ def test_the_custom_reward_example_trains(tmp_path):
     (tmp_path / "my_package").mkdir()
     (tmp_path / "my_package" / "__init__.py").write_text("")
     (tmp_path / "my_package" / "rewards.py").write_text(reward_code)
-    record = block_starting("json", '{"prompt"').strip()
-    # the README shows one line of the file; a run needs a few prompts for its training and held-out splits
-    (tmp_path / "my_prompts.jsonl").write_text("\n".join([record] * 12) + "\n")
+    (tmp_path / "my_prompts.jsonl").write_text(block_starting("json", '{"prompt"'))
     (tmp_path / "my_run.yaml").write_text(block_starting("yaml", "data:\n  task:\n    class_path: lit_grpo.tasks.JsonlTask"))
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--config", "my_run.yaml", "--trainer.max_epochs", "1",

@@ -2,12 +2,15 @@
 
 import importlib
 import json
+import sys
 from pathlib import Path
 
 import pytest
 from jsonargparse import ArgumentParser
 
 from lit_grpo.tasks import ArithmeticTask, ExactMatchReward, JsonlTask, Reward, SortTask
+from lit_grpo.input_check import InputError
+from lit_grpo.tasks.base import ScoredCompletion
 from lit_grpo.tasks.sort import inclusion_ordering, parse_items, sort_distance
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -198,6 +201,32 @@ def test_raising_reward_scores_failure_reward_with_error():
     assert scored.reward <= wrong.reward  # crashing never pays
 
 
+@pytest.mark.parametrize("returned, error", [
+    (float("nan"), "reward nan is not a finite number within ±1e+06"),
+    (float("inf"), "reward inf is not a finite number within ±1e+06"),
+    (1e308, "reward 1e+308 is not a finite number within ±1e+06"),
+    (-2e6, "reward -2000000.0 is not a finite number within ±1e+06"),
+])
+def test_a_non_finite_or_huge_reward_is_a_reward_error(returned, error):
+    task = ArithmeticTask()
+    task.reward_fn = lambda *_: returned
+    scored = task.score(task.record(12, 34), "46", [])
+    assert (scored.reward, scored.error) == (task.failure_reward, error)
+    task.reward_fn = lambda *_: -1e6  # the limit itself is a reward
+    assert task.score(task.record(12, 34), "46", []) == ScoredCompletion(-1e6, True)
+
+
+def test_a_reward_calling_sys_exit_is_a_reward_error():
+    task = ArithmeticTask()
+
+    def leave(*_):
+        sys.exit(3)
+
+    task.reward_fn = leave
+    scored = task.score(task.record(12, 34), "47", [])
+    assert (scored.reward, scored.error) == (task.failure_reward, "SystemExit: 3")
+
+
 def test_sort_task_raising_reward_never_beats_a_wrong_answer():
     task = SortTask(num_train=50, heldout_size=10)
     crashed = task.score({"prompt": "sort:3,1=", "answer": "1,3"}, "1,3", [])  # no "items": KeyError
@@ -345,3 +374,28 @@ def test_jsonl_heldout_file_must_be_disjoint(tmp_path):
     heldout = write_jsonl(tmp_path / "heldout.jsonl", [{"prompt": "q2", "answer": "b"}])
     with pytest.raises(ValueError, match="disjoint"):
         JsonlTask(str(train), heldout_path=str(heldout)).train_records()
+
+
+def test_jsonl_repeated_prompts_never_straddle_the_split(tmp_path):
+    # 4 distinct prompts, each 5 times: held out by distinct prompt, 1 of the 4 (round(4 * 0.3)) with its 5 copies
+    rows = [{"prompt": f"q{i % 4}", "answer": str(i % 4)} for i in range(20)]
+    task = JsonlTask(str(write_jsonl(tmp_path / "rep.jsonl", rows)), heldout_fraction=0.3)
+    train, heldout = task.train_records(), task.heldout_records()
+    assert len({r["prompt"] for r in heldout}) == 1 and len(heldout) == 5 and len(train) == 15
+    assert {r["prompt"] for r in train}.isdisjoint({r["prompt"] for r in heldout})
+
+
+@pytest.mark.parametrize("prompt", [None, "", "   ", 7, ["a"]])
+def test_jsonl_a_prompt_that_is_no_text_names_file_and_line(tmp_path, prompt):
+    path = write_jsonl(tmp_path / "null.jsonl", [{"prompt": "a"}, {"prompt": prompt}])
+    with pytest.raises(InputError) as info:
+        JsonlTask(str(path)).train_records()
+    assert str(info.value) == f"{path}:2: 'prompt' must be a non-empty string, got {prompt!r}"
+
+
+def test_jsonl_too_few_distinct_prompts_to_hold_one_out(tmp_path):
+    path = write_jsonl(tmp_path / "one.jsonl", [{"prompt": "a"}, {"prompt": "a"}])
+    with pytest.raises(InputError) as info:
+        JsonlTask(str(path)).train_records()
+    assert str(info.value) == (f"prompt file {str(path)!r} has 1 distinct prompt(s): too few to hold 1 out and train "
+                               "on the rest; add prompts or give heldout_path")

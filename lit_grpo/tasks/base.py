@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,9 @@ class ExactMatchReward(Reward):
 
     def __call__(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
         return 1.0 if completion_text.strip() == str(prompt_record["answer"]).strip() else 0.0
+
+
+REWARD_LIMIT = 1e6  # larger rewards are taken for bugs: squared in the group statistics they overflow
 
 
 @dataclass(frozen=True)
@@ -92,12 +96,17 @@ class Task(ABC):
         return 0.0
 
     def score(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> ScoredCompletion:
-        """Reward and correctness of a completion; a reward function that raises scores ``failure_reward``."""
+        """Reward and correctness of a completion. A reward function that raises (``sys.exit`` included), or
+        returns something other than a finite number within ``±REWARD_LIMIT``, scores ``failure_reward`` and the
+        error is recorded: a NaN would poison the step and 1e308 overflow the group statistics."""
         correct = self.is_correct(prompt_record, completion_text)
         try:
             value = float(self.reward(prompt_record, completion_text, completion_ids))
-        except Exception as error:  # noqa: BLE001 - any failure of user code must not kill the run
+        except (Exception, SystemExit) as error:  # noqa: BLE001 - any failure of user code must not kill the run
             return ScoredCompletion(self.failure_reward, correct, f"{type(error).__name__}: {error}")
+        if not math.isfinite(value) or abs(value) > REWARD_LIMIT:
+            return ScoredCompletion(self.failure_reward, correct,
+                                    f"reward {value!r} is not a finite number within ±{REWARD_LIMIT:g}")
         return ScoredCompletion(value, correct)
 
     def prompt_ids(self, prompt_record: PromptRecord, tokenizer: Any) -> list[int]:

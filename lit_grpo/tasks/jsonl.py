@@ -30,6 +30,8 @@ def read_jsonl(path: str | Path, prompt_key: str, answer_key: str) -> list[Promp
             raise InputError(f"{path}:{number}: not valid JSON ({error.msg})") from None
         if not isinstance(row, dict) or prompt_key not in row:
             raise InputError(f"{path}:{number}: expected an object with a {prompt_key!r} key")
+        if not isinstance(row[prompt_key], str) or not row[prompt_key].strip():
+            raise InputError(f"{path}:{number}: {prompt_key!r} must be a non-empty string, got {row[prompt_key]!r}")
         records.append({**row, "prompt": str(row[prompt_key]), "answer": row.get(answer_key, "")})
     if not records:
         raise InputError(f"prompt file {str(path)!r} is empty: it holds no records")
@@ -84,15 +86,19 @@ class JsonlTask(Task):
             heldout = read_jsonl(self.heldout_path, self.prompt_key, self.answer_key)
             shared = {r["prompt"] for r in heldout} & {r["prompt"] for r in records}
             if shared:
-                raise ValueError(
+                raise InputError(
                     f"{self.heldout_path} shares {len(shared)} prompts with {self.path} (e.g. {sorted(shared)[0]!r}); "
                     "the held-out split must be disjoint from training"
                 )
             return records, heldout
-        num_heldout = max(1, round(len(records) * self.heldout_fraction))
-        if num_heldout >= len(records):
-            raise ValueError(f"{self.path} has {len(records)} records: too few to hold {num_heldout} out")
-        return records[num_heldout:], records[:num_heldout]
+        # held out by distinct prompt: a prompt repeated in the file must not sit on both sides
+        prompts = list(dict.fromkeys(r["prompt"] for r in records))  # distinct, in shuffled order
+        num_heldout = max(1, round(len(prompts) * self.heldout_fraction))
+        if num_heldout >= len(prompts):
+            raise InputError(f"prompt file {self.path!r} has {len(prompts)} distinct prompt(s): too few to hold "
+                             f"{num_heldout} out and train on the rest; add prompts or give heldout_path")
+        heldout = set(prompts[:num_heldout])
+        return [r for r in records if r["prompt"] not in heldout], [r for r in records if r["prompt"] in heldout]
 
     @property
     def failure_reward(self) -> float:
