@@ -40,7 +40,9 @@ class LitGRPOCLI(LightningCLI):
         # always-on callbacks, configured in their own sections; a user's trainer.callbacks adds to them
         parser.add_lightning_class_args(RolloutMetrics, "metrics")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults({"checkpoint.save_last": True})
+        # last.ckpt at every epoch's end, validated or not: the shipped configs validate every 10 epochs, and a
+        # kill before the first validation lost the run
+        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_on_train_epoch_end": True})
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
         # the always-on checkpoint callback steps aside when the user turns checkpointing off

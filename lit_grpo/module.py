@@ -351,7 +351,10 @@ class PolicyModule(pl.LightningModule):
 
     # --- validation --------------------------------------------------------------------------------------------
     def on_train_start(self) -> None:
-        if self.trainer.enable_validation and self.trainer.datamodule is not None:
+        # a resumed run is not before training; and the extra validation would draw from the global RNG (a
+        # DataLoader's seed) that the checkpoint just restored, so the run would not continue as it was
+        resumed = self.trainer.global_step > 0
+        if self.trainer.enable_validation and self.trainer.datamodule is not None and not resumed:
             metrics = self.evaluation.run_standalone(self, self.trainer.datamodule)
             if self.logger is not None:
                 self.logger.log_metrics({f"val/{k}": v for k, v in metrics.items()}, step=0)
