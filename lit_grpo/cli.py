@@ -17,6 +17,7 @@ from lit_grpo.config_check import config_problems, merged_config
 from lit_grpo.datamodule import RolloutDataModule
 from lit_grpo.input_check import InputError
 from lit_grpo.resume import check_resume, find_last_checkpoint
+from lit_grpo.run_dir import SaveOnInterrupt, check_writable, claim_version, default_run_dir
 from lit_grpo.module import PolicyModule
 
 TRAINER_DEFAULTS: dict[str, Any] = {
@@ -48,7 +49,13 @@ class LitGRPOCLI(LightningCLI):
         # the always-on checkpoint callback steps aside when the user turns checkpointing off
         if config.get("enable_checkpointing") is False:
             callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
-        return super()._instantiate_trainer(config, callbacks)
+        if config.get("logger") is False and config.get("default_root_dir") is None:
+            config = {**config, "default_root_dir": default_run_dir()}  # not the current directory
+            print(f"lit-grpo: no logger; this run writes to {config['default_root_dir']}", file=sys.stderr)
+        trainer = super()._instantiate_trainer(config, [*callbacks, SaveOnInterrupt()])
+        check_writable(trainer)  # before any weights load
+        claim_version(trainer)
+        return trainer
 
     def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
         kwargs = super()._prepare_subcommand_kwargs(subcommand)

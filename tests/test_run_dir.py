@@ -1,0 +1,78 @@
+"""Where a run writes (issue 17 D2, D3): never into the current directory, never into another run's version, only
+where it can write (checked before the model loads), and a Ctrl-C keeps the adapter and says how to resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lit_grpo.cli import LitGRPOCLI, main
+
+TESTS = Path(__file__).resolve().parent
+SMALL = ["--data.prompts_per_epoch", "2", "--data.group_size", "2", "--data.minibatch_size", "4",
+         "--data.max_new_tokens", "3", "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "0"]
+
+
+def test_without_a_logger_the_run_gets_its_own_directory(tiny_llama_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--model.model_name_or_path", str(tiny_llama_dir), "--trainer.logger", "false",
+          "--trainer.max_epochs", "1", *SMALL])
+    assert [p.name for p in tmp_path.iterdir()] == ["lightning_logs"]  # nothing else in the current directory
+    (run,) = (tmp_path / "lightning_logs").iterdir()
+    assert run.name.startswith("run-")
+    assert (run / "config.yaml").is_file() and (run / "adapter" / "adapter_model.safetensors").is_file()
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    assert f"lit-grpo: no logger; this run writes to lightning_logs/{run.name}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("knob", ["--trainer.default_root_dir", "--checkpoint.dirpath"])
+def test_a_directory_the_run_cannot_write_is_refused_before_the_model_loads(tiny_llama_dir, tmp_path, capsys, knob):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # a directory below a file cannot exist (chmod would not stop root)
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--model.model_name_or_path", str(tiny_llama_dir), "--trainer.logger", "false",
+              "--trainer.default_root_dir", str(tmp_path / "ok"), knob, str(blocker / "runs"), *SMALL])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    what = knob.removeprefix("--")
+    assert f"lit-grpo: {what}: cannot write into {str(blocker / 'runs')!r} (Not a directory)" in err
+    assert "Loading weights" not in err and "Traceback" not in err
+
+
+def test_two_runs_in_one_directory_get_their_own_versions(tiny_llama_dir, tmp_path):
+    args = ["--model.model_name_or_path", str(tiny_llama_dir), "--trainer.default_root_dir", str(tmp_path)]
+    first, second = LitGRPOCLI(args=args, run=False), LitGRPOCLI(args=args, run=False)  # neither has logged yet
+    assert (first.trainer.logger.version, second.trainer.logger.version) == (0, 1)
+    assert sorted(p.name for p in (tmp_path / "lightning_logs").iterdir()) == ["version_0", "version_1"]
+
+
+def test_ctrl_c_keeps_the_adapter_and_prints_the_resume_command(tiny_llama_dir, tmp_path):
+    marker = tmp_path / "paused"
+    pause = f'{{"class_path": "support.PauseAt", "init_args": {{"marker": "{marker}", "epoch": 1, "batch_idx": 0}}}}'
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--model.model_name_or_path", str(tiny_llama_dir),
+               "--trainer.max_epochs", "3", "--trainer.default_root_dir", str(tmp_path), "--trainer.callbacks+",
+               pause, *SMALL]
+    run = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists():
+            assert run.poll() is None and time.monotonic() < deadline, "the run never reached the pause point"
+            time.sleep(0.1)
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    version = tmp_path / "lightning_logs" / "version_0"
+    assert run.returncode == 1, err[-3000:]
+    assert (version / "adapter-interrupted" / "adapter_model.safetensors").is_file()
+    assert (f"lit-grpo: interrupted; the adapter as it was is in {version / 'adapter-interrupted'}; resume from the "
+            f"last epoch's checkpoint with: lit-grpo fit --config {version / 'config.yaml'} --ckpt_path "
+            f"{version / 'checkpoints' / 'last.ckpt'}") in err
