@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -19,6 +20,8 @@ from lit_grpo.input_check import InputError
 from lit_grpo.resume import check_resume, find_last_checkpoint
 from lit_grpo.run_dir import SaveOnInterrupt, check_writable, claim_version, default_run_dir
 from lit_grpo.module import PolicyModule
+
+DEBUG_ENV = "LIT_GRPO_DEBUG"  # set to 1 to see the traceback behind a one-line input error
 
 TRAINER_DEFAULTS: dict[str, Any] = {
     "reload_dataloaders_every_n_epochs": 1,  # every epoch trains on fresh rollouts
@@ -71,6 +74,18 @@ class LitGRPOCLI(LightningCLI):
                 print(f"lit-grpo: resuming {path}: {note}", file=sys.stderr)
         return kwargs
 
+    def instantiate_classes(self) -> None:
+        # a class refusing its arguments (a task's low > high, a user reward's own check) is a bad input: its
+        # message, before any weights load (the model loads in configure_model, at fit time)
+        try:
+            super().instantiate_classes()
+        except InputError:
+            raise  # already names its input
+        except (ValueError, TypeError) as error:
+            if os.environ.get(DEBUG_ENV):
+                raise
+            raise InputError(f"the configuration could not be built: {error}") from None
+
     def _parse_ckpt_path(self) -> None:
         """Lightning would parse the checkpoint's hyper-parameters over this run's configuration, after our check and
         above the command line (so a checkpoint could switch ``trust_remote_code`` on). A checkpoint is data: it
@@ -111,6 +126,8 @@ def main(args: list[str] | None = None) -> None:
     try:
         LitGRPOCLI(args=args)
     except InputError as error:  # a bad input is the user's to fix: its message, not a traceback
+        if os.environ.get(DEBUG_ENV):
+            raise
         print(f"lit-grpo: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     except pickle.UnpicklingError as error:  # checkpoints are read with weights_only=True

@@ -11,12 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from jsonargparse import ArgumentParser
 from jsonargparse._loaders_dumpers import yaml_load
 from jsonargparse._util import import_object
 
 from lit_grpo.datamodule import RolloutDataModule, data_config_problems
 from lit_grpo.distributed import distributed_config_problems
+from lit_grpo.input_check import InputError
 from lit_grpo.module import PolicyModule
 from lit_grpo.module_config import module_config_problems
 
@@ -35,10 +37,57 @@ def merged_config(args: list[str]) -> dict[str, Any] | None:
     merged: dict[str, Any] = {}
     for key, value in split_options(args):
         if key in ("config", "c"):
-            deep_merge(merged, load_yaml(Path(value).read_text()) or {})
+            deep_merge(merged, read_config_file(value))
         else:
             set_dotted(merged, key.split("."), load_yaml(value) if value is not None else True)
     return merged
+
+
+def read_config_file(name: str | None) -> dict[str, Any]:
+    """A ``--config`` file's settings; ``InputError`` naming the file when it is missing, not YAML, has a key twice,
+    or is not a mapping of sections."""
+    path = Path(name or "")
+    if not path.is_file():
+        raise InputError(f"--config {name!r}: {'a directory' if path.is_dir() else 'no such file'}; give a YAML file")
+    try:
+        text = path.read_text(encoding="utf-8")
+        duplicates = duplicate_keys(text)
+        settings = load_yaml(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        mark, problem = getattr(error, "problem_mark", None), getattr(error, "problem", None)
+        detail = (f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None and problem
+                  else " ".join(str(error).split()))
+        raise InputError(f"--config {name!r} cannot be read as YAML: {detail}") from None
+    if duplicates:
+        raise InputError(f"--config {name!r} sets {', '.join(duplicates)} twice; keep one")
+    if settings is None:
+        raise InputError(f"--config {name!r} is empty; give sections such as model:, data:, trainer:")
+    if not isinstance(settings, dict):
+        kind = {"list": "a list", "int": "a number", "float": "a number", "str": "a string"}.get(
+            type(settings).__name__, type(settings).__name__)
+        raise InputError(f"--config {name!r} holds {kind}, not a mapping of sections (model:, data:, trainer:, ...)")
+    return settings
+
+
+def duplicate_keys(text: str) -> list[str]:
+    """Dotted keys set twice in one mapping of a YAML text (YAML loaders keep the last silently), with lines."""
+    found: list[str] = []
+
+    def walk(node: Any, path: list[str]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[str] = set()
+            for key, value in node.value:
+                name = str(key.value)
+                if name in seen:
+                    found.append(f"{'.'.join([*path, name])} (line {key.start_mark.line + 1})")
+                seen.add(name)
+                walk(value, [*path, name])
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                walk(item, path)
+
+    walk(yaml.compose(text, Loader=yaml.SafeLoader), [])
+    return found
 
 
 def load_yaml(text: str) -> Any:
@@ -168,8 +217,14 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     from lit_grpo.tasks import Task
 
     problems = [f"{key}: unknown top-level key" for key in config if key not in TOP_LEVEL_KEYS]
-    model_cfg, data_cfg = dict(config.get("model") or {}), dict(config.get("data") or {})
-    trainer_cfg = dict(config.get("trainer") or {})
+    sections = {key: config.get(key) or {} for key in ("model", "data", "trainer")}
+    for key, value in sections.items():
+        if not isinstance(value, dict):
+            problems.append(f"{key}: expected a mapping of {key}.* settings, got {value!r}")
+            sections[key] = {}
+    model_cfg, data_cfg, trainer_cfg = (dict(sections[k]) for k in ("model", "data", "trainer"))
+    optimizer_bad = optimizer_problems(model_cfg.pop("optimizer", None))
+    problems += optimizer_bad
     model_bad = key_problems("model", PolicyModule, model_cfg)
     data_bad = key_problems("data", RolloutDataModule, {k: v for k, v in data_cfg.items() if k not in ("task", "engine")})
     trainer_bad = key_problems("trainer", Trainer, {k: v for k, v in trainer_cfg.items() if k not in ("callbacks", "logger", "plugins", "strategy")})
@@ -182,9 +237,40 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     problems += [f"data.{p}" for p in data_config_problems(data_args)]
     problems += cross_problems(model_args, data_args)
     problems += distributed_config_problems(trainer_cfg, data_args)
+    max_epochs = trainer_cfg.get("max_epochs")
+    if isinstance(max_epochs, int) and max_epochs < -1:
+        problems.append(f"trainer.max_epochs: must be >= 0 (or -1 for no limit), got {max_epochs}")
     if trainer_cfg.get("reload_dataloaders_every_n_epochs", 1) != 1:
         problems.append("trainer.reload_dataloaders_every_n_epochs: must be 1 (rollouts are regenerated each epoch)")
     return problems
+
+
+def optimizer_problems(spec: Any) -> list[str]:
+    """``model.optimizer``: a torch optimizer class (by name or class_path) that accepts its arguments, built once
+    on a stand-in parameter so its own checks (a negative learning rate, ...) speak before any work; lr must be
+    positive (0 would train nothing)."""
+    if spec is None:
+        return []
+    if isinstance(spec, str):
+        spec = {"class_path": spec}
+    if not isinstance(spec, dict) or not isinstance(spec.get("class_path"), str):
+        return ["model.optimizer: name the optimizer class too, e.g. --model.optimizer AdamW --model.optimizer.lr "
+                "1e-4 (or class_path: torch.optim.AdamW with init_args in YAML)"]
+    import torch
+
+    path = spec["class_path"] if "." in spec["class_path"] else f"torch.optim.{spec['class_path']}"
+    args = {**{k: v for k, v in spec.items() if k not in ("class_path", "init_args")}, **(spec.get("init_args") or {})}
+    try:
+        cls = import_object(path)
+    except Exception:  # noqa: BLE001
+        return [f"model.optimizer: cannot import {spec['class_path']!r}"]
+    if isinstance(args.get("lr"), (int, float)) and not args["lr"] > 0:
+        return [f"model.optimizer.lr: must be > 0, got {args['lr']}"]
+    try:
+        cls([torch.nn.Parameter(torch.zeros(1))], **args)
+    except Exception as error:  # noqa: BLE001 - the optimizer's own message names the bad argument
+        return [f"model.optimizer: {spec['class_path']}({', '.join(f'{k}={v!r}' for k, v in args.items())}): {error}"]
+    return []
 
 
 def cross_problems(model_args: dict[str, Any], data_args: dict[str, Any]) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -35,11 +36,67 @@ def model_path_problem(model_name_or_path: str) -> str | None:
             return f"{resolved!r} holds no config.json"
         if not any((Path(resolved) / name).is_file() for name in TOKENIZER_FILES):
             return f"{resolved!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)})"
-        return None
+        return model_files_problem(Path(resolved))
     looks_like_path = model_name_or_path.startswith((".", "/", "~")) or model_name_or_path.count("/") > 1
     if looks_like_path or not model_name_or_path.strip():
         return f"{model_name_or_path!r} is not a model directory (nor a hub id)"
     return None
+
+
+def model_files_problem(directory: Path) -> str | None:
+    """A model directory's config.json must be a JSON object of a model type this transformers knows (or one that
+    ships its own code), and each safetensors file must hold every tensor its header lists (not truncated)."""
+    from safetensors import safe_open
+    from transformers import CONFIG_MAPPING
+
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        return f"{str(directory)!r}: config.json is not valid JSON ({error})"
+    if not isinstance(config, dict):
+        return f"{str(directory)!r}: config.json is not a JSON object"
+    model_type = config.get("model_type")
+    if model_type not in CONFIG_MAPPING and not config.get("auto_map"):
+        return (f"{str(directory)!r}: config.json's model_type {model_type!r} is unknown to transformers "
+                f"{transformers_version()} (a newer transformers may know it)")
+    for weights in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), framework="pt") as handle:
+                handle.keys()
+        except Exception as error:  # noqa: BLE001 - safetensors raises its own error type
+            return f"{str(weights)!r} cannot be read ({error}); the file is truncated or not safetensors"
+    return None
+
+
+def transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def init_adapter_problems(policy: Any, lora_rank: int, targets: str | list[str], init_adapter: str) -> list[str]:
+    """An ``init_adapter`` must fit the configured LoRA (rank, target modules; the config would otherwise say one
+    adapter and train another) and hold finite weights."""
+    problems = []
+    rank = policy.peft_config[policy.active_adapter].r
+    if rank != lora_rank:
+        problems.append(f"init_adapter {init_adapter!r} has rank {rank}, model.lora_rank is {lora_rank}; set "
+                        f"model.lora_rank {rank}")
+    adapted = {name.rsplit(".", 1)[-1] for name, module in policy.named_modules() if hasattr(module, "lora_A")}
+    if targets == "all-linear":  # PEFT's all-linear: every linear layer but the output head
+        base = policy.get_base_model()
+        head = base.get_output_embeddings()
+        wanted = {name.removesuffix(".base_layer").rsplit(".", 1)[-1] for name, m in base.named_modules()
+                  if isinstance(m, torch.nn.Linear) and ".lora_" not in name and m is not head}
+    else:
+        wanted = set(targets) if not isinstance(targets, str) else adapted  # a regex: not compared
+    if adapted != wanted:
+        problems.append(f"init_adapter {init_adapter!r} adapts {sorted(adapted)}, model.lora_target_modules asks "
+                        f"for {sorted(wanted)}; set model.lora_target_modules to the adapter's")
+    bad = [name for name, p in policy.named_parameters() if p.requires_grad and not torch.isfinite(p).all()]
+    if bad:
+        problems.append(f"init_adapter {init_adapter!r} holds non-finite weights ({len(bad)} tensors, e.g. {bad[0]})")
+    return problems
 
 
 def load_tokenizer(model_path: str, trust_remote_code: bool = False) -> Any:
@@ -119,6 +176,9 @@ def load_policy(
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if init_adapter is not None:
         policy = PeftModel.from_pretrained(base, init_adapter, is_trainable=True, autocast_adapter_dtype=True)
+        problems = init_adapter_problems(policy, lora_rank, lora_target_modules, init_adapter)
+        if problems:
+            raise InputError("; ".join(problems))
     else:
         problem = lora_target_problem(base, lora_target_modules)
         if problem:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
     )
     if args["lora_rank"] < 1:
         problems.append(f"lora_rank: must be >= 1, got {args['lora_rank']}")
+    if not args["lora_alpha"] > 0:
+        problems.append(f"lora_alpha: must be > 0 (the adapter's scale is alpha / rank), got {args['lora_alpha']}")
     if not 0 <= args["lora_dropout"] < 1:
         problems.append(f"lora_dropout: must be in [0, 1), got {args['lora_dropout']}")
     for name in ("clip_eps", "clip_eps_high"):
@@ -72,9 +75,31 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
     problems += risk_spec_problems(args.get("risk"))
     if args.get("head_lr") is not None and args["head_lr"] <= 0:
         problems.append(f"head_lr: must be positive or None, got {args['head_lr']}")
-    adapter = args["init_adapter"]
-    if adapter is not None and not (Path(adapter).expanduser() / "adapter_config.json").is_file():
-        problems.append(f"init_adapter: {adapter!r} is not a PEFT adapter directory (no adapter_config.json)")
+    problems += adapter_config_problems(args["init_adapter"], args["lora_rank"], args["lora_target_modules"])
+    return problems
+
+
+def adapter_config_problems(adapter: str | None, lora_rank: int, targets: Any) -> list[str]:
+    """What an ``init_adapter``'s adapter_config.json shows before any weights load: it exists, is JSON, and has
+    the configured rank and (when given as a list) target modules; ``all-linear`` is compared once the model is
+    loaded (``model_loading.init_adapter_problems``)."""
+    if adapter is None:
+        return []
+    path = Path(adapter).expanduser() / "adapter_config.json"
+    if not path.is_file():
+        return [f"init_adapter: {adapter!r} is not a PEFT adapter directory (no adapter_config.json)"]
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        return [f"init_adapter: {str(path)!r} is not valid JSON ({error})"]
+    problems = []
+    if isinstance(config, dict) and config.get("r") not in (None, lora_rank):
+        problems.append(f"init_adapter: {adapter!r} has rank {config['r']}, model.lora_rank is {lora_rank}; set "
+                        f"model.lora_rank {config['r']}")
+    saved = config.get("target_modules") if isinstance(config, dict) else None
+    if isinstance(targets, list) and isinstance(saved, list) and sorted(saved) != sorted(targets):
+        problems.append(f"init_adapter: {adapter!r} adapts {sorted(saved)}, model.lora_target_modules is "
+                        f"{sorted(targets)}; set model.lora_target_modules to the adapter's")
     return problems
 
 

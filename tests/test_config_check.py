@@ -15,7 +15,7 @@ from lit_grpo.config_check import config_problems, merged_config, split_options
 def model_dir(tmp_path):
     path = tmp_path / "model"
     path.mkdir()
-    (path / "config.json").write_text("{}")  # all the check looks at: a config.json and a tokenizer file
+    (path / "config.json").write_text('{"model_type": "llama"}')  # all the check reads: config.json, tokenizer
     (path / "tokenizer.json").write_text("{}")
     return str(path)
 

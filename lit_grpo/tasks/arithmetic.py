@@ -32,9 +32,12 @@ class ArithmeticTask(Task):
         use_chat_template: bool = False,
     ) -> None:
         super().__init__(use_chat_template)
+        if high < low:
+            raise ValueError(f"ArithmeticTask: low ({low}) must not exceed high ({high})")
         num_pairs = (high - low + 1) ** 2
-        if high < low or not 0 < heldout_size < num_pairs:
-            raise ValueError(f"need low <= high and 0 < heldout_size < {num_pairs} pairs; got {low}, {high}, {heldout_size}")
+        if not 0 < heldout_size < num_pairs:
+            raise ValueError(f"ArithmeticTask: heldout_size must be in (0, {num_pairs}) for operands {low}..{high}, "
+                             f"got {heldout_size}")
         self.low, self.high, self.heldout_size = low, high, heldout_size
         self.split_seed, self.prompt_template = split_seed, prompt_template
         self.reward_fn = ExactMatchReward()
