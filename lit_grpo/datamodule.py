@@ -10,7 +10,7 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 from jsonargparse import lazy_instance
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
 from lit_grpo.buffer import (
@@ -153,6 +153,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.share_start = 0  # this rank's first prompt within the last draw
         self.buffer: RolloutBuffer | None = None
         self.timings: dict[str, float] = {}
+        self.scoring_seconds = 0.0
         self._pushed_at_step: int | None = None
 
     # --- the epoch's buffer (design §2 steps 1-6) --------------------------------------------------------------
@@ -185,6 +186,7 @@ class RolloutDataModule(pl.LightningDataModule):
     def collect_rollouts(self, module: Any, epoch: int) -> RolloutBuffer:
         """Generate, score, run the no-grad passes, then compute advantages, in that order."""
         clock = time.perf_counter()
+        self.scoring_seconds = 0.0  # rewards scored while generating (grouped draws) are not generation time
         # a tree's size is known only once grown, so only grouped draws are cut to the budget
         records = self.next_prompts(self.affordable_groups(self.prompts_per_epoch) if self.rollout == "grouped" else None)
         self.sync_policy(module)
@@ -206,10 +208,12 @@ class RolloutDataModule(pl.LightningDataModule):
         module.run_no_grad_passes(buffer)
         module.assign_advantages(buffer)
         done = time.perf_counter()
-        self.timings = {"generate": generated - clock, "score": scored - generated, "no_grad_passes": done - scored}
+        generating = generated - clock - self.scoring_seconds
+        self.timings = {"generate": generating, "score": scored - generated + self.scoring_seconds,
+                        "no_grad_passes": done - scored}
         rank_zero_info(
             f"epoch {epoch}: {len(records)} prompts, {buffer.input_ids.shape[0]} segments in {done - clock:.2f}s "
-            f"(generate {generated - clock:.2f}s); reward mean {buffer.rewards.mean():.3f}, "
+            f"(generate {generating:.2f}s); reward mean {buffer.rewards.mean():.3f}, "
             f"accuracy {buffer.correct.float().mean():.3f}"
         )
         return buffer
@@ -263,7 +267,9 @@ class RolloutDataModule(pl.LightningDataModule):
         return records
 
     def score(self, buffer: RolloutBuffer, records: Sequence[PromptRecord], tokenizer: Any) -> None:
-        """Rewards and correctness of every completion, in place; a raising reward scores the task's failure."""
+        """Rewards and correctness of every completion, in place; a raising reward scores the task's failure (the
+        first error of a call is printed with its message). Its time is counted in ``scoring_seconds``."""
+        started = time.perf_counter()
         texts, errors = [], 0
         for row in range(buffer.input_ids.shape[0]):
             record = records[row // buffer.group_size]
@@ -271,9 +277,13 @@ class RolloutDataModule(pl.LightningDataModule):
             text = tokenizer.decode(ids, skip_special_tokens=True).strip()
             scored = self.scorer.score(record, text, ids)
             buffer.rewards[row], buffer.correct[row] = scored.reward, scored.correct
+            if scored.error is not None and errors == 0:
+                rank_zero_warn(f"reward error (scored {scored.reward}) on a completion of {record['prompt']!r}: "
+                               f"{scored.error}")
             errors += scored.error is not None
             texts.append(text)
         buffer.reward_errors = errors
+        self.scoring_seconds += time.perf_counter() - started
         buffer.completion_texts = texts
         buffer.prompt_texts = [records[row // buffer.group_size]["prompt"] for row in range(len(texts))]
 

@@ -75,3 +75,34 @@ def test_reload_flag_is_required(tiny_llama_dir, tmp_path):
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     with pytest.raises(ValueError, match="reload_dataloaders_every_n_epochs=1"):
         trainer.fit(module, datamodule)
+
+
+class FakeClock:
+    """``time.perf_counter`` that moves only when told: the reward advances it, nothing else does."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_reward_time_is_scoring_time_not_generation_time(tiny_llama_dir, tmp_path, monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr("lit_grpo.datamodule.time.perf_counter", clock)
+    task = DigitShareTask()
+    original = task.reward
+
+    def slow_reward(*args: Any) -> float:
+        clock.now += 10.0  # ten seconds per completion, on the fake clock only
+        return original(*args)
+
+    task.reward = slow_reward
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4, kl_coef=0.0)
+    datamodule = RolloutDataModule(task=task, group_size=2, prompts_per_epoch=2, minibatch_size=4, max_new_tokens=3)
+    trainer = pl.Trainer(max_epochs=1, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,
+                         limit_val_batches=0, default_root_dir=tmp_path, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, datamodule)
+    # 4 completions scored inside the grouped draw: 40 s of scoring, none of it counted as generating
+    assert datamodule.timings == {"generate": 0.0, "score": 40.0, "no_grad_passes": 0.0}
