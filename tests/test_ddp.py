@@ -94,13 +94,18 @@ def read_run(out: Path, ranks: int) -> tuple[list[list[list[list[str]]]], list[t
     return pairs, logged, steps
 
 
-@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean"])
-def test_two_ddp_ranks_train_like_one_process_on_the_union(aggregation, tiny_llama_dir, tmp_path):
+RELEASE_MODEL = Path(__file__).resolve().parents[1] / "data" / "tiny-qwen2-chat"
+
+
+# token-mean on the char model; seq-mean on the release-shaped one (byte-level BPE, GQA, tied, two EOS ids)
+@pytest.mark.parametrize("aggregation, model", [("token-mean", "tiny"), ("seq-mean", "release")])
+def test_two_ddp_ranks_train_like_one_process_on_the_union(aggregation, model, tiny_llama_dir, tmp_path):
+    model_dir = str(tiny_llama_dir if model == "tiny" else RELEASE_MODEL)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, str(CHECK), "ddp", aggregation, str(tiny_llama_dir), str(tmp_path / "ddp")]
+    command = [sys.executable, str(CHECK), "ddp", aggregation, model_dir, str(tmp_path / "ddp")]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    run_fit("single", aggregation, str(tiny_llama_dir), tmp_path / "single")
+    run_fit("single", aggregation, model_dir, tmp_path / "single")
     ddp_pairs, ddp_logged, ddp_steps = read_run(tmp_path / "ddp", 2)
     one_pairs, one_logged, one_steps = read_run(tmp_path / "single", 1)
     seen: set[str] = set()
@@ -134,7 +139,7 @@ def test_two_ddp_ranks_train_like_one_process_on_the_union(aggregation, tiny_lla
 def test_config_check_reports_every_multi_rank_problem(tmp_path):
     from lit_grpo.config_check import config_problems
 
-    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     (tmp_path / "tokenizer.json").write_text("{}")
     config = {"model": {"model_name_or_path": str(tmp_path)},
               "data": {"prompts_per_epoch": 10, "dynamic_sampling": True, "completion_budget": 640},

@@ -62,12 +62,15 @@ def test_bad_knobs_fail_at_construction():
         VLLMEngine(max_model_len=0)
 
 
-@pytest.mark.parametrize("strategy", ["merged", "adapter"])
-def test_real_vllm_engine_stays_in_sync(strategy, tmp_path):
-    # on a model whose generation_config.json sets every sampling option a checkpoint can carry
+# merged weights on the release-shaped model (byte-level BPE, GQA, q/k/v bias, tied embeddings, two EOS ids), the
+# adapter strategy on the char model; either way a copy whose generation_config.json sets every sampling option a
+# checkpoint can carry
+@pytest.mark.parametrize("strategy, model", [("merged", "tiny-qwen2-chat"), ("adapter", "tiny-llama")])
+def test_real_vllm_engine_stays_in_sync(strategy, model, tmp_path):
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    result = subprocess.run([sys.executable, str(CHECK), strategy, str(tmp_path)], capture_output=True, text=True,
-                            env=env, timeout=900)
+    model_dir = Path(__file__).resolve().parents[1] / "data" / model
+    result = subprocess.run([sys.executable, str(CHECK), strategy, str(tmp_path), str(model_dir)],
+                            capture_output=True, text=True, env=env, timeout=900)
     lines = [line for line in result.stdout.splitlines() if line.startswith("FIGURES ")]
     assert result.returncode == 0 and lines, result.stderr[-3000:]
     figures = json.loads(lines[-1][len("FIGURES "):])

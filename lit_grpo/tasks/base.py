@@ -114,7 +114,10 @@ class Task(ABC):
         text = prompt_record["prompt"]
         if self.use_chat_template:
             messages = [{"role": "user", "content": text}]
-            return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+            # rendered to text, then tokenized without adding special tokens (the template holds its own): transformers
+            # 5 returns a dict from tokenize=True, which listed as ["input_ids", "attention_mask"]
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return list(tokenizer(text, add_special_tokens=False)["input_ids"])
         return list(tokenizer(text)["input_ids"])
 
 
