@@ -213,9 +213,15 @@ def sampling_kwargs(sampling: SamplingSpec) -> dict[str, Any]:
 
 
 def pad_token_id(model: Any) -> int:
-    config = model.config
-    pad = getattr(config, "pad_token_id", None)
-    return pad if pad is not None else config.eos_token_id
+    """The id left padding is filled with: the model's pad id, else an EOS id, else 0 (padded positions are masked,
+    so any id in the vocabulary will do; some released configs name neither)."""
+    for config in (model.config, getattr(model, "generation_config", None)):
+        for name in ("pad_token_id", "eos_token_id"):
+            value = getattr(config, name, None)
+            value = value[0] if isinstance(value, (list, tuple)) and value else value
+            if isinstance(value, int):
+                return value
+    return 0
 
 
 def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
