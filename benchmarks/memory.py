@@ -23,6 +23,10 @@ saved activations while it is recomputed, s measured in bytes per token on that 
 chunk of C = 256 tokens: logits, log-softmax and its gradient). A configuration whose projected peak exceeds
 ``--max-gib`` is skipped and says so.
 
+Every child fixes glibc's mmap threshold as the ``lit-grpo`` command does (``lit_grpo.host_memory``), TRL's row
+too; ``--glibc-heap`` leaves glibc's default, under which freed activations stay in the heap and the peak RSS of
+c, d and TRL rises well above live memory.
+
 ``--cli``: one epoch through the ``lit-grpo`` command of 1 prompt x 4 completions x 512 new tokens on the 2-layer
 model (hf engine), peak RSS of the child and its generation seconds from the epoch log line.
 
@@ -217,12 +221,15 @@ def rss_bytes() -> float:
     return float(psutil.Process().memory_info().rss)
 
 
-def child(config: str, layers: int, tokens: int, model_dir: Path) -> None:
+def child(config: str, layers: int, tokens: int, model_dir: Path, glibc_heap: bool) -> None:
     """One measurement in this process; prints one RESULT line."""
     import torch  # noqa: F401  (imported before the baseline is read, as every configuration needs it)
 
     import lit_grpo.packed  # noqa: F401
+    from lit_grpo.host_memory import return_freed_memory
 
+    if not glibc_heap:  # as the lit-grpo command does; the same for TRL's row, so both use one allocator setting
+        return_freed_memory()
     path = model_path(model_dir, layers)
     baseline = rss_bytes()
     if config == "floor":
@@ -237,9 +244,9 @@ def child(config: str, layers: int, tokens: int, model_dir: Path) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def measure(config: str, layers: int, tokens: int, model_dir: Path) -> dict[str, Any]:
+def measure(config: str, layers: int, tokens: int, model_dir: Path, glibc_heap: bool) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", config, "--layers", str(layers), "--tokens", str(tokens),
-               "--model-dir", str(model_dir)]
+               "--model-dir", str(model_dir)] + (["--glibc-heap"] if glibc_heap else [])
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     if result.returncode != 0 or not lines:
@@ -284,7 +291,7 @@ def run_shapes(args: argparse.Namespace) -> None:
     rows = []
     for layers in args.layers:
         for tokens in args.tokens:
-            floor = measure("floor", layers, tokens, args.model_dir)
+            floor = measure("floor", layers, tokens, args.model_dir, args.glibc_heap)
             print(json.dumps({"layers": layers, "tokens": tokens, "floor_parts_gib":
                               {k: round(v / GIB, 3) for k, v in floor.items() if k != "peak"}}), flush=True)
             shape = []
@@ -294,7 +301,7 @@ def run_shapes(args: argparse.Namespace) -> None:
                 if projected > args.max_gib:
                     row["skipped"] = f"skipped: projected {projected:.0f} GiB > {args.max_gib:g}"
                 else:
-                    row.update(measure(config, layers, tokens, args.model_dir))
+                    row.update(measure(config, layers, tokens, args.model_dir, args.glibc_heap))
                 shape.append(row)
                 print(json.dumps(row), flush=True)
             trl_peak = next((r.get("peak") for r in shape if r["config"] == "trl"), None)
@@ -313,6 +320,8 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "lit-grpo-memory-models")
     parser.add_argument("--cli", action="store_true", help="also the CLI epoch (first, each in its own process)")
     parser.add_argument("--cli-tokens", type=int, default=512)
+    parser.add_argument("--glibc-heap", action="store_true",
+                        help="leave glibc's mmap threshold dynamic (the default before lit_grpo.host_memory)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--cli-child", help=argparse.SUPPRESS)  # the CLI's extra arguments, space-separated
     parser.add_argument("--build", type=int, help=argparse.SUPPRESS)
@@ -320,7 +329,7 @@ def main() -> None:
     if args.build is not None:
         build_model(args.build, args.model_dir / f"qwen-width-L{args.build}")
     elif args.child is not None:
-        child(args.child, args.layers[0], args.tokens[0], args.model_dir)
+        child(args.child, args.layers[0], args.tokens[0], args.model_dir, args.glibc_heap)
     elif args.cli_child is not None:
         extra = args.cli_child.split()
         print("RESULT " + json.dumps(cli_epoch(args.model_dir, args.cli_tokens, extra)), flush=True)

@@ -9,13 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.cli import LightningCLI
 
 from lit_grpo.callbacks import RolloutMetrics
 from lit_grpo.callbacks.nonfinite import NonFiniteTrainingError
 
+from lit_grpo.checkpoint_io import BesideTargetCheckpointIO
 from lit_grpo.config_check import config_problems, merged_config
 from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.host_memory import return_freed_memory
 from lit_grpo.input_check import InputError
 from lit_grpo.resume import check_resume, find_last_checkpoint
 from lit_grpo.run_dir import SaveOnInterrupt, check_writable, claim_version, default_run_dir
@@ -56,6 +59,8 @@ class LitGRPOCLI(LightningCLI):
             config = {**config, "default_root_dir": default_run_dir()}  # not the current directory
             print(f"lit-grpo: no logger; this run writes to {config['default_root_dir']}", file=sys.stderr)
         trainer = super()._instantiate_trainer(config, [*callbacks, SaveOnInterrupt()])
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's own plugin is kept
+            trainer.strategy.checkpoint_io = BesideTargetCheckpointIO()
         check_writable(trainer)  # before any weights load
         claim_version(trainer)
         return trainer
@@ -123,6 +128,7 @@ def refused_global(error: Exception) -> str:
 
 
 def main(args: list[str] | None = None) -> None:
+    return_freed_memory()  # before the model loads: its weights and every step's activations use the setting
     try:
         LitGRPOCLI(args=args)
     except InputError as error:  # a bad input is the user's to fix: its message, not a traceback
