@@ -33,20 +33,42 @@ def find_last_checkpoint(trainer: Any) -> str | None:
 STATE_SHAPING = ("lora_rank", "lora_target_modules", "risk")
 
 
+def load_checkpoint(path: str | Path) -> Any:
+    """A checkpoint file read as tensors and plain containers only (memory-mapped: nothing is copied yet)."""
+    import torch
+
+    return torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+
+
+def readable_neighbour(path: str) -> Path | None:
+    """The newest other ``.ckpt`` beside ``path`` that loads, to offer when ``path`` does not."""
+    target = Path(path).resolve()
+    others = sorted((p for p in target.parent.glob("*.ckpt") if p.resolve() != target),
+                    key=lambda p: p.stat().st_mtime, reverse=True)
+    for other in others:
+        try:
+            if isinstance(load_checkpoint(other), dict):
+                return other
+        except Exception:  # noqa: BLE001 - any unreadable neighbour is simply not offered
+            continue
+    return None
+
+
 def checkpoint_hyperparameters(path: str) -> dict[str, Any]:
     """The module hyper-parameters a checkpoint recorded (read as tensors and plain containers only)."""
     import pickle
 
-    import torch
-
     try:
-        checkpoint = torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+        checkpoint = load_checkpoint(path)
     except pickle.UnpicklingError:
         raise  # the CLI names what the weights-only loader refused
     except Exception as error:  # truncated, empty, not a checkpoint at all
-        raise InputError(f"ckpt_path: {path!r} is not a readable checkpoint ({type(error).__name__}: "
-                         f"{str(error).splitlines()[0] if str(error) else 'no detail'}); pass another file, or "
-                         "start without --ckpt_path") from None
+        detail = str(error).splitlines()[0].split(". ")[0] if str(error) else "no detail"
+        neighbour = readable_neighbour(path)
+        instead = f"resume from {str(neighbour)!r} (the newest readable checkpoint beside it)" if neighbour else (
+            "pass another file")
+        raise InputError(f"ckpt_path: {path!r} is not a readable checkpoint ({type(error).__name__}: {detail}); "
+                         f"{instead}, or start without --ckpt_path") from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise InputError(f"ckpt_path: {path!r} is not a Lightning checkpoint (no state_dict); pass a .ckpt this "
                          "program wrote")

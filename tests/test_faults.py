@@ -11,6 +11,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
+from reliability_doc import documented
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
@@ -141,6 +142,10 @@ def test_run_survives_a_raising_reward_a_hanging_reward_and_a_nan_loss(tiny_llam
     assert {int(state["step"]) for state in optimizer.state.values()} == {3}  # 4 steps, 1 never applied
     saved = load_file(Path(trainer.log_dir) / "adapter" / "adapter_model.safetensors")
     assert len(saved) == len(StepRecorder.adapter(module)) and all(torch.isfinite(v).all() for v in saved.values())
+    documented("a reward that raises, one that hangs, and a NaN loss in one step",
+               f"the run finished all {trainer.global_step} steps; the two rewards counted as reward errors and "
+               "scored failure_reward; the NaN step skipped with the adapter and optimizer untouched; the saved "
+               "adapter finite", "test_faults.py")
 
 
 def test_too_many_consecutive_skips_stop_the_run(tiny_llama_dir, tmp_path):
@@ -153,6 +158,8 @@ def test_too_many_consecutive_skips_stop_the_run(tiny_llama_dir, tmp_path):
         "checkpoint is untouched."
     )
     assert not list(tmp_path.rglob("adapter_model.safetensors"))  # nothing written after the run went bad
+    documented("a non-finite loss in 3 steps in a row", "the run stops with one message naming the likely "
+               "causes; nothing written after it went bad; the last epoch's checkpoint untouched", "test_faults.py")
 
 
 class DyingEngine(HFEngine):
@@ -184,3 +191,5 @@ def test_engine_death_fails_the_run_with_its_cause_and_keeps_the_last_checkpoint
     checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
     assert checkpoint["epoch"] == 1 and checkpoint["RolloutDataModule"]["cursor"] == 8  # epochs 0 and 1, intact
     assert not list(tmp_path.rglob("adapter_model.safetensors"))
+    documented("the generation engine dies in epoch 2", "the run fails with the engine's own error; last.ckpt of "
+               "epoch 1 intact for `--ckpt_path last`", "test_faults.py")

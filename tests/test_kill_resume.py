@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from reliability_doc import documented
 from safetensors.torch import load_file
 
 TESTS = Path(__file__).resolve().parent
@@ -107,6 +108,11 @@ def test_sigkill_mid_epoch_then_resume_last_equals_an_uninterrupted_run(tiny_lla
         assert split_epochs == straight_epochs  # same prompts, same order
         trained = [prompt for epoch in split_epochs for prompt in epoch["prompts"]]
         assert len(trained) == len(set(trained)) == EPOCHS * PROMPTS_PER_EPOCH  # none skipped, none repeated
+        documented("kill -9 in epoch 2 of 4, before any validation, then `--ckpt_path last`",
+                   f"exit {killed.returncode} (killed); last.ckpt held epoch {checkpoint['epoch']} (step "
+                   f"{checkpoint['global_step']}); the resumed run trained epochs {[e['epoch'] for e in split_epochs][2:]}"
+                   f", each of its {len(trained)} prompts once in the uninterrupted run's order, and ended with that "
+                   "run's adapter (every tensor within 1e-6)", "test_kill_resume.py")
     finally:  # a failed assertion must not leave a paused or running fit behind
         for process in processes:
             if process.poll() is None:

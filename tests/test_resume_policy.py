@@ -8,13 +8,16 @@ nothing to resume, or a file that is no checkpoint, is an error naming it (D1, c
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from lit_grpo.cli import main
+from reliability_doc import documented
 
 
 def fit_args(model: Path, root: Path, epochs: int, *extra: str) -> list[str]:
@@ -54,6 +57,11 @@ def test_a_checkpoint_cannot_switch_remote_code_on(tiny_llama_dir, trained, tmp_
     err = capsys.readouterr().err
     assert "model.trust_remote_code: True in the checkpoint, False now (this run's value is used)" in err
     assert f"model.model_name_or_path: {str(evil)!r} in the checkpoint" in err
+    if command_line:
+        documented("a weights-only checkpoint saying `trust_remote_code: True` and naming a model with an "
+                   "`auto_map`, resumed", "its code never ran (the marker file it writes never appeared), with or "
+                   "without `--model.trust_remote_code false`; both differences reported, this run's values used",
+                   "test_resume_policy.py")
 
 
 def test_a_changed_kl_coef_is_reported_and_this_runs_value_used(tiny_llama_dir, trained, tmp_path, capsys):
@@ -63,6 +71,9 @@ def test_a_changed_kl_coef_is_reported_and_this_runs_value_used(tiny_llama_dir, 
     assert "model.kl_coef: 0.04 in the checkpoint, 0.5 now (this run's value is used)" in err
     saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["hyper_parameters"]["kl_coef"] == 0.5 and saved["epoch"] == 1
+    documented("resume with another `kl_coef`", "trained on with the new value, saved in the next checkpoint; "
+               "reported: " + next(line for line in err.splitlines() if "kl_coef" in line).strip(),
+               "test_resume_policy.py")
 
 
 @pytest.mark.parametrize("knob, value, old", [("lora_rank", "4", "16"), ("advantage_mode", "gae", "'grpo'")])
@@ -76,6 +87,8 @@ def test_a_shape_changing_knob_is_refused_by_name(tiny_llama_dir, trained, tmp_p
     shown = value if knob == "lora_rank" else repr(value)
     assert f"model.{knob}: the checkpoint was trained with {old}, this run asks for {shown}" in err
     assert "Traceback" not in err
+    documented(f"resume with another `{knob}`", f"exit {info.value.code} before training: "
+               + next(line for line in err.splitlines() if knob in line).strip(), "test_resume_policy.py")
 
 
 def test_ckpt_path_last_with_nothing_to_resume_is_an_error(tiny_llama_dir, tmp_path, capsys):
@@ -94,3 +107,18 @@ def test_a_file_that_is_no_checkpoint_is_named(tiny_llama_dir, trained, tmp_path
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert f"lit-grpo: ckpt_path: {str(bad)!r} is not a readable checkpoint" in err and "Traceback" not in err
+
+
+def test_a_truncated_last_checkpoint_names_the_readable_one_beside_it(tiny_llama_dir, trained, tmp_path, capsys):
+    good, bad = tmp_path / "epoch=0-step=2.ckpt", tmp_path / "last.ckpt"
+    good.write_bytes(trained.read_bytes())
+    bad.write_bytes(trained.read_bytes()[:2000])  # newer than the good one
+    (tmp_path / "junk.ckpt").write_bytes(b"")
+    os.utime(tmp_path / "junk.ckpt", (time.time() + 5, time.time() + 5))  # the newest neighbour, unreadable
+    with pytest.raises(SystemExit) as info:
+        main(fit_args(tiny_llama_dir, tmp_path, 1, "--ckpt_path", str(bad)))
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"resume from {str(good)!r} (the newest readable checkpoint beside it)" in err
+    documented("a truncated last.ckpt beside a good checkpoint", f"exit {info.value.code}: "
+               + err.strip().replace(str(tmp_path), "<tmp>"), "test_resume_policy.py")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from lit_grpo.cli import LitGRPOCLI, main
+from reliability_doc import documented
 
 TESTS = Path(__file__).resolve().parent
 SMALL = ["--data.prompts_per_epoch", "2", "--data.group_size", "2", "--data.minibatch_size", "4",
@@ -29,6 +30,8 @@ def test_without_a_logger_the_run_gets_its_own_directory(tiny_llama_dir, tmp_pat
     assert (run / "config.yaml").is_file() and (run / "adapter" / "adapter_model.safetensors").is_file()
     assert (run / "checkpoints" / "last.ckpt").is_file()
     assert f"lit-grpo: no logger; this run writes to lightning_logs/{run.name}" in capsys.readouterr().err
+    documented("a run with `trainer.logger: false`", "config.yaml, adapter/ and checkpoints/ written under "
+               "lightning_logs/run-<time>-<pid>; nothing else in the current directory", "test_run_dir.py")
 
 
 @pytest.mark.parametrize("knob", ["--trainer.default_root_dir", "--checkpoint.dirpath"])
@@ -43,6 +46,8 @@ def test_a_directory_the_run_cannot_write_is_refused_before_the_model_loads(tiny
     what = knob.removeprefix("--")
     assert f"lit-grpo: {what}: cannot write into {str(blocker / 'runs')!r} (Not a directory)" in err
     assert "Loading weights" not in err and "Traceback" not in err
+    documented(f"`{what}` below a file (not writable)", f"exit {info.value.code} before any weights load: "
+               f"{err.strip().replace(str(tmp_path), '<tmp>')}", "test_run_dir.py")
 
 
 def test_two_runs_in_one_directory_get_their_own_versions(tiny_llama_dir, tmp_path):
@@ -50,6 +55,9 @@ def test_two_runs_in_one_directory_get_their_own_versions(tiny_llama_dir, tmp_pa
     first, second = LitGRPOCLI(args=args, run=False), LitGRPOCLI(args=args, run=False)  # neither has logged yet
     assert (first.trainer.logger.version, second.trainer.logger.version) == (0, 1)
     assert sorted(p.name for p in (tmp_path / "lightning_logs").iterdir()) == ["version_0", "version_1"]
+    documented("two runs started together in one log directory", "each claimed its own version directory "
+               f"(versions {first.trainer.logger.version} and {second.trainer.logger.version}) before training",
+               "test_run_dir.py")
 
 
 def test_ctrl_c_keeps_the_adapter_and_prints_the_resume_command(tiny_llama_dir, tmp_path):
@@ -76,3 +84,5 @@ def test_ctrl_c_keeps_the_adapter_and_prints_the_resume_command(tiny_llama_dir, 
     assert (f"lit-grpo: interrupted; the adapter as it was is in {version / 'adapter-interrupted'}; resume from the "
             f"last epoch's checkpoint with: lit-grpo fit --config {version / 'config.yaml'} --ckpt_path "
             f"{version / 'checkpoints' / 'last.ckpt'}") in err
+    documented("Ctrl-C (SIGINT) in epoch 1", f"exit {run.returncode}; the adapter as it was saved in "
+               "adapter-interrupted/; the resume command printed with the last epoch's checkpoint", "test_run_dir.py")

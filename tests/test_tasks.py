@@ -11,6 +11,7 @@ from jsonargparse import ArgumentParser
 from lit_grpo.tasks import ArithmeticTask, ExactMatchReward, JsonlTask, Reward, SortTask
 from lit_grpo.input_check import InputError
 from lit_grpo.tasks.base import ScoredCompletion
+from reliability_doc import documented
 from lit_grpo.tasks.sort import inclusion_ordering, parse_items, sort_distance
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -212,6 +213,8 @@ def test_a_non_finite_or_huge_reward_is_a_reward_error(returned, error):
     task.reward_fn = lambda *_: returned
     scored = task.score(task.record(12, 34), "46", [])
     assert (scored.reward, scored.error) == (task.failure_reward, error)
+    documented(f"a reward returning {returned!r}", f"a reward error ({scored.error!r}), scored failure_reward "
+               f"{scored.reward}", "test_tasks.py")
     task.reward_fn = lambda *_: -1e6  # the limit itself is a reward
     assert task.score(task.record(12, 34), "46", []) == ScoredCompletion(-1e6, True)
 
@@ -225,6 +228,8 @@ def test_a_reward_calling_sys_exit_is_a_reward_error():
     task.reward_fn = leave
     scored = task.score(task.record(12, 34), "47", [])
     assert (scored.reward, scored.error) == (task.failure_reward, "SystemExit: 3")
+    documented("a reward calling `sys.exit(3)`", f"a reward error ({scored.error!r}), scored failure_reward "
+               f"{scored.reward}; the run goes on", "test_tasks.py")
 
 
 def test_sort_task_raising_reward_never_beats_a_wrong_answer():
