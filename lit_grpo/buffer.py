@@ -69,7 +69,10 @@ class RolloutBuffer:
 
     @property
     def completion_lengths(self) -> torch.Tensor:
-        return self.completion_mask.sum(dim=1)  # [N]
+        """``[N]`` tokens sampled per row: a truncated row hit ``max_new_tokens`` (counted so even when
+        ``mask_truncated`` took its tokens out of the loss), any other row its counted tokens."""
+        counted = self.completion_mask.sum(dim=1)  # [N]
+        return torch.where(self.truncated, torch.full_like(counted, self.max_new_tokens), counted)
 
 
 def build_buffer(

@@ -16,6 +16,7 @@ from jsonargparse import ArgumentParser
 from jsonargparse._loaders_dumpers import yaml_load
 from jsonargparse._util import import_object
 
+from lit_grpo.combinations import combination_problems
 from lit_grpo.datamodule import RolloutDataModule, data_config_problems
 from lit_grpo.distributed import distributed_config_problems
 from lit_grpo.input_check import InputError
@@ -281,12 +282,7 @@ def cross_problems(model_args: dict[str, Any], data_args: dict[str, Any]) -> lis
             f"data.group_size 1 with model.advantage_mode {model_args['advantage_mode']!r}: a group of one has "
             "advantage 0, so nothing would be learned; use group_size >= 2 (or advantage_mode 'raw')"
         )
-    if model_args["advantage_mode"] == "gae" and data_args["rollout"] != "grouped":
-        problems.append("model.advantage_mode 'gae' (PPO) takes grouped rollouts; trees use tree-relative advantages")
-    if model_args.get("risk") is not None and data_args["rollout"] == "grouped":
-        problems.append("model.risk: the risk head learns at the decision points of tree or chain rollouts; set "
-                        "data.rollout to tree or chains")
-    return problems
+    return problems + combination_problems(model_args, data_args)
 
 
 def without(values: dict[str, Any], reported: dict[str, str]) -> dict[str, Any]:

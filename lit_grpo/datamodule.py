@@ -22,10 +22,13 @@ from lit_grpo.buffer import (
     serve_minibatches,
 )
 from lit_grpo.callbacks.risk import RiskThreshold
+from lit_grpo.combinations import combination_problems
 from lit_grpo.distributed import check_distributed_data, global_step_denominators, rank_and_world, rank_share
 from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
+from lit_grpo.input_check import InputError
 from lit_grpo.losses import overlong_penalty
 from lit_grpo.risk_rollout import RiskRule
+from lit_grpo.seeds import derived_seed
 from lit_grpo.reward_worker import RewardWorker
 from lit_grpo.tasks import ArithmeticTask, MultiRoundTask, PromptRecord, Task
 from lit_grpo.tree_rollout import expand_trees, greedy_episodes, tree_buffer
@@ -131,9 +134,10 @@ class RolloutDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "task", "engine")}
-        problems = data_config_problems(arguments)
+        problems = data_config_problems(arguments) + combination_problems(None, arguments)
         if problems:
             raise ValueError("invalid RolloutDataModule configuration:\n  - " + "\n  - ".join(problems))
+        self.settings = arguments  # checked again beside the module's in setup
         self.task = task
         self.scorer: Task | RewardWorker = task if reward_timeout is None else RewardWorker(task, reward_timeout)
         self.engine: RolloutEngine = engine if engine is not None else HFEngine()
@@ -156,6 +160,12 @@ class RolloutDataModule(pl.LightningDataModule):
         self.scoring_seconds = 0.0
         self._pushed_at_step: int | None = None
 
+    def setup(self, stage: str) -> None:
+        """Refuse a module feature this rollout kind does not implement (the CLI reported it before loading)."""
+        problems = combination_problems(dict(self.trainer.lightning_module.hparams), self.settings)
+        if problems:
+            raise InputError("the module and the data do not fit together:\n  - " + "\n  - ".join(problems))
+
     # --- the epoch's buffer (design §2 steps 1-6) --------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
@@ -175,7 +185,7 @@ class RolloutDataModule(pl.LightningDataModule):
         module = trainer.lightning_module
         check_distributed_data(trainer, self)
         self.buffer = self.collect_rollouts(module, epoch)
-        generator = torch.Generator().manual_seed(self.epoch_seed(epoch) + 1)
+        generator = torch.Generator().manual_seed(self.epoch_seed(epoch, "shuffle"))
         batches = serve_minibatches(
             self.buffer, self.minibatch_size, self.ppo_epochs, trainer.accumulate_grad_batches,
             module.loss.aggregation, generator,
@@ -226,7 +236,7 @@ class RolloutDataModule(pl.LightningDataModule):
         rounds = self.max_sampling_rounds if self.dynamic_sampling else 1
         for draw in range(rounds):
             prompt_ids = [self.task.prompt_ids(r, tokenizer) for r in records]
-            draw_sampling = replace(sampling, seed=None if sampling.seed is None else sampling.seed + 104_729 * draw)
+            draw_sampling = replace(sampling, seed=None if sampling.seed is None else derived_seed(sampling.seed, "draw", draw))
             completions = self.engine.generate(prompt_ids, self.group_size, draw_sampling)
             part = build_buffer(prompt_ids, completions, tokenizer.pad_token_id, self.temperature, self.max_new_tokens)
             self.completions_generated += part.input_ids.shape[0]
@@ -312,7 +322,9 @@ class RolloutDataModule(pl.LightningDataModule):
         free = 0 if rule is None else round(len(records) * self.risk_threshold().explore_fraction)
         roots = expand_trees(self.task, self.engine, module.tokenizer, records[:free], widths, sampling) if free else []
         if free < len(records):
-            roots += expand_trees(self.task, self.engine, module.tokenizer, records[free:], widths, sampling, rule)
+            # the rule's trees are prompts free.. of the epoch: request seeds continue after the exploring ones
+            ruled = replace(sampling, seed=None if sampling.seed is None else sampling.seed + free)
+            roots += expand_trees(self.task, self.engine, module.tokenizer, records[free:], widths, ruled, rule)
         return roots
 
     def risk_threshold(self) -> RiskThreshold | None:
@@ -330,8 +342,9 @@ class RolloutDataModule(pl.LightningDataModule):
         return RiskRule(module.policy, module.risk_head, tau,
                         self.task.defer_token_ids(tokenizer), tokenizer.pad_token_id)
 
-    def epoch_seed(self, epoch: int) -> int:
-        return self.seed * 1_000_003 + epoch * 7919
+    def epoch_seed(self, epoch: int, stream: str = "rollout") -> int:
+        """The base seed of one of an epoch's random streams (``rollout`` sampling, minibatch ``shuffle``)."""
+        return derived_seed(self.seed, epoch, stream)
 
     def greedy_scores(self, module: Any, records: list[PromptRecord]) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy completions of held-out prompts: ``(rewards [B], correct [B])``; for a multi-round task, greedy
@@ -373,5 +386,6 @@ class RolloutDataModule(pl.LightningDataModule):
     def teardown(self, stage: str) -> None:
         if not self.engine.shared:
             self.engine.close()
+            self._pushed_at_step = None  # a closed engine holds no policy: the next stage pushes it again
         if isinstance(self.scorer, RewardWorker):
             self.scorer.close()

@@ -11,6 +11,7 @@ import torch
 from lit_grpo.buffer import RolloutBuffer
 from lit_grpo.engines.base import RolloutEngine, SamplingSpec
 from lit_grpo.losses import group_advantages
+from lit_grpo.seeds import derived_seed
 from lit_grpo.tasks.base import PromptRecord
 from lit_grpo.tasks.multiround import MultiRoundTask
 from lit_grpo.tree import Node, assign_advantages, close_with_no_answer, depth_first
@@ -56,7 +57,7 @@ def expand_trees(
         if not open_nodes:
             break
         contexts = [list(node.context + node.segment + node.reply) for node in open_nodes]
-        round_sampling = replace(sampling, seed=None if sampling.seed is None else sampling.seed + 7_919 * depth)
+        round_sampling = replace(sampling, seed=None if sampling.seed is None else derived_seed(sampling.seed, "round", depth))
         constraints = tuple(decide(contexts, depth)) if decide is not None else (None,) * len(contexts)
         if any(c is not None for c in constraints):
             round_sampling = replace(round_sampling, allowed_token_ids=constraints)
@@ -97,7 +98,8 @@ def policy_nodes(root: SegmentNode) -> list[SegmentNode]:
 def tree_rows(roots: Sequence[SegmentNode], pad_id: int) -> dict[str, torch.Tensor]:
     """One right-padded row per policy node: its context (masked out) then its segment (counted).
 
-    Returns ``input_ids``, ``attention_mask``, ``completion_mask`` and ``sampler_logp`` ``[N, L]``, ``rewards``
+    Returns ``input_ids``, ``attention_mask``, ``completion_mask`` and ``sampler_logp`` ``[N, L]`` (None unless
+    the engine reported every segment's log-probs), ``rewards``
     ``[N]`` (each node's immediate reward), ``group_sizes`` (rows per tree, trees in order), ``decision_index``
     ``[N]`` (each row's first segment column), ``allowed_ids`` ``[N, C]`` (the first-token restriction, -1
     padding) and ``inferred`` ``[N]`` (the policy chose, unrestricted, to commit: its reward is a return of
@@ -108,13 +110,15 @@ def tree_rows(roots: Sequence[SegmentNode], pad_id: int) -> dict[str, torch.Tens
     input_ids = torch.full((len(nodes), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(nodes), width), dtype=torch.bool)
     completion_mask = torch.zeros((len(nodes), width), dtype=torch.bool)
-    sampler_logp = torch.zeros((len(nodes), width))
+    # an engine that reports no log-probs leaves pi_old to the trainer's pass (zeros would be taken for pi_old)
+    reported = all(len(n.logprobs) == len(n.segment) for n in nodes)
+    sampler_logp = torch.zeros((len(nodes), width)) if reported else None
     for row, node in enumerate(nodes):
         start, end = len(node.context), len(node.context) + len(node.segment)
         input_ids[row, :end] = torch.tensor(node.context + node.segment)
         attention_mask[row, :end] = True
         completion_mask[row, start:end] = True
-        if node.logprobs:
+        if sampler_logp is not None:
             sampler_logp[row, start:end] = torch.tensor(node.logprobs)
     return {
         "input_ids": input_ids,

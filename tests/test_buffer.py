@@ -203,3 +203,11 @@ def test_step_denominator_without_accumulation_is_the_minibatch_count():
     buffer = serve_buffer()
     for batch in serve_minibatches(buffer, 2, 1, 1, "token-mean", torch.Generator().manual_seed(0)):
         assert batch["step_denominator"].item() == GROUP_TOKENS[served_rows(batch)[0] // 2]
+
+
+def test_completion_lengths_count_a_masked_truncated_row_as_max_new_tokens():
+    groups = [[completion([30, 2], None, "stop"), completion([31, 32, 33], None, "length")]]
+    buffer = build_buffer([[1, 10]], groups, PAD, 1.0, 3)
+    assert buffer.completion_lengths.tolist() == [2, 3]
+    buffer.completion_mask[buffer.truncated] = False  # mask_truncated: the cut-off row carries no loss
+    assert buffer.completion_lengths.tolist() == [2, 3]  # it was 0 tokens long in rollout/completion_length

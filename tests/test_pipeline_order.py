@@ -106,3 +106,24 @@ def test_reward_time_is_scoring_time_not_generation_time(tiny_llama_dir, tmp_pat
     trainer.fit(module, datamodule)
     # 4 completions scored inside the grouped draw: 40 s of scoring, none of it counted as generating
     assert datamodule.timings == {"generate": 0.0, "score": 40.0, "no_grad_passes": 0.0}
+
+
+def test_fit_then_test_in_one_process_pushes_the_policy_again(tmp_path):
+    # validation at the last step pushed the policy at that step; teardown then closed the engine, and test()
+    # skipped the push because the step had not changed: "HFEngine has no policy"
+    import lightning.pytorch as pl
+
+    from lit_grpo.datamodule import RolloutDataModule
+    from lit_grpo.module import PolicyModule
+    from lit_grpo.tasks import ArithmeticTask
+
+    pl.seed_everything(0)
+    module = PolicyModule(kl_coef=0.0)
+    data = RolloutDataModule(task=ArithmeticTask(), group_size=2, prompts_per_epoch=2, minibatch_size=4,
+                             max_new_tokens=3, val_max_prompts=4)
+    trainer = pl.Trainer(max_epochs=1, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,
+                         default_root_dir=tmp_path, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, data)
+    (results,) = trainer.test(module, data)
+    assert 0.0 <= results["test/accuracy"] <= 1.0

@@ -153,3 +153,28 @@ def test_shape_errors():
         policy_loss(logp_leaf(), OLD_LOGP, torch.ones(2), MASK)
     with pytest.raises(ValueError, match="share one"):
         policy_loss(logp_leaf(), OLD_LOGP[:, :1], ADV, MASK)
+
+
+@pytest.mark.parametrize("variant", ["clip", "unclipped", "gspo"])
+def test_a_huge_log_ratio_keeps_the_loss_and_gradient_finite(variant):
+    # log ratio 100 (exp overflows float32 past 88.7) on a flat group (A = 0): 0 * inf was NaN
+    logp = torch.tensor([[100.0, -1.0]], requires_grad=True)
+    old = torch.tensor([[0.0, -1.0]])
+    mask = torch.tensor([[True, True]])
+    loss, stats = policy_loss(logp, old, torch.tensor([0.0]), mask, variant, 0.2)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.isfinite(logp.grad).all()
+    assert torch.isfinite(stats["ratio_mean"]) and torch.isfinite(stats["approx_kl"])
+
+
+def test_a_log_ratio_beyond_20_is_clamped_there():
+    logp = torch.tensor([[100.0], [3.0]], requires_grad=True)
+    old = torch.tensor([[0.0], [0.0]])
+    mask = torch.ones(2, 1, dtype=torch.bool)
+    # row 0: ratio e^20 (clamped), A = -1: -min(-e^20, -1.2) = e^20; row 1: ratio e^3, A = -1: e^3; seq-mean
+    loss, _ = policy_loss(logp, old, torch.tensor([-1.0, -1.0]), mask, "clip", 0.2)
+    assert loss.item() == pytest.approx((4.851651954097903e8 + 20.085536923187668) / 2, rel=1e-6)
+    loss.backward()
+    # the clamped token passes no gradient; the other one d/dlogp of e^(logp) / 2 = e^3 / 2
+    assert logp.grad[0, 0].item() == 0.0
+    assert logp.grad[1, 0].item() == pytest.approx(20.085536923187668 / 2, rel=1e-6)

@@ -83,3 +83,24 @@ def test_tree_expansion_rows_and_advantages():
     assert ask.advantage == pytest.approx((0.1 - (0.1 - 1.0) / 2) / (sigma + 1e-6), abs=1e-9)
     assert right.advantage == pytest.approx((1.0 - (1.0 - 0.6) / 2) / (sigma + 1e-6), abs=1e-9)
     assert closing.advantage == 0.0
+
+
+class SilentEngine(ScriptedEngine):
+    """The scripted engine, reporting no log-probs (as an engine may)."""
+
+    def generate(self, prompts, n, sampling):
+        return [[Completion(c.token_ids, None, c.finish_reason) for c in group]
+                for group in super().generate(prompts, n, sampling)]
+
+
+@pytest.mark.parametrize("engine_class, reported", [(ScriptedEngine, True), (SilentEngine, False)])
+def test_sampler_logprobs_only_when_the_engine_reported_them(engine_class, reported):
+    script = {"<s>37+?=": ["?", "61"], "<s>37+?=?</s>b=25;": ["62", "?"]}
+    (root,) = expand_trees(ClarifyTask(), engine_class(script), TOKENIZER, [ClarifyTask.record(37, 25, hidden=True)],
+                           branching=[2, 2], sampling=SamplingSpec(max_new_tokens=4, stop_token_ids=(EOS,)))
+    rows = tree_rows([root], TOKENIZER.pad_token_id)
+    if not reported:  # zeros here were taken for pi_old (every ratio exp(logp - 0))
+        assert rows["sampler_logp"] is None
+        return
+    counted = rows["sampler_logp"][rows["completion_mask"]]
+    assert counted.tolist() == [-0.5] * 10 and not rows["sampler_logp"][~rows["completion_mask"]].any()

@@ -11,6 +11,9 @@ from lit_grpo.losses.aggregation import check_aggregation, masked_aggregate, mas
 
 PolicyVariant = Literal["reinforce", "unclipped", "clip", "gspo"]
 POLICY_VARIANTS: tuple[str, ...] = get_args(PolicyVariant)
+# |log ratio| beyond this is clamped before exp (as verl does): exp(88.7) overflows float32, and with A = 0 (a flat
+# group) 0 * inf is NaN. Inside the bound the loss is exact; beyond it the ratio is e^20 and passes no gradient.
+LOG_RATIO_LIMIT = 20.0
 
 
 class PolicyStats(TypedDict):
@@ -35,7 +38,7 @@ def policy_loss(
 ) -> tuple[torch.Tensor, PolicyStats]:
     """Policy-gradient surrogate to minimise, aggregated over counted tokens, and its stats.
 
-    Per-token surrogate with ratio = exp(logp - old_logp):
+    Per-token surrogate with ratio = exp(logp - old_logp), the log ratio clamped to ±``LOG_RATIO_LIMIT``:
     ``reinforce`` -A * logp; ``unclipped`` -A * ratio; ``clip`` -min(A * ratio, A * clip(ratio, 1 - clip_eps,
     1 + clip_eps_high)); ``gspo`` the clip surrogate on the sequence ratio exp(mean over the sequence's counted
     tokens of (logp - old_logp)), which is 1 for a sequence with no counted token.
@@ -68,7 +71,7 @@ def policy_loss(
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
     mask = completion_mask.bool()
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [N, 1] or [N, T]
-    log_ratio = logp - old_logp  # [N, T]
+    log_ratio = (logp - old_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # [N, T]
     if variant == "gspo":
         log_ratio_seq = sequence_mean(log_ratio, mask)  # [N]
         ratio = torch.exp(log_ratio_seq).unsqueeze(-1).expand_as(logp)  # [N, T], one ratio per sequence

@@ -1,0 +1,46 @@
+"""Every random stream of a run has its own seed (issue 18, bug 5): epochs, DAPO draws, tree rounds and the
+exploring and rule-following trees of one epoch."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from lit_grpo import datamodule as datamodule_module
+from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.engines import SamplingSpec
+from lit_grpo.seeds import derived_seed
+
+
+def test_a_derived_seed_is_a_fixed_62_bit_hash_of_its_path():
+    assert derived_seed(0, 1, "round", 2) == derived_seed(0, 1, "round", 2)
+    assert 0 <= derived_seed(0) < 2**62
+    assert derived_seed(1, 0) != derived_seed(0, 1) and derived_seed(0, "1") != derived_seed(0, 1)
+
+
+def test_no_two_streams_of_a_run_share_a_request_seed():
+    data = RolloutDataModule(seed=0)
+    seen: dict[int, tuple] = {}
+    for epoch in range(40):
+        base = data.epoch_seed(epoch)
+        bases = {("shuffle",): data.epoch_seed(epoch, "shuffle")}
+        bases |= {("draw", d): derived_seed(base, "draw", d) for d in range(1, 4)}
+        bases |= {("round", r): derived_seed(base, "round", r) for r in range(4)}
+        for stream, start in bases.items():
+            for request in range(200):  # an engine seeds request i with base + i
+                key = (epoch, *stream, request)
+                assert seen.setdefault(start + request, key) == key, (seen[start + request], key)
+    # the old strides: epoch 0 round 2 was epoch 1 round 1
+    assert derived_seed(data.epoch_seed(0), "round", 2) != derived_seed(data.epoch_seed(1), "round", 1)
+
+
+def test_the_rule_following_trees_continue_the_exploring_trees_request_seeds(monkeypatch):
+    data = RolloutDataModule(seed=0)
+    calls = []
+    monkeypatch.setattr(datamodule_module, "expand_trees",
+                        lambda task, engine, tok, records, widths, sampling, rule=None: calls.append(
+                            (list(records), sampling.seed, rule)) or [])
+    monkeypatch.setattr(data, "risk_rule", lambda module, training=False: "rule")
+    monkeypatch.setattr(data, "risk_threshold", lambda: SimpleNamespace(explore_fraction=0.25))
+    data.grow_trees(SimpleNamespace(tokenizer=None), list("abcdefgh"), [2, 1], SamplingSpec(8, 1.0, seed=1000))
+    # prompts a, b explore from seed 1000 (requests 1000, 1001); c..h follow the rule from 1002, not 1000 again
+    assert calls == [(["a", "b"], 1000, None), (list("cdefgh"), 1002, "rule")]
