@@ -71,7 +71,11 @@ class ReferencePolicy(pl.Callback):
     def _install(self, policy: Any) -> None:
         """Create the frozen adapter if needed and load the reference weights into it."""
         if REFERENCE_ADAPTER not in policy.peft_config:
-            policy.add_adapter(REFERENCE_ADAPTER, policy.peft_config[policy.active_adapter])
+            # its initial weights are overwritten below; drawing them from the global RNG would shift every later
+            # draw (LoRA dropout, sampling) of a resumed run against an uninterrupted one (issue 18, bug 6)
+            device = next(policy.parameters()).device
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
+                policy.add_adapter(REFERENCE_ADAPTER, policy.peft_config[policy.active_adapter])
         params = dict(policy.named_parameters())
         with torch.no_grad():
             for name, value in self._frozen.items():

@@ -123,3 +123,19 @@ def test_rollout_metrics_reach_tensorboard(tiny_llama_dir, tmp_path):
     assert len(events.Scalars("rollout/reward_mean")) == 2
     texts = events.Tags()["tensors"]
     assert any("rollout/samples" in tag for tag in texts)
+
+
+def test_installing_the_reference_adapter_draws_nothing_from_the_global_rng(tiny_llama_dir):
+    # add_adapter initialises LoRA weights from the global RNG; a resumed run installs the reference after the
+    # checkpoint restored that RNG, so every later draw (dropout, sampling) moved against the uninterrupted run
+    module, _ = make_pair(tiny_llama_dir)
+    module.configure_model()  # loads the policy (Lightning calls it at fit start)
+    reference = ReferencePolicy(refresh_every_n_epochs=2)
+    reference._freeze(module.policy)  # the first install: add_adapter, then the copy
+    frozen = [p for n, p in module.policy.named_parameters() if ".reference." in n]
+    assert frozen
+    state = torch.get_rng_state()
+    reference._frozen = {k: v + 1 for k, v in reference._frozen.items()}
+    module.policy.delete_adapter("reference")
+    reference._install(module.policy)
+    assert torch.equal(torch.get_rng_state(), state)
