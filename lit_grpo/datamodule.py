@@ -200,9 +200,9 @@ class RolloutDataModule(pl.LightningDataModule):
         # a tree's size is known only once grown, so only grouped draws are cut to the budget
         records = self.next_prompts(self.affordable_groups(self.prompts_per_epoch) if self.rollout == "grouped" else None)
         self.sync_policy(module)
-        # offset by the share's first prompt: an engine seeding request i with seed + i then samples each prompt
-        # as a one-process run would
-        sampling = self.sampling_spec(module, greedy=False, seed=self.epoch_seed(epoch) + self.share_start)
+        # each stream's seed is derived from the epoch's, then offset by this rank's first prompt (share_start):
+        # an engine seeding request i with seed + i then samples each prompt as a one-process run would
+        sampling = self.sampling_spec(module, greedy=False, seed=self.epoch_seed(epoch))
         if self.rollout == "grouped":
             buffer = self.grouped_buffer(module, records, sampling)
             if self.mask_truncated:  # DAPO's overlong filtering: a cut-off completion is no evidence either way
@@ -236,7 +236,8 @@ class RolloutDataModule(pl.LightningDataModule):
         rounds = self.max_sampling_rounds if self.dynamic_sampling else 1
         for draw in range(rounds):
             prompt_ids = [self.task.prompt_ids(r, tokenizer) for r in records]
-            draw_sampling = replace(sampling, seed=None if sampling.seed is None else derived_seed(sampling.seed, "draw", draw))
+            draw_seed = None if sampling.seed is None else derived_seed(sampling.seed, "draw", draw) + self.share_start
+            draw_sampling = replace(sampling, seed=draw_seed)
             completions = self.engine.generate(prompt_ids, self.group_size, draw_sampling)
             part = build_buffer(prompt_ids, completions, tokenizer.pad_token_id, self.temperature, self.max_new_tokens)
             self.completions_generated += part.input_ids.shape[0]
@@ -320,11 +321,12 @@ class RolloutDataModule(pl.LightningDataModule):
         without it, so the head keeps seeing outcomes of inferring where the rule would forbid it."""
         rule = self.risk_rule(module, training=True)
         free = 0 if rule is None else round(len(records) * self.risk_threshold().explore_fraction)
-        roots = expand_trees(self.task, self.engine, module.tokenizer, records[:free], widths, sampling) if free else []
-        if free < len(records):
-            # the rule's trees are prompts free.. of the epoch: request seeds continue after the exploring ones
-            ruled = replace(sampling, seed=None if sampling.seed is None else sampling.seed + free)
-            roots += expand_trees(self.task, self.engine, module.tokenizer, records[free:], widths, ruled, rule)
+        start = self.share_start  # these prompts' place among the epoch's: their request seeds follow from it
+        roots = expand_trees(self.task, self.engine, module.tokenizer, records[:free], widths, sampling,
+                             request_offset=start) if free else []
+        if free < len(records):  # the rule's trees continue the exploring trees' request seeds
+            roots += expand_trees(self.task, self.engine, module.tokenizer, records[free:], widths, sampling, rule,
+                                  request_offset=start + free)
         return roots
 
     def risk_threshold(self) -> RiskThreshold | None:

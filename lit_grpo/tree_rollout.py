@@ -46,6 +46,7 @@ def expand_trees(
     branching: Sequence[int],
     sampling: SamplingSpec,
     decide: Decide | None = None,
+    request_offset: int = 0,
 ) -> list[SegmentNode]:
     """One tree per prompt, ``len(branching)`` rounds deep; round d gives every open node ``branching[d-1]``
     children, all open nodes of all trees in one engine call. A question still open after the last round is
@@ -57,7 +58,9 @@ def expand_trees(
         if not open_nodes:
             break
         contexts = [list(node.context + node.segment + node.reply) for node in open_nodes]
-        round_sampling = replace(sampling, seed=None if sampling.seed is None else derived_seed(sampling.seed, "round", depth))
+        # round d's base seed, then the index of these prompts among the epoch's (a rank's share, the rule's trees)
+        round_seed = None if sampling.seed is None else derived_seed(sampling.seed, "round", depth) + request_offset
+        round_sampling = replace(sampling, seed=round_seed)
         constraints = tuple(decide(contexts, depth)) if decide is not None else (None,) * len(contexts)
         if any(c is not None for c in constraints):
             round_sampling = replace(round_sampling, allowed_token_ids=constraints)
