@@ -12,6 +12,15 @@ START, END = "<!-- faults:start -->", "<!-- faults:end -->"
 HEADER = ["| fault | what happened | test |", "|---|---|---|"]
 
 
+def spliced(text: str, start: str, end: str, section: str) -> str:
+    """``text`` with the part from ``start`` to ``end`` (markers included) replaced by ``section``, which must
+    carry both markers; appended when the markers are missing."""
+    if start not in text:
+        return text + "\n" + section + "\n"
+    head, _, rest = text.partition(start)
+    return head + section + rest.partition(end)[2]
+
+
 def fault_rows(text: str) -> dict[str, str]:
     """The faults section's rows by fault (its first cell)."""
     section = text.partition(START)[2].partition(END)[0]
@@ -25,9 +34,7 @@ def documented(fault: str, observed: str, test: str) -> None:
     text = DOC.read_text()
     if os.environ.get("LIT_GRPO_WRITE_DOCS"):
         rows = fault_rows(text) | {fault: row}
-        section = "\n".join([START, *HEADER, *(rows[key] for key in sorted(rows)), END])
-        head, _, rest = text.partition(START)
-        text = head + section + rest.partition(END)[2] if START in text else text + "\n" + section + "\n"
+        text = spliced(text, START, END, "\n".join([START, *HEADER, *(rows[key] for key in sorted(rows)), END]))
         DOC.write_text(text)
     assert fault_rows(text).get(fault) == row, (
         f"docs/reliability.md does not say what {test} saw; rerun it with LIT_GRPO_WRITE_DOCS=1")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -134,3 +135,14 @@ def penalised_copy(source: Path, target: Path, extra_eos: int | None = None) -> 
     generation = {**own, **PENALISING_GENERATION, "eos_token_id": eos + ([extra_eos] if extra_eos is not None else [])}
     (target / "generation_config.json").write_text(json.dumps(generation, indent=2))
     return target
+
+
+def remote_code_copy(source: Path, model: Path, marker: Path) -> Path:
+    """A copy of the model at ``source`` whose config maps AutoModelForCausalLM to a module shipped beside it,
+    which creates ``marker`` when imported: the file exists only if the model's own code ran."""
+    shutil.copytree(source, model)
+    config = json.loads((model / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "modeling_evil.py").write_text(f"open({str(marker)!r}, 'w')\n")
+    return model

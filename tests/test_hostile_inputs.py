@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from lit_grpo.cli import main
 from lit_grpo.model_loading import load_policy
+from reliability_doc import spliced
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reliability.md"
@@ -177,7 +178,6 @@ def test_the_reliability_table_is_what_the_tests_saw():
     start, end = "<!-- bad-inputs:start -->", "<!-- bad-inputs:end -->"
     generated = f"{start}\n{table()}\n{end}"
     if os.environ.get("LIT_GRPO_WRITE_DOCS"):
-        head, _, rest = text.partition(start)
-        DOC.write_text(head + generated + rest.partition(end)[2] if start in text else text + generated + "\n")
-        text = DOC.read_text()
+        text = spliced(text, start, end, generated)
+        DOC.write_text(text)
     assert generated in text, "docs/reliability.md is stale: rerun this module with LIT_GRPO_WRITE_DOCS=1"

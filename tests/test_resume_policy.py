@@ -7,7 +7,6 @@ nothing to resume, or a file that is no checkpoint, is an error naming it (D1, c
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -18,6 +17,7 @@ import torch
 
 from lit_grpo.cli import main
 from reliability_doc import documented
+from support import remote_code_copy
 
 
 def fit_args(model: Path, root: Path, epochs: int, *extra: str) -> list[str]:
@@ -43,12 +43,7 @@ def trained(tiny_llama_dir, tmp_path_factory) -> Path:
 @pytest.mark.parametrize("command_line", [[], ["--model.trust_remote_code", "false"]])
 def test_a_checkpoint_cannot_switch_remote_code_on(tiny_llama_dir, trained, tmp_path, capsys, command_line):
     marker = tmp_path / "pwned.txt"
-    evil = tmp_path / "evil-model"
-    shutil.copytree(tiny_llama_dir, evil)
-    config = json.loads((evil / "config.json").read_text())
-    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
-    (evil / "config.json").write_text(json.dumps(config))
-    (evil / "modeling_evil.py").write_text(f"open({str(marker)!r}, 'w')\n")
+    evil = remote_code_copy(Path(tiny_llama_dir), tmp_path / "evil-model", marker)
     checkpoint = torch.load(trained, weights_only=True)
     checkpoint["hyper_parameters"].update(trust_remote_code=True, model_name_or_path=str(evil))
     torch.save(checkpoint, tmp_path / "crafted.ckpt")  # plain tensors and containers: weights-only safe

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from lit_grpo.engines.server_address import LOOPBACK, is_loopback, server_addres
 from lit_grpo.input_check import InputError
 from lit_grpo.model_loading import load_policy, load_tokenizer
 from lit_grpo.module import PolicyModule
-from support import listening_addresses
+from support import listening_addresses, remote_code_copy
 
 TESTS = Path(__file__).resolve().parent
 
@@ -74,13 +73,7 @@ def test_pickled_init_adapter_is_refused(tiny_llama_dir, tmp_path):
 def remote_code_model(tiny_llama_dir, tmp_path) -> Path:
     """The tiny model, but its config maps AutoModelForCausalLM to a module shipped beside it, which would create a
     file when imported."""
-    model = tmp_path / "remote-code-model"
-    shutil.copytree(tiny_llama_dir, model)
-    config = json.loads((model / "config.json").read_text())
-    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
-    (model / "config.json").write_text(json.dumps(config))
-    (model / "modeling_evil.py").write_text(f"open({str(tmp_path / 'pwned.txt')!r}, 'w')\n")
-    return model
+    return remote_code_copy(Path(tiny_llama_dir), tmp_path / "remote-code-model", tmp_path / "pwned.txt")
 
 
 def test_model_asking_for_remote_code_is_refused_without_the_flag(remote_code_model, tmp_path):
