@@ -36,7 +36,7 @@ def fit(tmp_path, **data_kwargs: Any) -> tuple[Buffers, pl.Trainer]:
 
 
 def test_dynamic_sampling_keeps_only_informative_groups(tmp_path):
-    buffers, trainer = fit(tmp_path, dynamic_sampling=True, max_sampling_rounds=6)
+    buffers, trainer = fit(tmp_path, dynamic_sampling=True, max_sampling_rounds=12)
     previous_cursor = 0
     for buffer, draws, cursor in buffers.seen:
         groups = buffer.rewards.split(buffer.sizes)

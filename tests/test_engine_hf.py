@@ -7,7 +7,8 @@ import torch
 from transformers import LlamaForCausalLM
 
 from lit_grpo.engines import HFEngine, SamplingSpec
-from lit_grpo.engines.hf import SampledLogprobs, sampling_kwargs
+from lit_grpo.engines.cpu_weights import packed_frozen_linears, packing_available
+from lit_grpo.engines.hf_decode import draw_tokens, restrict_first_token
 from lit_grpo.input_check import InputError
 from lit_grpo.logprobs import sequence_logprobs
 from lit_grpo.model_loading import completion_stop_ids, load_policy, load_tokenizer
@@ -82,7 +83,7 @@ def test_n_completions_per_prompt_in_prompt_order_with_trainer_logprobs(policy, 
 
 
 def test_completions_cut_after_first_stop_token(engine):
-    out = engine.generate(PROMPTS, 4, SamplingSpec(max_new_tokens=5, temperature=T, seed=3, stop_token_ids=STOPS))
+    out = engine.generate(PROMPTS, 8, SamplingSpec(max_new_tokens=3, temperature=T, seed=0, stop_token_ids=STOPS))
     reasons = set()
     for group in out:
         for c in group:
@@ -91,11 +92,10 @@ def test_completions_cut_after_first_stop_token(engine):
             if c.finish_reason == "stop":
                 assert c.token_ids[-1] in STOPS  # the stop token is part of the completion
                 assert not set(c.token_ids[:-1]) & set(STOPS)  # cut after the first one
-                assert 1 <= len(c.token_ids) <= 5
+                assert 1 <= len(c.token_ids) <= 3
             else:
                 assert c.finish_reason == "length"
-                assert len(c.token_ids) == 5 and not set(c.token_ids) & set(STOPS)
-            assert 0 not in c.token_ids  # no generate padding leaks into a completion
+                assert len(c.token_ids) == 3 and not set(c.token_ids) & set(STOPS)
     assert reasons == {"stop", "length"}  # the seed gives both cases
 
 
@@ -112,7 +112,6 @@ def test_no_stop_tokens_runs_to_max_new_tokens_even_past_the_models_eos(engine):
     (group,) = engine.generate(PROMPTS[:1], 2, spec)
     for c in group:
         assert c.token_ids[0] == 2 and len(c.token_ids) == 4 and c.finish_reason == "length"
-        assert 0 not in c.token_ids[1:]
 
 
 def test_same_seed_same_completions_different_seed_different(engine):
@@ -165,15 +164,59 @@ def test_greedy_stops_at_stop_token(policy, engine):
     assert c.token_ids == cut and c.finish_reason == "stop"
 
 
-def test_sampling_kwargs_full_distribution():
-    # no warper at all: the temperature is applied by our own processor, ahead of the log-prob recorder
-    assert sampling_kwargs(SamplingSpec(max_new_tokens=3, temperature=T)) == {
-        "do_sample": True,
-        "temperature": 1.0,
-        "top_k": 0,
-        "top_p": 1.0,
-    }
-    assert sampling_kwargs(SamplingSpec(max_new_tokens=3, greedy=True))["do_sample"] is False
+def test_inverse_cdf_draw_picks_the_token_whose_interval_holds_u():
+    # p = [1/4, 0, 1/2, 1/4] (token 1 excluded): cumulative 1/4, 1/4, 3/4, 1
+    logp = torch.log(torch.tensor([[0.25, 0.0, 0.5, 0.25]] * 6))
+    uniforms = torch.tensor([0.0, 0.2499, 0.2501, 0.7499, 0.7501, 0.9999], dtype=torch.float64)
+    assert draw_tokens(logp, uniforms).tolist() == [0, 0, 2, 2, 3, 3]
+    # an excluded first token (cumulative exactly 0) is skipped even by u = 0; so is an excluded last one by u -> 1
+    logp = torch.log(torch.tensor([[0.0, 0.5, 0.5, 0.0]] * 2))
+    assert draw_tokens(logp, torch.tensor([0.0, 1 - 1e-12], dtype=torch.float64)).tolist() == [1, 2]
+
+
+def test_inverse_cdf_draw_scales_u_by_an_unnormalised_total():
+    # probabilities summing to 2 (a rounding-sized error, magnified): u = 0.5 lands at 1.0 of 2.0 -> token 1
+    logp = torch.log(torch.tensor([[0.5, 1.0, 0.5]]))
+    assert draw_tokens(logp, torch.tensor([0.5], dtype=torch.float64)).tolist() == [1]
+    assert draw_tokens(logp, torch.tensor([0.2], dtype=torch.float64)).tolist() == [0]  # 0.4 < 0.5
+
+
+def test_first_token_restriction_per_row():
+    scores = torch.zeros(3, 5)
+    out = restrict_first_token(scores, [(1, 3), None, None], [(3,), (0, 4), None])
+    inf = float("-inf")
+    assert out.tolist() == [[inf, 0, inf, inf, inf], [inf, 0, 0, 0, inf], [0, 0, 0, 0, 0]]
+    assert restrict_first_token(scores, [None] * 3, [None] * 3) is scores
+
+
+def test_a_rows_tokens_do_not_depend_on_the_batch_it_was_generated_in(policy):
+    spec = SamplingSpec(max_new_tokens=5, temperature=T, seed=7, stop_token_ids=STOPS)
+    outputs = []
+    for batch_size in (1, 64):
+        engine = HFEngine(batch_size=batch_size)
+        engine.push_policy(policy)
+        outputs.append(engine.generate(PROMPTS, 3, spec))
+    for together, alone in zip(*outputs):
+        for a, b in zip(together, alone):
+            assert a.token_ids == b.token_ids
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+
+
+@pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN linear packing")
+def test_packed_frozen_linears_compute_what_the_plain_ones_do_and_are_undone(policy):
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        plain = policy(input_ids=ids).logits  # [1, P, V]
+        with packed_frozen_linears(policy) as count:
+            packed = policy(input_ids=ids).logits
+            patched = [m for m in policy.modules() if "forward" in m.__dict__]
+        after = policy(input_ids=ids).logits
+    frozen = [m for m in policy.modules() if type(m) is torch.nn.Linear and not m.weight.requires_grad]
+    assert count == len(frozen) == len(patched) > 0  # every frozen base linear, no LoRA A/B
+    assert all(not m.weight.requires_grad for m in patched)
+    assert not any("forward" in m.__dict__ for m in policy.modules())
+    assert torch.equal(after, plain)
+    assert (packed - plain).abs().max().item() < 1e-5
 
 
 def fresh_policy(path):
@@ -340,20 +383,6 @@ def test_one_sample_per_prompt_does_not_prefill_separately(policy, engine):
     finally:
         handle.remove()
     assert shapes[0] == (3, 7)  # nothing to share: generate's own prefill of the whole prompts
-
-
-def test_sampled_logprobs_records_each_drawn_token_from_one_held_step():
-    recorder = SampledLogprobs()
-    three = torch.log(torch.tensor(3.0))
-    prompt = torch.tensor([[4], [4]])
-    recorder(prompt, torch.tensor([[0.0, three, 0.0], [0.0, 0.0, 0.0]]))  # step 1: p = [1/5, 3/5, 1/5], uniform
-    recorder(torch.tensor([[4, 1], [4, 2]]), torch.tensor([[0.0, 0.0, three], [three, 0.0, 0.0]]))  # drew 1, 2
-    new_tokens = torch.tensor([[1, 2], [2, 0]])  # step 2 drew 2 and 0
-    expected = torch.log(torch.tensor([[3 / 5, 3 / 5], [1 / 3, 3 / 5]]))
-    assert torch.allclose(recorder.logprobs(new_tokens), expected, rtol=0, atol=1e-6)
-    assert recorder._held.shape == (2, 3)  # one step's distribution, not one per step
-    with pytest.raises(RuntimeError, match="recorded 2 sampling steps for 3 generated tokens"):
-        recorder.logprobs(torch.tensor([[1, 2, 0], [2, 0, 0]]))
 
 
 def test_every_eos_id_of_the_checkpoint_ends_a_completion(model_dir, tmp_path):
