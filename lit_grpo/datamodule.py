@@ -78,7 +78,7 @@ class RolloutDataModule(pl.LightningDataModule):
     Args:
         task: the prompts and rewards, by class path (``lit_grpo.tasks.ArithmeticTask``, ``SortTask``,
             ``JsonlTask`` or your own ``Task`` subclass).
-        engine: the rollout engine; ``None`` means ``HFEngine()`` (transformers ``generate`` on the live policy).
+        engine: the rollout engine; ``None`` means ``HFEngine()`` (decoding on the live policy).
         group_size: G, completions sampled per prompt.
         prompts_per_epoch: prompts taken (in order, wrapping around) from the task's training split per epoch.
         minibatch_size: sequences per minibatch (a multiple of ``group_size``); use the trainer's

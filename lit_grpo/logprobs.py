@@ -126,7 +126,8 @@ def logprobs_from_hidden(
 
 
 def padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids ``[N, L]`` of right-padded rows: every row starts at 0, as in generation."""
+    """Position ids ``[N, L]`` of padded rows (right-padded in training, left-padded in the hf engine's prefill):
+    every row's real tokens count from 0; padding gets 0 or its predecessor's and is masked out."""
     return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 

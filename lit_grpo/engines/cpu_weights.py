@@ -1,9 +1,9 @@
 """Frozen linear weights in oneDNN's packed layout while the hf engine decodes on a CPU.
 
 A decode step multiplies a few rows by every weight matrix, the output head included (``[rows, hidden] x [hidden,
-vocab]``). On this machine's CPU, PyTorch's plain ``linear`` does that for 4 rows by Qwen2.5-0.5B's head in 17 ms in
-bf16 and 83 ms in fp32; the same product on a weight reordered once by oneDNN (the prepacking ``torch.compile``
-uses for CPU inference) takes 10 and 20 ms (``benchmarks/generation.py``). bf16 results are bit-identical; fp32 ones
+vocab]``). On this machine's CPU, PyTorch's plain ``linear`` does that for 4 rows by Qwen2.5-0.5B's head in 18 ms in
+bf16 and 86 ms in fp32; the same product on a weight reordered once by oneDNN (the prepacking ``torch.compile``
+uses for CPU inference) takes 10 and 19 ms (``benchmarks/generation.py``). bf16 results are bit-identical; fp32 ones
 differ in accumulation order, by ~2e-6 on the head's logits.
 
 Only frozen weights are packed (the base model's, never LoRA's), only for the length of one ``generate`` call, and

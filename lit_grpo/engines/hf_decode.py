@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from lit_grpo.logprobs import padded_positions
+
 
 def draw_tokens(logp: torch.Tensor, uniforms: torch.Tensor,
                 work: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -56,12 +58,6 @@ def restrict_first_token(scores: torch.Tensor, allowed: list[tuple[int, ...] | N
     return scores.masked_fill(blocked.to(scores.device), float("-inf"))
 
 
-def prompt_positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids of left-padded rows ``[R, P]``: real tokens count from 0 (padding gets 1, as ``generate``
-    numbers it; it is masked out)."""
-    return (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
-
-
 def logits_kwargs(model: Any) -> dict[str, int]:
     """``logits_to_keep=1`` where the model takes it: the head runs on the last position only."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -73,7 +69,7 @@ def shared_prefill(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     and repeated ``n`` times per prompt (``[B * n]`` rows, prompt-major). ``None`` when the model's cache cannot be
     repeated (e.g. a sliding-window or hybrid cache): the caller then prefills every row."""
     context_mask = attention_mask[:, :-1]  # [B, P-1]
-    out = model(input_ids=input_ids[:, :-1], attention_mask=context_mask, position_ids=prompt_positions(context_mask),
+    out = model(input_ids=input_ids[:, :-1], attention_mask=context_mask, position_ids=padded_positions(context_mask),
                 use_cache=True, **logits_kwargs(model))
     cache = out.past_key_values
     if type(cache) is not DynamicCache:
@@ -109,7 +105,7 @@ def decode(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, ca
     rows, device = input_ids.shape[0], input_ids.device
     mask = attention_mask
     pending = input_ids[:, -1:] if cache is not None else input_ids  # [R, 1] or [R, P]
-    positions = prompt_positions(mask)[:, -pending.shape[1]:]
+    positions = padded_positions(mask)[:, -pending.shape[1]:]
     done = torch.zeros(rows, dtype=torch.bool, device=device)  # [R]
     tokens = torch.empty(rows, how.max_new_tokens, dtype=torch.long, device=device)  # [R, S]
     logprobs = torch.empty(rows, how.max_new_tokens, dtype=torch.float32, device=device)  # [R, S]
