@@ -335,7 +335,8 @@ def main() -> None:
         print("RESULT " + json.dumps(cli_epoch(args.model_dir, args.cli_tokens, extra)), flush=True)
     else:
         if args.cli:
-            for extra in ([], ["--model.dtype", "bfloat16", "--model.gradient_checkpointing", "true"]):
+            # defaults (dtype auto: the model is saved in bf16), + checkpointing, and an fp32 base
+            for extra in ([], ["--model.gradient_checkpointing", "true"], ["--model.dtype", "float32"]):
                 command = [sys.executable, __file__, "--model-dir", str(args.model_dir), "--cli-tokens",
                            str(args.cli_tokens), f"--cli-child={' '.join(extra)}"]
                 done = subprocess.run(command, capture_output=True, text=True)

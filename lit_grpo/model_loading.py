@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from lit_grpo.input_check import InputError, lora_target_problem, remote_code_problem
 
@@ -145,6 +145,22 @@ def refuse_remote_code(model_path: str, trust_remote_code: bool) -> None:
         raise InputError(problem)
 
 
+BASE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def base_dtype(model_path: str, dtype: str) -> torch.dtype:
+    """The frozen base's dtype: ``dtype`` itself, or for ``auto`` the one the checkpoint's config names (its
+    ``dtype``, or ``torch_dtype`` in older files) when it is one of ``BASE_DTYPES``, else float32."""
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    try:  # the config.json of a directory or of a cached hub id, read as data (no model code runs)
+        config, _ = PretrainedConfig.get_config_dict(model_path)
+    except (OSError, ValueError):
+        config = {}  # a missing or unreadable config is reported by from_pretrained itself
+    named = config.get("dtype") or config.get("torch_dtype")
+    return getattr(torch, named) if named in BASE_DTYPES else torch.float32
+
+
 def load_policy(
     model_path: str,
     lora_rank: int,
@@ -154,7 +170,7 @@ def load_policy(
     init_adapter: str | None = None,
     attn_implementation: str = "sdpa",
     trust_remote_code: bool = False,
-    dtype: str = "float32",
+    dtype: str = "auto",
     gradient_checkpointing: bool = False,
 ) -> PeftModel:
     """The base model in ``dtype`` (whatever the checkpoint's own) with a trainable LoRA adapter named ``default``
@@ -168,7 +184,7 @@ def load_policy(
         )
     base = AutoModelForCausalLM.from_pretrained(
         model_path,
-        dtype=getattr(torch, dtype),
+        dtype=base_dtype(model_path, dtype),
         attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code,
     )

@@ -95,9 +95,10 @@ class PolicyModule(pl.LightningModule):
             by min(pi_old / pi_sampler, C). ``None`` turns it off (right for fp32, where the two agree).
         attn_implementation: the transformers attention kernel: ``sdpa`` or ``eager``.
         trust_remote_code: allow the model's own code from its repository to run; off unless you trust it.
-        dtype: the dtype of the frozen base weights: ``float32``, ``bfloat16`` (half the memory; what released
-            checkpoints ship) or ``float16``. The LoRA weights, their gradients and optimizer state, the heads and
-            every log-softmax stay in float32.
+        dtype: the dtype of the frozen base weights: ``auto`` (the checkpoint's own ``dtype`` in its config.json:
+            ``bfloat16`` for most released checkpoints, ``float32`` for the shipped tiny models; ``float32`` when
+            the config names none or another), ``float32``, ``bfloat16`` (half the memory) or ``float16``. The LoRA
+            weights, their gradients and optimizer state, the heads and every log-softmax stay in float32.
         gradient_checkpointing: keep one activation per layer and recompute the rest in backward (non-reentrant,
             so it works with PEFT's frozen embeddings and the packed forward): activation memory drops from every
             layer's intermediates to one layer's, for about a third more compute.
@@ -142,7 +143,7 @@ class PolicyModule(pl.LightningModule):
         tis_cap: float | None = None,
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
         trust_remote_code: bool = False,
-        dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+        dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
         gradient_checkpointing: bool = False,
         logprob_chunk_tokens: int = CHUNK_TOKENS,
         no_grad_batch_tokens: int = 16384,

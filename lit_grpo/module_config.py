@@ -65,7 +65,7 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
     for name in ("no_grad_batch_tokens", "logprob_chunk_tokens"):
         if args[name] < 1:
             problems.append(f"{name}: must be >= 1, got {args[name]}")
-    problems += choice_problem("dtype", args["dtype"], ("float32", "bfloat16", "float16"))
+    problems += choice_problem("dtype", args["dtype"], ("auto", "float32", "bfloat16", "float16"))
     path_problem = model_path_problem(args["model_name_or_path"])
     if path_problem:
         problems.append(f"model_name_or_path: {path_problem}")

@@ -104,7 +104,7 @@ def run(mode: str, aggregation: str, model_dir: str, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(0)
     ranks = 2 if mode == "ddp" else 1
-    module = PolicyModule(model_name_or_path=model_dir, lora_rank=4, lora_alpha=8, kl_coef=0.04,
+    module = PolicyModule(model_name_or_path=model_dir, lora_rank=4, lora_alpha=8, kl_coef=0.04, dtype="float32",
                           aggregation=aggregation, optimizer=lambda p: torch.optim.SGD(p, lr=0.5))
     rows_per_rank = PROMPTS_PER_EPOCH * GROUP_SIZE // ranks
     datamodule = RolloutDataModule(task=DigitShareTask(), engine=engine_for(model_dir), group_size=GROUP_SIZE,

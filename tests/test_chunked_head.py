@@ -220,7 +220,7 @@ def test_precision_and_chunk_knobs_are_validated_up_front():
     assert problems == [
         "no_grad_batch_tokens: must be >= 1, got -1",
         "logprob_chunk_tokens: must be >= 1, got 0",
-        "dtype: unknown value 'int8'; valid choices: float32, bfloat16, float16",
+        "dtype: unknown value 'int8'; valid choices: auto, float32, bfloat16, float16",
     ]
 
 
@@ -237,3 +237,25 @@ def test_policy_module_loads_the_base_in_the_asked_dtype_with_checkpointing(qwen
     assert module.policy.is_gradient_checkpointing
     optimizer = module.configure_optimizers()
     assert all(p.dtype == torch.float32 for group in optimizer.param_groups for p in group["params"])
+
+
+def test_auto_dtype_is_the_checkpoints_own_when_it_names_a_base_dtype(qwen_dir, tmp_path):
+    import json
+
+    from lit_grpo.model_loading import base_dtype
+
+    def saved_as(name, **fields):
+        path = tmp_path / name
+        shutil.copytree(qwen_dir, path)
+        config = json.loads((path / "config.json").read_text())
+        config.pop("dtype", None), config.pop("torch_dtype", None)
+        (path / "config.json").write_text(json.dumps({**config, **fields}))
+        return str(path)
+
+    assert base_dtype(saved_as("bf16", dtype="bfloat16"), "auto") == torch.bfloat16
+    assert base_dtype(saved_as("old-key", torch_dtype="float16"), "auto") == torch.float16  # older configs
+    assert base_dtype(saved_as("f64", dtype="float64"), "auto") == torch.float32  # not a base dtype we train on
+    assert base_dtype(saved_as("none"), "auto") == torch.float32
+    assert base_dtype(saved_as("asked", dtype="bfloat16"), "float32") == torch.float32  # a named dtype wins
+    assert base_dtype(str(tmp_path / "missing"), "auto") == torch.float32  # from_pretrained reports it
+    assert base_dtype(str(Path(__file__).parents[1] / "data" / "tiny-qwen2-chat"), "auto") == torch.bfloat16  # the release-shaped model ships bf16
