@@ -45,7 +45,8 @@ class NonFiniteGuard(pl.Callback):
     gradients are dropped before the optimizer sees them, so the adapter and the optimizer's moments stay as they
     were (a learning-rate scheduler still advances). Logs the running count as ``train/skipped_steps``.
 
-    ``PolicyModule`` adds one with the defaults unless ``trainer.callbacks`` holds one.
+    The ``lit-grpo`` command adds one with the defaults unless ``trainer.callbacks`` holds one; add it yourself to a
+    ``Trainer`` you build.
 
     Args:
         max_consecutive_skips: stop the run (``NonFiniteTrainingError``, naming the epoch and the likely cause) after

@@ -64,6 +64,10 @@ class RiskThreshold(pl.Callback):
         self.calibrated_tau: float | None = tau_start
         self.calibrated = False
 
+    def setup(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
+        if trainer.datamodule is not None:
+            trainer.datamodule.risk_threshold = self  # the rollouts' infer/defer rule reads its tau from here
+
     def training_tau(self, epoch: int) -> float | None:
         """The tau of the training rollouts of ``epoch``: ``current_tau``, except that in the always-defer state
         they grow free (``tau_start``), since trees that never infer teach the head nothing."""

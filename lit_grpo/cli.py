@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.cli import LightningCLI
 
-from lit_grpo.callbacks import RolloutMetrics
+from lit_grpo.callbacks import NonFiniteGuard, RngState, RolloutMetrics
 from lit_grpo.callbacks.nonfinite import NonFiniteTrainingError
 
 from lit_grpo.checkpoint_io import BesideTargetCheckpointIO
@@ -58,7 +58,10 @@ class LitGRPOCLI(LightningCLI):
         if config.get("logger") is False and config.get("default_root_dir") is None:
             config = {**config, "default_root_dir": default_run_dir()}  # not the current directory
             print(f"lit-grpo: no logger; this run writes to {config['default_root_dir']}", file=sys.stderr)
-        trainer = super()._instantiate_trainer(config, [*callbacks, SaveOnInterrupt()])
+        # the command always skips non-finite steps and checkpoints the RNGs (a config may set its own of either)
+        given = [*callbacks, *(config.get("callbacks") or [])]
+        always = [c for c in (NonFiniteGuard(), RngState()) if not any(isinstance(t, type(c)) for t in given)]
+        trainer = super()._instantiate_trainer(config, [*callbacks, *always, SaveOnInterrupt()])
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's own plugin is kept
             trainer.strategy.checkpoint_io = BesideTargetCheckpointIO()
         check_writable(trainer)  # before any weights load

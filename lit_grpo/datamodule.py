@@ -21,7 +21,6 @@ from lit_grpo.buffer import (
     select_groups,
     serve_minibatches,
 )
-from lit_grpo.callbacks.risk import RiskThreshold
 from lit_grpo.combinations import combination_problems
 from lit_grpo.distributed import check_distributed_data, global_step_denominators, rank_and_world, rank_share
 from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
@@ -149,6 +148,9 @@ class RolloutDataModule(pl.LightningDataModule):
         self.sampling_draws = 0
         self.completion_budget = completion_budget
         self.completions_generated = 0  # every draw counted; carried by checkpoints
+        # the source of the infer/defer threshold (explore_fraction, training_tau, current_tau): a callback such as
+        # RiskThreshold sets itself here at setup; None: no rule
+        self.risk_threshold: Any = None
         self.overlong_cache, self.mask_truncated = overlong_cache, mask_truncated
         if rollout != "grouped" and not isinstance(task, MultiRoundTask):
             raise ValueError(f"rollout {rollout!r} needs a multi-round task (a MultiRoundTask), got {type(task).__name__}")
@@ -317,10 +319,10 @@ class RolloutDataModule(pl.LightningDataModule):
 
     def grow_trees(self, module: Any, records: list[PromptRecord], widths: list[int],
                    sampling: SamplingSpec) -> list[Any]:
-        """The epoch's trees; with the risk rule, the ``RiskThreshold``'s ``explore_fraction`` of the prompts grow
+        """The epoch's trees; with the risk rule, ``risk_threshold.explore_fraction`` of the prompts grow
         without it, so the head keeps seeing outcomes of inferring where the rule would forbid it."""
         rule = self.risk_rule(module, training=True)
-        free = 0 if rule is None else round(len(records) * self.risk_threshold().explore_fraction)
+        free = 0 if rule is None else round(len(records) * self.risk_threshold.explore_fraction)
         start = self.share_start  # these prompts' place among the epoch's: their request seeds follow from it
         roots = expand_trees(self.task, self.engine, module.tokenizer, records[:free], widths, sampling,
                              request_offset=start) if free else []
@@ -329,13 +331,9 @@ class RolloutDataModule(pl.LightningDataModule):
                                   request_offset=start + free)
         return roots
 
-    def risk_threshold(self) -> RiskThreshold | None:
-        found = [c for c in self.trainer.callbacks if isinstance(c, RiskThreshold)] if self.trainer else []
-        return found[0] if found else None
-
     def risk_rule(self, module: Any, training: bool = False) -> RiskRule | None:
-        """The infer/defer rule at the ``RiskThreshold`` callback's tau; None without a risk head or that callback."""
-        threshold = self.risk_threshold()
+        """The infer/defer rule at the tau of ``risk_threshold``; None without a risk head or a threshold source."""
+        threshold = self.risk_threshold
         if getattr(module, "risk_head", None) is None or threshold is None:
             return None
         tokenizer = module.tokenizer

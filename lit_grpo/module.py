@@ -12,9 +12,6 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lit_grpo.buffer import RolloutBuffer
-from lit_grpo.callbacks.nonfinite import NonFiniteGuard
-from lit_grpo.callbacks.reference import ReferencePolicy
-from lit_grpo.callbacks.rng_state import RngState
 from lit_grpo.input_check import InputError, check_inputs
 from lit_grpo.logprobs import (
     CHUNK_TOKENS,
@@ -171,6 +168,7 @@ class PolicyModule(pl.LightningModule):
         self.risk_spec = None if risk is None else RiskHeadSpec(**risk)
         self.token_logprobs: TokenLogprobs | None = None
         self.evaluation = GreedyEvaluation()
+        self.reference_owner: Any = None  # what makes the policy run as pi_ref, if not the adapter switched off
 
     # --- model -------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -207,19 +205,16 @@ class PolicyModule(pl.LightningModule):
         scheduler = self.scheduler_factory(optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    def configure_callbacks(self) -> list[pl.Callback]:
-        wanted = [NonFiniteGuard(), RngState()] + ([ReferencePolicy()] if self.loss.needs_reference else [])
-        return [c for c in wanted if not any(isinstance(t, type(c)) for t in self.trainer.callbacks)]
-
     def on_fit_start(self) -> None:
         check_inputs(self, self.trainer.datamodule)  # before any rollout: a bad input fails in seconds
 
-    @property
-    def reference_policy(self) -> ReferencePolicy:
-        found = [c for c in self.trainer.callbacks if isinstance(c, ReferencePolicy)]
-        if not found:
-            raise RuntimeError("kl_coef > 0 needs a ReferencePolicy callback; configure_callbacks() adds one")
-        return found[0]
+    def reference_active(self) -> Any:
+        """A context in which the policy model runs as pi_ref: the one the reference owner gives (a callback such
+        as ``ReferencePolicy`` sets ``self.reference_owner`` to itself for a frozen or refreshed adapter), else the
+        base model with the adapter off."""
+        if self.reference_owner is not None:
+            return self.reference_owner.active(self.policy)
+        return self.policy.disable_adapter()
 
     # --- the no-grad passes and advantages (design §2 steps 4-5), called by the DataModule -----------------------
     def run_no_grad_passes(self, buffer: RolloutBuffer) -> None:
@@ -233,7 +228,7 @@ class PolicyModule(pl.LightningModule):
         else:
             buffer.old_logp = buffer.sampler_logp
         if self.loss.needs_reference:
-            with self.reference_policy.active(self.policy):
+            with self.reference_active():
                 buffer.ref_logp = self.token_logprobs.batched(self.policy, *rows, constraint).cpu()
         if self.value_head is not None:
             buffer.values = self.old_values(*args, batch_tokens).cpu()

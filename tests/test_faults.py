@@ -113,7 +113,8 @@ def fit_with_faults(model_dir: Path, root: Path, poison_steps: list[int], epochs
     recorder = StepRecorder()
     trainer = pl.Trainer(
         max_epochs=epochs, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0, limit_val_batches=0,
-        callbacks=[PoisonAdvantages(poison_steps), recorder, RolloutMetrics(table_every_n_epochs=0)], default_root_dir=root, enable_checkpointing=False,
+        callbacks=[PoisonAdvantages(poison_steps), recorder, RolloutMetrics(table_every_n_epochs=0), NonFiniteGuard()],
+        default_root_dir=root, enable_checkpointing=False,
         logger=CSVLogger(root, name="logs"), enable_progress_bar=False, enable_model_summary=False,
         log_every_n_steps=1,
     )
