@@ -62,7 +62,6 @@ class RiskThreshold(pl.Callback):
         self.schedule_epochs, self.alpha, self.candidates = schedule_epochs, alpha, sorted(candidates)
         self.explore_fraction = explore_fraction
         self.calibrated_tau: float | None = tau_start
-        self.calibrated = False
 
     def setup(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
         if trainer.datamodule is not None:
@@ -92,7 +91,7 @@ class RiskThreshold(pl.Callback):
         if self.mode == "calibrated":
             chosen, _ = calibrate_tau(self.candidates, lambda t: (outcomes[t].selective_error, outcomes[t].coverage),
                                       self.alpha)
-            self.calibrated_tau, self.calibrated = chosen, True
+            self.calibrated_tau = chosen
         tau = self.current_tau(trainer.current_epoch)
         current = outcomes.get(tau) or rule_outcome(pl_module, datamodule, records, tau)
         self.log_outcome(pl_module, current)
@@ -124,10 +123,10 @@ class RiskThreshold(pl.Callback):
         logger.experiment.add_figure("risk/risk_coverage", risk_coverage_figure(outcomes), trainer.global_step)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"calibrated_tau": self.calibrated_tau, "calibrated": self.calibrated}
+        return {"calibrated_tau": self.calibrated_tau}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.calibrated_tau, self.calibrated = state_dict["calibrated_tau"], state_dict["calibrated"]
+        self.calibrated_tau = state_dict["calibrated_tau"]
 
 
 def fmt(value: float | None) -> str:

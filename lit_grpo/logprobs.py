@@ -232,26 +232,6 @@ def rows_per_pass(batch_tokens: int, width: int) -> int:
     return max(1, batch_tokens // max(1, width))
 
 
-def batched_sequence_logprobs(
-    model: Any,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperature: float,
-    batch_tokens: int = 16384,
-    constraint: FirstTokenConstraint | None = None,
-    token_mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``sequence_logprobs`` in chunks of at most ``batch_tokens`` padded tokens, in eval mode (dropout off, as the
-    sampler ran), without gradients: ``[N, L]``."""
-
-    def forward(rows: slice) -> torch.Tensor:
-        restriction = None if constraint is None else constraint.rows(rows.start, rows.stop)
-        wanted = None if token_mask is None else token_mask[rows]
-        return sequence_logprobs(model, input_ids[rows], attention_mask[rows], temperature, restriction, wanted)
-
-    return chunked_eval(model, input_ids.shape[0], rows_per_pass(batch_tokens, input_ids.shape[1]), forward)
-
-
 def sampler_agreement(
     logp: torch.Tensor, sampler_logp: torch.Tensor, completion_mask: torch.Tensor
 ) -> dict[str, torch.Tensor]:

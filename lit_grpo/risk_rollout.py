@@ -77,11 +77,9 @@ class RiskRule:
     def __init__(self, policy: Any, head: RiskHead, tau: float | None, defer_token_ids: Sequence[int], pad_id: int):
         self.policy, self.head, self.tau = policy, head, tau
         self.defer_token_ids, self.pad_id = tuple(defer_token_ids), pad_id
-        self.last_p_error: torch.Tensor | None = None
 
     def __call__(self, contexts: list[list[int]], depth: int) -> tuple[tuple[int, ...] | None, ...]:
         p_error = context_error_probability(self.policy, self.head, contexts, self.pad_id)  # [B]
-        self.last_p_error = p_error
         return first_token_constraints(forced_defer(p_error, self.tau), self.defer_token_ids)
 
 

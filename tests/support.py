@@ -13,6 +13,7 @@ import lightning.pytorch as pl
 import torch
 from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
+from lit_grpo.logprobs import FirstTokenConstraint, chunked_eval, sequence_logprobs
 from lit_grpo.tasks import ArithmeticTask, PromptRecord
 from lit_grpo.tiny import build_char_tokenizer, tiny_gpt2_config, tiny_llama_config
 
@@ -146,3 +147,12 @@ def remote_code_copy(source: Path, model: Path, marker: Path) -> Path:
     (model / "config.json").write_text(json.dumps(config))
     (model / "modeling_evil.py").write_text(f"open({str(marker)!r}, 'w')\n")
     return model
+
+
+def eval_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
+                  constraint: FirstTokenConstraint | None = None,
+                  token_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The trainer's padded log-probs ``[N, L]`` as the no-grad passes take them: eval mode, no gradients."""
+    rows = input_ids.shape[0]
+    return chunked_eval(model, rows, rows, lambda _: sequence_logprobs(model, input_ids, attention_mask, temperature,
+                                                                       constraint, token_mask))

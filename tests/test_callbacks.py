@@ -13,9 +13,8 @@ from transformers import AutoModelForCausalLM
 
 from lit_grpo.callbacks import ReferencePolicy, RolloutMetrics
 from lit_grpo.datamodule import RolloutDataModule
-from lit_grpo.logprobs import batched_sequence_logprobs
 from lit_grpo.module import PolicyModule
-from support import DigitShareTask
+from support import DigitShareTask, eval_logprobs
 
 
 def make_trainer(root: Path, epochs: int, callbacks: list[pl.Callback], logger: Any = False) -> pl.Trainer:
@@ -81,7 +80,7 @@ def test_base_reference_is_the_model_without_adapter(tiny_llama_dir, tmp_path):
     trainer.fit(module, datamodule)
     buffer = datamodule.buffer
     base = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
-    expected = batched_sequence_logprobs(base, buffer.input_ids, buffer.attention_mask, buffer.temperature,
+    expected = eval_logprobs(base, buffer.input_ids, buffer.attention_mask, buffer.temperature,
                                          token_mask=buffer.completion_mask)
     torch.testing.assert_close(buffer.ref_logp, expected, rtol=0, atol=1e-5)
     # after two epochs of updates the policy differs from its reference
@@ -97,7 +96,7 @@ class CaptureAfterRefresh(pl.Callback):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
         mask = torch.ones_like(self.probe, dtype=torch.bool)
-        self.policy_logp.append(batched_sequence_logprobs(pl_module.policy, self.probe, mask, 1.0))
+        self.policy_logp.append(eval_logprobs(pl_module.policy, self.probe, mask, 1.0))
 
 
 def test_refresh_copies_the_adapter_and_then_stays_frozen(tiny_llama_dir, tmp_path):
@@ -109,7 +108,7 @@ def test_refresh_copies_the_adapter_and_then_stays_frozen(tiny_llama_dir, tmp_pa
     trainer = make_trainer(tmp_path, 3, [reference, capture])
     trainer.fit(module, datamodule)
     with reference.active(module.policy):
-        ref_logp = batched_sequence_logprobs(module.policy, probe, mask, 1.0)
+        ref_logp = eval_logprobs(module.policy, probe, mask, 1.0)
     # refreshed after epoch index 1 (the second epoch): pi_ref is pi_theta as it was then, not as it is now
     torch.testing.assert_close(ref_logp, capture.policy_logp[1], rtol=0, atol=1e-6)
     assert (ref_logp - capture.policy_logp[2]).abs().max() > 1e-4

@@ -14,10 +14,9 @@ from transformers import AutoModelForCausalLM
 
 from lit_grpo.callbacks import RolloutMetrics
 from lit_grpo.datamodule import RolloutDataModule
-from lit_grpo.logprobs import batched_sequence_logprobs
 from lit_grpo.losses import policy_loss
 from lit_grpo.module import PolicyModule
-from support import DigitShareTask
+from support import DigitShareTask, eval_logprobs
 
 
 class TrainingRecorder(pl.Callback):
@@ -80,7 +79,7 @@ def fit_tiny(model_dir: Path, root: Path, epochs: int = 3, **module_kwargs: Any)
 
 def fixed_batch_surrogate(module: PolicyModule, buffer: Any) -> float:
     """The clip surrogate of a buffer under the module's current policy."""
-    logp = batched_sequence_logprobs(module.policy, buffer.input_ids, buffer.attention_mask, buffer.temperature)
+    logp = eval_logprobs(module.policy, buffer.input_ids, buffer.attention_mask, buffer.temperature)
     loss, _ = policy_loss(logp, buffer.old_logp, buffer.advantages, buffer.completion_mask)
     return loss.item()
 

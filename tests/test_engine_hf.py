@@ -183,10 +183,10 @@ def test_inverse_cdf_draw_scales_u_by_an_unnormalised_total():
 
 def test_first_token_restriction_per_row():
     scores = torch.zeros(3, 5)
-    out = restrict_first_token(scores, [(1, 3), None, None], [(3,), (0, 4), None])
+    out = restrict_first_token(scores, [(1, 3), None, (0, 4)])
     inf = float("-inf")
-    assert out.tolist() == [[inf, 0, inf, inf, inf], [inf, 0, 0, 0, inf], [0, 0, 0, 0, 0]]
-    assert restrict_first_token(scores, [None] * 3, [None] * 3) is scores
+    assert out.tolist() == [[inf, 0, inf, 0, inf], [0, 0, 0, 0, 0], [0, inf, inf, inf, 0]]
+    assert restrict_first_token(scores, [None] * 3) is scores
 
 
 def test_a_rows_tokens_do_not_depend_on_the_batch_it_was_generated_in(policy):
@@ -277,17 +277,17 @@ def test_allowed_first_tokens_and_renormalised_logprobs(policy, engine):
         assert total == pytest.approx(1.0, abs=1e-5)
 
 
-def test_banned_first_token_greedy_takes_the_runner_up(policy, engine):
+def test_greedy_without_its_top_first_token_takes_the_runner_up(policy, engine):
     top2 = first_token_logits(policy, PROMPTS[0]).topk(2).indices.tolist()
-    spec = SamplingSpec(max_new_tokens=2, greedy=True, banned_token_ids=((top2[0],), None, None))
+    everything_but_the_top = tuple(i for i in range(100) if i != top2[0])
+    spec = SamplingSpec(max_new_tokens=2, greedy=True, allowed_token_ids=(everything_but_the_top, None, None))
     out = engine.generate(PROMPTS, 1, spec)
     assert out[0][0].token_ids[0] == top2[1]
     assert out[1][0].token_ids[0] == first_token_logits(policy, PROMPTS[1]).argmax().item()  # untouched prompt
 
 
-def test_banned_first_tokens_are_never_sampled(policy, engine):
-    banned = tuple(range(4, 99))  # leaves 0-3 and 99
-    spec = SamplingSpec(max_new_tokens=2, temperature=T, seed=0, banned_token_ids=(banned,) * 3)
+def test_first_tokens_outside_the_allowed_set_are_never_sampled(policy, engine):
+    spec = SamplingSpec(max_new_tokens=2, temperature=T, seed=0, allowed_token_ids=((0, 1, 2, 3, 99),) * 3)
     out = engine.generate(PROMPTS, 8, spec)
     for group in out:
         for c in group:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from lit_grpo.logprobs import batched_sequence_logprobs, chunked_eval, gather_logprobs, sequence_logprobs
+from lit_grpo.logprobs import chunked_eval, gather_logprobs, sequence_logprobs
 from lit_grpo.tiny import build_char_tokenizer, tiny_llama_config
 
 
@@ -93,22 +93,6 @@ def test_sequence_logprobs_bool_mask_and_gradient(tiny_model):
     got.sum().backward()  # differentiable: the training step calls it with gradients on
     assert model.model.embed_tokens.weight.grad is not None
     model.zero_grad(set_to_none=True)
-
-
-def test_batched_sequence_logprobs_chunks_and_restores_mode(tiny_model):
-    model, _ = tiny_model
-    ids, mask = right_padded(ROWS)
-    with torch.no_grad():
-        whole = sequence_logprobs(model, ids, mask, 0.7)
-    model.train()
-    try:
-        # 2 rows of the padded width per forward: chunks of 2 + 1 rows
-        chunked = batched_sequence_logprobs(model, ids, mask, 0.7, batch_tokens=2 * ids.shape[1] + 1)
-        assert model.training  # restored
-    finally:
-        model.eval()
-    assert not chunked.requires_grad
-    assert torch.allclose(chunked, whole, rtol=0, atol=1e-6)
 
 
 def test_chunked_eval_slices_in_order_in_eval_mode_and_restores_the_flag_on_failure():

@@ -20,10 +20,10 @@ from lit_grpo.callbacks import RolloutMetrics
 
 from lit_grpo.datamodule import RolloutDataModule
 from lit_grpo.engines import HFEngine, SamplingSpec, VLLMEngine
-from lit_grpo.logprobs import FirstTokenConstraint, batched_sequence_logprobs
+from lit_grpo.logprobs import FirstTokenConstraint
 from lit_grpo.module import PolicyModule
 from lit_grpo.tasks import ArithmeticTask
-from support import penalised_copy
+from support import penalised_copy, eval_logprobs
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -61,7 +61,7 @@ def sampler_vs_trainer(engine: VLLMEngine, module: PolicyModule, prompts: list[l
     for prompt, group in zip(prompts, groups):
         for completion in group:
             ids = torch.tensor([prompt + list(completion.token_ids)])
-            logp = batched_sequence_logprobs(module.policy, ids, torch.ones_like(ids, dtype=torch.bool), 1.0)
+            logp = eval_logprobs(module.policy, ids, torch.ones_like(ids, dtype=torch.bool), 1.0)
             trainer_lp = logp[0, len(prompt):]
             worst = max(worst, (trainer_lp - torch.tensor(completion.logprobs)).abs().max().item())
     return worst
@@ -82,7 +82,7 @@ def restricted_check(engine: VLLMEngine, module: PolicyModule, prompts: list[lis
             row = torch.tensor([prompt + list(completion.token_ids)])
             table = torch.tensor([list(ids) if ids is not None else [-1]])
             constraint = FirstTokenConstraint(torch.tensor([len(prompt)]), table)
-            logp = batched_sequence_logprobs(module.policy, row, torch.ones_like(row, dtype=torch.bool), 1.0,
+            logp = eval_logprobs(module.policy, row, torch.ones_like(row, dtype=torch.bool), 1.0,
                                              constraint=constraint)[0, len(prompt):]
             worst = max(worst, (logp - torch.tensor(completion.logprobs)).abs().max().item())
             if ids is not None:

@@ -16,7 +16,7 @@ class SamplingSpec:
     """How to sample one engine call.
 
     Training rollouts sample from the full distribution (no top-k, top-p 1): truncation would bias the importance
-    ratio. ``allowed_token_ids`` / ``banned_token_ids`` hold one list per prompt (or ``None``) and restrict the
+    ratio. ``allowed_token_ids`` holds one list per prompt (or ``None``) and restricts the
     first token of the completion, e.g. the risk rule forcing a defer.
     """
 
@@ -26,7 +26,6 @@ class SamplingSpec:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     allowed_token_ids: tuple[tuple[int, ...] | None, ...] | None = None
-    banned_token_ids: tuple[tuple[int, ...] | None, ...] | None = None
 
 
 @dataclass(frozen=True)

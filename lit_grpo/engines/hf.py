@@ -87,7 +87,6 @@ class HFEngine:
             uniforms=None if sampling.greedy else prompt_uniforms(seeds, n, sampling.max_new_tokens, model.device),
             temperature=1.0 if sampling.greedy else sampling.temperature,
             allowed=row_constraint(sampling.allowed_token_ids, chunk, n),
-            banned=row_constraint(sampling.banned_token_ids, chunk, n),
             stop_ids=torch.tensor(sampling.stop_token_ids, dtype=torch.long, device=model.device),
             max_new_tokens=sampling.max_new_tokens,
         )

@@ -42,19 +42,16 @@ def prompt_uniforms(seeds: list[int], n: int, steps: int, device: torch.device) 
     return torch.cat(blocks).to(device)
 
 
-def restrict_first_token(scores: torch.Tensor, allowed: list[tuple[int, ...] | None],
-                         banned: list[tuple[int, ...] | None]) -> torch.Tensor:
-    """``scores [R, V]`` with ``-inf`` where a row's first token is excluded: outside its allowed ids (``None`` =
-    all allowed) or among its banned ones; unchanged when no row is constrained."""
-    if all(a is None for a in allowed) and all(b is None for b in banned):
+def restrict_first_token(scores: torch.Tensor, allowed: list[tuple[int, ...] | None]) -> torch.Tensor:
+    """``scores [R, V]`` with ``-inf`` where a row's first token is outside its allowed ids (``None`` = all
+    allowed); unchanged when no row is constrained."""
+    if all(a is None for a in allowed):
         return scores
     blocked = torch.zeros(scores.shape, dtype=torch.bool)  # [R, V], built on the CPU row by row
-    for row, (allow, ban) in enumerate(zip(allowed, banned)):
+    for row, allow in enumerate(allowed):
         if allow is not None:
             blocked[row] = True
             blocked[row, list(allow)] = False
-        if ban is not None:
-            blocked[row, list(ban)] = True
     return scores.masked_fill(blocked.to(scores.device), float("-inf"))
 
 
@@ -81,12 +78,11 @@ def shared_prefill(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
 @dataclass
 class Decoding:
     """What one decode call samples: ``uniforms [R, S]`` (``None`` = greedy), the temperature, each row's allowed
-    and banned first tokens (``None`` = no constraint), and the stop ids ``[K]`` that end a row."""
+    first tokens (``None`` = no constraint), and the stop ids ``[K]`` that end a row."""
 
     uniforms: torch.Tensor | None
     temperature: float
     allowed: list[tuple[int, ...] | None]
-    banned: list[tuple[int, ...] | None]
     stop_ids: torch.Tensor
     max_new_tokens: int
 
@@ -119,7 +115,7 @@ def decode(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, ca
             work.append(torch.empty(logits.shape, dtype=torch.float64, device=device))
         scores, logp = work[0].copy_(logits).div_(how.temperature), work[1]
         if steps == 0:
-            scores = restrict_first_token(scores, how.allowed, how.banned)
+            scores = restrict_first_token(scores, how.allowed)
         torch.log_softmax(scores, dim=-1, out=logp)
         token = logp.argmax(-1) if how.uniforms is None else draw_tokens(logp, how.uniforms[:, steps], work[2:])
         tokens[:, steps] = token

@@ -145,8 +145,6 @@ class VLLMEngine:
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSpec) -> list[list[Completion]]:
         if self._llm is None:
             raise RuntimeError("VLLMEngine has no policy: call push_policy(model) first")
-        if sampling.banned_token_ids is not None:
-            raise ValueError("VLLMEngine takes first-token constraints as allowed_token_ids only, not banned ones")
         allowed = sampling.allowed_token_ids or (None,) * len(prompts)
         free = [i for i, ids in enumerate(allowed) if ids is None]
         results: list[list[Completion] | None] = [None] * len(prompts)

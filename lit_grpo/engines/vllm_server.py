@@ -201,7 +201,7 @@ class VLLMServerEngine:
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSpec) -> list[list[Completion]]:
         if self._adapter is None:
             raise RuntimeError("VLLMServerEngine has no policy: call push_policy(model) first")
-        if sampling.allowed_token_ids is not None or sampling.banned_token_ids is not None:
+        if sampling.allowed_token_ids is not None:
             raise ValueError("VLLMServerEngine does not take per-request token constraints; use the hf engine for them")
         name = self._adapter[0]
         bodies = [completion_request(name, prompt, n, sampling, index) for index, prompt in enumerate(prompts)]
