@@ -123,8 +123,10 @@ def serve_minibatches(
 ) -> list[dict[str, torch.Tensor]]:
     """The buffer ``ppo_epochs`` times over, whole groups shuffled into minibatches of ``minibatch_size`` rows.
 
-    Each minibatch carries ``step_denominator``: the aggregation's count summed over the ``accumulate`` minibatches
-    that make up its optimizer step, so the loss of a step does not depend on how it is split.
+    Each minibatch carries each loss's count summed over the ``accumulate`` minibatches that make up its optimizer
+    step, so the loss of a step does not depend on how it is split: ``step_denominator`` (the policy loss's
+    aggregation), ``step_value_tokens`` (counted tokens: the value loss's) and ``step_risk_rows`` (rows that
+    inferred: the risk head's).
     """
     sizes = buffer.sizes
     offsets = [0]
@@ -142,15 +144,24 @@ def serve_minibatches(
                 pending = []
         if pending:
             batches.append(minibatch(buffer, torch.cat(pending)))
-    mask_counts = [
-        aggregation_terms(b["completion_mask"].float(), b["completion_mask"], aggregation, buffer.max_new_tokens)[1]
-        for b in batches
-    ]
+    counts = [minibatch_counts(b, aggregation, buffer.max_new_tokens) for b in batches]
     for index, batch in enumerate(batches):
         # Lightning accumulates consecutive batches and steps on the epoch's last batch even if the group is short
         step_start = index // accumulate * accumulate
-        batch["step_denominator"] = torch.stack(mask_counts[step_start : step_start + accumulate]).sum()
+        batch.update({key: torch.stack([c[key] for c in counts[step_start : step_start + accumulate]]).sum()
+                      for key in counts[index]})
     return batches
+
+
+def minibatch_counts(batch: dict[str, torch.Tensor], aggregation: str, max_new_tokens: int) -> dict[str, torch.Tensor]:
+    """One minibatch's count for each loss: the policy aggregation's, its counted tokens and its inferring rows."""
+    mask = batch["completion_mask"]
+    inferred = batch.get("inferred")
+    return {
+        "step_denominator": aggregation_terms(mask.float(), mask, aggregation, max_new_tokens)[1],
+        "step_value_tokens": mask.float().sum(),
+        "step_risk_rows": mask.new_tensor(0.0, dtype=torch.float32) if inferred is None else inferred.float().sum(),
+    }
 
 
 def minibatch(buffer: RolloutBuffer, rows: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -1,9 +1,10 @@
 """Several ranks, one algorithm (design §2 DDP notes, §5 normalisers).
 
 Each rank generates rollouts for its own contiguous share of the epoch's prompts and trains on them; advantages stay
-inside groups, so no rank needs another's rollouts. What ranks must share is the loss normaliser of each optimizer
-step (the count over all ranks' minibatches of that step) and the number of minibatches (a rank that stepped
-fewer times would leave the others waiting in a gradient all-reduce forever).
+inside groups, so no rank needs another's rollouts. What ranks must share is each loss's normaliser of each
+optimizer step (the count over all ranks' minibatches of that step), the statistics that span the whole batch
+(PPO's advantage whitening, GRPO's batch std) and the number of minibatches (a rank that stepped fewer times would
+leave the others waiting in a gradient all-reduce forever).
 """
 
 from __future__ import annotations
@@ -52,10 +53,36 @@ def check_distributed_data(trainer: Any, datamodule: Any) -> None:
         raise ValueError(f"{trainer.world_size} ranks: " + "; ".join(problems))
 
 
+STEP_COUNTS = ("step_denominator", "step_value_tokens", "step_risk_rows")  # one normaliser per loss (design §5)
+
+
+def summed_over_ranks(values: torch.Tensor, strategy: Any, world_size: int) -> torch.Tensor:
+    """``values`` summed elementwise over all ranks (itself with one rank), back on its own device."""
+    if world_size == 1:
+        return values
+    return strategy.reduce(values.to(strategy.root_device), reduce_op="sum").to(values.device)
+
+
+def global_moments(values: torch.Tensor, strategy: Any = None,
+                   world_size: int = 1) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """Count, mean and population std of ``values [M]`` pooled over every rank's (two passes: the squared
+    deviations are summed around the pooled mean), as one process holding all of them computes them; mean and std
+    in ``values``' dtype, 0 when no rank has any. Example: ranks with [1, 3] and [5]: 3, mean 3, std sqrt(8 / 3)."""
+    pooled = values.double()
+    count_and_sum = summed_over_ranks(torch.stack([pooled.new_tensor(float(pooled.numel())), pooled.sum()]),
+                                      strategy, world_size)
+    count = int(count_and_sum[0])
+    if count == 0:
+        return 0, values.new_tensor(0.0), values.new_tensor(0.0)
+    mean = count_and_sum[1] / count
+    squares = summed_over_ranks((pooled - mean).square().sum(), strategy, world_size)
+    return count, mean.to(values.dtype), (squares / count).sqrt().to(values.dtype)
+
+
 def global_step_denominators(batches: list[dict[str, torch.Tensor]], strategy: Any, world_size: int) -> None:
-    """Replace each minibatch's ``step_denominator`` (its optimizer step's count on this rank) by the count summed
-    over all ranks, in place. Every rank must serve the same number of minibatches: checked here, where a mismatch
-    is an error on every rank rather than a hang at the first missing all-reduce."""
+    """Replace each minibatch's step counts (``STEP_COUNTS``: each loss's count over its optimizer step on this
+    rank) by the counts summed over all ranks, in place. Every rank must serve the same number of minibatches:
+    checked here, where a mismatch is an error on every rank rather than a hang at the first missing all-reduce."""
     if world_size == 1:
         return
     device = strategy.root_device  # NCCL reduces CUDA tensors only
@@ -67,10 +94,10 @@ def global_step_denominators(batches: list[dict[str, torch.Tensor]], strategy: A
         )
     if not batches:
         return
-    local = torch.stack([batch["step_denominator"].float() for batch in batches]).to(device)  # [num_batches]
-    summed = strategy.reduce(local, reduce_op="sum")  # [num_batches]
-    for batch, denominator in zip(batches, summed.cpu()):
-        batch["step_denominator"] = denominator
+    local = torch.stack([torch.stack([batch[key].float() for key in STEP_COUNTS]) for batch in batches])  # [B, 3]
+    summed = strategy.reduce(local.to(device), reduce_op="sum").cpu()  # [num_batches, 3]
+    for batch, counts in zip(batches, summed):
+        batch.update(zip(STEP_COUNTS, counts))
 
 
 def distributed_config_problems(trainer_cfg: dict[str, Any], data_args: dict[str, Any]) -> list[str]:

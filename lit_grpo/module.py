@@ -12,6 +12,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lit_grpo.buffer import RolloutBuffer
+from lit_grpo.distributed import global_moments
 from lit_grpo.input_check import InputError, check_inputs
 from lit_grpo.logprobs import (
     CHUNK_TOKENS,
@@ -45,6 +46,11 @@ from lit_grpo.tree import ValueMode
 from lit_grpo.tree_rollout import tree_row_advantages
 from lit_grpo.validation import GreedyEvaluation
 from lit_grpo.value_head import ValueHead, aligned_values, value_loss
+
+
+def share(local: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """``local / total`` as a float, 0 when the step counts nothing (then no minibatch of it has a term either)."""
+    return local.float() / total if total > 0 else local.new_tensor(0.0, dtype=torch.float32)
 
 
 class PolicyModule(pl.LightningModule):
@@ -262,7 +268,7 @@ class PolicyModule(pl.LightningModule):
             rewards = rewards - self.loss.kl_coef * k1.sum(dim=1)
         grouped = rewards.view(-1, buffer.group_size)  # [B, G]
         if self.hparams.std_scope == "batch" and self.loss.advantage_mode == "grpo":
-            advantages = batch_std_advantages(grouped)
+            advantages = batch_std_advantages(grouped, std=global_moments(rewards, *self.ranks())[2])
         else:
             advantages = group_advantages(grouped, self.loss.advantage_mode)
         buffer.advantages = advantages.flatten()  # [N]
@@ -282,10 +288,15 @@ class PolicyModule(pl.LightningModule):
         beta = self.loss.kl_coef if self.loss.kl_in == "reward" else 0.0
         token_rewards = kl_shaped_rewards(buffer.rewards, k1, mask, beta)
         advantages, returns = gae(token_rewards, buffer.values, mask, self.hparams.gamma, self.hparams.gae_lambda)
-        counted = advantages[mask]
-        if counted.numel() > 1:
-            advantages = torch.where(mask, (advantages - counted.mean()) / (counted.std(correction=0) + 1e-6), 0.0)
+        count, mean, std = global_moments(advantages[mask], *self.ranks())  # over every rank's counted tokens
+        if count > 1:
+            advantages = torch.where(mask, (advantages - mean) / (std + 1e-6), 0.0)
         return advantages, returns
+
+    def ranks(self) -> tuple[Any, int]:
+        """``(strategy, world size)`` for statistics pooled over ranks; ``(None, 1)`` outside a trainer."""
+        trainer = self._trainer
+        return (None, 1) if trainer is None else (trainer.strategy, trainer.world_size)
 
     # --- training ----------------------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, Any]:
@@ -306,35 +317,48 @@ class PolicyModule(pl.LightningModule):
             logp, batch["old_logp"], batch["advantages"], completion_mask, loss_cfg.variant,
             loss_cfg.clip_eps, loss_cfg.clip_eps_high, loss_cfg.aggregation, max_new_tokens,
         )
-        loss = surrogate
+        policy_part = surrogate
         stats = dict(stats, surrogate=surrogate.detach())
         if loss_cfg.needs_reference and loss_cfg.kl_in == "loss":
             kl = masked_aggregate(
                 kl_divergence(logp, batch["ref_logp"], loss_cfg.kl_estimator), completion_mask,
                 loss_cfg.aggregation, max_new_tokens,
             )
-            loss = loss + loss_cfg.kl_coef * kl
+            policy_part = policy_part + loss_cfg.kl_coef * kl
             stats["kl_ref"] = kl.detach()
-        if self.risk_head is not None:
-            risk_loss, risk_stats = risk_head_loss(self.risk_head, hidden, batch)
-            loss = loss + self.risk_spec.coef * risk_loss
-            stats.update(risk_stats)
-        if self.value_head is not None:
-            values = aligned_values(self.value_head, hidden, batch["attention_mask"])
-            vf_loss, vf_stats = value_loss(values, batch["old_values"], batch["returns"], completion_mask,
-                                           self.hparams.vf_clip)
-            loss = loss + self.hparams.vf_coef * vf_loss
-            stats.update(vf_stats, value_loss=vf_loss.detach())
+        local_count = aggregation_terms(logp.detach(), completion_mask, loss_cfg.aggregation, max_new_tokens)[1]
+        # each loss is its minibatch mean times the minibatch's share of that loss's count over the optimizer step
+        # (every rank's minibatches): a step's gradient is each loss's sum over the step divided by its own count
+        loss, reported = policy_part * (local_count / batch["step_denominator"]), policy_part.detach()
+        if self.risk_head is not None or self.value_head is not None:
+            scaled, unscaled, head_stats = self.head_losses(hidden, batch)
+            loss, reported, stats = loss + scaled, reported + unscaled, {**stats, **head_stats}
         if batch_idx == 0 and "sampler_logp" in batch:  # no update yet this epoch: logp is the trainer's pi_old
             stats.update(sampler_agreement(logp.detach(), batch["sampler_logp"], completion_mask))
-        self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp),
+        self.log("train/loss", reported, prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp),
                  sync_dist=True)
-        local_count = aggregation_terms(logp.detach(), completion_mask, loss_cfg.aggregation, max_new_tokens)[1]
-        # Lightning divides by the accumulation count and DDP averages over ranks: undo both, so a step's gradient is
-        # its counted sum over every minibatch and rank divided by the step's global count (design §5)
+        # Lightning divides by the accumulation count and DDP averages over ranks: undo both (design §5)
         undo_averaging = self.trainer.accumulate_grad_batches * self.trainer.world_size
-        step_scale = local_count / batch["step_denominator"] * undo_averaging
-        return {"loss": loss * step_scale, "stats": stats}
+        return {"loss": loss * undo_averaging, "stats": stats}
+
+    def head_losses(self, hidden: torch.Tensor,
+                    batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """The risk and value heads' losses weighted by their coefficients: ``(scaled, unscaled, stats)``, scaled
+        by the minibatch's share of each loss's own count over the step (inferring rows; counted tokens)."""
+        scaled, unscaled, stats = hidden.new_tensor(0.0), hidden.new_tensor(0.0), {}
+        if self.risk_head is not None:
+            risk_loss, risk_stats = risk_head_loss(self.risk_head, hidden, batch)
+            weighted = self.risk_spec.coef * risk_loss
+            scaled = scaled + weighted * share(batch["inferred"].sum(), batch["step_risk_rows"])
+            unscaled, stats = unscaled + weighted.detach(), {**stats, **risk_stats}
+        if self.value_head is not None:
+            mask = batch["completion_mask"]
+            values = aligned_values(self.value_head, hidden, batch["attention_mask"])
+            vf_loss, vf_stats = value_loss(values, batch["old_values"], batch["returns"], mask, self.hparams.vf_clip)
+            weighted = self.hparams.vf_coef * vf_loss
+            scaled = scaled + weighted * share(mask.sum(), batch["step_value_tokens"])
+            unscaled, stats = unscaled + weighted.detach(), {**stats, **vf_stats, "value_loss": vf_loss.detach()}
+        return scaled, unscaled, stats
 
     def dpo_step(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
         """Online DPO: the mean DPO loss over the minibatch's pairs (a minibatch without a pair gives 0)."""

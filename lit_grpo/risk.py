@@ -106,16 +106,6 @@ def error_probability(probs: torch.Tensor, atoms: torch.Tensor, success_threshol
     return (probs * (atoms < success_threshold).to(probs.dtype)).sum(-1)
 
 
-def lower_cvar(probs: torch.Tensor, atoms: torch.Tensor, level: float) -> torch.Tensor:
-    """CVaR at ``level`` in (0, 1]: the mean return over the worst ``level`` share of the distribution ``[...]``.
-
-    Example: atoms [-1, 0, 1], probs [0.2, 0.3, 0.5]: CVaR 0.1 = -1; CVaR 0.5 = (0.2 * -1 + 0.3 * 0) / 0.5 = -0.4.
-    """
-    before = probs.cumsum(-1) - probs  # [..., K] mass of the atoms below each one
-    taken = torch.minimum(probs, (level - before).clamp(min=0))  # [..., K]
-    return (taken * atoms).sum(-1) / level
-
-
 def forced_defer(p_error: torch.Tensor, tau: float | None) -> torch.Tensor:
     """The rule: infer only if P(error) <= tau, so a defer is forced where P(error) > tau; ``tau=None`` is the
     always-defer state (no tau was feasible). ``[B]`` bool."""

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
-from lit_grpo.logprobs import CHUNK_TOKENS, FirstTokenConstraint, logprobs_and_hidden
 from lit_grpo.losses import masked_mean
 
 
@@ -22,24 +19,6 @@ class ValueHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.linear(hidden.float()).squeeze(-1)  # [N, L]
-
-
-def logprobs_and_values(
-    model: Any,
-    head: ValueHead,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperature: float,
-    constraint: FirstTokenConstraint | None = None,
-    token_mask: torch.Tensor | None = None,
-    chunk_tokens: int = CHUNK_TOKENS,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward: per-token log-probs (of the ``token_mask`` tokens, as ``sequence_logprobs``) and values
-    ``[N, L]``; ``values[:, t]`` is the value of the state before token t is generated (0 in column 0 and on
-    padding)."""
-    logp, hidden = logprobs_and_hidden(model, input_ids, attention_mask, temperature, constraint, token_mask,
-                                       chunk_tokens)
-    return logp, aligned_values(head, hidden, attention_mask)
 
 
 def aligned_values(head: ValueHead, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

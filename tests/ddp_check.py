@@ -2,7 +2,7 @@
 adapter after every optimizer step. Run by test_ddp.py: DDP as a subprocess (Lightning re-launches this script for
 rank 1), the one-process run in the test's own process.
 
-Usage: python tests/ddp_check.py ddp {seq-mean|token-mean} MODEL_DIR OUT_DIR
+Usage: python tests/ddp_check.py ddp CASE MODEL_DIR OUT_DIR, CASE one of ``CASES``
 """
 
 from __future__ import annotations
@@ -25,6 +25,14 @@ from lit_grpo.engines import Completion, SamplingSpec  # noqa: E402
 from lit_grpo.module import PolicyModule  # noqa: E402
 
 PROMPTS_PER_EPOCH, GROUP_SIZE, PPO_EPOCHS, ACCUMULATE = 8, 4, 2, 2
+# the module's arguments per case: two aggregations of GRPO, PPO (value head, GAE whitened over the whole batch,
+# KL in the reward) and GRPO with the batch's std (statistics that span every rank's rollouts)
+CASES = {
+    "token-mean": {"aggregation": "token-mean"},
+    "seq-mean": {"aggregation": "seq-mean"},
+    "ppo": {"aggregation": "token-mean", "advantage_mode": "gae", "kl_in": "reward", "vf_coef": 0.5},
+    "batch-std": {"aggregation": "seq-mean", "std_scope": "batch"},
+}
 
 
 class PerPromptSeededEngine:
@@ -96,7 +104,7 @@ class FixedAdapterInit(pl.Callback):
                     param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
 
 
-def run(mode: str, aggregation: str, model_dir: str, out: Path) -> None:
+def run(mode: str, case: str, model_dir: str, out: Path) -> None:
     """``ddp``: 2 ranks with half the epoch's prompts each; ``single``: one process with all of them. The same
     optimizer steps cover the same sequences in both: each step takes the whole epoch's buffer (every rank's)."""
     if mode == "ddp":
@@ -105,7 +113,7 @@ def run(mode: str, aggregation: str, model_dir: str, out: Path) -> None:
     pl.seed_everything(0)
     ranks = 2 if mode == "ddp" else 1
     module = PolicyModule(model_name_or_path=model_dir, lora_rank=4, lora_alpha=8, kl_coef=0.04, dtype="float32",
-                          aggregation=aggregation, optimizer=lambda p: torch.optim.SGD(p, lr=0.5))
+                          optimizer=lambda p: torch.optim.SGD(p, lr=0.5), **CASES[case])
     rows_per_rank = PROMPTS_PER_EPOCH * GROUP_SIZE // ranks
     datamodule = RolloutDataModule(task=DigitShareTask(), engine=engine_for(model_dir), group_size=GROUP_SIZE,
                                    prompts_per_epoch=PROMPTS_PER_EPOCH, minibatch_size=rows_per_rank // ACCUMULATE,

@@ -20,7 +20,6 @@ from lit_grpo.risk import (
     expected_calibration_error,
     first_token_constraints,
     forced_defer,
-    lower_cvar,
     risk_loss,
     selective_error,
     two_hot,
@@ -47,13 +46,10 @@ def test_risk_loss_is_the_cross_entropy_against_the_two_hot_target():
     assert risk_loss(torch.zeros(0, 3, requires_grad=True), torch.zeros(0), ATOMS).item() == 0.0
 
 
-def test_error_probability_and_cvar():
+def test_error_probability():
     probs = torch.tensor([[0.2, 0.3, 0.5]])
     assert error_probability(probs, ATOMS, 0.0).item() == pytest.approx(0.2)  # only the atom below 0
     assert error_probability(probs, ATOMS, 0.5).item() == pytest.approx(0.5)  # atoms -1 and 0
-    assert lower_cvar(probs, ATOMS, 0.1).item() == pytest.approx(-1.0)
-    assert lower_cvar(probs, ATOMS, 0.5).item() == pytest.approx(-0.4)
-    assert lower_cvar(probs, ATOMS, 1.0).item() == pytest.approx(0.3)  # the mean
 
 
 def test_a_fresh_head_is_uniform_over_its_atoms():
@@ -112,3 +108,24 @@ def test_restricted_first_token_renormalises_over_the_allowed_ids_only():
     assert logp[1, 1].item() == pytest.approx(math.log(0.5), abs=1e-7)  # ids 1 and 2 tie at logit 0
     assert torch.equal(logp[2], free[2])
     assert torch.equal(logp[:, [0, 2]], free[:, [0, 2]])  # other positions untouched
+
+
+def test_the_risk_loss_is_scaled_by_its_own_step_count_of_inferring_rows():
+    # issue 18, bug 4: the risk head's loss took the policy aggregation's share of the step; it takes its own: the
+    # minibatch's inferring rows over the step's
+    from lit_grpo.module import PolicyModule
+
+    spec = RiskHeadSpec(v_min=-1.0, v_max=1.0, num_atoms=3, coef=2.0)
+    module = PolicyModule(risk=dict(v_min=-1.0, v_max=1.0, num_atoms=3, coef=2.0))
+    module.risk_head = RiskHead(2, spec)  # zero weights: uniform over the atoms -1, 0, 1
+    hidden = torch.zeros(2, 3, 2)
+    batch = {"inferred": torch.tensor([True, False]), "decision_index": torch.tensor([1, 1]),
+             "rewards": torch.tensor([0.5, -1.0]), "step_risk_rows": torch.tensor(4.0),
+             "step_denominator": torch.tensor(2.0)}
+    scaled, unscaled, _ = module.head_losses(hidden, batch)
+    # one inferring row, return 0.5: target [0, 0.5, 0.5] against uniform -> cross-entropy log 3, weighted x 2;
+    # the step's 4 inferring rows: 2 log 3 x 1/4 (by the policy's share, 2 rows of 2, it was 2 log 3 x 1)
+    assert unscaled.item() == pytest.approx(2 * math.log(3), abs=1e-6)
+    assert scaled.item() == pytest.approx(2 * math.log(3) / 4, abs=1e-6)
+    batch["step_risk_rows"] = torch.tensor(0.0)  # no inferring row in the step: no term at all
+    assert module.head_losses(hidden, batch)[0].item() == 0.0

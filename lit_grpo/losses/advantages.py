@@ -60,11 +60,12 @@ def zero_flat_groups(advantages: torch.Tensor, rewards: torch.Tensor) -> torch.T
     return torch.where(flat, torch.zeros_like(advantages), advantages)
 
 
-def batch_std_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def batch_std_advantages(rewards: torch.Tensor, eps: float = 1e-6, std: torch.Tensor | None = None) -> torch.Tensor:
     """GRPO advantages with the population std taken over the whole batch instead of each group.
 
     ``(r_i - mean(group)) / (std(all rewards in the batch) + eps)``, ``[B, G]`` -> ``[B, G]``; flat groups stay
-    exactly 0. Less noisy than the per-group std on small groups and does not up-weight near-flat groups.
+    exactly 0. Less noisy than the per-group std on small groups and does not up-weight near-flat groups. ``std``:
+    the batch's std when ``rewards`` is only this rank's share of it.
     """
     centered = group_advantages(rewards, mode="centered")  # [B, G], flat groups already 0
-    return centered / (rewards.std(correction=0) + eps)
+    return centered / ((rewards.std(correction=0) if std is None else std) + eps)
