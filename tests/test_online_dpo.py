@@ -45,7 +45,17 @@ def test_online_dpo_trains(tmp_path):
                          callbacks=[RolloutMetrics(table_every_n_epochs=0)])
     trainer.fit(module, datamodule)
     assert datamodule.buffer.ref_logp is not None  # DPO needs pi_ref even with kl_coef 0
-    assert datamodule.buffer.pair_role.abs().sum() > 0
+    buffer = datamodule.buffer
+    # the pairs of the last epoch's real rollouts: in each group of 4, the best row chosen and the worst rejected,
+    # no pair where every reward ties
+    for group, (rewards, roles) in enumerate(zip(buffer.rewards.view(-1, 4), buffer.pair_role.view(-1, 4))):
+        if rewards.max() == rewards.min():
+            assert roles.tolist() == [0, 0, 0, 0]
+            continue
+        assert sorted(roles.tolist()) == [-1, 0, 0, 1]
+        assert rewards[roles == 1].item() == rewards.max() and rewards[roles == -1].item() == rewards.min()
+        assert buffer.pair_id.view(-1, 4)[group][roles != 0].tolist() == [group, group]
+    assert buffer.pair_role.abs().sum() > 0  # the seed gives groups with a pair
     assert math.isfinite(float(trainer.callback_metrics["train/dpo_reward_margin"]))
     lora_b = [p for n, p in module.policy.named_parameters() if "lora_B" in n and p.requires_grad]
     assert any(p.abs().sum() > 0 for p in lora_b)  # B starts at zero: the adapter moved

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -34,3 +36,33 @@ def test_ppo_trains_value_head_and_adapter(tmp_path):
         assert math.isfinite(float(trainer.callback_metrics[key]))
     checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
     assert {"value_head.linear.weight", "value_head.linear.bias"} <= set(checkpoint["state_dict"])
+
+
+def test_gae_wiring_kl_shaped_rewards_and_whitening_by_hand():
+    # two rows; row 0 counts tokens 1-2, row 1 token 1. k1 = old - ref = 0.5 at row 0 token 1, beta 0.5: token
+    # rewards row 0 [0, -0.25, 0 + 1 (its reward, on its last counted token)], row 1 [0, 0 + 0, 0]
+    module = PolicyModule(advantage_mode="gae", kl_coef=0.5, kl_in="reward", gamma=1.0, gae_lambda=1.0)
+    buffer = SimpleNamespace(
+        completion_mask=torch.tensor([[False, True, True], [False, True, False]]),
+        rewards=torch.tensor([1.0, 0.0]),
+        old_logp=torch.tensor([[0.0, -1.0, -2.0], [0.0, -0.5, 0.0]]),
+        ref_logp=torch.tensor([[0.0, -1.5, -2.0], [0.0, -0.5, 0.0]]),
+        values=torch.tensor([[0.0, 0.5, 0.25], [0.0, 0.1, 0.0]]),
+    )
+    advantages, returns = module.gae_advantages(buffer)
+    # row 0: delta_2 = 1 - 0.25 = 0.75 = A_2; delta_1 = -0.25 + 0.25 - 0.5 = -0.5, A_1 = -0.5 + 0.75 = 0.25;
+    # returns A + V: 0.75, 1.0. Row 1: A_1 = 0 - 0.1 = -0.1, return 0.
+    assert returns.flatten().tolist() == pytest.approx([0.0, 0.75, 1.0, 0.0, 0.0, 0.0], abs=1e-7)
+    # whitened over the three counted tokens [0.25, 0.75, -0.1]: mean 0.3, population std sqrt(0.365 / 3)
+    std = math.sqrt(0.365 / 3) + 1e-6
+    expected = [0.0, -0.05 / std, 0.45 / std, 0.0, -0.4 / std, 0.0]
+    assert advantages.flatten().tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_kl_in_the_loss_leaves_the_rewards_unshaped():
+    module = PolicyModule(advantage_mode="gae", kl_coef=0.5, kl_in="loss", gamma=1.0, gae_lambda=1.0)
+    buffer = SimpleNamespace(completion_mask=torch.tensor([[True, True]]), rewards=torch.tensor([1.0]),
+                             old_logp=torch.tensor([[-1.0, -1.0]]), ref_logp=torch.tensor([[-3.0, -3.0]]),
+                             values=torch.zeros(1, 2))
+    _, returns = module.gae_advantages(buffer)
+    assert returns.tolist() == [[1.0, 1.0]]  # the reward alone, no -beta * k1 = -1 per token

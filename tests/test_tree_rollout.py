@@ -11,7 +11,7 @@ from lit_grpo.engines import Completion, SamplingSpec
 from lit_grpo.tasks import ClarifyTask
 from lit_grpo.tiny import build_char_tokenizer
 from lit_grpo.tree import assign_advantages
-from lit_grpo.tree_rollout import expand_trees, policy_nodes, tree_rows
+from lit_grpo.tree_rollout import expand_trees, policy_nodes, tree_buffer, tree_row_advantages, tree_rows
 
 TOKENIZER = build_char_tokenizer()
 EOS = TOKENIZER.eos_token_id
@@ -73,10 +73,13 @@ def test_tree_expansion_rows_and_advantages():
     # positions: <s> 0, "37+?=" 1-5, "?" 6, </s> 7 (the ancestor's segment), "b=25;" 8-12, "62</s>" 13-15
     assert not rows["completion_mask"][1, :13].any() and rows["completion_mask"][1, 13:16].all()
     assert rows["completion_mask"].sum(dim=1).tolist() == [2, 3, 2, 3]
-    # every counted token of a row carries that node's advantage
-    per_token = torch.tensor([n.advantage for n in nodes])[:, None] * rows["completion_mask"]
-    for row, node in enumerate(nodes):
-        assert torch.all(per_token[row][rows["completion_mask"][row]] == node.advantage)
+    # the buffer's one advantage per row, as the module takes it, in row order (ask, right, ask again, wrong):
+    # Q(ask) = -0.1 + 0.2, Q(wrong) = -1, root baseline (0.1 - 1) / 2; below ask, Q(right) = 1, Q(ask again) = -0.6,
+    # baseline 0.2; each over the tree's sigma of leaf returns (next lines)
+    buffer = tree_buffer([root], TOKENIZER, 1.0, 4, "tree")
+    sigma_eps = statistics.pstdev([0.9, -0.7, -1.0]) + 1e-6
+    by_hand = [(0.1 + 0.45) / sigma_eps, (1.0 - 0.2) / sigma_eps, (-0.6 - 0.2) / sigma_eps, (-1.0 + 0.45) / sigma_eps]
+    assert tree_row_advantages(buffer, "grpo", "mean").tolist() == pytest.approx(by_hand, abs=1e-7)  # float32
     # hand check (mean values): V(ask_again) = -0.5, Q = -0.6; V(ask) = (1 - 0.6) / 2 = 0.2, Q(ask) = 0.1;
     # leaf returns: 0.9 (ask, right), -0.7 (ask, ask, no answer), -1 (wrong): mean -4/15, sigma 0.8498366
     sigma = statistics.pstdev([0.9, -0.7, -1.0])
