@@ -190,7 +190,7 @@ class RolloutDataModule(pl.LightningDataModule):
         generator = torch.Generator().manual_seed(self.epoch_seed(epoch, "shuffle"))
         batches = serve_minibatches(
             self.buffer, self.minibatch_size, self.ppo_epochs, trainer.accumulate_grad_batches,
-            module.loss.aggregation, generator,
+            module.objective.aggregation, generator,
         )
         global_step_denominators(batches, trainer.strategy, trainer.world_size)  # design §5: over all ranks
         return DataLoader(batches, batch_size=None, shuffle=False)

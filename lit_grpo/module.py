@@ -12,7 +12,6 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lit_grpo.buffer import RolloutBuffer
-from lit_grpo.distributed import global_moments
 from lit_grpo.input_check import InputError, check_inputs
 from lit_grpo.logprobs import (
     CHUNK_TOKENS,
@@ -27,23 +26,18 @@ from lit_grpo.losses import (
     Aggregation,
     KLEstimator,
     aggregation_terms,
-    batch_std_advantages,
-    gae,
-    group_advantages,
     kl_divergence,
-    kl_shaped_rewards,
     masked_aggregate,
     policy_loss,
-    truncated_importance_weights,
 )
 from lit_grpo.model_loading import completion_stop_ids, load_policy, load_tokenizer, resolve_model_path
-from lit_grpo.module_config import LossSettings, module_config_problems
-from lit_grpo.online_dpo import assign_pairs, online_dpo_loss
+from lit_grpo.module_config import Objective, module_config_problems
+from lit_grpo.online_dpo import online_dpo_loss
 from lit_grpo.packed import TokenLogprobs
 from lit_grpo.risk import RiskHead, RiskHeadSpec
 from lit_grpo.risk_rollout import batch_constraint, risk_head_loss
+from lit_grpo.rollout_advantages import AdvantageKnobs, assign_advantages
 from lit_grpo.tree import ValueMode
-from lit_grpo.tree_rollout import tree_row_advantages
 from lit_grpo.validation import GreedyEvaluation
 from lit_grpo.value_head import ValueHead, aligned_values, value_loss
 
@@ -162,7 +156,7 @@ class PolicyModule(pl.LightningModule):
         # hparams go into checkpoints, which load with weights_only=True: keep the risk spec a plain mapping there
         risk = dataclasses.asdict(risk) if isinstance(risk, RiskHeadSpec) else risk
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
-        self.loss = LossSettings.from_arguments(arguments)
+        self.objective = Objective.from_arguments(arguments)
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
         self.strict_loading = False  # checkpoints hold the trainable weights only, not the frozen base
@@ -233,7 +227,7 @@ class PolicyModule(pl.LightningModule):
             buffer.old_logp = self.token_logprobs.batched(self.policy, *rows, constraint).cpu()
         else:
             buffer.old_logp = buffer.sampler_logp
-        if self.loss.needs_reference:
+        if self.objective.needs_reference:
             with self.reference_active():
                 buffer.ref_logp = self.token_logprobs.batched(self.policy, *rows, constraint).cpu()
         if self.value_head is not None:
@@ -250,48 +244,11 @@ class PolicyModule(pl.LightningModule):
         return chunked_eval(self.policy, input_ids.shape[0], rows_per_chunk, forward)
 
     def assign_advantages(self, buffer: RolloutBuffer) -> None:
-        """Group advantages of the rewards (less beta * KL when ``kl_in='reward'``), or of the trees."""
-        if buffer.trees is not None:
-            if self.loss.kl_in == "reward" and self.loss.kl_coef > 0:
-                raise ValueError("kl_in='reward' is for grouped rollouts; use kl_in='loss' with tree or chain rollouts")
-            buffer.advantages = tree_row_advantages(buffer, self.loss.advantage_mode, self.hparams.tree_value_mode)
-            return
-        if self.value_head is not None:
-            buffer.advantages, buffer.returns = self.gae_advantages(buffer)
-            return
-        if self.loss.variant == "dpo":
-            assign_pairs(buffer)
-            return
-        rewards = buffer.rewards
-        if self.loss.kl_in == "reward" and self.loss.kl_coef > 0:
-            k1 = kl_divergence(buffer.old_logp, buffer.ref_logp, "k1") * buffer.completion_mask  # [N, L]
-            rewards = rewards - self.loss.kl_coef * k1.sum(dim=1)
-        grouped = rewards.view(-1, buffer.group_size)  # [B, G]
-        if self.hparams.std_scope == "batch" and self.loss.advantage_mode == "grpo":
-            advantages = batch_std_advantages(grouped, std=global_moments(rewards, *self.ranks())[2])
-        else:
-            advantages = group_advantages(grouped, self.loss.advantage_mode)
-        buffer.advantages = advantages.flatten()  # [N]
-        if self.hparams.tis_cap is not None and buffer.sampler_logp is not None:
-            weights = truncated_importance_weights(
-                buffer.old_logp, buffer.sampler_logp, buffer.completion_mask, self.hparams.tis_cap
-            )  # [N, L]; a positive weight on the surrogate is a weight on the advantage
-            buffer.advantages = buffer.advantages[:, None] * weights  # [N, L]
-
-    def gae_advantages(self, buffer: RolloutBuffer) -> tuple[torch.Tensor, torch.Tensor]:
-        """PPO: per-token rewards (the task reward on the last token, less beta * k1 with ``kl_in='reward'``),
-        GAE against the old values, advantages whitened over the counted tokens.  -> ``([N, L], [N, L])``."""
-        mask = buffer.completion_mask
-        k1 = torch.zeros_like(buffer.old_logp)
-        if self.loss.kl_in == "reward" and self.loss.kl_coef > 0:
-            k1 = kl_divergence(buffer.old_logp, buffer.ref_logp, "k1")
-        beta = self.loss.kl_coef if self.loss.kl_in == "reward" else 0.0
-        token_rewards = kl_shaped_rewards(buffer.rewards, k1, mask, beta)
-        advantages, returns = gae(token_rewards, buffer.values, mask, self.hparams.gamma, self.hparams.gae_lambda)
-        count, mean, std = global_moments(advantages[mask], *self.ranks())  # over every rank's counted tokens
-        if count > 1:
-            advantages = torch.where(mask, (advantages - mean) / (std + 1e-6), 0.0)
-        return advantages, returns
+        """The buffer's advantages (``rollout_advantages.assign_advantages``) with this module's knobs."""
+        hp = self.hparams
+        knobs = AdvantageKnobs(hp.std_scope, hp.tree_value_mode, hp.tis_cap, hp.gamma, hp.gae_lambda,
+                               value_head=self.value_head is not None)
+        assign_advantages(buffer, self.objective, knobs, self.ranks())
 
     def ranks(self) -> tuple[Any, int]:
         """``(strategy, world size)`` for statistics pooled over ranks; ``(None, 1)`` outside a trainer."""
@@ -300,9 +257,9 @@ class PolicyModule(pl.LightningModule):
 
     # --- training ----------------------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, Any]:
-        if self.loss.variant == "dpo":
+        if self.objective.variant == "dpo":
             return self.dpo_step(batch)
-        loss_cfg = self.loss
+        loss_cfg = self.objective
         completion_mask = batch["completion_mask"]
         max_new_tokens = int(batch["max_new_tokens"])
         constraint = batch_constraint(batch)

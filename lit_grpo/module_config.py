@@ -116,8 +116,9 @@ def risk_spec_problems(risk: Any) -> list[str]:
 
 
 @dataclass(frozen=True)
-class LossSettings:
-    """The loss knobs with their defaults filled in (GSPO's clip values when the variant is gspo)."""
+class Objective:
+    """What the module optimises: the advantage, surrogate, aggregation and KL knobs with their defaults filled in
+    (GSPO's clip values when the variant is gspo)."""
 
     advantage_mode: str
     variant: str
@@ -133,7 +134,7 @@ class LossSettings:
         return self.kl_coef > 0 or self.variant == "dpo"
 
     @classmethod
-    def from_arguments(cls, args: dict[str, Any]) -> LossSettings:
+    def from_arguments(cls, args: dict[str, Any]) -> Objective:
         low, high = args["clip_eps"], args["clip_eps_high"]
         if args["loss_variant"] == "gspo" and low is None and high is None:
             low, high = GSPO_CLIP_EPS

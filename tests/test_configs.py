@@ -16,7 +16,7 @@ CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"
 
 
 def test_there_are_configs():
-    assert {"quickstart.yaml", "quickstart_vllm.yaml", "sort.yaml", "clarify_tree.yaml", "clarify_grpo.yaml", "ppo.yaml",
+    assert {"quickstart.yaml", "quickstart_vllm.yaml", "sort.yaml", "clarify_tree.yaml", "clarify_chains.yaml", "ppo.yaml",
             "dpo_online.yaml", "dapo.yaml", "quickstart_server.yaml"} <= {
         path.name for path in CONFIGS
     }

@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lit_grpo.callbacks import RolloutMetrics
 from lit_grpo.datamodule import RolloutDataModule
 from lit_grpo.module import PolicyModule
+from lit_grpo.rollout_advantages import AdvantageKnobs, gae_advantages
 from lit_grpo.tasks import ArithmeticTask
 
 
@@ -41,7 +42,7 @@ def test_ppo_trains_value_head_and_adapter(tmp_path):
 def test_gae_wiring_kl_shaped_rewards_and_whitening_by_hand():
     # two rows; row 0 counts tokens 1-2, row 1 token 1. k1 = old - ref = 0.5 at row 0 token 1, beta 0.5: token
     # rewards row 0 [0, -0.25, 0 + 1 (its reward, on its last counted token)], row 1 [0, 0 + 0, 0]
-    module = PolicyModule(advantage_mode="gae", kl_coef=0.5, kl_in="reward", gamma=1.0, gae_lambda=1.0)
+    objective = PolicyModule(advantage_mode="gae", kl_coef=0.5, kl_in="reward").objective
     buffer = SimpleNamespace(
         completion_mask=torch.tensor([[False, True, True], [False, True, False]]),
         rewards=torch.tensor([1.0, 0.0]),
@@ -49,7 +50,7 @@ def test_gae_wiring_kl_shaped_rewards_and_whitening_by_hand():
         ref_logp=torch.tensor([[0.0, -1.5, -2.0], [0.0, -0.5, 0.0]]),
         values=torch.tensor([[0.0, 0.5, 0.25], [0.0, 0.1, 0.0]]),
     )
-    advantages, returns = module.gae_advantages(buffer)
+    advantages, returns = gae_advantages(buffer, objective, AdvantageKnobs(gamma=1.0, gae_lambda=1.0))
     # row 0: delta_2 = 1 - 0.25 = 0.75 = A_2; delta_1 = -0.25 + 0.25 - 0.5 = -0.5, A_1 = -0.5 + 0.75 = 0.25;
     # returns A + V: 0.75, 1.0. Row 1: A_1 = 0 - 0.1 = -0.1, return 0.
     assert returns.flatten().tolist() == pytest.approx([0.0, 0.75, 1.0, 0.0, 0.0, 0.0], abs=1e-7)
@@ -60,9 +61,9 @@ def test_gae_wiring_kl_shaped_rewards_and_whitening_by_hand():
 
 
 def test_kl_in_the_loss_leaves_the_rewards_unshaped():
-    module = PolicyModule(advantage_mode="gae", kl_coef=0.5, kl_in="loss", gamma=1.0, gae_lambda=1.0)
+    objective = PolicyModule(advantage_mode="gae", kl_coef=0.5, kl_in="loss").objective
     buffer = SimpleNamespace(completion_mask=torch.tensor([[True, True]]), rewards=torch.tensor([1.0]),
                              old_logp=torch.tensor([[-1.0, -1.0]]), ref_logp=torch.tensor([[-3.0, -3.0]]),
                              values=torch.zeros(1, 2))
-    _, returns = module.gae_advantages(buffer)
+    _, returns = gae_advantages(buffer, objective, AdvantageKnobs(gamma=1.0, gae_lambda=1.0))
     assert returns.tolist() == [[1.0, 1.0]]  # the reward alone, no -beta * k1 = -1 per token

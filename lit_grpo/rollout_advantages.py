@@ -1,0 +1,82 @@
+"""The advantages of one epoch's rollout buffer (design §2 step 5): group, batch-std, tree-relative, GAE (PPO) or the
+online-DPO pairs. Statistics that span the whole batch are pooled over every rank (``distributed.global_moments``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lit_grpo.buffer import RolloutBuffer
+from lit_grpo.distributed import global_moments
+from lit_grpo.losses import (
+    batch_std_advantages,
+    gae,
+    group_advantages,
+    kl_divergence,
+    kl_shaped_rewards,
+    truncated_importance_weights,
+)
+from lit_grpo.module_config import Objective
+from lit_grpo.online_dpo import assign_pairs
+from lit_grpo.tree_rollout import tree_row_advantages
+
+
+@dataclass(frozen=True)
+class AdvantageKnobs:
+    """The module's knobs that shape advantages beyond its ``Objective`` (see ``PolicyModule``)."""
+
+    std_scope: str = "group"
+    tree_value_mode: str = "mean"
+    tis_cap: float | None = None
+    gamma: float = 1.0
+    gae_lambda: float = 0.95
+    value_head: bool = False
+
+
+def assign_advantages(buffer: RolloutBuffer, objective: Objective, knobs: AdvantageKnobs,
+                      ranks: tuple[Any, int] = (None, 1)) -> None:
+    """Set ``buffer.advantages`` (and ``returns`` for PPO): of the trees, by GAE with a value head, as DPO pairs, or
+    group advantages of the rewards (less beta * KL when ``kl_in='reward'``). ``ranks``: (strategy, world size)."""
+    if buffer.trees is not None:
+        if objective.kl_in == "reward" and objective.kl_coef > 0:
+            raise ValueError("kl_in='reward' is for grouped rollouts; use kl_in='loss' with tree or chain rollouts")
+        buffer.advantages = tree_row_advantages(buffer, objective.advantage_mode, knobs.tree_value_mode)
+        return
+    if knobs.value_head:
+        buffer.advantages, buffer.returns = gae_advantages(buffer, objective, knobs, ranks)
+        return
+    if objective.variant == "dpo":
+        assign_pairs(buffer)
+        return
+    rewards = buffer.rewards
+    if objective.kl_in == "reward" and objective.kl_coef > 0:
+        k1 = kl_divergence(buffer.old_logp, buffer.ref_logp, "k1") * buffer.completion_mask  # [N, L]
+        rewards = rewards - objective.kl_coef * k1.sum(dim=1)
+    grouped = rewards.view(-1, buffer.group_size)  # [B, G]
+    if knobs.std_scope == "batch" and objective.advantage_mode == "grpo":
+        advantages = batch_std_advantages(grouped, std=global_moments(rewards, *ranks)[2])
+    else:
+        advantages = group_advantages(grouped, objective.advantage_mode)
+    buffer.advantages = advantages.flatten()  # [N]
+    if knobs.tis_cap is not None and buffer.sampler_logp is not None:
+        weights = truncated_importance_weights(
+            buffer.old_logp, buffer.sampler_logp, buffer.completion_mask, knobs.tis_cap
+        )  # [N, L]; a positive weight on the surrogate is a weight on the advantage
+        buffer.advantages = buffer.advantages[:, None] * weights  # [N, L]
+
+
+def gae_advantages(buffer: Any, objective: Objective, knobs: AdvantageKnobs,
+                   ranks: tuple[Any, int] = (None, 1)) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO: per-token rewards (the task reward on the last token, less beta * k1 with ``kl_in='reward'``), GAE
+    against the old values, advantages whitened over every rank's counted tokens.  -> ``([N, L], [N, L])``."""
+    mask = buffer.completion_mask
+    shaped = objective.kl_in == "reward" and objective.kl_coef > 0
+    k1 = kl_divergence(buffer.old_logp, buffer.ref_logp, "k1") if shaped else torch.zeros_like(buffer.old_logp)
+    token_rewards = kl_shaped_rewards(buffer.rewards, k1, mask, objective.kl_coef if shaped else 0.0)
+    advantages, returns = gae(token_rewards, buffer.values, mask, knobs.gamma, knobs.gae_lambda)
+    count, mean, std = global_moments(advantages[mask], *ranks)
+    if count > 1:
+        advantages = torch.where(mask, (advantages - mean) / (std + 1e-6), 0.0)
+    return advantages, returns
