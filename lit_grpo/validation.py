@@ -39,7 +39,8 @@ class GreedyEvaluation:
         for name, value in metrics.items():
             module.log(f"{prefix}/{name}", torch.tensor(value), prog_bar=name == "accuracy", sync_dist=True)
         summary = ", ".join(f"{prefix}/{name} {value:.4f}" for name, value in metrics.items())
-        when = f"after epoch {module.current_epoch}" if module.trainer.state.fn == "fit" else module.trainer.state.fn
+        fn = module.trainer.state.fn
+        when = f"after epoch {module.current_epoch}" if fn == "fit" else getattr(fn, "value", str(fn))
         rank_zero_info(f"{when}: {summary}")
 
     def run_standalone(self, module: Any, datamodule: Any) -> dict[str, float]:

@@ -37,3 +37,44 @@ def test_the_custom_reward_example_trains(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "reward mean" in result.stderr  # the epoch's rollouts were scored by MyReward
     assert list((tmp_path / "runs").rglob("last.ckpt"))
+
+
+def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    command = [sys.executable, "-m", "lit_grpo.cli", "fit", *args, "--trainer.max_epochs", "1",
+               "--trainer.default_root_dir", str(tmp_path / "runs"), "--trainer.enable_progress_bar", "false"]
+    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+
+def package(tmp_path: Path, name: str, first_line: str) -> None:
+    (tmp_path / "my_package").mkdir(exist_ok=True)
+    (tmp_path / "my_package" / "__init__.py").write_text("")
+    (tmp_path / "my_package" / name).write_text(block_starting("python", first_line))
+
+
+def test_the_multi_round_environment_example_trains_as_trees(tmp_path):
+    package(tmp_path, "hint_game.py", "# my_package/hint_game.py")
+    result = run_cli(tmp_path, "--model.model_name_or_path", str(ROOT / "data" / "tiny-llama-clarify"),
+                     "--data.task", "my_package.hint_game.HintGame", "--data.rollout", "tree",
+                     "--data.branching", "[2, 2]", "--data.prompts_per_epoch", "4", "--data.minibatch_size", "8",
+                     "--data.max_new_tokens", "4", "--data.val_max_prompts", "8", "--trainer.limit_val_batches", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    # the game's held-out episodes were played and its trees grown: asking is among what the shipped model does
+    assert re.search(r"epoch 0: 4 prompts, \d+ segments", result.stderr)
+    assert "val/return" in result.stderr or "val/reward" in result.stderr
+
+
+def test_the_callback_example_logs_its_metric(tmp_path):
+    package(tmp_path, "callbacks.py", "# my_package/callbacks.py")
+    (tmp_path / "callbacks.yaml").write_text(block_starting("yaml", "trainer:\n  callbacks:"))
+    result = run_cli(tmp_path, "--config", str(ROOT / "configs" / "quickstart.yaml"), "--config", "callbacks.yaml",
+                     "--model.model_name_or_path", str(ROOT / "data" / "tiny-llama"),
+                     "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+                     "--trainer.logger.save_dir", str(tmp_path / "logs"), "--trainer.limit_val_batches", "0",
+                     "--data.prompts_per_epoch", "4", "--data.minibatch_size", "32")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (metrics,) = (tmp_path / "logs").rglob("metrics.csv")
+    header, *rows = metrics.read_text().splitlines()
+    column = header.split(",").index("rollout/reward_max")
+    logged = [float(r.split(",")[column]) for r in rows if r.split(",")[column]]
+    assert len(logged) == 1 and 0.0 <= logged[0] <= 1.0  # one epoch, an addition reward
