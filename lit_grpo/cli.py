@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +132,25 @@ def refused_global(error: Exception) -> str:
     return lines[0].split(". Please")[0] if lines else str(error).splitlines()[0]
 
 
+class DropAdvertisements(logging.Filter):
+    """Lightning's tips to install other products are not part of a run's log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith("💡 Tip:")
+
+
+def quiet_third_parties() -> None:
+    """The command's log is the run's: no product tips, no weight-loading bar, no deprecation notice that a library
+    raises about another's internals (Lightning's own use of torch's pytree)."""
+    from transformers.utils import logging as transformers_logging
+
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(DropAdvertisements())
+    transformers_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+
+
 def main(args: list[str] | None = None) -> None:
+    quiet_third_parties()
     return_freed_memory()  # before the model loads: its weights and every step's activations use the setting
     try:
         LitGRPOCLI(args=args)

@@ -156,3 +156,15 @@ def eval_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
     rows = input_ids.shape[0]
     return chunked_eval(model, rows, rows, lambda _: sequence_logprobs(model, input_ids, attention_mask, temperature,
                                                                        constraint, token_mask))
+
+
+def weight_reads(monkeypatch: Any) -> list[str]:
+    """The models whose weights are read from now on (``load_policy``'s ``from_pretrained``), filled as it happens:
+    the evidence that a run was refused before any weights loaded."""
+    from lit_grpo import model_loading
+
+    reads: list[str] = []
+    read = model_loading.AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(model_loading.AutoModelForCausalLM, "from_pretrained",
+                        staticmethod(lambda *a, **k: (reads.append(str(a[0])), read(*a, **k))[1]))
+    return reads

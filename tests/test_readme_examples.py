@@ -36,6 +36,8 @@ def test_the_custom_reward_example_trains(tmp_path):
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "reward mean" in result.stderr  # the epoch's rollouts were scored by MyReward
+    for noise in ("💡 Tip", "Loading weights", "is deprecated"):  # the log is the run's, not third parties' notices
+        assert noise not in result.stderr
     assert list((tmp_path / "runs").rglob("last.ckpt"))
 
 
