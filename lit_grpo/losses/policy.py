@@ -67,26 +67,29 @@ def policy_loss(
     check_shapes(logp, old_logp, advantages, completion_mask)
     if variant == "gspo":
         check_gspo(advantages, aggregation)
-    eps_low = clip_eps
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
     mask = completion_mask.bool()
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [N, 1] or [N, T]
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # [N, T]
     if variant == "gspo":
-        log_ratio_seq = sequence_mean(log_ratio, mask)  # [N]
-        ratio = torch.exp(log_ratio_seq).unsqueeze(-1).expand_as(logp)  # [N, T], one ratio per sequence
+        ratio = torch.exp(sequence_mean(log_ratio, mask)).unsqueeze(-1).expand_as(logp)  # [N, T], one per sequence
     else:
         ratio = torch.exp(log_ratio)  # [N, T]
-    if variant == "reinforce":
-        surrogate = -adv * logp
-    elif variant == "unclipped":
-        surrogate = -adv * ratio
-    else:
-        clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
-        surrogate = -torch.minimum(adv * ratio, adv * clipped)  # [N, T]
+    surrogate = token_surrogate(variant, logp, ratio, adv, clip_eps, eps_high)  # [N, T]
     loss = masked_aggregate(surrogate, mask, aggregation, max_new_tokens)
-    stats = policy_stats(ratio.detach(), log_ratio.detach(), adv.detach().expand_as(logp), mask, eps_low, eps_high)
+    stats = policy_stats(ratio.detach(), log_ratio.detach(), adv.detach().expand_as(logp), mask, clip_eps, eps_high)
     return loss, stats
+
+
+def token_surrogate(variant: str, logp: torch.Tensor, ratio: torch.Tensor, adv: torch.Tensor, eps_low: float,
+                    eps_high: float) -> torch.Tensor:
+    """The per-token surrogate ``[N, T]`` of ``variant`` (see ``policy_loss``); ``adv`` is ``[N, 1]`` or ``[N, T]``."""
+    if variant == "reinforce":
+        return -adv * logp
+    if variant == "unclipped":
+        return -adv * ratio
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    return -torch.minimum(adv * ratio, adv * clipped)
 
 
 def policy_stats(
