@@ -27,6 +27,10 @@ def rollout_stats(buffer: RolloutBuffer) -> dict[str, float]:
         "zero_std_frac": flat.float().mean().item(),
         "reward_errors": float(buffer.reward_errors),
     }
+    for name, values in buffer.reward_parts.items():  # each named reward over the completions it applied to
+        applied = values[~values.isnan()]
+        stats[f"rewards/{name}/mean"] = applied.mean().item() if applied.numel() else float("nan")
+        stats[f"rewards/{name}/std"] = applied.std(correction=0).item() if applied.numel() else float("nan")
     if buffer.trees is not None:
         stats.update(tree_stats(buffer.trees))
     if buffer.ref_logp is not None and buffer.old_logp is not None:

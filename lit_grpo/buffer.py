@@ -11,6 +11,7 @@ import torch
 from lit_grpo.engines.base import Completion
 from lit_grpo.logprobs import FirstTokenConstraint
 from lit_grpo.losses import aggregation_terms
+from lit_grpo.tasks.base import ScoredCompletion
 
 
 @dataclass
@@ -41,6 +42,7 @@ class RolloutBuffer:
     pair_role: torch.Tensor | None = None  # [N] +1 chosen, -1 rejected, 0 neither (online DPO)
     pair_id: torch.Tensor | None = None  # [N] the pair's group index, -1 outside a pair (online DPO)
     reward_errors: int = 0
+    reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N], NaN where it did not apply
     prompt_texts: list[str] = field(default_factory=list)  # [N]
     completion_texts: list[str] = field(default_factory=list)  # [N]
     group_sizes: list[int] | None = None  # rows per group when they differ (trees); None: group_size each
@@ -196,6 +198,14 @@ def informative_groups(buffer: RolloutBuffer) -> list[int]:
     return [g for g, rewards in enumerate(buffer.rewards.split(buffer.sizes)) if rewards.amax() > rewards.amin()]
 
 
+def reward_parts(scored: Sequence[ScoredCompletion]) -> dict[str, torch.Tensor]:
+    """Each named reward's value per completion ``[N]`` (NaN where it did not apply or the scoring failed)."""
+    names = list(dict.fromkeys(name for s in scored if s.parts for name in s.parts))
+    nan = float("nan")
+    return {name: torch.tensor([nan if not s.parts or s.parts.get(name) is None else s.parts[name] for s in scored])
+            for name in names}
+
+
 def select_groups(buffer: RolloutBuffer, groups: list[int]) -> RolloutBuffer:
     """A scored buffer of ``group_size`` groups cut down to the given groups (before any no-grad pass)."""
     size = buffer.group_size
@@ -213,6 +223,7 @@ def select_groups(buffer: RolloutBuffer, groups: list[int]) -> RolloutBuffer:
         max_new_tokens=buffer.max_new_tokens,
         sampler_logp=None if buffer.sampler_logp is None else buffer.sampler_logp[index],
         reward_errors=buffer.reward_errors,
+        reward_parts={name: values[index] for name, values in buffer.reward_parts.items()},
         prompt_texts=[buffer.prompt_texts[r] for r in rows],
         completion_texts=[buffer.completion_texts[r] for r in rows],
     )
@@ -240,6 +251,8 @@ def concat_buffers(buffers: list[RolloutBuffer]) -> RolloutBuffer:
         max_new_tokens=first.max_new_tokens,
         sampler_logp=cat("sampler_logp") if has_logp else None,
         reward_errors=sum(b.reward_errors for b in buffers),
+        reward_parts={name: torch.cat([b.reward_parts[name] for b in buffers]) for name in first.reward_parts
+                      if all(name in b.reward_parts for b in buffers)},
         prompt_texts=[t for b in buffers for t in b.prompt_texts],
         completion_texts=[t for b in buffers for t in b.completion_texts],
     )

@@ -18,6 +18,7 @@ from lit_grpo.buffer import (
     build_buffer,
     concat_buffers,
     informative_groups,
+    reward_parts,
     select_groups,
     serve_minibatches,
 )
@@ -30,6 +31,7 @@ from lit_grpo.risk_rollout import RiskRule
 from lit_grpo.seeds import derived_seed
 from lit_grpo.reward_worker import RewardWorker
 from lit_grpo.tasks import ArithmeticTask, MultiRoundTask, PromptRecord, Task
+from lit_grpo.tasks.base import prompt_text
 from lit_grpo.tree_rollout import expand_trees, greedy_episodes, tree_buffer
 
 
@@ -283,22 +285,22 @@ class RolloutDataModule(pl.LightningDataModule):
         """Rewards and correctness of every completion, in place; a raising reward scores the task's failure (the
         first error of a call is printed with its message). Its time is counted in ``scoring_seconds``."""
         started = time.perf_counter()
-        texts, errors = [], 0
-        for row in range(buffer.input_ids.shape[0]):
-            record = records[row // buffer.group_size]
-            ids = buffer.input_ids[row][buffer.completion_mask[row]].tolist()
-            text = tokenizer.decode(ids, skip_special_tokens=True).strip()
-            scored = self.scorer.score(record, text, ids)
-            buffer.rewards[row], buffer.correct[row] = scored.reward, scored.correct
-            if scored.error is not None and errors == 0:
-                rank_zero_warn(f"reward error (scored {scored.reward}) on a completion of {record['prompt']!r}: "
-                               f"{scored.error}")
-            errors += scored.error is not None
-            texts.append(text)
-        buffer.reward_errors = errors
+        rows = range(buffer.input_ids.shape[0])
+        row_records = [records[row // buffer.group_size] for row in rows]
+        ids = [buffer.input_ids[row][buffer.completion_mask[row]].tolist() for row in rows]
+        texts = [tokenizer.decode(row_ids, skip_special_tokens=True).strip() for row_ids in ids]
+        scored = self.scorer.score_group(row_records, texts, ids)
+        buffer.rewards[:] = torch.tensor([s.reward for s in scored])
+        buffer.correct[:] = torch.tensor([s.correct for s in scored])
+        failed = [(s, r) for s, r in zip(scored, row_records) if s.error is not None]
+        if failed:  # the first error of the call, with its message
+            rank_zero_warn(f"reward error (scored {failed[0][0].reward}) on a completion of "
+                           f"{prompt_text(failed[0][1])!r}: {failed[0][0].error}")
+        buffer.reward_errors = len(failed)
+        buffer.reward_parts = reward_parts(scored)
         self.scoring_seconds += time.perf_counter() - started
         buffer.completion_texts = texts
-        buffer.prompt_texts = [records[row // buffer.group_size]["prompt"] for row in range(len(texts))]
+        buffer.prompt_texts = [prompt_text(record) for record in row_records]
 
     # --- engine ------------------------------------------------------------------------------------------------
     def sync_policy(self, module: Any) -> None:
@@ -356,13 +358,10 @@ class RolloutDataModule(pl.LightningDataModule):
                                    self.risk_rule(module))
         prompt_ids = [self.task.prompt_ids(r, module.tokenizer) for r in records]
         completions = self.engine.generate(prompt_ids, 1, self.sampling_spec(module, greedy=True, seed=None))
-        rewards, correct = [], []
-        for record, (completion,) in zip(records, completions):
-            text = module.tokenizer.decode(list(completion.token_ids), skip_special_tokens=True).strip()
-            scored = self.scorer.score(record, text, completion.token_ids)
-            rewards.append(scored.reward)
-            correct.append(scored.correct)
-        return torch.tensor(rewards), torch.tensor(correct)
+        ids = [list(completion.token_ids) for (completion,) in completions]
+        texts = [module.tokenizer.decode(row, skip_special_tokens=True).strip() for row in ids]
+        scored = self.scorer.score_group(records, texts, ids)
+        return torch.tensor([s.reward for s in scored]), torch.tensor([s.correct for s in scored])
 
     # --- held-out prompts --------------------------------------------------------------------------------------
     def val_records(self) -> list[PromptRecord]:

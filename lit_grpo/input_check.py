@@ -97,9 +97,16 @@ def context_length(config: Any) -> int | None:
 def check_inputs(module: Any, datamodule: Any) -> None:
     """The checks that need the loaded model: every prompt of both splits fits the context with its generation
     budget (for multi-round rollouts, one budget per round). Raises ``InputError``."""
+    from lit_grpo.tasks.base import is_conversation, prompt_text  # the tasks import this module's InputError
+
     if datamodule is None or not hasattr(datamodule, "task"):
         return
     task, tokenizer = datamodule.task, module.tokenizer
+    for split, records in (("training", task.train_records()), ("held-out", task.heldout_records())):
+        if records and is_conversation(records[0]["prompt"]) and getattr(tokenizer, "chat_template", None) is None:
+            raise InputError(f"data.task: the {split} prompts are conversations (lists of chat messages) but the "
+                             f"tokenizer of {module.hparams.model_name_or_path!r} has no chat template; use a model "
+                             "whose tokenizer has one, or give the prompts as strings")
     rounds = len(datamodule.branching) if datamodule.rollout != "grouped" else 1
     budget = datamodule.max_new_tokens * rounds
     limit = context_length(module.policy.config)
@@ -108,7 +115,7 @@ def check_inputs(module: Any, datamodule: Any) -> None:
     for split, records in (("training", task.train_records()), ("held-out", task.heldout_records())):
         candidates = possibly_too_long(task, tokenizer, records, limit - budget)
         lengths = [len(task.prompt_ids(r, tokenizer)) for r in candidates]
-        problem = prompt_length_problem([str(r["prompt"]) for r in candidates], lengths, limit, budget, split)
+        problem = prompt_length_problem([prompt_text(r) for r in candidates], lengths, limit, budget, split)
         if problem:
             raise InputError(problem)
 
@@ -118,8 +125,10 @@ def possibly_too_long(task: Any, tokenizer: Any, records: Sequence[Any], room: i
     whole split can take seconds. Assumes at most one token per UTF-8 byte of the text (true of byte-level BPE,
     character and SentencePiece byte-fallback vocabularies) plus the fixed overhead measured on the first record
     (special tokens, chat template), with a margin of 8."""
+    from lit_grpo.tasks.base import prompt_text  # the tasks import this module's InputError
+
     if not records:
         return []
     probe = records[0]
-    overhead = max(len(task.prompt_ids(probe, tokenizer)) - len(str(probe["prompt"]).encode()), 0) + 8
-    return [r for r in records if len(str(r["prompt"]).encode()) + overhead > room]
+    overhead = max(len(task.prompt_ids(probe, tokenizer)) - len(prompt_text(probe).encode()), 0) + 8
+    return [r for r in records if len(prompt_text(r).encode()) + overhead > room]

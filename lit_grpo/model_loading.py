@@ -17,6 +17,14 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
+def shipped_path(given: str) -> Path:
+    """A file or directory as given when it exists, else relative to the project checkout when it exists there
+    (``data/...``, ``examples/...`` in a shipped config run from elsewhere), else as given."""
+    path = Path(given).expanduser()
+    shipped = PROJECT_ROOT / given
+    return shipped if not path.exists() and not path.is_absolute() and shipped.exists() else path
+
+
 def resolve_model_path(model_name_or_path: str) -> str:
     """A local directory as given, else relative to the project checkout (for ``data/...``), else a hub id."""
     given = Path(model_name_or_path).expanduser()

@@ -39,7 +39,7 @@ def serve_rewards(connection: Connection, task: Task) -> None:
         request = connection.recv()
         if request is None:
             return
-        connection.send(task.score(*request))
+        connection.send(task.score_group(*request))
 
 
 class RewardWorker:
@@ -58,19 +58,25 @@ class RewardWorker:
         self._connection: Connection | None = None
 
     def score(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> ScoredCompletion:
+        return self.score_group([prompt_record], [completion_text], [completion_ids])[0]
+
+    def score_group(self, records: Sequence[PromptRecord], texts: Sequence[str],
+                    ids: Sequence[Sequence[int]]) -> list[ScoredCompletion]:
+        """``task.score_group`` in the child, bounded by ``timeout`` seconds per completion: a hang or a dead child
+        scores every completion of the call ``failure_reward``."""
         if self._process is None or not self._process.is_alive():
             self._start()
         assert self._connection is not None
-        self._connection.send((prompt_record, completion_text, list(completion_ids)))
+        self._connection.send((list(records), list(texts), [list(row) for row in ids]))
         try:
-            if self._connection.poll(self.timeout):
+            if self._connection.poll(self.timeout * len(texts)):
                 return self._connection.recv()
-            error = f"TimeoutError: the reward took longer than {self.timeout}s"
+            error = f"TimeoutError: the reward took longer than {self.timeout}s per completion"
         except (EOFError, OSError):
             self._process.join(timeout=5)  # reap it, for its exit code
             error = f"RuntimeError: the reward's worker process died (exit code {self._process.exitcode})"
         self._stop(kill=True)
-        return ScoredCompletion(self.task.failure_reward, False, error)
+        return [ScoredCompletion(self.task.failure_reward, False, error) for _ in texts]
 
     def _start(self) -> None:
         context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")

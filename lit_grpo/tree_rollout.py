@@ -12,7 +12,7 @@ from lit_grpo.buffer import RolloutBuffer
 from lit_grpo.engines.base import RolloutEngine, SamplingSpec
 from lit_grpo.losses import group_advantages
 from lit_grpo.seeds import derived_seed
-from lit_grpo.tasks.base import PromptRecord
+from lit_grpo.tasks.base import PromptRecord, prompt_text
 from lit_grpo.tasks.multiround import MultiRoundTask
 from lit_grpo.tree import Node, assign_advantages, close_with_no_answer, depth_first
 
@@ -164,7 +164,7 @@ def tree_buffer(
         temperature=temperature,
         max_new_tokens=max_new_tokens,
         sampler_logp=rows["sampler_logp"],
-        prompt_texts=[n.record["prompt"] for n in nodes],
+        prompt_texts=[prompt_text(n.record) for n in nodes],
         completion_texts=[tokenizer.decode(list(n.segment), skip_special_tokens=True) for n in nodes],
         group_sizes=rows["group_sizes"].tolist(),
         trees=list(roots),

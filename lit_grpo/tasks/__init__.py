@@ -1,6 +1,7 @@
 """Built-in tasks and the reward interface."""
 
 from lit_grpo.tasks.arithmetic import ArithmeticTask
+from lit_grpo.tasks.dataset import DatasetTask
 from lit_grpo.tasks.base import ExactMatchReward, PromptRecord, Reward, ScoredCompletion, Task, WeightedRewards
 from lit_grpo.tasks.jsonl import JsonlTask
 from lit_grpo.tasks.multiround import ClarifyTask, EnvStep, MultiRoundTask
@@ -9,6 +10,7 @@ from lit_grpo.tasks.sort import InclusionOrderingReward, SortDistanceReward, Sor
 __all__ = [
     "ArithmeticTask",
     "ClarifyTask",
+    "DatasetTask",
     "EnvStep",
     "ExactMatchReward",
     "InclusionOrderingReward",

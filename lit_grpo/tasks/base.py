@@ -10,6 +10,21 @@ from functools import cached_property
 from typing import Any
 
 PromptRecord = dict[str, Any]
+Messages = list[dict[str, str]]  # a conversation: {"role": ..., "content": ...} in order
+
+
+def is_conversation(prompt: Any) -> bool:
+    """Whether a record's prompt is a list of chat messages rather than a string."""
+    return isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
+
+
+def prompt_text(record: PromptRecord) -> str:
+    """A record's prompt as one line of text for logs and tables: the string itself, or each message as
+    ``role: content`` joined by `` | ``."""
+    prompt = record["prompt"]
+    if is_conversation(prompt):
+        return " | ".join(f"{m['role']}: {m['content']}" for m in prompt)
+    return str(prompt)
 
 
 class Reward(ABC):
@@ -44,11 +59,13 @@ REWARD_LIMIT = 1e6  # larger rewards are taken for bugs: squared in the group st
 
 @dataclass(frozen=True)
 class ScoredCompletion:
-    """A completion's reward; ``error`` holds the reward function's failure message when it raised."""
+    """A completion's reward; ``error`` holds the reward function's failure message when it raised; ``parts`` each
+    named reward's value when the task combines several (``None``: it did not apply)."""
 
     reward: float
     correct: bool
     error: str | None = None
+    parts: dict[str, float | None] | None = None
 
 
 class Task(ABC):
@@ -109,16 +126,25 @@ class Task(ABC):
                                     f"reward {value!r} is not a finite number within ±{REWARD_LIMIT:g}")
         return ScoredCompletion(value, correct)
 
+    def score_group(self, records: Sequence[PromptRecord], texts: Sequence[str],
+                    ids: Sequence[Sequence[int]]) -> list[ScoredCompletion]:
+        """``score`` of each completion (``records[i]`` is completion i's prompt); a task whose rewards see a whole
+        batch at once (``DatasetTask``) overrides it."""
+        return [self.score(record, text, row) for record, text, row in zip(records, texts, ids)]
+
     def prompt_ids(self, prompt_record: PromptRecord, tokenizer: Any) -> list[int]:
         """Token ids of the prompt as the engine receives them."""
-        text = prompt_record["prompt"]
-        if self.use_chat_template:
-            messages = [{"role": "user", "content": text}]
-            # rendered to text, then tokenized without adding special tokens (the template holds its own): transformers
-            # 5 returns a dict from tokenize=True, which listed as ["input_ids", "attention_mask"]
+        prompt = prompt_record["prompt"]
+        if is_conversation(prompt) or self.use_chat_template:
+            # a conversation always goes through the chat template (system message kept, generation prompt added);
+            # a string only with use_chat_template, as one user turn. Rendered to text, then tokenized without
+            # special tokens (the template holds its own): transformers 5 returns a dict from tokenize=True
+            messages = prompt if is_conversation(prompt) else [{"role": "user", "content": prompt}]
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-        return list(tokenizer(text)["input_ids"])
+        if not isinstance(prompt, str):  # never a list's or dict's repr
+            raise TypeError(f"a prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
+        return list(tokenizer(prompt)["input_ids"])
 
 
 class WeightedRewards:
