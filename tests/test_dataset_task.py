@@ -154,3 +154,22 @@ def test_a_trl_style_setup_trains_through_the_command_and_logs_each_reward(tmp_p
         assert {f"rollout/rewards/{name}/mean", f"rollout/rewards/{name}/std"} <= tags
     brevity = accumulator.Scalars("rollout/rewards/brevity/mean")[0].value
     assert brevity < 0  # judged (negative) where it applied; the None samples are left out of its mean
+
+
+def test_conversations_with_a_tokenizer_without_a_chat_template_are_refused_before_any_rollout(tmp_path, capsys):
+    import datasets
+
+    from lit_grpo.cli import main
+
+    rows = [{"prompt": [{"role": "user", "content": f"{n}+1="}], "answer": str(n + 1)} for n in range(8)]
+    path = str(tmp_path / "distinct.parquet")
+    datasets.Dataset.from_list(rows).to_parquet(path)
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--model.model_name_or_path", str(ROOT / "data" / "tiny-llama"), "--data.task",
+              "lit_grpo.tasks.DatasetTask", "--data.task.path", path, "--data.task.heldout_fraction", "0.25",
+              "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path / "runs"),
+              "--data.prompts_per_epoch", "2", "--data.group_size", "2", "--data.minibatch_size", "4"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "Traceback" not in err
+    assert "the training prompts are conversations (lists of chat messages) but the tokenizer of" in err
+    assert "epoch 0:" not in err  # refused before generating anything
