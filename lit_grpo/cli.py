@@ -94,7 +94,8 @@ class LitGRPOCLI(LightningCLI):
         except (ValueError, TypeError) as error:
             if os.environ.get(DEBUG_ENV):
                 raise
-            raise InputError(f"the configuration could not be built: {error}") from None
+            named = input_error_within(error)  # jsonargparse wraps a class's refusal in its union report
+            raise (named or InputError(f"the configuration could not be built: {error}")) from None
 
     def _parse_ckpt_path(self) -> None:
         """Lightning would parse the checkpoint's hyper-parameters over this run's configuration, after our check and
@@ -173,3 +174,18 @@ def main(args: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def input_error_within(error: BaseException) -> InputError | None:
+    """The first ``InputError`` in the chain of exceptions that led to ``error``, if any."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        if isinstance(current, InputError):
+            return current
+        seen.add(id(current))
+        pending += [current.__cause__, current.__context__]
+    return None

@@ -49,6 +49,8 @@ def data_config_problems(args: dict[str, Any]) -> list[str]:
             f"minibatch_size: {args['minibatch_size']} is not a multiple of group_size ({args['group_size']}); "
             "minibatches hold whole groups"
         )
+    if args["long_prompts"] not in ("refuse", "drop"):
+        problems.append(f"long_prompts: unknown value {args['long_prompts']!r}; valid choices: refuse, drop")
     if args["rollout"] not in ("grouped", "tree", "chains"):
         problems.append(f"rollout: unknown value {args['rollout']!r}; valid choices: grouped, tree, chains")
     if not args["branching"] or any(width < 1 for width in args["branching"]):
@@ -106,6 +108,9 @@ class RolloutDataModule(pl.LightningDataModule):
         reward_timeout: seconds one reward call may take; with a timeout, rewards of grouped rollouts and of
             validation run in a worker process, and a call that hangs (or raises) scores the task's
             ``failure_reward`` and counts in ``rollout/reward_errors`` (``None``: in-process, no limit, no overhead).
+        long_prompts: a prompt whose tokens plus the generation budget exceed the model's context is ``refuse``d
+            (the run stops before any rollout, naming it) or ``drop``ped (the count is printed and logged as
+            ``data/dropped_prompts``).
         val_max_prompts: held-out prompts used per validation (``None``: the whole held-out split).
         val_batch_size: held-out prompts per validation batch.
         seed: seeds the sampling and the minibatch order (each epoch derives its own from it).
@@ -129,6 +134,7 @@ class RolloutDataModule(pl.LightningDataModule):
         rollout: Literal["grouped", "tree", "chains"] = "grouped",
         branching: list[int] = [4, 2, 2],  # noqa: B006 - jsonargparse shows list defaults; never mutated
         reward_timeout: float | None = None,
+        long_prompts: Literal["refuse", "drop"] = "refuse",
         val_max_prompts: int | None = None,
         val_batch_size: int = 256,
         seed: int = 0,
@@ -157,6 +163,7 @@ class RolloutDataModule(pl.LightningDataModule):
         if rollout != "grouped" and not isinstance(task, MultiRoundTask):
             raise ValueError(f"rollout {rollout!r} needs a multi-round task (a MultiRoundTask), got {type(task).__name__}")
         self.val_max_prompts, self.val_batch_size, self.seed = val_max_prompts, val_batch_size, seed
+        self.long_prompts = long_prompts
         self.cursor = 0  # index of the next training prompt; carried by checkpoints
         self.share_start = 0  # this rank's first prompt within the last draw
         self.buffer: RolloutBuffer | None = None
@@ -169,6 +176,7 @@ class RolloutDataModule(pl.LightningDataModule):
         problems = combination_problems(dict(self.trainer.lightning_module.hparams), self.settings)
         if problems:
             raise InputError("the module and the data do not fit together:\n  - " + "\n  - ".join(problems))
+        self.task.use_device(self.trainer.strategy.root_device)  # a reward model runs beside the policy
 
     # --- the epoch's buffer (design §2 steps 1-6) --------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:

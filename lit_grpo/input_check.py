@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_info
+
 REMOTE_CODE_FLAG = "model.trust_remote_code"
 
 
@@ -107,17 +109,39 @@ def check_inputs(module: Any, datamodule: Any) -> None:
             raise InputError(f"data.task: the {split} prompts are conversations (lists of chat messages) but the "
                              f"tokenizer of {module.hparams.model_name_or_path!r} has no chat template; use a model "
                              "whose tokenizer has one, or give the prompts as strings")
+    limit = context_length(module.policy.config)
+    if limit is not None:
+        fit_prompts_to_context(task, tokenizer, datamodule, limit)
+
+
+def fit_prompts_to_context(task: Any, tokenizer: Any, datamodule: Any, limit: int) -> None:
+    """Refuse, or drop (``data.long_prompts``), the prompts whose tokens plus the generation budget (one per round
+    for multi-round rollouts) exceed the model's context of ``limit`` tokens."""
+    from lit_grpo.tasks.base import prompt_text  # the tasks import this module's InputError
+
     rounds = len(datamodule.branching) if datamodule.rollout != "grouped" else 1
     budget = datamodule.max_new_tokens * rounds
-    limit = context_length(module.policy.config)
-    if limit is None:
-        return
+    kept, dropped = {}, {}
     for split, records in (("training", task.train_records()), ("held-out", task.heldout_records())):
         candidates = possibly_too_long(task, tokenizer, records, limit - budget)
         lengths = [len(task.prompt_ids(r, tokenizer)) for r in candidates]
-        problem = prompt_length_problem([prompt_text(r) for r in candidates], lengths, limit, budget, split)
-        if problem:
-            raise InputError(problem)
+        too_long = {id(r) for r, n in zip(candidates, lengths) if n + budget > limit}
+        kept[split] = [r for r in records if id(r) not in too_long]
+        dropped[split] = len(too_long)
+        if getattr(datamodule, "long_prompts", "refuse") == "refuse":
+            problem = prompt_length_problem([prompt_text(r) for r in candidates], lengths, limit, budget, split)
+            if problem:
+                raise InputError(problem + " (or set data.long_prompts: drop)")
+        elif not kept[split]:
+            raise InputError(f"data.long_prompts drop: none of the {len(records)} {split} prompts fits the model's "
+                             f"context of {limit} tokens with {budget} generated tokens")
+    if any(dropped.values()):
+        task.keep_records(kept["training"], kept["held-out"])
+        for logger in getattr(getattr(datamodule, "trainer", None), "loggers", []):
+            logger.log_metrics({"data/dropped_prompts": float(sum(dropped.values()))}, step=0)
+        rank_zero_info(f"data.long_prompts: dropped {dropped['training']} training and {dropped['held-out']} "
+                       f"held-out prompt(s) longer than {limit - budget} tokens (the context of {limit} minus "
+                       f"{budget} generated tokens)")
 
 
 def possibly_too_long(task: Any, tokenizer: Any, records: Sequence[Any], room: int) -> list[Any]:

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
+import torch
+
 from lit_grpo.tasks.base import PromptRecord, ScoredCompletion, Task
 
 
@@ -35,6 +37,9 @@ def serve_rewards(connection: Connection, task: Task) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it then ends this child
     die_with_parent()
+    # the parent's OpenMP thread pool does not survive a fork: a torch op using it (a reward model's forward) would
+    # wait forever for threads that do not exist in this process; one thread runs it inline
+    torch.set_num_threads(1)
     while True:
         request = connection.recv()
         if request is None:
@@ -62,8 +67,16 @@ class RewardWorker:
 
     def score_group(self, records: Sequence[PromptRecord], texts: Sequence[str],
                     ids: Sequence[Sequence[int]]) -> list[ScoredCompletion]:
-        """``task.score_group`` in the child, bounded by ``timeout`` seconds per completion: a hang or a dead child
-        scores every completion of the call ``failure_reward``."""
+        """``task.score_group`` in the child: one call per completion, each bounded by ``timeout`` seconds, unless
+        the task's rewards score whole batches (``task.batched_rewards``); then one call for the batch, bounded by
+        ``timeout`` seconds per completion. A hang or a dead child scores every completion of its call
+        ``failure_reward``."""
+        if not getattr(self.task, "batched_rewards", False):
+            return [self._call([r], [t], [i])[0] for r, t, i in zip(records, texts, ids)]
+        return self._call(records, texts, ids)
+
+    def _call(self, records: Sequence[PromptRecord], texts: Sequence[str],
+              ids: Sequence[Sequence[int]]) -> list[ScoredCompletion]:
         if self._process is None or not self._process.is_alive():
             self._start()
         assert self._connection is not None
@@ -79,7 +92,9 @@ class RewardWorker:
         return [ScoredCompletion(self.task.failure_reward, False, error) for _ in texts]
 
     def _start(self) -> None:
-        context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+        # a forked child cannot use CUDA once the parent has: then spawn (a reward model reloads itself there)
+        fork = "fork" in multiprocessing.get_all_start_methods() and not torch.cuda.is_initialized()
+        context = multiprocessing.get_context("fork" if fork else "spawn")
         parent, child = context.Pipe()
         self._process = context.Process(target=serve_rewards, args=(child, self.task), daemon=True,
                                         name="lit-grpo-rewards")

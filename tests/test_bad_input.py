@@ -41,23 +41,23 @@ def fit(model_dir: Path, task: JsonlTask, root: Path, max_new_tokens: int = 4) -
 def test_empty_prompt_file(tmp_path):
     path = tmp_path / "empty.jsonl"
     path.write_text("\n\n")
-    with pytest.raises(InputError, match=r"prompt file '.*empty\.jsonl' is empty: it holds no records"):
+    with pytest.raises(InputError, match=r"data file '.*empty\.jsonl' \(split 'train'\) is empty: it holds no rows"):
         JsonlTask(path=str(path)).train_records()
 
 
 def test_unreadable_prompt_file(tmp_path):
     binary = tmp_path / "prompts.jsonl"
     binary.write_bytes(b"\xff\xfe\x00garbage")
-    with pytest.raises(InputError, match=r"prompt file '.*prompts\.jsonl' cannot be read: not UTF-8 text"):
+    with pytest.raises(InputError, match=r"data file '.*prompts\.jsonl' cannot be read: not UTF-8 text"):
         JsonlTask(path=str(binary)).train_records()
-    with pytest.raises(InputError, match=r"prompt file '.*' does not exist or is not a file"):
-        JsonlTask(path=str(tmp_path)).train_records()  # a directory
+    with pytest.raises(InputError, match=r"data file '.*' \(split 'train'\) cannot be read: "):
+        JsonlTask(path=str(tmp_path)).train_records()  # a directory (of one file that is not JSON)
 
 
 def test_empty_prompt_file_fails_fit_before_any_rollout(tiny_llama_dir, tmp_path):
     path = tmp_path / "empty.jsonl"
     path.write_text("")
-    with pytest.raises(InputError, match="is empty: it holds no records"):
+    with pytest.raises(InputError, match="is empty: it holds no rows"):
         fit(tiny_llama_dir, JsonlTask(path=str(path)), tmp_path)
 
 
@@ -70,7 +70,7 @@ def test_prompt_longer_than_context(tiny_llama_dir, tmp_path):
         fit(tiny_llama_dir, task, tmp_path)
     assert str(info.value) == (
         f"1 {long_split} prompt(s) do not fit the model's context of 256 tokens with 4 generated tokens (the longest "
-        f"has 301 tokens: {'x' * 40!r}...): shorten the prompts or lower data.max_new_tokens"
+        f"has 301 tokens: {'x' * 40!r}...): shorten the prompts or lower data.max_new_tokens (or set data.long_prompts: drop)"
     )
 
 
@@ -86,6 +86,34 @@ def test_prompt_fitting_exactly_passes_the_check(tiny_llama_dir, tmp_path):
     check_inputs(module, datamodule)
     datamodule.max_new_tokens = 5
     with pytest.raises(InputError, match="context of 256 tokens with 5 generated tokens"):
+        check_inputs(module, datamodule)
+
+
+def test_long_prompts_drop_keeps_exactly_the_prompts_that_fit_and_logs_how_many(tiny_llama_dir, tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lit_grpo.input_check import check_inputs
+
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=2, kl_coef=0.0)
+    module.configure_model()
+    # with 4 new tokens the room is 252 tokens = 251 characters + <s>: "y" * 251 fits, "z" * 252 does not
+    prompts = ["y" * 251, "z" * 252, "w" * 400] + [f"{i}+1=" for i in range(10, 20)]
+    task = JsonlTask(path=str(write_jsonl(tmp_path / "p.jsonl", prompts)), heldout_path=str(
+        write_jsonl(tmp_path / "h.jsonl", ["v" * 300, "1+1=", "2+1="])))
+    datamodule = RolloutDataModule(task=task, group_size=2, prompts_per_epoch=2, minibatch_size=4, max_new_tokens=4,
+                                   long_prompts="drop")
+    logger = CSVLogger(tmp_path, name="logs")
+    datamodule.trainer = pl.Trainer(logger=logger, enable_progress_bar=False, default_root_dir=tmp_path)
+    check_inputs(module, datamodule)
+    kept = sorted(r["prompt"] for r in task.train_records())
+    assert kept == sorted(["y" * 251] + [f"{i}+1=" for i in range(10, 20)])
+    assert sorted(r["prompt"] for r in task.heldout_records()) == ["1+1=", "2+1="]
+    logger.save()
+    assert (Path(logger.log_dir) / "metrics.csv").read_text().splitlines()[1].startswith("3.0,0")  # 2 + 1 dropped
+    datamodule.task = JsonlTask(path=str(write_jsonl(tmp_path / "all.jsonl", ["x" * 300, "w" * 260])),
+                                heldout_path=str(tmp_path / "h.jsonl"))
+    with pytest.raises(InputError, match="long_prompts drop: none of the 2 training prompts fits the model's "
+                                         "context of 256 tokens with 4 generated tokens"):
         check_inputs(module, datamodule)
 
 
@@ -142,5 +170,5 @@ def test_cli_prints_a_bad_input_without_traceback(tmp_path):
             "--trainer.max_epochs", "1"]
     result = subprocess.run(command + args, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert result.returncode == 2, result.stderr[-3000:]
-    assert f"lit-grpo: prompt file '{empty}' is empty: it holds no records" in result.stderr
+    assert f"lit-grpo: data file '{empty}' (split 'train') is empty: it holds no rows" in result.stderr
     assert "Traceback" not in result.stderr

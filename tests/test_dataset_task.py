@@ -63,7 +63,7 @@ def task(tmp_path: Path, rewards: list, weights: list[float] | None = None, **kw
 def test_trl_functions_get_the_batch_as_trl_passes_it_and_none_leaves_the_others_weighted_sum(tmp_path):
     this = f"{__name__}"
     scoring = task(tmp_path, [f"{this}.exact", f"{this}.halves"], [1.0, 0.5])
-    records = scoring.records("train")
+    records = scoring.records(scoring.path, "train")
     CALLS.clear()
     scored = scoring.score_group(records, ["4", "4", "9", "x"], [[1], [2], [3], [4]])
     # exact: 1, 0 (solution "none"), 0, 0; halves: 0.5, None, 0.5, 0.5 -> 1 + 0.25, 0 (halves does not apply),
@@ -79,15 +79,15 @@ def test_trl_functions_get_the_batch_as_trl_passes_it_and_none_leaves_the_others
 def test_no_reward_applying_or_a_reward_raising_scores_the_failure_reward(tmp_path):
     this = f"{__name__}"
     only_halves = task(tmp_path, [f"{this}.halves"])
-    scored = only_halves.score_group(only_halves.records("train")[:2], ["a", "b"], [[1], [2]])
+    scored = only_halves.score_group(only_halves.records(only_halves.path, "train")[:2], ["a", "b"], [[1], [2]])
     assert [s.reward for s in scored] == [0.5, -1.0] and "no reward applies" in scored[1].error
     with_broken = task(tmp_path, [f"{this}.exact", f"{this}.broken"])
-    scored = with_broken.score_group(with_broken.records("train")[:2], ["4", "4"], [[1], [2]])
+    scored = with_broken.score_group(with_broken.records(with_broken.path, "train")[:2], ["4", "4"], [[1], [2]])
     assert [s.reward for s in scored] == [-1.0, -1.0]  # a batched function fails for its whole batch
     assert scored[0].error == "broken: RuntimeError: no GPU here"
     # a Reward class is called per completion and fails alone
     per_completion = task(tmp_path, [Longest()])
-    scored = per_completion.score_group(per_completion.records("train")[:2], ["boom", "abc"], [[1], [2]])
+    scored = per_completion.score_group(per_completion.records(per_completion.path, "train")[:2], ["boom", "abc"], [[1], [2]])
     assert [s.reward for s in scored] == [-1.0, 3.0] and scored[0].error == "Longest: ValueError: boom"
 
 
@@ -95,7 +95,7 @@ def test_a_reward_file_written_for_trl_loads_by_path(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # configs name it relative to where the command runs
     scoring = task(tmp_path, ["examples/trl_rewards.py:accuracy", "examples/trl_rewards.py:brevity"], [1.0, 0.5])
     assert scoring.names == ["accuracy", "brevity"]
-    scored = scoring.score_group(scoring.records("train")[:1], ["4"], [[1]])
+    scored = scoring.score_group(scoring.records(scoring.path, "train")[:1], ["4"], [[1]])
     assert scored[0].parts == {"accuracy": 1.0, "brevity": None}  # solution "4" has one digit: brevity skips it
     with pytest.raises(InputError, match="not a Reward class path nor a function"):
         DatasetTask(chat_rows(tmp_path, ["1", "2"]), rewards=["examples/trl_rewards.py:nothing"], failure_reward=0.0)
@@ -106,7 +106,7 @@ def test_a_reward_file_written_for_trl_loads_by_path(tmp_path, monkeypatch):
 def test_a_conversation_is_tokenised_as_the_chat_template_renders_it_never_as_a_repr(tmp_path):
     tokenizer = load_tokenizer(str(CHAT_MODEL))
     scoring = task(tmp_path, [f"{__name__}.exact"])
-    record = scoring.records("train")[0]
+    record = scoring.records(scoring.path, "train")[0]
     seen = []
     original = type(tokenizer).__call__
 
@@ -131,9 +131,9 @@ def test_held_out_prompts_are_disjoint_by_conversation_and_a_test_split_is_used_
     train, heldout = scoring.split()
     assert len(heldout) == 24 and len(train) == 216
     assert not {repr(r["prompt"]) for r in train} & {repr(r["prompt"]) for r in heldout}
-    with pytest.raises(InputError, match="no column 'question'"):
+    with pytest.raises(InputError, match="row 0: no 'question' column \\(it has: prompt, solution, task_id\\)"):
         DatasetTask(str(CHAT_DATA / "train.parquet"), prompt_column="question").split()
-    with pytest.raises(InputError, match="cannot be read"):
+    with pytest.raises(InputError, match="data file '.*missing.parquet' does not exist"):
         DatasetTask(str(CHAT_DATA / "missing.parquet")).split()
 
 
@@ -173,3 +173,39 @@ def test_conversations_with_a_tokenizer_without_a_chat_template_are_refused_befo
     assert info.value.code == 2 and "Traceback" not in err
     assert "the training prompts are conversations (lists of chat messages) but the tokenizer of" in err
     assert "epoch 0:" not in err  # refused before generating anything
+
+
+def test_every_source_type_gives_the_same_records_and_a_hub_id_not_in_the_cache_is_refused_offline(tmp_path,
+                                                                                                   monkeypatch):
+    import socket
+
+    import datasets
+
+    connections = []
+    def refuse(*args, **kwargs):
+        connections.append(args[:2])
+        raise OSError("the test allows no network")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
+    rows = [{"prompt": f"{n}+1=", "answer": f"={n + 1}", "task_id": f"t{n}"} for n in range(6)]  # CSV would read "1" as 1
+    data = datasets.Dataset.from_list(rows)
+    (tmp_path / "rows.jsonl").write_text("".join(f'{{"prompt": "{r["prompt"]}", "answer": "{r["answer"]}", '
+                                                 f'"task_id": "{r["task_id"]}"}}\n' for r in rows))
+    data.to_json(tmp_path / "rows.json", lines=False)
+    data.to_parquet(tmp_path / "rows.parquet")
+    data.to_csv(tmp_path / "rows.csv", index=False)
+    data.save_to_disk(tmp_path / "saved")
+    datasets.DatasetDict({"train": data, "test": data.select([0])}).save_to_disk(tmp_path / "saved_dict")
+    (tmp_path / "folder").mkdir()
+    data.to_parquet(tmp_path / "folder" / "part-0.parquet")
+    arrow = next((tmp_path / "saved").glob("*.arrow"))
+    for source in ("rows.jsonl", "rows.json", "rows.parquet", "rows.csv", "saved", "saved_dict", "folder", arrow):
+        task = DatasetTask(str(tmp_path / source))
+        assert task.records(task.path, "train") == rows, source
+    assert DatasetTask(str(tmp_path / "saved_dict")).records(str(tmp_path / "saved_dict"), "test") == rows[:1]
+    with pytest.raises(InputError, match=r"data file 'nobody/no-such-dataset' \(split 'train'\) cannot be read: .*"
+                                         r"or a hub id already in the local cache\)"):
+        DatasetTask("nobody/no-such-dataset").records("nobody/no-such-dataset", "train")
+    assert connections == []  # offline: not even an attempt to reach the hub

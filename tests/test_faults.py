@@ -50,7 +50,7 @@ def test_reward_worker_scores_raise_hang_and_death_as_failures():
         raised = worker.score(RECORD, "raise", [1])
         assert (raised.reward, raised.error) == (0.0, "ValueError: bad reward")
         hung = worker.score(RECORD, "hang", [1])
-        assert (hung.reward, hung.correct, hung.error) == (0.0, False, "TimeoutError: the reward took longer than 2.0s")
+        assert (hung.reward, hung.correct, hung.error) == (0.0, False, "TimeoutError: the reward took longer than 2.0s per completion")
         assert worker.score(RECORD, "3", [1]).reward == 1.0  # a fresh worker took over
         died = worker.score(RECORD, "die", [1])
         assert (died.reward, died.error) == (0.0, "RuntimeError: the reward's worker process died (exit code 3)")

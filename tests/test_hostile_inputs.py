@@ -136,11 +136,24 @@ CASES = [
     Case("jsonl-one-prompt", "a JSONL task file with one distinct prompt",
          lambda tmp, m: ["--data.task", "lit_grpo.tasks.JsonlTask",
                          "--data.task.path", str(write(tmp / "p.jsonl", '{"prompt": "a"}\n{"prompt": "a"}\n'))],
-         "prompt file '<tmp>/p.jsonl' has 1 distinct prompt(s): too few to hold 1 out", before_load=False),
+         "data file '<tmp>/p.jsonl' has 1 distinct prompt(s): too few to hold 1 out", before_load=False),
     Case("jsonl-null-prompt", "a JSONL record with `\"prompt\": null`",
          lambda tmp, m: ["--data.task", "lit_grpo.tasks.JsonlTask",
                          "--data.task.path", str(write(tmp / "p.jsonl", '{"prompt": "a"}\n{"prompt": null}\n'))],
-         "<tmp>/p.jsonl:2: 'prompt' must be a non-empty string, got None", before_load=False),
+         "<tmp>/p.jsonl:2: 'prompt' must be a non-empty string or a list of chat messages, got None",
+         before_load=False),
+    Case("dataset-no-column", "a Parquet dataset without the configured prompt column",
+         lambda tmp, m: ["--data.task", "lit_grpo.tasks.DatasetTask", "--data.task.path",
+                         "data/chat-addition/train.parquet", "--data.task.prompt_column", "question"],
+         "row 0: no 'question' column (it has: prompt, solution, task_id); set data.task.init_args.prompt_column",
+         before_load=False),
+    Case("reward-model-causal", "a causal LM given as a RewardModel",
+         lambda tmp, m: ["--data.task", "lit_grpo.tasks.DatasetTask", "--data.task.path",
+                         "data/chat-addition/train.parquet", "--data.task.failure_reward", "-1",
+                         "--data.task.rewards", '[{"class_path": "lit_grpo.tasks.RewardModel", "init_args": '
+                         '{"path": "data/tiny-qwen2-chat"}}]'],
+         "RewardModel 'data/tiny-qwen2-chat' is not a sequence-classification checkpoint (its config.json names "
+         "['Qwen2ForCausalLM']); its score head would be random"),
 ]
 
 

@@ -252,7 +252,7 @@ def test_jsonl_raising_user_reward_never_beats_a_wrong_answer(tmp_path, monkeypa
     wrong = task.score(record, "a1", [])
     crashed = task.score(record, "boom", [])
     assert wrong.reward == -1.0 and wrong.error is None
-    assert crashed.error == "ValueError: reward exploded"
+    assert crashed.error == "SignedReward: ValueError: reward exploded"
     assert crashed.reward <= wrong.reward, (
         f"a crashing reward scores {crashed.reward} > a wrong answer's {wrong.reward}: crashing pays "
         "(Task.failure_reward is a constant 0.0 and JsonlTask has no way to set it)"
@@ -300,7 +300,7 @@ def test_jsonl_missing_file(tmp_path):
 def test_jsonl_empty_file(tmp_path):
     path = tmp_path / "empty.jsonl"
     path.write_text("\n\n", encoding="utf-8")
-    with pytest.raises(ValueError, match="holds no records") as info:
+    with pytest.raises(ValueError, match="is empty: it holds no rows") as info:
         JsonlTask(str(path)).train_records()
     assert str(path) in str(info.value)
 
@@ -314,10 +314,10 @@ def test_jsonl_invalid_line_names_file_and_line(tmp_path):
 
 def test_jsonl_missing_prompt_key_names_file_and_line(tmp_path):
     path = write_jsonl(tmp_path / "keys.jsonl", [{"prompt": "a"}, {"prompt": "b"}, {"question": "c"}])
-    with pytest.raises(ValueError, match="'prompt' key") as info:
+    with pytest.raises(ValueError, match="no 'prompt' column") as info:
         JsonlTask(str(path)).train_records()
-    assert f"{path}:3:" in str(info.value)
-    with pytest.raises(ValueError, match="'prompt' key"):  # a JSON value that is not an object
+    assert str(info.value).startswith(f"{path}:3: no 'prompt' column (it has: question)")
+    with pytest.raises(ValueError, match=":1: expected a JSON object, got list"):  # a JSON value that is not an object
         JsonlTask(str(write_jsonl(tmp_path / "list.jsonl", [["prompt", "a"]]))).train_records()
 
 
@@ -395,12 +395,12 @@ def test_jsonl_a_prompt_that_is_no_text_names_file_and_line(tmp_path, prompt):
     path = write_jsonl(tmp_path / "null.jsonl", [{"prompt": "a"}, {"prompt": prompt}])
     with pytest.raises(InputError) as info:
         JsonlTask(str(path)).train_records()
-    assert str(info.value) == f"{path}:2: 'prompt' must be a non-empty string, got {prompt!r}"
+    assert str(info.value) == f"{path}:2: 'prompt' must be a non-empty string or a list of chat messages, got {prompt!r}"
 
 
 def test_jsonl_too_few_distinct_prompts_to_hold_one_out(tmp_path):
     path = write_jsonl(tmp_path / "one.jsonl", [{"prompt": "a"}, {"prompt": "a"}])
     with pytest.raises(InputError) as info:
         JsonlTask(str(path)).train_records()
-    assert str(info.value) == (f"prompt file {str(path)!r} has 1 distinct prompt(s): too few to hold 1 out and train "
+    assert str(info.value) == (f"data file {str(path)!r} has 1 distinct prompt(s): too few to hold 1 out and train "
                                "on the rest; add prompts or give heldout_path")

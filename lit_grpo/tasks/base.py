@@ -97,6 +97,10 @@ class Task(ABC):
         """The held-out prompts, disjoint from the training ones (validation and test)."""
         return self._records[1]
 
+    def keep_records(self, train: Sequence[PromptRecord], heldout: Sequence[PromptRecord]) -> None:
+        """Replace the two splits by subsets of them (prompts too long for the model dropped)."""
+        self.__dict__["_records"] = (list(train), list(heldout))
+
     def reward(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
         """The reward of one completion: ``reward_fn``'s, unless a subclass scores it itself."""
         if self.reward_fn is None:
@@ -131,6 +135,15 @@ class Task(ABC):
         """``score`` of each completion (``records[i]`` is completion i's prompt); a task whose rewards see a whole
         batch at once (``DatasetTask``) overrides it."""
         return [self.score(record, text, row) for record, text, row in zip(records, texts, ids)]
+
+    @property
+    def batched_rewards(self) -> bool:
+        """Whether ``score_group`` scores a batch in one call that fails as a whole (a reward worker then bounds the
+        batch, not each completion)."""
+        return False
+
+    def use_device(self, device: Any) -> None:
+        """Where the policy runs (the data module tells the task at setup): for rewards that run a model."""
 
     def prompt_ids(self, prompt_record: PromptRecord, tokenizer: Any) -> list[int]:
         """Token ids of the prompt as the engine receives them."""

@@ -3,60 +3,21 @@ by rewards as users write them: ``Reward`` classes or TRL-style batched function
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Sequence
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from lit_grpo.input_check import InputError
-from lit_grpo.model_loading import shipped_path
 from lit_grpo.tasks.base import ExactMatchReward, PromptRecord, Reward, ScoredCompletion, Task, is_conversation
+from lit_grpo.tasks.data_files import load_rows
 from lit_grpo.tasks.reward_functions import (
     Completions,
     import_reward,
+    is_batched,
     reward_name,
     reward_values,
     weighted_total,
 )
-
-FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
-
-
-@contextmanager
-def offline() -> Iterator[None]:
-    """Nothing is downloaded at run time: a hub id must already be in the local cache."""
-    saved = {key: os.environ.get(key) for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
-    os.environ.update({key: "1" for key in saved})
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def load_rows(path: str, split: str) -> list[dict[str, Any]]:
-    """The rows of ``split`` of a data file (by extension), a ``save_to_disk`` directory, or a cached hub id."""
-    import datasets
-
-    local = shipped_path(path)
-    try:
-        with offline():
-            if local.suffix in FILE_BUILDERS and local.is_file():
-                data = datasets.load_dataset(FILE_BUILDERS[local.suffix], data_files={split: str(local)}, split=split)
-            elif local.is_dir() and ((local / "dataset_info.json").is_file() or (local / "dataset_dict.json").is_file()):
-                data = datasets.load_from_disk(str(local))
-                data = data[split] if isinstance(data, datasets.DatasetDict) else data
-            else:
-                data = datasets.load_dataset(path, split=split)
-    except (FileNotFoundError, ValueError, KeyError, OSError, datasets.exceptions.DatasetNotFoundError) as error:
-        raise InputError(f"data.task.path {path!r} (split {split!r}) cannot be read: {type(error).__name__}: "
-                         f"{str(error).splitlines()[0] if str(error) else ''} (files: {', '.join(FILE_BUILDERS)}; "
-                         "a save_to_disk directory; or a hub id already in the local cache)") from None
-    return [dict(row) for row in data]
 
 
 class DatasetTask(Task):
@@ -64,16 +25,20 @@ class DatasetTask(Task):
 
     Args:
         path: a data file (``.jsonl``, ``.json``, ``.parquet``, ``.csv``, ``.arrow``), a ``save_to_disk``
-            directory, or a hub id already in the local cache (nothing is downloaded).
-        split: the training split.
-        test_split: a held-out split of the same source; without it, ``heldout_fraction`` of the distinct prompts
-            of ``split`` are held out.
-        heldout_fraction: see ``test_split``.
+            directory, a folder of data files, or a hub id already in the local cache (nothing is downloaded).
+        split: the training split (a single file holds one split, whatever it is called).
+        test_split: a held-out split of the same source (or of ``test_path``).
+        test_path: a separate source of held-out prompts (its ``test_split``, else its ``split``). Without
+            ``test_split`` and ``test_path``, ``heldout_fraction`` of the distinct prompts of ``split`` are held out.
+            A given held-out split must share no prompt with training.
+        heldout_fraction: see ``test_path``.
         prompt_column: the prompt: a string, or a conversation (a list of ``{"role", "content"}`` messages, which
             always goes through the tokenizer's chat template with the generation prompt added).
         answer_column: the reference answer that ``accuracy`` and the default exact-match reward compare with.
-        rewards: ``Reward`` classes (by class path) or import paths of functions with TRL's signature
-            ``f(prompts, completions, completion_ids, **columns) -> list[float | None]``; exact match by default.
+        rewards: ``Reward`` classes (by class path; ``RewardModel`` for a reward model) or import paths of
+            functions with TRL's signature ``f(prompts, completions, completion_ids, **columns) ->
+            list[float | None]`` (``package.module.function`` or ``path/to/file.py:function``); exact match by
+            default.
         reward_weights: one weight per reward (1 each by default).
         failure_reward: what a completion scores when a reward raises or none applies; ``None`` takes the lowest
             ``min_value`` of the rewards, which then must all declare one.
@@ -86,6 +51,7 @@ class DatasetTask(Task):
         path: str,
         split: str = "train",
         test_split: str | None = None,
+        test_path: str | None = None,
         heldout_fraction: float = 0.1,
         prompt_column: str = "prompt",
         answer_column: str = "answer",
@@ -96,7 +62,7 @@ class DatasetTask(Task):
         use_chat_template: bool = False,
     ) -> None:
         super().__init__(use_chat_template)
-        if test_split is None and not 0 < heldout_fraction < 1:
+        if test_split is None and test_path is None and not 0 < heldout_fraction < 1:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
         self.rewards = [import_reward(r) for r in (rewards or [ExactMatchReward()])]
         if reward_weights is not None and len(reward_weights) != len(self.rewards):
@@ -109,43 +75,62 @@ class DatasetTask(Task):
             raise ValueError(f"rewards {missing} declare no min_value: set data.task.init_args.failure_reward to the "
                              "lowest score (what a completion gets when a reward raises or none applies)")
         self._failure_reward = min(floors) if failure_reward is None else failure_reward
-        self.path, self.split_name, self.test_split = path, split, test_split
+        self.path, self.split_name, self.test_split, self.test_path = path, split, test_split, test_path
         self.heldout_fraction, self.split_seed = heldout_fraction, split_seed
         self.prompt_column, self.answer_column = prompt_column, answer_column
+
+    HELDOUT_SOURCE = "test_path or test_split"  # named in the message when too few prompts can be held out
 
     @property
     def failure_reward(self) -> float:
         return self._failure_reward
 
-    def records(self, split: str) -> list[PromptRecord]:
-        rows = load_rows(self.path, split)
+    def records(self, path: str, split: str) -> list[PromptRecord]:
+        """The rows of ``split`` of ``path`` as prompt records (every column kept; ``prompt`` and ``answer`` from the
+        mapped columns)."""
+        rows = load_rows(path, split)
         if not rows:
-            raise InputError(f"data.task.path {self.path!r}: split {split!r} holds no rows")
-        if self.prompt_column not in rows[0]:
-            raise InputError(f"data.task.path {self.path!r}: no column {self.prompt_column!r} (columns: "
-                             f"{', '.join(rows[0])}); set data.task.init_args.prompt_column")
+            raise InputError(f"data file {path!r} (split {split!r}) is empty: it holds no rows")
         records = []
-        for number, row in enumerate(rows):
+        for where, row in rows:
+            if self.prompt_column not in row:
+                raise InputError(f"{where}: no {self.prompt_column!r} column (it has: {', '.join(map(str, row))}); "
+                                 "set data.task.init_args.prompt_column")
             prompt = row[self.prompt_column]
             if not (isinstance(prompt, str) and prompt.strip()) and not (is_conversation(prompt) and prompt):
-                raise InputError(f"data.task.path {self.path!r}, {split} row {number}: {self.prompt_column!r} must "
-                                 f"be a non-empty string or a list of chat messages, got {prompt!r:.80}")
+                raise InputError(f"{where}: {self.prompt_column!r} must be a non-empty string or a list of chat "
+                                 f"messages, got {prompt!r:.80}")
             records.append({**row, "prompt": prompt, "answer": row.get(self.answer_column, "")})
         return records
 
     def split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
-        records = self.records(self.split_name)
+        records = self.records(self.path, self.split_name)
         random.Random(self.split_seed).shuffle(records)
-        if self.test_split is not None:
-            return records, self.records(self.test_split)
+        if self.test_split is not None or self.test_path is not None:
+            source = self.test_path or self.path
+            heldout = self.records(source, self.test_split or self.split_name)
+            shared = {prompt_key(r) for r in heldout} & {prompt_key(r) for r in records}
+            if shared:
+                raise InputError(f"the held-out split ({source!r}) shares {len(shared)} prompt(s) with the training "
+                                 f"split (e.g. {sorted(shared)[0]!r:.80}); it must be disjoint from training")
+            return records, heldout
         keys = list(dict.fromkeys(prompt_key(r) for r in records))  # distinct prompts, in shuffled order
         count = max(1, round(len(keys) * self.heldout_fraction))
         if count >= len(keys):
-            raise InputError(f"data.task.path {self.path!r} has {len(keys)} distinct prompt(s): too few to hold "
-                             f"{count} out and train on the rest; add prompts or give test_split")
-        heldout = set(keys[:count])
-        return ([r for r in records if prompt_key(r) not in heldout],
-                [r for r in records if prompt_key(r) in heldout])
+            raise InputError(f"data file {self.path!r} has {len(keys)} distinct prompt(s): too few to hold {count} "
+                             f"out and train on the rest; add prompts or give {self.HELDOUT_SOURCE}")
+        heldout_keys = set(keys[:count])
+        return ([r for r in records if prompt_key(r) not in heldout_keys],
+                [r for r in records if prompt_key(r) in heldout_keys])
+
+    @property
+    def batched_rewards(self) -> bool:
+        return any(is_batched(reward) for reward in self.rewards)
+
+    def use_device(self, device: Any) -> None:
+        for reward in self.rewards:
+            if hasattr(reward, "use_device"):
+                reward.use_device(device)
 
     def score(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> ScoredCompletion:
         return self.score_group([prompt_record], [completion_text], [completion_ids])[0]
@@ -172,7 +157,7 @@ class DatasetTask(Task):
     def reward_column(reward: Any, name: str, batch: Completions) -> tuple[list[float | None], list[str | None]]:
         """One reward's values for the batch and each completion's failure: a ``Reward`` is called per completion
         and fails alone; a batched function fails for the whole batch."""
-        if isinstance(reward, Reward):
+        if not is_batched(reward):
             pairs = [checked_values(reward, name, batch.one(i)) for i in range(len(batch.texts))]
             return [values[0] for values, _ in pairs], [failures[0] for _, failures in pairs]
         return checked_values(reward, name, batch)

@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import math
 import types
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 from lit_grpo.input_check import InputError
 from lit_grpo.model_loading import shipped_path
-from lit_grpo.tasks.base import REWARD_LIMIT, PromptRecord, Reward
+from lit_grpo.tasks.base import REWARD_LIMIT, PromptRecord, Reward, is_conversation
 
 RewardLike = Reward | Callable[..., Sequence[float | None]]
 
@@ -86,16 +87,39 @@ class Completions:
                 "completion_ids": [list(ids) for ids in self.ids]}
 
 
+class BatchedReward(Reward):
+    """A reward that scores a whole batch in one call (a reward model's forward pass): override ``score_batch``.
+    It is given in a task's ``rewards`` by class path like any ``Reward``; a failure fails the whole batch."""
+
+    @abstractmethod
+    def score_batch(self, batch: Completions) -> list[float | None]:
+        """One value per completion of ``batch`` (``None``: does not apply)."""
+
+    def __call__(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
+        value = self.score_batch(Completions([prompt_record], [completion_text], [completion_ids],
+                                             is_conversation(prompt_record["prompt"])))[0]
+        if value is None:
+            raise ValueError(f"{reward_name(self)} does not apply to this completion")
+        return value
+
+
+def is_batched(reward: RewardLike) -> bool:
+    """Whether a reward scores a batch per call: a ``BatchedReward`` or a plain function (TRL's convention)."""
+    return isinstance(reward, BatchedReward) or not isinstance(reward, Reward)
+
+
 def reward_values(reward: RewardLike, batch: Completions) -> list[float | None]:
     """One reward's value for each completion (``None`` where it does not apply); raises what the reward raises,
     and on a result that is not one finite number (or None) within ``±REWARD_LIMIT`` per completion."""
-    if isinstance(reward, Reward):
-        values: Sequence[Any] = [reward(r, t, i) for r, t, i in zip(batch.records, batch.texts, batch.ids)]
+    if isinstance(reward, BatchedReward):
+        values: Sequence[Any] = reward.score_batch(batch)
+    elif isinstance(reward, Reward):
+        values = [reward(r, t, i) for r, t, i in zip(batch.records, batch.texts, batch.ids)]
     else:
         values = reward(**batch.trl_arguments())
-        if not isinstance(values, Sequence) or len(values) != len(batch.texts):
-            raise ValueError(f"{reward_name(reward)} returned {type(values).__name__} of length "
-                             f"{len(values) if isinstance(values, Sequence) else '?'} for {len(batch.texts)} completions")
+    if is_batched(reward) and (not isinstance(values, Sequence) or len(values) != len(batch.texts)):
+        raise ValueError(f"{reward_name(reward)} returned {type(values).__name__} of length "
+                         f"{len(values) if isinstance(values, Sequence) else '?'} for {len(batch.texts)} completions")
     checked = []
     for value in values:
         if value is not None:

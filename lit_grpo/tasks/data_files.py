@@ -1,0 +1,94 @@
+"""Reading a task's rows, the one way data comes in (issue 19): a data file by its type, a ``save_to_disk``
+directory, a folder of data files, or a hub id already in the local cache; nothing is downloaded at run time.
+
+JSON-lines files are read line by line (a bad line is named by its number; a column may hold strings in one row and
+numbers in another); every other source goes through ``datasets``."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+from unittest.mock import patch
+
+from lit_grpo.input_check import InputError
+from lit_grpo.model_loading import shipped_path
+
+FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+SOURCES = f"a data file ({', '.join(FILE_BUILDERS)}), a save_to_disk directory, or a hub id already in the local cache"
+Row = tuple[str, dict[str, Any]]  # where the row is (for messages), the row
+
+
+@contextmanager
+def offline() -> Iterator[None]:
+    """Nothing is downloaded at run time: a hub id must already be in the local cache. ``datasets`` and
+    ``huggingface_hub`` read ``HF_HUB_OFFLINE`` once, at import, so their flags are set for the duration (setting the
+    variable alone would leave a lookup waiting on the network)."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    flags = [(datasets.config, "HF_HUB_OFFLINE"), (datasets.config, "HF_DATASETS_OFFLINE"),
+             (huggingface_hub.constants, "HF_HUB_OFFLINE")]
+    with ExitStack() as stack:
+        for owner, name in flags:
+            stack.enter_context(patch.object(owner, name, True))
+        stack.enter_context(patch.dict(os.environ, {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}))
+        yield
+
+
+def load_rows(path: str, split: str) -> list[Row]:
+    """The rows of ``split`` of ``path`` (a single file holds one split, whatever its name), each with where it is:
+    ``file:line`` for JSON lines, ``path [split] row N`` otherwise."""
+    local = shipped_path(path)
+    if local.suffix == ".jsonl" and local.is_file():
+        return read_jsonl_rows(local)
+    looks_local = local.suffix in FILE_BUILDERS or path.startswith((".", "/", "~")) or path.count("/") > 1
+    if looks_local and not local.exists():
+        raise InputError(f"data file {path!r} does not exist (data.task.path: {SOURCES})")
+    rows = load_dataset_rows(path, local, split)
+    return [(f"{path} [{split}] row {number}", row) for number, row in enumerate(rows)]
+
+
+def load_dataset_rows(path: str, local: Path, split: str) -> list[dict[str, Any]]:
+    """``split`` of a file, a directory or a cached hub id, through ``datasets``."""
+    import datasets
+
+    try:
+        with offline():
+            if local.suffix in FILE_BUILDERS and local.is_file():
+                data = datasets.load_dataset(FILE_BUILDERS[local.suffix], data_files={split: str(local)}, split=split)
+            elif (local / "dataset_info.json").is_file() or (local / "dataset_dict.json").is_file():
+                data = datasets.load_from_disk(str(local))
+                data = data[split] if isinstance(data, datasets.DatasetDict) else data
+            else:  # a folder of data files, or a hub id in the cache
+                data = datasets.load_dataset(str(local) if local.is_dir() else path, split=split)
+    except (FileNotFoundError, ValueError, KeyError, OSError, datasets.exceptions.DatasetNotFoundError,
+            datasets.exceptions.DatasetGenerationError) as error:
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        raise InputError(f"data file {path!r} (split {split!r}) cannot be read: {type(error).__name__}: "
+                         f"{first_line} (data.task.path: {SOURCES})") from None
+    return [dict(row) for row in data]
+
+
+def read_jsonl_rows(path: Path) -> list[Row]:
+    """The objects of a JSON-lines file, blank lines skipped, each with ``file:line``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = "not UTF-8 text" if isinstance(error, UnicodeDecodeError) else (error.strerror or str(error))
+        raise InputError(f"data file {str(path)!r} cannot be read: {reason}") from None
+    rows: list[Row] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise InputError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
+        rows.append((f"{path}:{number}", row))
+    return rows
