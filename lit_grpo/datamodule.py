@@ -272,7 +272,8 @@ class RolloutDataModule(pl.LightningDataModule):
         """How many of ``wanted`` groups of ``group_size`` the remaining ``completion_budget`` pays for."""
         if self.completion_budget is None:
             return wanted
-        return min(wanted, (self.completion_budget - self.completions_generated) // self.group_size)
+        # trees are not cut to the budget: their last epoch may overshoot it, which leaves nothing, not a debt
+        return max(0, min(wanted, (self.completion_budget - self.completions_generated) // self.group_size))
 
     @property
     def budget_spent(self) -> bool:

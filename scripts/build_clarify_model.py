@@ -1,11 +1,13 @@
-"""Build ``data/tiny-llama-clarify``: the shipped tiny model taught the clarification game's protocol.
+"""Build the warm-start models of the multi-round games: ``data/tiny-llama-clarify`` (``--game clarify``) and
+``data/tiny-llama-hidden`` (``--game hidden-operands``), taught a game's protocol but not its policy.
 
-Fine-tunes ``data/tiny-llama`` by teacher forcing on the game's *training* split only. Every prompt, hidden or
-not, is shown both ways with equal odds: asking (``?``, the environment's ``b=..;``, then the sum) and answering at
-once (the sum, or for a hidden b a guess). So the model knows how to ask and how to answer but has no preference
-for when: that is what GRPO or tree-relative training must learn. A share of plain addition keeps the skill.
+Fine-tunes ``data/tiny-llama`` by teacher forcing on the game's *training* split only. At every round of every
+prompt, hidden operands or not, the demonstration asks (``?``, then the environment's reply) or answers (the sum
+when every operand is known, else a guess) with equal odds. So the model knows how to ask and how to answer but has
+no preference for when: that is what GRPO or tree-relative training must learn.
 
-Usage: ``.venv/bin/python scripts/build_clarify_model.py`` (deterministic; prints held-out figures).
+Usage: ``.venv/bin/python scripts/build_clarify_model.py [--game hidden-operands]`` (deterministic; prints held-out
+figures).
 """
 
 from __future__ import annotations
@@ -25,13 +27,19 @@ sys.path.insert(0, str(REPO_ROOT))
 from lit_grpo.engines import HFEngine, SamplingSpec  # noqa: E402
 from lit_grpo.model_loading import load_policy  # noqa: E402
 from lit_grpo.tasks import ClarifyTask  # noqa: E402
+from lit_grpo.tasks.games import HiddenOperandsTask  # noqa: E402
 from lit_grpo.tree_rollout import greedy_episodes  # noqa: E402
 
 IGNORE = -100
+GAMES = {"clarify": ClarifyTask, "hidden-operands": HiddenOperandsTask}
+ROUNDS = {ClarifyTask: 2, HiddenOperandsTask: 3}  # the rounds an episode of the demonstrations may take
+GUESS = {ClarifyTask: (10, 99), HiddenOperandsTask: (10, 99)}  # the range of a hidden operand
 
 
-def protocol_example(tokenizer, record: dict, rng: random.Random) -> tuple[list[int], list[int]]:
-    """Token ids and labels of one episode; the prompt and the environment's reply carry no label."""
+def protocol_example(tokenizer, task, record: dict, rng: random.Random) -> tuple[list[int], list[int]]:
+    """Token ids and labels of one episode in which every round asks or answers with equal odds (the last round
+    answers); the prompt and the environment's replies carry no label. An answer is the right sum when every operand
+    is known, else a guess: the known operands plus a random value for each unknown one."""
     eos = tokenizer.eos_token_id
     ids = tokenizer(record["prompt"])["input_ids"]
     labels = [IGNORE] * len(ids)
@@ -41,13 +49,16 @@ def protocol_example(tokenizer, record: dict, rng: random.Random) -> tuple[list[
         ids.extend(piece)
         labels.extend(piece if learn else [IGNORE] * len(piece))
 
-    if rng.random() < 0.5:
-        say("?", learn=True)
-        say(f"b={record['b']};", learn=False)
-        say(record["answer"], learn=True)
-    else:
-        guess = record["a"] + rng.randint(10, 99) if record["hidden"] else int(record["answer"])
+    unknown = list(record["hidden"]) if isinstance(record["hidden"], list) else (["b"] if record["hidden"] else [])
+    for round_index in range(1, ROUNDS[type(task)] + 1):
+        if round_index < ROUNDS[type(task)] and rng.random() < 0.5:
+            say("?", learn=True)
+            say(task.step(record, round_index, "?").reply, learn=False)
+            unknown = unknown[1:]
+            continue
+        guess = int(record["answer"]) + sum(rng.randint(*GUESS[type(task)]) - record[name] for name in unknown)
         say(str(guess), learn=True)
+        break
     return ids, labels
 
 
@@ -62,7 +73,7 @@ def batch(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str,
     return out
 
 
-def evaluate(model_dir: str, task: ClarifyTask, prompts: int = 300) -> tuple[float, float]:
+def evaluate(model_dir: str, task, prompts: int = 300) -> tuple[float, float]:
     """Greedy held-out episodes (up to 3 rounds): mean return and accuracy."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     policy = load_policy(model_dir, 4, 8, 0.0, "all-linear")
@@ -76,7 +87,8 @@ def evaluate(model_dir: str, task: ClarifyTask, prompts: int = 300) -> tuple[flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", default=str(REPO_ROOT / "data" / "tiny-llama"))
-    parser.add_argument("--output", type=Path, default=REPO_ROOT / "data" / "tiny-llama-clarify")
+    parser.add_argument("--game", choices=sorted(GAMES), default="clarify")
+    parser.add_argument("--output", type=Path, default=None, help="default: data/tiny-llama-clarify or -hidden")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=5e-4)
@@ -88,13 +100,15 @@ def main() -> None:
     torch.set_num_threads(2)
     tokenizer = AutoTokenizer.from_pretrained(args.source)
     model = AutoModelForCausalLM.from_pretrained(args.source, dtype=torch.float32)
-    task = ClarifyTask()
+    task = GAMES[args.game]()
+    name = "tiny-llama-clarify" if args.game == "clarify" else "tiny-llama-hidden"
+    args.output = args.output or REPO_ROOT / "data" / name
     rng = random.Random(args.seed)
     train = list(task.train_records())
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     model.train()
     for _ in range(args.steps):
-        examples = [protocol_example(tokenizer, record, rng) for record in rng.sample(train, args.batch_size)]
+        examples = [protocol_example(tokenizer, task, record, rng) for record in rng.sample(train, args.batch_size)]
         loss = model(**batch(examples, tokenizer.pad_token_id)).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -107,12 +121,13 @@ def main() -> None:
     source = Path(args.source).resolve()
     shown = source.relative_to(REPO_ROOT) if source.is_relative_to(REPO_ROOT) else source
     lines = [f"fine-tuned from {shown} for {args.steps} steps (batch {args.batch_size}, lr {args.lr}, seed "
-             f"{args.seed}) on the clarification game's training split",
+             f"{args.seed}) on the {type(task).__name__} game's training split",
              f"greedy held-out episodes (300 prompts, <= 3 rounds): mean return {mean_return:.3f}, accuracy {accuracy:.3f}",
              f"wall time: {time.time() - started:.0f} s"]
     (args.output / "BUILD.md").write_text(
-        "# tiny-llama-clarify\n\nThe shipped tiny model taught the clarification game's protocol (ask or answer, "
-        "with no preference for when).\n\nRebuilt by:\n\n    .venv/bin/python scripts/build_clarify_model.py\n\n"
+        f"# {name}\n\nThe shipped tiny model taught the {type(task).__name__} game's protocol (ask or answer, "
+        f"with no preference for when).\n\nRebuilt by:\n\n    .venv/bin/python scripts/build_clarify_model.py "
+        f"--game {args.game}\n\n"
         + "\n".join(f"- {line}" for line in lines) + "\n")
     print("\n".join(lines))
 

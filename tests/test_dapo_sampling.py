@@ -86,3 +86,15 @@ def test_completion_budget_is_validated():
         assert "completion_budget: must be >= group_size (8) or None, got 4" in str(error)
     else:
         raise AssertionError("a budget smaller than one group was accepted")
+
+
+def test_a_budget_overshot_by_a_tree_epoch_is_spent_not_owed():
+    # tree epochs are not cut to the budget: 300 segments allowed, 331 generated. The budget is spent (the run
+    # stops after this epoch), and no draw is owed a negative number of groups (the bug ran a tree run forever)
+    datamodule = RolloutDataModule(group_size=8, completion_budget=300)
+    datamodule.completions_generated = 292
+    assert not datamodule.budget_spent and datamodule.affordable_groups(3) == 1  # 8 left: one group
+    datamodule.completions_generated = 296
+    assert datamodule.budget_spent and datamodule.affordable_groups(3) == 0  # 4 left: less than one group
+    datamodule.completions_generated = 331
+    assert datamodule.budget_spent and datamodule.affordable_groups(3) == 0

@@ -1,0 +1,40 @@
+"""The multi-round games of issue 20: rules, split and oracle by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from lit_grpo.tasks.games import HiddenOperandsTask
+
+
+def test_each_question_reveals_the_next_hidden_operand_and_an_answer_is_scored():
+    task = HiddenOperandsTask()
+    record = HiddenOperandsTask.record(47, 8, ["a", "b"])
+    assert record["prompt"] == "?+?=" and record["answer"] == "55"
+    first, second, third = (task.step(record, r, " ?") for r in (1, 2, 3))
+    assert (first.kind, first.reward, first.terminal) == ("ask", -0.1, False)
+    assert first.reply == "a=47;" and second.reply == "b=8;" and third.reply == "none;"  # nothing left to reveal: the question only costs
+    right, wrong, garbled = task.step(record, 3, "55"), task.step(record, 1, "54"), task.step(record, 1, "5?")
+    assert (right.kind, right.reward, right.terminal, right.correct) == ("answer", 1.0, True, True)
+    assert (wrong.reward, wrong.correct) == (-1.0, False)
+    assert (garbled.kind, garbled.reward, garbled.terminal) == ("malformed", -1.0, True)
+    only_b = HiddenOperandsTask.record(12, 90, ["b"])
+    assert only_b["prompt"] == "12+?=" and task.step(only_b, 1, "?").reply == "b=90;"
+    assert task.step(only_b, 2, "?").reply == "none;"
+
+
+def test_split_is_disjoint_hides_each_operand_about_half_the_time_and_the_oracle_pays_per_question():
+    task = HiddenOperandsTask(heldout_size=500)
+    train, heldout = task.split()
+    assert len(train) + len(heldout) == 8100 and len(heldout) == 500
+    assert not {(r["a"], r["b"]) for r in train} & {(r["a"], r["b"]) for r in heldout}
+    counts = [sum(len(r["hidden"]) == k for r in train) / len(train) for k in (0, 1, 2)]
+    assert counts == pytest.approx([0.25, 0.5, 0.25], abs=0.02)
+    records = [HiddenOperandsTask.record(10, 12, hidden) for hidden in ([], ["a"], ["a", "b"], ["b"])]
+    assert task.oracle_return(records) == pytest.approx((1.0 + 0.9 + 0.8 + 0.9) / 4, abs=1e-12)
+    assert task.failure_reward == -1.0
+
+
+def test_rewards_that_make_asking_pointless_are_refused():
+    with pytest.raises(ValueError, match="wrong_reward < -ask_cost < correct_reward"):
+        HiddenOperandsTask(ask_cost=1.5)
