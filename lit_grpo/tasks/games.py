@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import random
-from typing import Any
 
 from lit_grpo.tasks.base import PromptRecord
-from lit_grpo.tasks.multiround import EnvStep, MultiRoundTask
+from lit_grpo.tasks.multiround import AskOrAnswerTask
 
 HIDDEN = ("a", "b")  # the operands that may be hidden, revealed in this order
 
 
-class HiddenOperandsTask(MultiRoundTask):
+class HiddenOperandsTask(AskOrAnswerTask):
     """Two-digit addition ``a+b`` with each operand hidden (``?``) with probability ``hidden_probability``, so 0, 1
     or 2 operands are unknown (the base model's addition skill carries over; only the questions are new).
 
@@ -49,14 +48,11 @@ class HiddenOperandsTask(MultiRoundTask):
         split_seed: int = 0,
         use_chat_template: bool = False,
     ) -> None:
-        super().__init__(use_chat_template)
         if not 0 <= hidden_probability <= 1:
             raise ValueError(f"hidden_probability must be in [0, 1], got {hidden_probability}")
-        if not wrong_reward < -ask_cost < correct_reward:
-            raise ValueError("need wrong_reward < -ask_cost < correct_reward, or asking can never pay or never cost")
-        self.hidden_probability, self.correct_reward, self.wrong_reward = hidden_probability, correct_reward, wrong_reward
-        self.ask_cost, self._malformed, self._no_answer = ask_cost, malformed_reward, no_answer_reward
-        self.heldout_size, self.split_seed = heldout_size, split_seed
+        super().__init__(correct_reward, wrong_reward, ask_cost, malformed_reward, no_answer_reward, heldout_size,
+                         split_seed, use_chat_template)
+        self.hidden_probability = hidden_probability
 
     def split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
         rng = random.Random(self.split_seed)
@@ -75,31 +71,9 @@ class HiddenOperandsTask(MultiRoundTask):
         """The oracle's mean return on ``records``: as many questions as hidden operands, then the right sum."""
         return sum(self.correct_reward - self.ask_cost * len(r["hidden"]) for r in records) / len(records)
 
-    @property
-    def no_answer_reward(self) -> float:
-        return self._no_answer
-
-    @property
-    def malformed_reward(self) -> float:
-        return self._malformed
-
-    @property
-    def failure_reward(self) -> float:
-        return min(self.wrong_reward, self._malformed, self._no_answer, -self.ask_cost)
-
-    def defer_token_ids(self, tokenizer: Any) -> list[int]:
-        return tokenizer("?", add_special_tokens=False)["input_ids"][:1]
-
-    def step(self, prompt_record: PromptRecord, round_index: int, segment_text: str) -> EnvStep:
+    def reply(self, prompt_record: PromptRecord, round_index: int) -> str:
         """Every segment before round ``round_index`` of a running episode was a question (an answer ends it), so
         this question is the ``round_index``-th and reveals the ``round_index``-th hidden operand."""
-        text = segment_text.strip()
-        if text == "?":
-            hidden = prompt_record["hidden"]
-            name = hidden[round_index - 1] if round_index <= len(hidden) else None
-            reply = f"{name}={prompt_record[name]};" if name else "none;"
-            return EnvStep("ask", -self.ask_cost, terminal=False, reply=reply)
-        if text.isdigit():
-            correct = text == prompt_record["answer"]
-            return EnvStep("answer", self.correct_reward if correct else self.wrong_reward, True, correct=correct)
-        return EnvStep("malformed", self._malformed, terminal=True)
+        hidden = prompt_record["hidden"]
+        name = hidden[round_index - 1] if round_index <= len(hidden) else None
+        return f"{name}={prompt_record[name]};" if name else "none;"

@@ -60,7 +60,50 @@ class MultiRoundTask(Task):
         return self.step(prompt_record, 1, completion_text).reward
 
 
-class ClarifyTask(MultiRoundTask):
+class AskOrAnswerTask(MultiRoundTask):
+    """The rules the question games share: a segment ``?`` asks (reward ``-ask_cost``; the environment replies with
+    ``reply``), a segment of digits answers (``correct_reward`` if it is the record's answer, else
+    ``wrong_reward``), anything else is malformed. Subclasses give the prompts (``split``) and ``reply``."""
+
+    def __init__(self, correct_reward: float, wrong_reward: float, ask_cost: float, malformed_reward: float,
+                 no_answer_reward: float, heldout_size: int, split_seed: int, use_chat_template: bool) -> None:
+        super().__init__(use_chat_template)
+        if not wrong_reward < -ask_cost < correct_reward:
+            raise ValueError("need wrong_reward < -ask_cost < correct_reward, or asking can never pay or never cost")
+        self.correct_reward, self.wrong_reward, self.ask_cost = correct_reward, wrong_reward, ask_cost
+        self._malformed, self._no_answer = malformed_reward, no_answer_reward
+        self.heldout_size, self.split_seed = heldout_size, split_seed
+
+    @abstractmethod
+    def reply(self, prompt_record: PromptRecord, round_index: int) -> str:
+        """The environment's answer to the question asked at round ``round_index`` (1-based)."""
+
+    @property
+    def no_answer_reward(self) -> float:
+        return self._no_answer
+
+    @property
+    def malformed_reward(self) -> float:
+        return self._malformed
+
+    @property
+    def failure_reward(self) -> float:
+        return min(self.wrong_reward, self._malformed, self._no_answer, -self.ask_cost)
+
+    def defer_token_ids(self, tokenizer: Any) -> list[int]:
+        return tokenizer("?", add_special_tokens=False)["input_ids"][:1]
+
+    def step(self, prompt_record: PromptRecord, round_index: int, segment_text: str) -> EnvStep:
+        text = segment_text.strip()
+        if text == "?":
+            return EnvStep("ask", -self.ask_cost, terminal=False, reply=self.reply(prompt_record, round_index))
+        if text.isdigit():
+            correct = text == prompt_record["answer"]
+            return EnvStep("answer", self.correct_reward if correct else self.wrong_reward, True, correct=correct)
+        return EnvStep("malformed", self._malformed, terminal=True)
+
+
+class ClarifyTask(AskOrAnswerTask):
     """A clarification game over two-digit addition: asking costs a little, answering wrong costs a lot.
 
     Each prompt is ``"{a}+{b}="`` or, with probability ``hidden_fraction``, ``"{a}+?="`` with b hidden. A segment
@@ -93,14 +136,11 @@ class ClarifyTask(MultiRoundTask):
         split_seed: int = 0,
         use_chat_template: bool = False,
     ) -> None:
-        super().__init__(use_chat_template)
         if not 0 <= hidden_fraction <= 1:
             raise ValueError(f"hidden_fraction must be in [0, 1], got {hidden_fraction}")
-        if not wrong_reward < -ask_cost < correct_reward:
-            raise ValueError("need wrong_reward < -ask_cost < correct_reward, or asking can never pay or never cost")
-        self.hidden_fraction, self.correct_reward, self.wrong_reward = hidden_fraction, correct_reward, wrong_reward
-        self.ask_cost, self._malformed, self._no_answer = ask_cost, malformed_reward, no_answer_reward
-        self.heldout_size, self.split_seed = heldout_size, split_seed
+        super().__init__(correct_reward, wrong_reward, ask_cost, malformed_reward, no_answer_reward, heldout_size,
+                         split_seed, use_chat_template)
+        self.hidden_fraction = hidden_fraction
 
     def split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
         rng = random.Random(self.split_seed)
@@ -114,26 +154,5 @@ class ClarifyTask(MultiRoundTask):
         prompt = f"{a}+?=" if hidden else f"{a}+{b}="
         return {"prompt": prompt, "answer": str(a + b), "a": a, "b": b, "hidden": hidden}
 
-    @property
-    def no_answer_reward(self) -> float:
-        return self._no_answer
-
-    def defer_token_ids(self, tokenizer: Any) -> list[int]:
-        return tokenizer("?", add_special_tokens=False)["input_ids"][:1]
-
-    @property
-    def malformed_reward(self) -> float:
-        return self._malformed
-
-    @property
-    def failure_reward(self) -> float:
-        return min(self.wrong_reward, self._malformed, self._no_answer, -self.ask_cost)
-
-    def step(self, prompt_record: PromptRecord, round_index: int, segment_text: str) -> EnvStep:
-        text = segment_text.strip()
-        if text == "?":
-            return EnvStep("ask", -self.ask_cost, terminal=False, reply=f"b={prompt_record['b']};")
-        if text.isdigit():
-            correct = text == prompt_record["answer"]
-            return EnvStep("answer", self.correct_reward if correct else self.wrong_reward, True, correct=correct)
-        return EnvStep("malformed", self._malformed, terminal=True)
+    def reply(self, prompt_record: PromptRecord, round_index: int) -> str:
+        return f"b={prompt_record['b']};"
