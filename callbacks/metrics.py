@@ -41,12 +41,14 @@ def rollout_stats(buffer: RolloutBuffer) -> dict[str, float]:
 
 
 def tree_stats(roots: list[Any]) -> dict[str, float]:
-    """Depth reached, share of questions among segments, accuracy and mean return of the leaves, and the share of
-    sibling groups whose rewards-to-go are all equal (no learning signal there)."""
-    from lit_grpo.tree import depth_first, leaf_returns
+    """Depth reached, share of questions among segments, accuracy and mean return of the leaves, the share of
+    sibling groups whose rewards-to-go are all equal (no learning signal there), and the sampled episodes behind
+    each segment's advantage (the leaves below it: 1 for every segment of a chain)."""
+    from lit_grpo.tree import depth_first, leaf_counts, leaf_returns
     from lit_grpo.tree_rollout import policy_nodes
 
     segments = [node for root in roots for node in policy_nodes(root)]
+    leaves = [count for root in roots for count in map(leaf_counts(root).get, policy_nodes(root))]
     answers = [node for node in segments if node.kind == "answer"]
     returns = [value for root in roots for value in leaf_returns(root)]
     sibling_groups = [node.children for root in roots for node in depth_first(root) if len(node.children) > 1]
@@ -57,6 +59,7 @@ def tree_stats(roots: list[Any]) -> dict[str, float]:
         "answer_accuracy": sum(node.correct for node in answers) / max(len(answers), 1),
         "mean_return": sum(returns) / max(len(returns), 1),
         "zero_variance_sibling_frac": sum(flat) / max(len(flat), 1),
+        "episodes_per_decision": sum(leaves) / max(len(leaves), 1),
     }
 
 
@@ -117,7 +120,7 @@ class RolloutMetrics(pl.Callback):
         if every and trainer.current_epoch % every == 0:
             self.write_table(trainer, buffer)
             if buffer.trees:
-                self.write_tree(trainer, buffer.trees[0])
+                self.write_tree(trainer, buffer.trees[0], getattr(pl_module, "tokenizer", None))
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         stats = outputs.get("stats", {}) if isinstance(outputs, dict) else {}
@@ -141,14 +144,27 @@ class RolloutMetrics(pl.Callback):
                 pl_module.log(f"train/{key}", metric.compute(), on_step=False, on_epoch=True, sync_dist=True)
             metric.reset()
 
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        """A sampled tree of the epoch's rollouts beside each validation's greedy scores."""
+        buffer = getattr(trainer.datamodule, "buffer", None)
+        if not trainer.sanity_checking and buffer is not None and buffer.trees:
+            self.write_tree(trainer, buffer.trees[0], getattr(pl_module, "tokenizer", None))
+
     @rank_zero_only
-    def write_tree(self, trainer: pl.Trainer, root: Any) -> None:
-        """One tree as indented text: each node's reward, value, q and advantage."""
+    def write_tree(self, trainer: pl.Trainer, root: Any, tokenizer: Any = None) -> None:
+        """One tree as indented text: each node's reward, value, q and advantage, and its segment and the
+        environment's reply when a tokenizer is given."""
         from lit_grpo.tree import render_tree
+
+        def label(node: Any) -> str:
+            segment = tokenizer.decode(list(getattr(node, "segment", ())), skip_special_tokens=True)
+            reply = tokenizer.decode(list(getattr(node, "reply", ())), skip_special_tokens=True)
+            return f"{segment!r}" + (f" -> {reply!r}" if reply else "") if getattr(node, "segment", ()) else ""
 
         logger = trainer.logger
         if logger is not None and hasattr(logger.experiment, "add_text"):
-            text = f"prompt `{root.record.get('prompt', '')}`\n\n```\n{render_tree(root)}\n```"
+            tree = render_tree(root, label if tokenizer is not None else None)
+            text = f"prompt `{root.record.get('prompt', '')}`\n\n```\n{tree}\n```"
             logger.experiment.add_text("tree/sample", text, trainer.global_step)
 
     @rank_zero_only

@@ -26,8 +26,11 @@ class Feature:
 FEATURES: tuple[Feature, ...] = (
     Feature("model.loss_variant", lambda v: v == "dpo", ("grouped",),
             "online DPO pairs the best and worst completion of one prompt's group"),
-    Feature("model.advantage_mode", lambda v: v == "gae", ("grouped",),
-            "PPO's value head and GAE run over one completion per row; trees use tree-relative advantages"),
+    Feature("model.advantage_mode", lambda v: v == "gae", ("grouped", "chains"),
+            "PPO's value head and GAE run along one trajectory per row or chain; a tree's branches share their "
+            "ancestors, and trees use tree-relative advantages"),
+    Feature("model.tree_std_scope", lambda v: v == "siblings", ("tree",),
+            "only a tree has sibling groups: each decision's alternatives sampled from one context"),
     Feature("model.kl_in", lambda v: v == "reward", ("grouped",),
             "the KL penalty is folded into the reward of a single-round completion"),
     Feature("model.tis_cap", lambda v: v is not None, ("grouped",),

@@ -37,7 +37,7 @@ from lit_grpo.packed import TokenLogprobs
 from lit_grpo.risk import RiskHead, RiskHeadSpec
 from lit_grpo.risk_rollout import batch_constraint, risk_head_loss
 from lit_grpo.rollout_advantages import AdvantageKnobs, assign_advantages
-from lit_grpo.tree import ValueMode
+from lit_grpo.tree import StdScope, ValueMode
 from lit_grpo.validation import GreedyEvaluation
 from lit_grpo.value_head import ValueHead, aligned_values, value_loss
 
@@ -77,6 +77,8 @@ class PolicyModule(pl.LightningModule):
             sequence's reward before the advantages (grouped rollouts only).
         tree_value_mode: node values of ``tree`` rollouts: ``mean`` (Bellman expectation over the sampled
             children) or ``optimal_stopping`` (the better of answering now and asking, by the sampled future).
+        tree_std_scope: what divides a ``tree`` rollout's sibling-relative advantages: the std of the whole
+            ``tree``'s leaf returns, or of each ``siblings`` group's Q (an ablation).
         vf_coef: weight of the value loss (``gae`` only).
         vf_clip: PPO's value clipping range around the old values; ``None`` turns it off.
         gamma: GAE discount.
@@ -130,6 +132,7 @@ class PolicyModule(pl.LightningModule):
         kl_estimator: KLEstimator = "k3",
         kl_in: Literal["loss", "reward"] = "loss",
         tree_value_mode: ValueMode = "mean",
+        tree_std_scope: StdScope = "tree",
         vf_coef: float = 0.5,
         vf_clip: float | None = 0.2,
         gamma: float = 1.0,
@@ -246,8 +249,8 @@ class PolicyModule(pl.LightningModule):
     def assign_advantages(self, buffer: RolloutBuffer) -> None:
         """The buffer's advantages (``rollout_advantages.assign_advantages``) with this module's knobs."""
         hp = self.hparams
-        knobs = AdvantageKnobs(hp.std_scope, hp.tree_value_mode, hp.tis_cap, hp.gamma, hp.gae_lambda,
-                               value_head=self.value_head is not None)
+        knobs = AdvantageKnobs(hp.std_scope, hp.tree_value_mode, hp.tree_std_scope, hp.tis_cap, hp.gamma,
+                               hp.gae_lambda, value_head=self.value_head is not None)
         assign_advantages(buffer, self.objective, knobs, self.ranks())
 
     def ranks(self) -> tuple[Any, int]:

@@ -30,6 +30,7 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
         + choice_problem("kl_in", args["kl_in"], ("loss", "reward"))
         + choice_problem("std_scope", args["std_scope"], ("group", "batch"))
         + choice_problem("tree_value_mode", args["tree_value_mode"], ("mean", "optimal_stopping"))
+        + choice_problem("tree_std_scope", args["tree_std_scope"], ("tree", "siblings"))
         + choice_problem("old_logp_source", args["old_logp_source"], ("sampler", "trainer"))
         + choice_problem("attn_implementation", args["attn_implementation"], ("sdpa", "eager"))
     )

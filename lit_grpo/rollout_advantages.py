@@ -12,6 +12,7 @@ from lit_grpo.buffer import RolloutBuffer
 from lit_grpo.distributed import global_moments
 from lit_grpo.losses import (
     batch_std_advantages,
+    episode_gae,
     gae,
     group_advantages,
     kl_divergence,
@@ -20,7 +21,7 @@ from lit_grpo.losses import (
 )
 from lit_grpo.module_config import Objective
 from lit_grpo.online_dpo import assign_pairs
-from lit_grpo.tree_rollout import tree_row_advantages
+from lit_grpo.tree_rollout import chain_rows, tree_row_advantages
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class AdvantageKnobs:
 
     std_scope: str = "group"
     tree_value_mode: str = "mean"
+    tree_std_scope: str = "tree"
     tis_cap: float | None = None
     gamma: float = 1.0
     gae_lambda: float = 0.95
@@ -42,7 +44,12 @@ def assign_advantages(buffer: RolloutBuffer, objective: Objective, knobs: Advant
     if buffer.trees is not None:
         if objective.kl_in == "reward" and objective.kl_coef > 0:
             raise ValueError("kl_in='reward' is for grouped rollouts; use kl_in='loss' with tree or chain rollouts")
-        buffer.advantages = tree_row_advantages(buffer, objective.advantage_mode, knobs.tree_value_mode)
+        if knobs.value_head:  # chains only (combinations.py): GAE along each episode's rounds
+            buffer.advantages, buffer.returns = gae_advantages(buffer, objective, knobs, ranks,
+                                                               chains=chain_rows(buffer.trees))
+            return
+        buffer.advantages = tree_row_advantages(buffer, objective.advantage_mode, knobs.tree_value_mode,
+                                                knobs.tree_std_scope)
         return
     if knobs.value_head:
         buffer.advantages, buffer.returns = gae_advantages(buffer, objective, knobs, ranks)
@@ -67,15 +74,22 @@ def assign_advantages(buffer: RolloutBuffer, objective: Objective, knobs: Advant
         buffer.advantages = buffer.advantages[:, None] * weights  # [N, L]
 
 
-def gae_advantages(buffer: Any, objective: Objective, knobs: AdvantageKnobs,
-                   ranks: tuple[Any, int] = (None, 1)) -> tuple[torch.Tensor, torch.Tensor]:
+def gae_advantages(buffer: Any, objective: Objective, knobs: AdvantageKnobs, ranks: tuple[Any, int] = (None, 1),
+                   chains: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO: per-token rewards (the task reward on the last token, less beta * k1 with ``kl_in='reward'``), GAE
-    against the old values, advantages whitened over every rank's counted tokens.  -> ``([N, L], [N, L])``."""
+    against the old values, advantages whitened over every rank's counted tokens.  -> ``([N, L], [N, L])``.
+
+    ``chains``: ``(episode [N], rewards [N])`` of chain rollouts (``chain_rows``): each row is one round's segment
+    with its own reward, and GAE runs along each episode's rows (``episode_gae``)."""
     mask = buffer.completion_mask
     shaped = objective.kl_in == "reward" and objective.kl_coef > 0
     k1 = kl_divergence(buffer.old_logp, buffer.ref_logp, "k1") if shaped else torch.zeros_like(buffer.old_logp)
-    token_rewards = kl_shaped_rewards(buffer.rewards, k1, mask, objective.kl_coef if shaped else 0.0)
-    advantages, returns = gae(token_rewards, buffer.values, mask, knobs.gamma, knobs.gae_lambda)
+    rewards = buffer.rewards if chains is None else chains[1]
+    token_rewards = kl_shaped_rewards(rewards, k1, mask, objective.kl_coef if shaped else 0.0)
+    if chains is None:
+        advantages, returns = gae(token_rewards, buffer.values, mask, knobs.gamma, knobs.gae_lambda)
+    else:
+        advantages, returns = episode_gae(token_rewards, buffer.values, mask, chains[0], knobs.gamma, knobs.gae_lambda)
     count, mean, std = global_moments(advantages[mask], *ranks)
     if count > 1:
         advantages = torch.where(mask, (advantages - mean) / (std + 1e-6), 0.0)

@@ -15,7 +15,8 @@ back into the tree it is given:
   out: it is the same constant on every path, so it changes no spread, and leaving it out keeps a large prompt-level
   reward from rounding the returns.
 - ``sibling_advantages``: ``A(c) = (Q(c) - mean of Q over c's siblings, c included) / (sigma_tree + eps)``, with
-  ``sigma_tree`` the population std of all the leaf returns.
+  ``sigma_tree`` the population std of all the leaf returns. The ablation ``std_scope="siblings"`` divides by the
+  population std of the sibling group's Q instead (each decision normalised on its own, as GRPO normalises a group).
 
 Exact zeros (design §4's flat-group rule, carried over): a tree whose leaf returns are all equal gets 0.0 on every
 node, and so does every sibling group whose ``Q`` values are all equal. "Equal" allows a spread of ``FLAT_RTOL``
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -46,6 +47,8 @@ from lit_grpo.losses.advantages import check_choice
 
 ValueMode = Literal["mean", "optimal_stopping"]
 VALUE_MODES: tuple[str, ...] = get_args(ValueMode)
+StdScope = Literal["tree", "siblings"]
+STD_SCOPES: tuple[str, ...] = get_args(StdScope)
 
 FLAT_RTOL = 1e-12
 """Spreads up to this fraction of the largest path sum of ``|r|`` count as flat (float rounding of path sums)."""
@@ -207,37 +210,45 @@ def sibling_advantages(child_q: Sequence[float], scale: float, flat_tol: float =
     return [(q - center) / scale for q in child_q]
 
 
-def tree_advantages(root: Node, values: dict[Node, float], eps: float = 1e-6) -> dict[Node, float]:
+def tree_advantages(root: Node, values: dict[Node, float], eps: float = 1e-6,
+                    std_scope: str = "tree") -> dict[Node, float]:
     """The advantage of every node but the root, from the node values ``values`` (as ``node_values`` gives them).
 
-    A(c) = (Q(c) - mean over c's siblings s, c included, of Q(s)) / (sigma_tree + eps), with sigma_tree the
-    population std of ``leaf_returns(root)``. A tree whose leaf returns are flat (see ``FLAT_RTOL``) gets exactly 0
-    on every node.
+    A(c) = (Q(c) - mean over c's siblings s, c included, of Q(s)) / (sigma + eps), with sigma the population std of
+    ``leaf_returns(root)`` (``std_scope="tree"``) or of the siblings' Q (``"siblings"``). A tree whose leaf returns
+    are flat (see ``FLAT_RTOL``) gets exactly 0 on every node.
+
+    Example, ``mean`` values, root -> [continuing r=-0.1 -> [terminal 1, terminal -1], terminal 0.5]: leaf returns
+    0.9, -1.1, 0.5 (sigma_tree 0.8640988); the root's children have Q -0.1 and 0.5, the question's children 1 and
+    -1. In depth-first order (question, 1, -1, 0.5), ``tree``: -0.3471821, 1.1572738, -1.1572738, 0.3471821;
+    ``siblings``: -0.9999967, 0.9999990, -0.9999990, 0.9999967.
     """
+    check_choice("std scope", std_scope, STD_SCOPES)
     paths = leaf_paths(root)
     returns = [math.fsum(path) for path in paths]
     tol = flat_tolerance(paths)
     nodes = depth_first(root)
     if is_flat(returns, tol):
         return {node: 0.0 for node in nodes[1:]}
-    scale = statistics.pstdev(returns) + eps
+    tree_scale = statistics.pstdev(returns) + eps
     advantages: dict[Node, float] = {}
-    for node in nodes:
+    for node in (n for n in nodes if n.children):
         child_q = [child.reward + values[child] for child in node.children]
+        scale = tree_scale if std_scope == "tree" else statistics.pstdev(child_q) + eps
         advantages.update(zip(node.children, sibling_advantages(child_q, scale, tol)))
     return advantages
 
 
-def assign_advantages(root: Node, value_mode: str = "mean", eps: float = 1e-6) -> None:
+def assign_advantages(root: Node, value_mode: str = "mean", eps: float = 1e-6, std_scope: str = "tree") -> None:
     """Write ``value``, ``q`` (= reward + value) and ``advantage`` into every node of the tree, in place.
 
     Every node gets ``value`` and ``q`` (a terminal node: value 0, q = its reward; the root: q = root.reward +
     V(root)); every node but the root gets ``advantage``, and the root's is set to None. ``value_mode`` is
-    ``mean`` or ``optimal_stopping`` (see the module docstring). Raises ``ValueError`` on an unknown mode or a
-    malformed tree (``validate_tree``) before writing anything.
+    ``mean`` or ``optimal_stopping`` and ``std_scope`` ``tree`` or ``siblings`` (see the module docstring). Raises
+    ``ValueError`` on an unknown mode or a malformed tree (``validate_tree``) before writing anything.
     """
     values = node_values(root, value_mode)
-    advantages = tree_advantages(root, values, eps)
+    advantages = tree_advantages(root, values, eps, std_scope)
     for node in depth_first(root):
         node.value = values[node]
         node.q = node.reward + values[node]
@@ -268,8 +279,9 @@ def _format(x: float | None) -> str:
     return "0.0000" if text == "-0.0000" else text
 
 
-def render_tree(root: Node) -> str:
-    """The tree as indented text, one node a line: kind, r, V, Q, A (``-`` where not set), two spaces per depth.
+def render_tree(root: Node, label: Callable[[Node], str] | None = None) -> str:
+    """The tree as indented text, one node a line: kind, r, V, Q, A (``-`` where not set), two spaces per depth,
+    then ``label(node)`` if given (e.g. the node's segment text).
 
     Plain text; TensorBoard's text plugin reads markdown, so wrap it in a fenced code block there. Example, after
     ``assign_advantages`` on root -> [terminal 1, terminal 0]::
@@ -281,8 +293,18 @@ def render_tree(root: Node) -> str:
     lines = []
     for path, node in walk(root):
         kind = "root" if not path else "terminal" if node.terminal else "continuing"
+        text = f" {label(node)}" if label is not None else ""
         lines.append(
             f"{'  ' * len(path)}{kind} r={_format(node.reward)} V={_format(node.value)} "
-            f"Q={_format(node.q)} A={_format(node.advantage)}"
+            f"Q={_format(node.q)} A={_format(node.advantage)}{text}"
         )
     return "\n".join(lines)
+
+
+def leaf_counts(root: Node) -> dict[Node, int]:
+    """The number of terminal leaves below every node (1 for a leaf): the sampled futures behind each node's Q.
+    For root -> [terminal, continuing -> [terminal, terminal]] it is 3 for the root, 1, 2, 1, 1."""
+    counts: dict[Node, int] = {}
+    for node in reversed(depth_first(root)):
+        counts[node] = 1 if node.terminal else sum(counts[child] for child in node.children)
+    return counts

@@ -189,6 +189,25 @@ def chain_returns(root: Node) -> list[float]:
     return returns
 
 
+def chain_rows(roots: Sequence[Node]) -> tuple[torch.Tensor, torch.Tensor]:
+    """For chain rollouts, each policy row's episode (chain) id ``[N]`` and its reward ``[N]``: the segment's own
+    reward plus that of a token-less child (the no-answer closing of a question cut off at ``max_depth``), which
+    has no row of its own. Rows in ``policy_nodes`` order, chain ids counted over all roots."""
+    episodes: list[int] = []
+    rewards: list[float] = []
+    chain = -1
+    for root in roots:
+        for first in root.children:
+            chain += 1
+            for node in depth_first(first):
+                if getattr(node, "segment", ()):
+                    episodes.append(chain)
+                    rewards.append(node.reward)
+                else:  # no tokens: a closing, whose reward the question before it earned
+                    rewards[-1] += node.reward
+    return torch.tensor(episodes), torch.tensor(rewards)
+
+
 def greedy_episodes(
     task: MultiRoundTask,
     engine: RolloutEngine,
@@ -222,12 +241,13 @@ def greedy_trees(
     return expand_trees(task, engine, tokenizer, records, [1] * max_depth, replace(sampling, greedy=True), decide)
 
 
-def tree_row_advantages(buffer: RolloutBuffer, advantage_mode: str, value_mode: str) -> torch.Tensor:
+def tree_row_advantages(buffer: RolloutBuffer, advantage_mode: str, value_mode: str,
+                        std_scope: str = "tree") -> torch.Tensor:
     """One advantage per policy node (row): tree-relative for ``tree`` rollouts; for ``chains``, the group
     advantage of each chain's return on every segment of that chain.  -> ``[N]``."""
     if buffer.tree_mode == "tree":
         for root in buffer.trees:
-            assign_advantages(root, value_mode)
+            assign_advantages(root, value_mode, std_scope=std_scope)
     else:
         for root in buffer.trees:
             returns = torch.tensor([chain_returns(root)], dtype=torch.float64)  # [1, G]

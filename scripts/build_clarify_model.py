@@ -16,6 +16,7 @@ import argparse
 import random
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -27,19 +28,29 @@ sys.path.insert(0, str(REPO_ROOT))
 from lit_grpo.engines import HFEngine, SamplingSpec  # noqa: E402
 from lit_grpo.model_loading import load_policy  # noqa: E402
 from lit_grpo.tasks import ClarifyTask  # noqa: E402
-from lit_grpo.tasks.games import HiddenOperandsTask  # noqa: E402
+from lit_grpo.tasks.games import CalculatorTask, HiddenOperandsTask, reduced  # noqa: E402
 from lit_grpo.tree_rollout import greedy_episodes  # noqa: E402
 
 IGNORE = -100
-GAMES = {"clarify": ClarifyTask, "hidden-operands": HiddenOperandsTask}
-ROUNDS = {ClarifyTask: 2, HiddenOperandsTask: 3}  # the rounds an episode of the demonstrations may take
-GUESS = {ClarifyTask: (10, 99), HiddenOperandsTask: (10, 99)}  # the range of a hidden operand
+GAMES = {"clarify": ClarifyTask, "hidden-operands": HiddenOperandsTask, "calculator": CalculatorTask}
+NAMES = {"clarify": "tiny-llama-clarify", "hidden-operands": "tiny-llama-hidden", "calculator": "tiny-llama-calculator"}
+ROUNDS = {ClarifyTask: 2, HiddenOperandsTask: 3, CalculatorTask: 3}  # the rounds a demonstration may take
+
+
+def demonstrated_answer(task, record: dict, questions: int, rng: random.Random) -> int:
+    """The answer the demonstration gives after ``questions`` questions: the right sum when the state allows it
+    (every operand known; at most two operands left to add), else a guess (a random value for each unknown
+    operand; a sum of three or more operands off by 1 to 9)."""
+    if isinstance(task, CalculatorTask):
+        exact = len(reduced(record["operands"], questions)) <= 2
+        return int(record["answer"]) + (0 if exact else rng.choice([-1, 1]) * rng.randint(1, 9))
+    hidden = record["hidden"] if isinstance(record["hidden"], list) else (["b"] if record["hidden"] else [])
+    return int(record["answer"]) + sum(rng.randint(10, 99) - record[name] for name in hidden[questions:])
 
 
 def protocol_example(tokenizer, task, record: dict, rng: random.Random) -> tuple[list[int], list[int]]:
     """Token ids and labels of one episode in which every round asks or answers with equal odds (the last round
-    answers); the prompt and the environment's replies carry no label. An answer is the right sum when every operand
-    is known, else a guess: the known operands plus a random value for each unknown one."""
+    answers, with ``demonstrated_answer``); the prompt and the environment's replies carry no label."""
     eos = tokenizer.eos_token_id
     ids = tokenizer(record["prompt"])["input_ids"]
     labels = [IGNORE] * len(ids)
@@ -49,15 +60,13 @@ def protocol_example(tokenizer, task, record: dict, rng: random.Random) -> tuple
         ids.extend(piece)
         labels.extend(piece if learn else [IGNORE] * len(piece))
 
-    unknown = list(record["hidden"]) if isinstance(record["hidden"], list) else (["b"] if record["hidden"] else [])
-    for round_index in range(1, ROUNDS[type(task)] + 1):
-        if round_index < ROUNDS[type(task)] and rng.random() < 0.5:
+    rounds = ROUNDS[type(task)]
+    for round_index in range(1, rounds + 1):
+        if round_index < rounds and rng.random() < 0.5:
             say("?", learn=True)
             say(task.step(record, round_index, "?").reply, learn=False)
-            unknown = unknown[1:]
             continue
-        guess = int(record["answer"]) + sum(rng.randint(*GUESS[type(task)]) - record[name] for name in unknown)
-        say(str(guess), learn=True)
+        say(str(demonstrated_answer(task, record, round_index - 1, rng)), learn=True)
         break
     return ids, labels
 
@@ -73,22 +82,34 @@ def batch(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str,
     return out
 
 
-def evaluate(model_dir: str, task, prompts: int = 300) -> tuple[float, float]:
-    """Greedy held-out episodes (up to 3 rounds): mean return and accuracy."""
+def evaluate(model_dir: str, task, prompts: int = 300) -> tuple[float, float, float]:
+    """Greedy held-out episodes (up to 3 rounds): mean return and accuracy; and the informed accuracy, of the
+    greedy answer after the oracle's questions (how well the model adds once asking has paid)."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     policy = load_policy(model_dir, 4, 8, 0.0, "all-linear")
     engine = HFEngine()
     engine.push_policy(policy)
     spec = SamplingSpec(max_new_tokens=6, stop_token_ids=(tokenizer.eos_token_id,))
-    returns, correct = greedy_episodes(task, engine, tokenizer, list(task.heldout_records())[:prompts], 3, spec)
-    return returns.mean().item(), correct.float().mean().item()
+    records = list(task.heldout_records())[:prompts]
+    returns, correct = greedy_episodes(task, engine, tokenizer, records, 3, spec)
+    contexts = []
+    for record in records:
+        ids = task.prompt_ids(record, tokenizer)
+        for question in range(1, task.oracle_questions(record) + 1):
+            ids += tokenizer("?", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            ids += tokenizer(task.reply(record, question), add_special_tokens=False)["input_ids"]
+        contexts.append(ids)
+    answers = engine.generate(contexts, 1, replace(spec, greedy=True))
+    informed = [tokenizer.decode(list(a[0].token_ids), skip_special_tokens=True).strip() == r["answer"]
+                for a, r in zip(answers, records)]
+    return returns.mean().item(), correct.float().mean().item(), sum(informed) / len(informed)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", default=str(REPO_ROOT / "data" / "tiny-llama"))
     parser.add_argument("--game", choices=sorted(GAMES), default="clarify")
-    parser.add_argument("--output", type=Path, default=None, help="default: data/tiny-llama-clarify or -hidden")
+    parser.add_argument("--output", type=Path, default=None, help="default: data/tiny-llama-clarify, -hidden or -calculator")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=5e-4)
@@ -101,7 +122,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.source)
     model = AutoModelForCausalLM.from_pretrained(args.source, dtype=torch.float32)
     task = GAMES[args.game]()
-    name = "tiny-llama-clarify" if args.game == "clarify" else "tiny-llama-hidden"
+    name = NAMES[args.game]
     args.output = args.output or REPO_ROOT / "data" / name
     rng = random.Random(args.seed)
     train = list(task.train_records())
@@ -117,12 +138,13 @@ def main() -> None:
     args.output.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.output)
     tokenizer.save_pretrained(args.output)
-    mean_return, accuracy = evaluate(str(args.output), task)
+    mean_return, accuracy, informed = evaluate(str(args.output), task)
     source = Path(args.source).resolve()
     shown = source.relative_to(REPO_ROOT) if source.is_relative_to(REPO_ROOT) else source
     lines = [f"fine-tuned from {shown} for {args.steps} steps (batch {args.batch_size}, lr {args.lr}, seed "
              f"{args.seed}) on the {type(task).__name__} game's training split",
              f"greedy held-out episodes (300 prompts, <= 3 rounds): mean return {mean_return:.3f}, accuracy {accuracy:.3f}",
+             f"greedy answer after the oracle's questions (informed accuracy): {informed:.3f}",
              f"wall time: {time.time() - started:.0f} s"]
     (args.output / "BUILD.md").write_text(
         f"# {name}\n\nThe shipped tiny model taught the {type(task).__name__} game's protocol (ask or answer, "

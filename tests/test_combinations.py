@@ -16,7 +16,7 @@ from support import weight_reads
 ROOT = Path(__file__).resolve().parents[1]
 ON = {"model.loss_variant": "dpo", "model.advantage_mode": "gae", "model.kl_in": "reward", "model.tis_cap": "2.0",
       "data.dynamic_sampling": "true", "data.mask_truncated": "true", "data.overlong_cache": "2",
-      "data.reward_timeout": "5.0", "model.risk": '{"v_min": -1.0, "v_max": 1.0, "num_atoms": 5}'}
+      "data.reward_timeout": "5.0", "model.tree_std_scope": "siblings", "model.risk": '{"v_min": -1.0, "v_max": 1.0, "num_atoms": 5}'}
 SMALL = ["--trainer.max_epochs", "1", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
          "--trainer.enable_model_summary", "false", "--data.max_new_tokens", "4"]
 KIND = {

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lit_grpo.losses import gae, kl_shaped_rewards
+from lit_grpo.losses import episode_gae, gae, kl_shaped_rewards
 
 
 def test_worked_example_kl_in_rewards():
@@ -69,3 +69,21 @@ def test_matches_plain_loop_on_random_masked_inputs(gamma, lam):
     expected_adv, expected_ret = slow_gae(rewards.tolist(), values.tolist(), mask.tolist(), gamma, lam)
     torch.testing.assert_close(advantages, expected_adv, rtol=0, atol=1e-12)
     torch.testing.assert_close(returns, expected_ret, rtol=0, atol=1e-12)
+
+
+def test_episode_gae_runs_the_rows_of_one_episode_as_one_trajectory():
+    # episode 7: row 0 (counted rewards [0, -0.1], V [0.5, 0.4]) then row 2 (a context token, then [0, 1] with
+    # V [0.6, 0.7]); episode 3: row 1 alone ([0, -1], V [0.2, 0.1]). gamma 0.9, lam 0.5 (gamma * lam 0.45):
+    # episode 7, backwards: 1 - 0.7 = 0.3; 0.9 * 0.7 - 0.6 = 0.03 + 0.45 * 0.3 = 0.165;
+    # -0.1 + 0.9 * 0.6 - 0.4 = 0.04 + 0.45 * 0.165 = 0.11425; 0.9 * 0.4 - 0.5 = -0.14 + 0.45 * 0.11425 = -0.0885875
+    # episode 3: -1 - 0.1 = -1.1; 0.9 * 0.1 - 0.2 = -0.11 + 0.45 * -1.1 = -0.605
+    rewards = torch.tensor([[0.0, -0.1, 0.0], [0.0, -1.0, 0.0], [5.0, 0.0, 1.0]])
+    values = torch.tensor([[0.5, 0.4, 0.0], [0.2, 0.1, 0.0], [9.0, 0.6, 0.7]])
+    mask = torch.tensor([[True, True, False], [True, True, False], [False, True, True]])
+    advantages, returns = episode_gae(rewards, values, mask, torch.tensor([7, 3, 7]), gamma=0.9, lam=0.5)
+    expected = torch.tensor([[-0.0885875, 0.11425, 0.0], [-0.605, -1.1, 0.0], [0.0, 0.165, 0.3]])
+    torch.testing.assert_close(advantages, expected, rtol=0, atol=1e-7)
+    torch.testing.assert_close(returns, torch.where(mask, expected + values, 0.0), rtol=0, atol=1e-7)
+    # one row per episode is plain gae
+    alone, _ = episode_gae(rewards, values, mask, torch.tensor([0, 1, 2]), gamma=0.9, lam=0.5)
+    torch.testing.assert_close(alone, gae(rewards, values, mask, 0.9, 0.5)[0], rtol=0, atol=0)

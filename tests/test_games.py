@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lit_grpo.tasks.games import HiddenOperandsTask
+from lit_grpo.tasks.games import CalculatorTask, HiddenOperandsTask
 
 
 def test_each_question_reveals_the_next_hidden_operand_and_an_answer_is_scored():
@@ -38,3 +38,26 @@ def test_split_is_disjoint_hides_each_operand_about_half_the_time_and_the_oracle
 def test_rewards_that_make_asking_pointless_are_refused():
     with pytest.raises(ValueError, match="wrong_reward < -ask_cost < correct_reward"):
         HiddenOperandsTask(ask_cost=1.5)
+
+
+def test_calculator_replaces_the_first_two_operands_by_their_sum_and_the_oracle_calls_until_two_remain():
+    task = CalculatorTask()
+    record = CalculatorTask.record([12, 25, 17, 30])
+    assert record["prompt"] == "12+25+17+30=" and record["answer"] == "84"
+    replies = [task.step(record, r, "?").reply for r in (1, 2, 3, 4)]
+    assert replies == ["37+17+30=", "54+30=", "84=", "84="]  # a single number stays as it is
+    assert task.step(record, 1, "?").reward == -0.1
+    assert (task.step(record, 3, "84").reward, task.step(record, 3, "83").reward) == (1.0, -1.0)
+    two, three = CalculatorTask.record([10, 11]), CalculatorTask.record([10, 11, 12])
+    assert [CalculatorTask.oracle_questions(r) for r in (two, three, record)] == [0, 1, 2]
+    assert task.oracle_return([two, three, record]) == pytest.approx((1.0 + 0.9 + 0.8) / 3, abs=1e-12)
+
+
+def test_calculator_split_is_disjoint_with_an_equal_share_of_each_operand_count():
+    train, heldout = CalculatorTask().split()
+    assert len(train) == 900 and len(heldout) == 300
+    assert not {tuple(r["operands"]) for r in train} & {tuple(r["operands"]) for r in heldout}
+    assert [sum(len(r["operands"]) == k for r in train + heldout) for k in (2, 3, 4)] == [400, 400, 400]
+    assert all(10 <= x <= 30 for r in heldout for x in r["operands"])
+    with pytest.raises(ValueError, match="operand_counts"):
+        CalculatorTask(operand_counts=(5,))

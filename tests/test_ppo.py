@@ -67,3 +67,31 @@ def test_kl_in_the_loss_leaves_the_rewards_unshaped():
                              values=torch.zeros(1, 2))
     _, returns = gae_advantages(buffer, objective, AdvantageKnobs(gamma=1.0, gae_lambda=1.0))
     assert returns.tolist() == [[1.0, 1.0]]  # the reward alone, no -beta * k1 = -1 per token
+
+
+def test_ppo_on_chains_runs_gae_along_each_episode_with_a_closing_reward_on_the_question_before_it():
+    from lit_grpo.rollout_advantages import assign_advantages
+    from lit_grpo.tree import Node
+    from lit_grpo.tree_rollout import SegmentNode, chain_rows
+
+    def seg(reward, *children, terminal=False):
+        return SegmentNode(reward=reward, terminal=terminal, segment=(5,), children=list(children))
+
+    # prompt 1: a question cut off at max_depth (closing -0.5, no tokens), and a right answer; prompt 2: ask, answer
+    roots = [Node(children=[seg(-0.1, Node(reward=-0.5, terminal=True)), seg(1.0, terminal=True)]),
+             Node(children=[seg(-0.1, seg(1.0, terminal=True))])]
+    episode, rewards = chain_rows(roots)
+    assert episode.tolist() == [0, 1, 2, 2]
+    assert rewards.tolist() == pytest.approx([-0.6, 1.0, -0.1, 1.0], abs=1e-7)
+    buffer = SimpleNamespace(  # one counted token per row (column 1), values 0.2, 0.5, 0.4, 0.3
+        trees=roots, completion_mask=torch.tensor([[False, True]] * 4), rewards=torch.tensor([-0.1, 1.0, -0.1, 1.0]),
+        old_logp=torch.zeros(4, 2), ref_logp=torch.zeros(4, 2), values=torch.tensor([[0, 0.2], [0, 0.5], [0, 0.4],
+                                                                                     [0, 0.3]]))
+    objective = PolicyModule(advantage_mode="gae", kl_coef=0.0).objective
+    assign_advantages(buffer, objective, AdvantageKnobs(gamma=1.0, gae_lambda=1.0, value_head=True))
+    # gamma = lam = 1: A = return-to-go - V: -0.6 - 0.2 = -0.8; 1 - 0.5 = 0.5; (-0.1 + 1) - 0.4 = 0.5; 1 - 0.3 = 0.7
+    assert buffer.returns[:, 1].tolist() == pytest.approx([-0.6, 1.0, 0.9, 1.0], abs=1e-7)
+    std = math.sqrt(1.4275 / 4) + 1e-6  # whitened: mean 0.225, squared deviations sum 1.4275
+    expected = [(a - 0.225) / std for a in (-0.8, 0.5, 0.5, 0.7)]
+    assert buffer.advantages[:, 1].tolist() == pytest.approx(expected, abs=1e-6)
+    assert buffer.advantages[:, 0].tolist() == [0.0] * 4

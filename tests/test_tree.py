@@ -345,3 +345,20 @@ def test_render_tree():
         "    terminal r=1.0000 V=0.0000 Q=1.0000 A=0.9258\n"
         "    terminal r=0.0000 V=0.0000 Q=0.0000 A=-0.9258"
     )
+
+
+@pytest.mark.parametrize("scope", ["tree", "siblings"])
+def test_std_scope_divides_by_the_whole_tree_or_by_each_sibling_group(scope):
+    # root -> [question r=-0.1 -> [1, -1], answer 0.5]; leaf returns 0.9, -1.1, 0.5 (mean 0.1)
+    root = ask(0.0, ask(-0.1, leaf(1.0), leaf(-1.0)), leaf(0.5))
+    assign_advantages(root, "mean", std_scope=scope)
+    sigma_tree = math.sqrt((0.8**2 + 1.2**2 + 0.4**2) / 3) + 1e-6
+    # the root's children have Q -0.1 and 0.5 (std 0.3); the question's children 1 and -1 (std 1)
+    top, inner = (sigma_tree, sigma_tree) if scope == "tree" else (0.3 + 1e-6, 1.0 + 1e-6)
+    expected = [-0.3 / top, 1.0 / inner, -1.0 / inner, 0.3 / top]
+    assert [n.advantage for n in depth_first(root)[1:]] == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+def test_unknown_std_scope_names_the_choices():
+    with pytest.raises(ValueError, match="unknown std scope 'batch'; valid choices: tree, siblings"):
+        assign_advantages(ask(0.0, leaf(1.0), leaf(0.0)), std_scope="batch")

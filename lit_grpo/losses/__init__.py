@@ -2,7 +2,7 @@
 
 from lit_grpo.losses.advantages import ADVANTAGE_MODES, AdvantageMode, batch_std_advantages, group_advantages
 from lit_grpo.losses.aggregation import AGGREGATIONS, Aggregation, aggregation_terms, masked_aggregate, masked_mean
-from lit_grpo.losses.gae import gae, kl_shaped_rewards
+from lit_grpo.losses.gae import episode_gae, gae, kl_shaped_rewards
 from lit_grpo.losses.importance import truncated_importance_weights
 from lit_grpo.losses.length import overlong_penalty
 from lit_grpo.losses.preference import best_worst_pairs, dpo_loss
@@ -23,6 +23,7 @@ __all__ = [
     "batch_std_advantages",
     "best_worst_pairs",
     "dpo_loss",
+    "episode_gae",
     "gae",
     "group_advantages",
     "kl_divergence",

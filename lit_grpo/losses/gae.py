@@ -68,3 +68,50 @@ def gae(
         next_advantage = torch.where(counted, advantage, next_advantage)
     returns = torch.where(mask, advantages + values, torch.zeros_like(values))
     return advantages, returns
+
+
+def episode_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    completion_mask: torch.Tensor,
+    episode: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``gae`` over episodes laid out as several rows (a multi-round chain: one row per round's segment).
+
+    The counted tokens of the rows sharing an ``episode`` id, taken row by row in row order, are one trajectory:
+    the value after a row's last counted token is the next row's first counted token's, and only the episode's
+    last row ends with V = 0. Rows of one episode need not be adjacent.
+
+    Args:
+        rewards, values, completion_mask: ``[N, T]`` as for ``gae``.
+        episode: ``[N]`` integer episode id of each row.
+        gamma, lam: as for ``gae``.
+
+    Returns:
+        ``(advantages [N, T], returns [N, T])``, 0 where the mask is False.
+
+    Example, gamma 0.9, lam 0.5: rows 0 and 1 of one episode with counted rewards [0, -0.1] and [0, 1] and values
+    [0.5, 0.4] and [0.6, 0.7] run as one trajectory: A = [-0.0885875, 0.11425] and [0.165, 0.3].
+    """
+    mask = completion_mask.bool()
+    rows, cols = mask.nonzero(as_tuple=True)  # counted tokens, row-major: each row's in time order
+    _, rank = torch.unique(episode[rows], return_inverse=True)  # [K] each token's episode, 0..E-1
+    order = torch.argsort(rank, stable=True)  # tokens grouped by episode, row order kept inside each
+    rows, cols, rank = rows[order], cols[order], rank[order]
+    counts = torch.bincount(rank)  # [E] counted tokens per episode
+    starts = torch.cumsum(counts, 0) - counts  # [E]
+    position = torch.arange(rank.numel(), device=rank.device) - starts[rank]  # [K] time step inside the episode
+    shape = (counts.numel(), int(counts.max()) if counts.numel() else 0)
+    flat_rewards = rewards.new_zeros(shape)  # [E, T_episode]
+    flat_values = values.new_zeros(shape)
+    flat_mask = torch.zeros(shape, dtype=torch.bool, device=mask.device)
+    flat_rewards[rank, position] = rewards[rows, cols]
+    flat_values[rank, position] = values[rows, cols]
+    flat_mask[rank, position] = True
+    flat_advantages, flat_returns = gae(flat_rewards, flat_values, flat_mask, gamma, lam)
+    advantages, returns = torch.zeros_like(rewards), torch.zeros_like(values)
+    advantages[rows, cols] = flat_advantages[rank, position]
+    returns[rows, cols] = flat_returns[rank, position]
+    return advantages, returns

@@ -156,3 +156,8 @@ class ClarifyTask(AskOrAnswerTask):
 
     def reply(self, prompt_record: PromptRecord, round_index: int) -> str:
         return f"b={prompt_record['b']};"
+
+    @staticmethod
+    def oracle_questions(record: PromptRecord) -> int:
+        """The oracle's questions on ``record``: one if b is hidden."""
+        return int(record["hidden"])
