@@ -1,15 +1,19 @@
-"""Tree rollouts against chains on a multi-round game, at an equal budget of generated segments, over seeds.
+"""Tree rollouts against chains on the multi-round games, at an equal budget of generated segments, over seeds.
 
 Each run trains through the ``lit-grpo`` command from the game's warm-start model until ``--budget`` policy segments
-(every round's completion counted, ``data.completion_budget``) are spent, then plays the 500 held-out prompts greedily
-(up to 3 rounds) with the saved adapter: mean return, accuracy, questions per episode. Each finished run is appended
-to ``--results`` (JSON lines) and skipped when found there, so the table can be built over several sittings or
-extended with ``--seeds``. ``--report`` prints the table (mean and 95% t-interval over seeds, the share of the
-warm-start-to-oracle gap closed) and draws each game's learning curves (training return per epoch) into ``docs/``.
+(every round's completion counted, ``data.completion_budget``) are spent, then plays the held-out prompts greedily
+(up to 3 rounds) with the saved adapter: mean return, accuracy, questions per episode. Per game, every variant first
+gets the same learning-rate sweep (``SWEEP_LRS``) on ``--sweep-seed``; the best held-out return there fixes its rate
+for ``--seeds``. Each finished run is appended to ``--results`` (JSON lines, tagged with the warm start's hash) and
+skipped when found there, so the table can be built over several sittings or extended with other seeds. The decision
+signal of each rollout shape (``decision_signal.py``) is measured once per game at the warm start. ``--report``
+prints the tables (mean and 95% t-interval over seeds, the share of the warm-start-to-oracle gap closed) and draws
+each game's learning curves (training return per epoch) into ``docs/``.
 
 Usage:
-    .venv/bin/python benchmarks/tree_vs_chains.py --seeds 0 1 2 3 4          # runs what is missing, then reports
-    .venv/bin/python benchmarks/tree_vs_chains.py --report                   # the table from what is there
+    .venv/bin/python benchmarks/tree_vs_chains.py                  # runs what is missing, then reports
+    .venv/bin/python benchmarks/tree_vs_chains.py --report         # the tables from what is there
+    .venv/bin/python benchmarks/tree_vs_chains.py --games calculator --seeds 6 7
 
 Run it alone on the machine: runs take the 2 cores, and wall time is reported.
 """
@@ -17,6 +21,7 @@ Run it alone on the machine: runs take the 2 cores, and wall time is reported.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -33,11 +38,13 @@ sys.path.insert(0, str(ROOT))
 
 from lit_grpo.engines import HFEngine, SamplingSpec  # noqa: E402
 from lit_grpo.model_loading import load_policy, load_tokenizer  # noqa: E402
-from lit_grpo.tasks.games import HiddenOperandsTask  # noqa: E402
+from lit_grpo.tasks.games import CalculatorTask, HiddenOperandsTask  # noqa: E402
 from lit_grpo.tree_rollout import greedy_trees  # noqa: E402
 from lit_grpo.tree import depth_first  # noqa: E402
+from decision_signal import SHAPES, decision_signal  # noqa: E402
 
-GAMES = {"hidden-operands": ("data/tiny-llama-hidden", "lit_grpo.tasks.games.HiddenOperandsTask", HiddenOperandsTask)}
+GAMES = {"hidden-operands": ("data/tiny-llama-hidden", "lit_grpo.tasks.games.HiddenOperandsTask", HiddenOperandsTask),
+         "calculator": ("data/tiny-llama-calculator", "lit_grpo.tasks.games.CalculatorTask", CalculatorTask)}
 COMMON = ["--model.loss_variant", "clip", "--model.aggregation", "seq-mean", "--model.kl_coef", "0.04",
           "--data.prompts_per_epoch", "16", "--data.minibatch_size", "64", "--data.max_new_tokens", "5",
           "--data.val_max_prompts", "100"]
@@ -45,9 +52,14 @@ VARIANTS = {
     "tree-mean": ["--data.rollout", "tree", "--data.branching", "[4, 2, 2]", "--model.tree_value_mode", "mean"],
     "tree-optimal-stopping": ["--data.rollout", "tree", "--data.branching", "[4, 2, 2]",
                               "--model.tree_value_mode", "optimal_stopping"],
+    "tree-os-sibling-std": ["--data.rollout", "tree", "--data.branching", "[4, 2, 2]",
+                            "--model.tree_value_mode", "optimal_stopping", "--model.tree_std_scope", "siblings"],
     "chains-grpo": ["--data.rollout", "chains", "--data.group_size", "8", "--data.branching", "[8, 1, 1]",
                     "--model.advantage_mode", "grpo"],
+    "chains-ppo": ["--data.rollout", "chains", "--data.group_size", "8", "--data.branching", "[8, 1, 1]",
+                   "--model.advantage_mode", "gae", "--model.gamma", "1.0", "--model.gae_lambda", "0.95"],
 }
+SWEEP_LRS = (2.5e-4, 5e-4, 1e-3)  # every variant's learning rates on the sweep seed
 HELDOUT = 500
 # Student's t 0.975 quantiles by degrees of freedom (no SciPy dependency for eleven numbers)
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
@@ -113,24 +125,62 @@ def done_runs(results: Path) -> list[dict]:
     return [json.loads(line) for line in results.read_text().splitlines() if line.strip()] if results.is_file() else []
 
 
+def model_id(game: str) -> str:
+    """The first 12 hex digits of the warm-start weights' sha256: rows of another warm start never mix in."""
+    return hashlib.sha256((ROOT / GAMES[game][0] / "model.safetensors").read_bytes()).hexdigest()[:12]
+
+
+def chosen_lrs(rows: list[dict], game: str, args: argparse.Namespace) -> dict[str, float]:
+    """Each variant's learning rate: the best held-out return on the sweep seed (ties: the smaller rate)."""
+    chosen = {}
+    for variant in args.variants:
+        sweep = [r for r in rows if r["game"] == game and r["variant"] == variant and r["seed"] == args.sweep_seed]
+        if {r["lr"] for r in sweep} >= set(SWEEP_LRS):
+            chosen[variant] = max(sweep, key=lambda r: (r["return"], -r["lr"]))["lr"]
+    return chosen
+
+
+def run_one(args: argparse.Namespace, game: str, variant: str, seed: int, lr: float) -> None:
+    key = (game, variant, seed, lr, args.budget)
+    if any((r["game"], r["variant"], r.get("seed"), r.get("lr"), r.get("budget")) == key for r in current(args, game)):
+        return
+    with tempfile.TemporaryDirectory() as work:
+        adapter, run = train(game, variant, seed, lr, args.budget, Path(work))
+        scores = evaluate(game, adapter)
+    append(args.results, {"game": game, "model": model_id(game), "variant": variant, "seed": seed, "lr": lr,
+                          "budget": args.budget, **scores, **run})
+    print(f"{game} {variant} seed {seed} lr {lr}: return {scores['return']:.3f} accuracy {scores['accuracy']:.3f} "
+          f"questions {scores['questions']:.2f} ({run['seconds']:.0f} s, {run['policy_tokens']:.0f} policy tokens)",
+          flush=True)
+
+
+def current(args: argparse.Namespace, game: str) -> list[dict]:
+    """The results rows of ``game`` made with today's warm start."""
+    return [r for r in done_runs(args.results) if r["game"] == game and r.get("model") == model_id(game)]
+
+
 def run_missing(args: argparse.Namespace) -> None:
-    have = {(r["game"], r["variant"], r["seed"], r["lr"], r["budget"]) for r in done_runs(args.results)}
+    """Per game: the warm start's scores and decision signal, the sweep on the sweep seed (every variant, every
+    rate in ``SWEEP_LRS``), then the other seeds seed by seed at each variant's chosen rate (a table cut short still
+    compares every variant)."""
     for game in args.games:
-        if (game, "warm-start", 0, 0.0, 0) not in have:
-            append(args.results, {"game": game, "variant": "warm-start", "seed": 0, "lr": 0.0, "budget": 0,
-                                  **evaluate(game, None), "seconds": 0.0, "curve": [], "policy_tokens": 0.0})
-        for seed in args.seeds:  # seed by seed: a table cut short still compares every variant
+        rows = current(args, game)
+        model, _, task_class = GAMES[game]
+        if not any(r["variant"] == "warm-start" for r in rows):
+            append(args.results, {"game": game, "model": model_id(game), "variant": "warm-start", "seed": 0, "lr": 0.0,
+                                  "budget": 0, **evaluate(game, None), "seconds": 0.0, "curve": [],
+                                  "policy_tokens": 0.0})
+        for variant in SHAPES:
+            if not any(r["variant"] == f"signal:{variant}" for r in rows):
+                append(args.results, {"game": game, "model": model_id(game), "variant": f"signal:{variant}",
+                                      **decision_signal(str(ROOT / model), task_class(), variant)})
+        for lr in SWEEP_LRS:
             for variant in args.variants:
-                if (game, variant, seed, args.lr, args.budget) in have:
-                    continue
-                with tempfile.TemporaryDirectory() as work:
-                    adapter, run = train(game, variant, seed, args.lr, args.budget, Path(work))
-                    scores = evaluate(game, adapter)
-                append(args.results, {"game": game, "variant": variant, "seed": seed, "lr": args.lr,
-                                      "budget": args.budget, **scores, **run})
-                print(f"{game} {variant} seed {seed}: return {scores['return']:.3f} accuracy {scores['accuracy']:.3f} "
-                      f"questions {scores['questions']:.2f} ({run['seconds']:.0f} s, {run['policy_tokens']:.0f} "
-                      "policy tokens)", flush=True)
+                run_one(args, game, variant, args.sweep_seed, lr)
+        chosen = chosen_lrs(current(args, game), game, args)
+        for seed in args.seeds:
+            for variant in args.variants:
+                run_one(args, game, variant, seed, chosen[variant])
 
 
 def append(results: Path, row: dict) -> None:
@@ -149,37 +199,58 @@ def interval(values: list[float]) -> tuple[float, float]:
 
 
 def report(args: argparse.Namespace) -> None:
-    rows = [r for r in done_runs(args.results) if r["lr"] in (args.lr, 0.0) and r["budget"] in (args.budget, 0)]
     for game in args.games:
-        game_rows = [r for r in rows if r["game"] == game]
-        warm = next(r for r in game_rows if r["variant"] == "warm-start")
+        rows = [r for r in current(args, game) if r.get("budget") in (args.budget, 0, None)]
+        warm = next((r for r in rows if r["variant"] == "warm-start"), None)
+        if warm is None:
+            continue
         oracle = warm["oracle_return"]
-        print(f"\n{game}: warm start return {warm['return']:.3f} (accuracy {warm['accuracy']:.3f}, questions "
-              f"{warm['questions']:.2f}); oracle return {oracle:.3f}; budget {args.budget} segments, lr {args.lr}")
+        print(f"\n{game} (warm start {model_id(game)}): warm-start return {warm['return']:.3f} (accuracy "
+              f"{warm['accuracy']:.3f}, questions {warm['questions']:.2f}); oracle return {oracle:.3f}; budget "
+              f"{args.budget} segments per run")
+        chosen = chosen_lrs(rows, game, args)
+        print(f"\nlearning-rate sweep, seed {args.sweep_seed}, held-out return:")
+        print("| variant | " + " | ".join(f"lr {lr:g}" for lr in SWEEP_LRS) + " | chosen |")
+        print("|---|" + "---|" * (len(SWEEP_LRS) + 1))
+        for variant in args.variants:
+            cells = [next((f"{r['return']:.3f}" for r in rows if r["variant"] == variant and r["lr"] == lr
+                           and r["seed"] == args.sweep_seed), "-") for lr in SWEEP_LRS]
+            print(f"| {variant} | " + " | ".join(cells) + f" | {chosen.get(variant, '-')} |")
+        print(f"\nseeds {' '.join(map(str, args.seeds))} at the chosen rates (mean ± 95% t-interval):")
         print("| variant | seeds | held-out return | accuracy | questions / episode | gap closed | policy tokens | wall s |")
         print("|---|---|---|---|---|---|---|---|")
+        finals = {}
         for variant in args.variants:
-            runs = [r for r in game_rows if r["variant"] == variant]
+            runs = [r for r in rows if r["variant"] == variant and r["seed"] in args.seeds
+                    and r["lr"] == chosen.get(variant)]
             if not runs:
                 continue
+            finals[variant] = runs
             cells = [interval([r[key] for r in runs]) for key in ("return", "accuracy", "questions")]
-            gap = [(r["return"] - warm["return"]) / (oracle - warm["return"]) for r in runs]
-            g = interval(gap)
+            g = interval([(r["return"] - warm["return"]) / (oracle - warm["return"]) for r in runs])
             print(f"| {variant} | {len(runs)} | " + " | ".join(f"{m:.3f} ± {h:.3f}" for m, h in cells)
                   + f" | {g[0]:.0%} ± {g[1]:.0%} | {statistics.fmean(r['policy_tokens'] for r in runs):.0f} | "
                   f"{statistics.fmean(r['seconds'] for r in runs):.0f} |")
-        plot(game, game_rows, args)
+        print("\ndecision signal at the warm start (benchmarks/decision_signal.py; 40 held-out prompts x 8 rollouts):")
+        print("| variant | sign agrees with the oracle | median SNR | both kinds sampled | episodes per first "
+              "segment | segments per prompt |")
+        print("|---|---|---|---|---|---|")
+        for r in rows:
+            if r["variant"].startswith("signal:"):
+                print(f"| {r['variant'][7:]} | {r['agreement']:.3f} | {r['snr']:.2f} | {r['defined']:.2f} | "
+                      f"{r['episodes_per_decision']:.2f} | {r['segments']:.1f} |")
+        plot(game, finals, args)
 
 
-def plot(game: str, rows: list[dict], args: argparse.Namespace) -> None:
+def plot(game: str, finals: dict[str, list[dict]], args: argparse.Namespace) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(6, 4))
-    for variant in args.variants:
-        curves = [r["curve"] for r in rows if r["variant"] == variant and r["curve"]]
+    for variant, runs in finals.items():
+        curves = [r["curve"] for r in runs if r["curve"]]
         if not curves:
             continue
         length = min(len(c) for c in curves)
@@ -198,9 +269,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--games", nargs="+", default=list(GAMES), choices=list(GAMES))
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
-    parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--budget", type=int, default=12000, help="policy segments generated per run")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
+    parser.add_argument("--sweep-seed", type=int, default=0, help="the seed of every variant's learning-rate sweep")
+    parser.add_argument("--budget", type=int, default=4000, help="policy segments generated per run")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "tree_vs_chains.jsonl")
     parser.add_argument("--report", action="store_true", help="only print the table from the results file")
     args = parser.parse_args()

@@ -35,6 +35,8 @@ IGNORE = -100
 GAMES = {"clarify": ClarifyTask, "hidden-operands": HiddenOperandsTask, "calculator": CalculatorTask}
 NAMES = {"clarify": "tiny-llama-clarify", "hidden-operands": "tiny-llama-hidden", "calculator": "tiny-llama-calculator"}
 ROUNDS = {ClarifyTask: 2, HiddenOperandsTask: 3, CalculatorTask: 3}  # the rounds a demonstration may take
+# (steps, lr): the three-round games need their addition learnt well enough that asking pays (informed accuracy)
+RECIPES = {"clarify": (150, 5e-4), "hidden-operands": (1000, 1e-3), "calculator": (1000, 1e-3)}
 
 
 def demonstrated_answer(task, record: dict, questions: int, rng: random.Random) -> int:
@@ -110,11 +112,13 @@ def main() -> None:
     parser.add_argument("--source", default=str(REPO_ROOT / "data" / "tiny-llama"))
     parser.add_argument("--game", choices=sorted(GAMES), default="clarify")
     parser.add_argument("--output", type=Path, default=None, help="default: data/tiny-llama-clarify, -hidden or -calculator")
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=None, help="default: the game's recipe (RECIPES)")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--lr", type=float, default=None, help="default: the game's recipe (RECIPES)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    args.steps = args.steps or RECIPES[args.game][0]
+    args.lr = args.lr or RECIPES[args.game][1]
     started = time.time()
     random.seed(args.seed)
     torch.manual_seed(args.seed)
