@@ -256,9 +256,9 @@ def plot(game: str, finals: dict[str, list[dict]], args: argparse.Namespace) -> 
         length = min(len(c) for c in curves)
         mean = [statistics.fmean(c[i] for c in curves) for i in range(length)]
         axes.plot(range(length), mean, label=f"{variant} ({len(curves)} seeds)")
-    axes.set_xlabel("epoch")
+    axes.set_xlabel("epoch (16 prompts each, the same prompts in every run)")
     axes.set_ylabel("training return (mean over seeds)")
-    axes.set_title(f"{game}: {args.budget} segments")
+    axes.set_title(f"{game}: {args.budget} segments per run, at each variant's chosen lr")
     axes.legend()
     out = ROOT / "docs" / f"tree_vs_chains_{game}.png"
     figure.savefig(out, dpi=100, bbox_inches="tight")

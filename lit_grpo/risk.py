@@ -13,6 +13,7 @@ is calibrated in the limit. CVaR follows in closed form from the same probabilit
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -140,6 +141,44 @@ def calibrate_tau(
     curve = [(tau, *evaluate(tau)) for tau in sorted(candidates)]
     feasible = [tau for tau, error, _ in curve if error is not None and error <= alpha]
     return (max(feasible) if feasible else None), curve
+
+
+def binomial_cdf(k: int, n: int, p: float) -> float:
+    """P(Binomial(n, p) <= k), summed exactly (``math.comb``); 1 for k >= n, 0 for k < 0.
+
+    Example: k 1, n 3, p 0.5 -> (1 + 3) / 8 = 0.5.
+    """
+    if k < 0:
+        return 0.0
+    return min(1.0, math.fsum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(min(k, n) + 1)))
+
+
+def learn_then_test(
+    curve: Sequence[tuple[float, int, int]], alpha: float, delta: float
+) -> tuple[float | None, list[float]]:
+    """Learn-then-Test (Angelopoulos et al., 2021) over a tau grid by fixed-sequence testing.
+
+    ``curve`` holds ``(tau, errors, covered)`` for each candidate: the wrong answers among the ``covered`` episodes
+    the rule let answer at that tau, on calibration episodes. The null hypothesis at tau is "selective error >
+    alpha"; its p-value is ``binomial_cdf(errors, covered, alpha)`` (how likely so few errors would be at error rate
+    alpha; 1 when nothing is covered). Candidates are tested from the smallest tau (the most cautious) up, each at
+    level ``delta``, stopping at the first that fails; the largest rejected tau is returned. With probability at
+    least 1 - delta over the calibration episodes, its selective error on new episodes is at most alpha.
+
+    Returns ``(tau, or None when the first candidate already fails: always defer, p-value of every candidate in
+    tau order)``.
+
+    Example, alpha 0.1, delta 0.1: (0.1, 0 errors of 30), (0.2, 1 of 40), (0.3, 6 of 50) -> p-values
+    0.9**30 = 0.0424, 0.9**40 + 40 * 0.1 * 0.9**39 = 0.0805, 0.770 -> tau 0.2.
+    """
+    ordered = sorted(curve)
+    p_values = [binomial_cdf(errors, covered, alpha) if covered else 1.0 for _, errors, covered in ordered]
+    chosen = None
+    for (tau, _, _), p_value in zip(ordered, p_values):
+        if p_value > delta:
+            break
+        chosen = tau
+    return chosen, p_values
 
 
 def expected_calibration_error(p_error: torch.Tensor, errors: torch.Tensor, num_bins: int = 10) -> float:

@@ -15,7 +15,9 @@ from lit_grpo.logprobs import (
 from lit_grpo.risk import (
     RiskHead,
     RiskHeadSpec,
+    binomial_cdf,
     calibrate_tau,
+    learn_then_test,
     error_probability,
     expected_calibration_error,
     first_token_constraints,
@@ -129,3 +131,19 @@ def test_the_risk_loss_is_scaled_by_its_own_step_count_of_inferring_rows():
     assert scaled.item() == pytest.approx(2 * math.log(3) / 4, abs=1e-6)
     batch["step_risk_rows"] = torch.tensor(0.0)  # no inferring row in the step: no term at all
     assert module.head_losses(hidden, batch)[0].item() == 0.0
+
+
+def test_binomial_cdf_by_hand():
+    assert binomial_cdf(1, 3, 0.5) == 0.5  # (1 + 3) / 8
+    assert binomial_cdf(2, 10, 0.1) == pytest.approx(0.9**10 + 10 * 0.1 * 0.9**9 + 45 * 0.01 * 0.9**8, rel=1e-12)
+    assert binomial_cdf(-1, 5, 0.1) == 0.0 and binomial_cdf(7, 5, 0.1) == 1.0
+
+
+def test_learn_then_test_certifies_up_to_the_first_candidate_that_fails():
+    curve = [(0.3, 2, 10), (0.1, 0, 30), (0.2, 1, 40)]  # given out of order: tested from the smallest tau
+    tau, p_values = learn_then_test(curve, alpha=0.1, delta=0.1)
+    expected = [0.9**30, 0.9**40 + 40 * 0.1 * 0.9**39, 0.9**10 + 10 * 0.1 * 0.9**9 + 45 * 0.01 * 0.9**8]
+    assert p_values == pytest.approx(expected, rel=1e-12) and tau == 0.2  # 0.042, 0.080 <= 0.1 < 0.930
+    assert learn_then_test(curve, alpha=0.1, delta=0.05)[0] == 0.1  # 0.080 > 0.05 stops after the first
+    # a later candidate that would pass is never reached once one fails (fixed sequence), and nothing covered fails
+    assert learn_then_test([(0.1, 0, 0), (0.2, 0, 100)], alpha=0.1, delta=0.1) == (None, [1.0, 0.9**100])

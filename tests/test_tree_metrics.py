@@ -50,3 +50,32 @@ def test_the_sampled_tree_shows_each_segment_and_reply_with_its_numbers():
     # (mean 0.45): A = -0.55 / 0.967241 for the question, +-1 / 0.967241 below it
     assert lines[2] == "  continuing r=-0.1000 V=0.0000 Q=-0.1000 A=-0.5686 '?' -> 'b=18;'"
     assert lines[3].endswith("A=1.0339 '30'") and lines[4].endswith("A=-1.0339 '31'")
+
+
+def test_each_validation_writes_a_sampled_tree_with_its_segments_to_tensorboard(tmp_path):
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from lit_grpo.datamodule import RolloutDataModule
+    from lit_grpo.module import PolicyModule
+    from lit_grpo.tasks.games import HiddenOperandsTask
+
+    pl.seed_everything(0)
+    module = PolicyModule(model_name_or_path="data/tiny-llama-hidden", kl_coef=0.0,
+                          optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
+    datamodule = RolloutDataModule(task=HiddenOperandsTask(), rollout="tree", branching=[2, 2, 2],
+                                   prompts_per_epoch=2, minibatch_size=64, max_new_tokens=5, val_max_prompts=4)
+    logger = TensorBoardLogger(tmp_path, name="run")
+    trainer = pl.Trainer(max_epochs=2, num_sanity_val_steps=0, reload_dataloaders_every_n_epochs=1, logger=logger,
+                         callbacks=[RolloutMetrics(table_every_n_epochs=0)], enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, datamodule)
+    events = EventAccumulator(logger.log_dir, size_guidance={"tensors": 0})
+    events.Reload()
+    written = events.Tensors("tree/sample/text_summary")
+    assert len(written) == 2  # one per validation, none from the (disabled) tables
+    text = written[-1].tensor_proto.string_val[0].decode()
+    assert text.startswith("prompt `") and " A=" in text and "'" in text.split("```")[1].splitlines()[2]
+    assert "rollout/episodes_per_decision" in events.Tags()["scalars"]
