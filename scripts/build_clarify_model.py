@@ -1,13 +1,16 @@
-"""Build the warm-start models of the multi-round games: ``data/tiny-llama-clarify`` (``--game clarify``) and
-``data/tiny-llama-hidden`` (``--game hidden-operands``), taught a game's protocol but not its policy.
+"""Build the warm-start models of the multi-round games: ``data/tiny-llama-clarify`` (``--game clarify``),
+``data/tiny-llama-hidden`` (``--game hidden-operands``) and ``data/tiny-llama-calculator`` (``--game calculator``),
+each taught its game's protocol but not its policy.
 
 Fine-tunes ``data/tiny-llama`` by teacher forcing on the game's *training* split only. At every round of every
-prompt, hidden operands or not, the demonstration asks (``?``, then the environment's reply) or answers (the sum
-when every operand is known, else a guess) with equal odds. So the model knows how to ask and how to answer but has
-no preference for when: that is what GRPO or tree-relative training must learn.
+prompt the demonstration asks (``?``, then the environment's reply) or answers with equal odds; the answer is the
+right sum where the state allows it (every operand known; at most two operands left to add) and a guess elsewhere
+(``demonstrated_answer``). So the model knows how to ask and how to answer but has no preference for when: that is
+what GRPO or tree-relative training must learn. Prints held-out greedy figures, among them the informed accuracy
+(the answer after the oracle's questions), which says whether asking can pay at all.
 
-Usage: ``.venv/bin/python scripts/build_clarify_model.py [--game hidden-operands]`` (deterministic; prints held-out
-figures).
+Usage: ``.venv/bin/python scripts/build_clarify_model.py --game hidden-operands`` (deterministic; the game's
+recipe in ``RECIPES``; about 10 minutes for the three-round games on 2 cores).
 """
 
 from __future__ import annotations

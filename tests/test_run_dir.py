@@ -66,7 +66,9 @@ def test_two_runs_in_one_directory_get_their_own_versions(tiny_llama_dir, tmp_pa
 def test_ctrl_c_keeps_the_adapter_and_prints_the_resume_command(tiny_llama_dir, tmp_path):
     marker = tmp_path / "paused"
     pause = f'{{"class_path": "support.PauseAt", "init_args": {{"marker": "{marker}", "epoch": 1, "batch_idx": 0}}}}'
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    # faulthandler: a run that hangs after Ctrl-C is aborted below and prints where each thread stood
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "PYTHONFAULTHANDLER": "1"}
     command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--model.model_name_or_path", str(tiny_llama_dir),
                "--trainer.max_epochs", "3", "--trainer.default_root_dir", str(tmp_path), "--trainer.callbacks+",
                pause, *SMALL]
@@ -77,7 +79,12 @@ def test_ctrl_c_keeps_the_adapter_and_prints_the_resume_command(tiny_llama_dir, 
             assert run.poll() is None and time.monotonic() < deadline, "the run never reached the pause point"
             time.sleep(0.1)
         run.send_signal(signal.SIGINT)
-        _, err = run.communicate(timeout=120)
+        try:
+            _, err = run.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            run.send_signal(signal.SIGABRT)
+            pytest.fail("the run did not exit within 120 s of Ctrl-C; where it stood:\n"
+                        + run.communicate(timeout=60)[1][-6000:])
     finally:
         if run.poll() is None:
             run.kill()
