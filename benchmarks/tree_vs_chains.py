@@ -21,6 +21,7 @@ Run it alone on the machine: runs take the 2 cores, and wall time is reported.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -125,6 +126,7 @@ def done_runs(results: Path) -> list[dict]:
     return [json.loads(line) for line in results.read_text().splitlines() if line.strip()] if results.is_file() else []
 
 
+@functools.cache  # the weights do not change during a run; hashing 12 MB per results row did
 def model_id(game: str) -> str:
     """The first 12 hex digits of the warm-start weights' sha256: rows of another warm start never mix in."""
     return hashlib.sha256((ROOT / GAMES[game][0] / "model.safetensors").read_bytes()).hexdigest()[:12]
@@ -156,7 +158,8 @@ def run_one(args: argparse.Namespace, game: str, variant: str, seed: int, lr: fl
 
 def current(args: argparse.Namespace, game: str) -> list[dict]:
     """The results rows of ``game`` made with today's warm start."""
-    return [r for r in done_runs(args.results) if r["game"] == game and r.get("model") == model_id(game)]
+    model = model_id(game)
+    return [r for r in done_runs(args.results) if r["game"] == game and r.get("model") == model]
 
 
 def run_missing(args: argparse.Namespace) -> None:

@@ -25,7 +25,7 @@ class HiddenOperandsTask(AskOrAnswerTask):
     (``oracle_return`` gives it on any set of prompts).
 
     Args:
-        hidden_probability: probability that each of b and c is hidden.
+        hidden_probability: probability that each of a and b is hidden.
         correct_reward: reward of a right answer.
         wrong_reward: reward of a wrong answer.
         ask_cost: cost of one question (its reward is ``-ask_cost``).
@@ -72,22 +72,12 @@ class HiddenOperandsTask(AskOrAnswerTask):
         """The oracle's questions on ``record``: one per hidden operand."""
         return len(record["hidden"])
 
-    def oracle_return(self, records: list[PromptRecord]) -> float:
-        """The oracle's mean return on ``records``: as many questions as hidden operands, then the right sum."""
-        return oracle_return(self, records)
-
     def reply(self, prompt_record: PromptRecord, round_index: int) -> str:
         """Every segment before round ``round_index`` of a running episode was a question (an answer ends it), so
         this question is the ``round_index``-th and reveals the ``round_index``-th hidden operand."""
         hidden = prompt_record["hidden"]
         name = hidden[round_index - 1] if round_index <= len(hidden) else None
         return f"{name}={prompt_record[name]};" if name else "none;"
-
-
-def oracle_return(task: AskOrAnswerTask, records: list[PromptRecord]) -> float:
-    """Mean return on ``records`` of the policy that asks ``task.oracle_questions(record)`` times, then answers
-    right."""
-    return sum(task.correct_reward - task.ask_cost * task.oracle_questions(r) for r in records) / len(records)
 
 
 class CalculatorTask(AskOrAnswerTask):
@@ -159,9 +149,6 @@ class CalculatorTask(AskOrAnswerTask):
     def oracle_questions(record: PromptRecord) -> int:
         """The oracle's calls on ``record``: until two operands remain."""
         return max(len(record["operands"]) - 2, 0)
-
-    def oracle_return(self, records: list[PromptRecord]) -> float:
-        return oracle_return(self, records)
 
     def reply(self, prompt_record: PromptRecord, round_index: int) -> str:
         """The ``round_index``-th call (every earlier segment of a running episode was a call) reduces the

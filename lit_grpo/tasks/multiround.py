@@ -78,6 +78,15 @@ class AskOrAnswerTask(MultiRoundTask):
     def reply(self, prompt_record: PromptRecord, round_index: int) -> str:
         """The environment's answer to the question asked at round ``round_index`` (1-based)."""
 
+    @staticmethod
+    @abstractmethod
+    def oracle_questions(record: PromptRecord) -> int:
+        """How many questions the oracle policy asks on ``record`` before it answers."""
+
+    def oracle_return(self, records: Sequence[PromptRecord]) -> float:
+        """Mean return on ``records`` of the oracle: ``oracle_questions(record)`` questions, then the right answer."""
+        return sum(self.correct_reward - self.ask_cost * self.oracle_questions(r) for r in records) / len(records)
+
     @property
     def no_answer_reward(self) -> float:
         return self._no_answer
