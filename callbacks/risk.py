@@ -8,8 +8,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_grpo.risk import calibrate_tau, expected_calibration_error
-from lit_grpo.risk_rollout import rule_outcome
+from lit_grpo.risk import expected_calibration_error, learn_then_test
+from lit_grpo.risk_rollout import RiskRule, rule_outcome
 
 DEFAULT_CANDIDATES = [0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0]
 
@@ -21,14 +21,23 @@ class RiskThreshold(pl.Callback):
     Args:
         mode: ``fixed`` (always ``tau``), ``scheduled`` (linear from ``tau_start`` at epoch 0 to ``tau`` at epoch
             ``schedule_epochs``, then ``tau``) or ``calibrated`` (``tau_start`` until the first validation; then,
-            at every validation, the largest of ``candidates`` whose selective error on fresh greedy episodes of
-            the held-out prompts is <= ``alpha``; if none is, the explicit always-defer state, logged as
-            ``risk/always_defer`` 1, in which validation defers everywhere while training rollouts grow free).
+            at every validation, the tau Learn-then-Test certifies on fresh greedy episodes of the held-out prompts:
+            ``candidates`` tested from the smallest up, each null "selective error > alpha" rejected at level
+            ``delta`` by an exact binomial p-value, the largest tau before the first failure; with probability at
+            least 1 - delta its selective error on new prompts is at most alpha. If even the smallest fails, the
+            explicit always-defer state, logged as ``risk/always_defer`` 1, in which validation defers everywhere
+            while training rollouts grow free).
         tau: the fixed threshold, or the end of the schedule.
         tau_start: the threshold before the head has learned anything (1.0 lets the policy infer freely, so the
             head sees outcomes of inferring to learn from).
         schedule_epochs: epochs over which ``scheduled`` moves from ``tau_start`` to ``tau``.
         alpha: the target selective error (errors among inferred answers) of ``calibrated``.
+        delta: the probability ``calibrated`` may miss ``alpha`` (the level of each test).
+        decision: ``threshold`` (the rule above) or ``value``: at every decision, answer where the head's CVaR
+            (at ``cvar_level``) of the return of answering is at least that of asking, ask otherwise (a forced
+            answer or a forced question; tau, ``mode`` and the calibration play no part; the curve is still logged).
+        cvar_level: the value rule's risk aversion: the CVaR of the worst ``1 - cvar_level`` of each return's
+            distribution (0: its expectation).
         candidates: the grid of tau values ``calibrated`` tries; each is also a point of the risk-coverage curve
             logged at every validation (in every mode).
         explore_fraction: the share of each epoch's training prompts whose trees grow without the rule, so the
@@ -42,16 +51,23 @@ class RiskThreshold(pl.Callback):
         tau_start: float = 1.0,
         schedule_epochs: int = 10,
         alpha: float = 0.1,
+        delta: float = 0.1,
+        decision: Literal["threshold", "value"] = "threshold",
+        cvar_level: float = 0.0,
         candidates: list[float] = DEFAULT_CANDIDATES,  # noqa: B006 - shown by --help; never mutated
         explore_fraction: float = 0.25,
     ) -> None:
         problems = []
         if mode not in ("fixed", "scheduled", "calibrated"):
             problems.append(f"mode: unknown value {mode!r}; valid choices: fixed, scheduled, calibrated")
-        for name, value in (("tau", tau), ("tau_start", tau_start), ("alpha", alpha),
+        if decision not in ("threshold", "value"):
+            problems.append(f"decision: unknown value {decision!r}; valid choices: threshold, value")
+        for name, value in (("tau", tau), ("tau_start", tau_start), ("alpha", alpha), ("delta", delta),
                             ("explore_fraction", explore_fraction)):
             if not 0 <= value <= 1:
                 problems.append(f"{name}: must be in [0, 1], got {value}")
+        if not 0 <= cvar_level < 1:
+            problems.append(f"cvar_level: must be in [0, 1), got {cvar_level}")
         if schedule_epochs < 1:
             problems.append(f"schedule_epochs: must be >= 1, got {schedule_epochs}")
         if not candidates or any(not 0 <= c <= 1 for c in candidates):
@@ -60,6 +76,7 @@ class RiskThreshold(pl.Callback):
             raise ValueError("invalid RiskThreshold configuration:\n  - " + "\n  - ".join(problems))
         self.mode, self.tau_end, self.tau_start = mode, tau, tau_start
         self.schedule_epochs, self.alpha, self.candidates = schedule_epochs, alpha, sorted(candidates)
+        self.delta, self.decision, self.cvar_level = delta, decision, cvar_level
         self.explore_fraction = explore_fraction
         self.calibrated_tau: float | None = tau_start
 
@@ -82,6 +99,17 @@ class RiskThreshold(pl.Callback):
             return self.tau_start + share * (self.tau_end - self.tau_start)
         return self.calibrated_tau
 
+    def rule(self, module: Any, task: Any, tau: float | None) -> RiskRule:
+        """The decision rule at ``tau`` (ignored by the value rule) for ``module``'s policy and head on ``task``."""
+        tokenizer = module.tokenizer
+        answer_ids = task.answer_token_ids(tokenizer) if self.decision == "value" else ()
+        return RiskRule(module.policy, module.risk_head, tau, task.defer_token_ids(tokenizer),
+                        tokenizer.pad_token_id, self.decision, self.cvar_level, answer_ids)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        for name, value in getattr(pl_module, "risk_fit_stats", {}).items():  # the detached head's fit
+            pl_module.log(f"risk/{name}", float(value), on_step=False, on_epoch=True)
+
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
         if trainer.sanity_checking or pl_module.risk_head is None:
             return
@@ -89,14 +117,18 @@ class RiskThreshold(pl.Callback):
         records = datamodule.val_records()
         outcomes = {tau: rule_outcome(pl_module, datamodule, records, tau) for tau in self.candidates}
         if self.mode == "calibrated":
-            chosen, _ = calibrate_tau(self.candidates, lambda t: (outcomes[t].selective_error, outcomes[t].coverage),
-                                      self.alpha)
-            self.calibrated_tau = chosen
+            counts = [(t, int(o.errors.sum()), int(o.covered.sum())) for t, o in outcomes.items()]
+            self.calibrated_tau, _ = learn_then_test(counts, self.alpha, self.delta)
         tau = self.current_tau(trainer.current_epoch)
-        current = outcomes.get(tau) or rule_outcome(pl_module, datamodule, records, tau)
+        if self.decision == "value":
+            current = rule_outcome(pl_module, datamodule, records, None, decision="value",
+                                   cvar_level=self.cvar_level)
+        else:
+            current = outcomes.get(tau) or rule_outcome(pl_module, datamodule, records, tau)
         self.log_outcome(pl_module, current)
         self.log_curve(trainer, [outcomes[t] for t in self.candidates])
-        shown = "always defer (no feasible tau)" if tau is None else f"{tau:g}"
+        shown = ("value rule" if self.decision == "value" else
+                 "always defer (no certified tau)" if tau is None else f"{tau:g}")
         rank_zero_info(f"risk: tau {shown}, coverage {current.coverage:.3f}, selective error "
                        f"{fmt(current.selective_error)}, "
                        f"mean return {float(current.returns.mean()):.3f}; curve (tau: coverage, error): " +
@@ -105,7 +137,7 @@ class RiskThreshold(pl.Callback):
     def log_outcome(self, pl_module: Any, outcome: Any) -> None:
         error = outcome.selective_error
         metrics = {
-            "risk/always_defer": float(outcome.tau is None),
+            "risk/always_defer": float(outcome.tau is None and self.decision == "threshold"),
             "risk/coverage": outcome.coverage,
             "risk/selective_error": float("nan") if error is None else error,
             "risk/mean_return": float(outcome.returns.mean()),

@@ -27,6 +27,7 @@ from lit_grpo.distributed import check_distributed_data, global_step_denominator
 from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
 from lit_grpo.input_check import InputError
 from lit_grpo.losses import overlong_penalty
+from lit_grpo.risk_probes import probe_labels, probe_records
 from lit_grpo.risk_rollout import RiskRule
 from lit_grpo.seeds import derived_seed
 from lit_grpo.reward_worker import RewardWorker
@@ -229,6 +230,10 @@ class RolloutDataModule(pl.LightningDataModule):
         scored = time.perf_counter()
         module.run_no_grad_passes(buffer)
         module.assign_advantages(buffer)
+        if getattr(module, "risk_replay", None) is not None:  # the detached risk head learns from greedy probes
+            probes = probe_records(self.task, records, self.cursor, module.risk_spec.probe_prompts)
+            module.fit_risk_head(probe_labels(self.task, self.engine, module.tokenizer, probes, len(self.branching),
+                                              self.sampling_spec(module, greedy=True, seed=None)))
         done = time.perf_counter()
         generating = generated - clock - self.scoring_seconds
         self.timings = {"generate": generating, "score": scored - generated + self.scoring_seconds,
@@ -347,11 +352,9 @@ class RolloutDataModule(pl.LightningDataModule):
         threshold = self.risk_threshold
         if getattr(module, "risk_head", None) is None or threshold is None:
             return None
-        tokenizer = module.tokenizer
         epoch = self.trainer.current_epoch
         tau = threshold.training_tau(epoch) if training else threshold.current_tau(epoch)
-        return RiskRule(module.policy, module.risk_head, tau,
-                        self.task.defer_token_ids(tokenizer), tokenizer.pad_token_id)
+        return threshold.rule(module, self.task, tau)
 
     def epoch_seed(self, epoch: int, stream: str = "rollout") -> int:
         """The base seed of one of an epoch's random streams (``rollout`` sampling, minibatch ``shuffle``)."""

@@ -35,6 +35,7 @@ from lit_grpo.module_config import Objective, module_config_problems
 from lit_grpo.online_dpo import online_dpo_loss
 from lit_grpo.packed import TokenLogprobs
 from lit_grpo.risk import RiskHead, RiskHeadSpec
+from lit_grpo.risk_fit import RiskReplay, fit_on_replay
 from lit_grpo.risk_rollout import batch_constraint, risk_head_loss
 from lit_grpo.rollout_advantages import AdvantageKnobs, assign_advantages
 from lit_grpo.tree import StdScope, ValueMode
@@ -169,6 +170,8 @@ class PolicyModule(pl.LightningModule):
         self.value_head: ValueHead | None = None
         self.risk_head: RiskHead | None = None
         self.risk_spec = None if risk is None else RiskHeadSpec(**risk)
+        self.risk_replay: RiskReplay | None = None  # the detached head's labelled states (design §6; risk_fit.py)
+        self.risk_fit_stats: dict[str, float] = {}
         self.token_logprobs: TokenLogprobs | None = None
         self.evaluation = GreedyEvaluation()
         self.reference_owner: Any = None  # what makes the policy run as pi_ref, if not the adapter switched off
@@ -193,6 +196,7 @@ class PolicyModule(pl.LightningModule):
             self.value_head = ValueHead(self.policy.config.hidden_size)
         if self.risk_spec is not None:
             self.risk_head = RiskHead(self.policy.config.hidden_size, self.risk_spec)
+            self.risk_replay = RiskReplay(self.risk_spec.replay_size) if self.risk_spec.detach else None
 
     def configure_optimizers(self) -> Any:
         params: list[Any] = [p for p in self.parameters() if p.requires_grad]
@@ -246,6 +250,15 @@ class PolicyModule(pl.LightningModule):
         rows_per_chunk = rows_per_pass(batch_tokens, input_ids.shape[1])
         return chunked_eval(self.policy, input_ids.shape[0], rows_per_chunk, forward)
 
+    def fit_risk_head(self, labels: Any) -> None:
+        """The detached risk head's fit of the epoch on its replay (``risk_fit.fit_on_replay``); under DDP every
+        rank then takes rank 0's head, so the rule is the same everywhere."""
+        spec = self.risk_spec
+        self.risk_fit_stats = fit_on_replay(self.policy, self.risk_head, self.risk_replay, labels,
+                                            self.tokenizer.pad_token_id, spec.fit_steps, spec.fit_lr)
+        if self._trainer is not None and self.trainer.world_size > 1:
+            self.risk_head.load_state_dict(self.trainer.strategy.broadcast(self.risk_head.state_dict(), src=0))
+
     def assign_advantages(self, buffer: RolloutBuffer) -> None:
         """The buffer's advantages (``rollout_advantages.assign_advantages``) with this module's knobs."""
         hp = self.hparams
@@ -266,7 +279,7 @@ class PolicyModule(pl.LightningModule):
         completion_mask = batch["completion_mask"]
         max_new_tokens = int(batch["max_new_tokens"])
         constraint = batch_constraint(batch)
-        if self.value_head is None and self.risk_head is None:
+        if self.value_head is None and self.joint_risk_head is None:
             logp = self.token_logprobs(self.policy, batch["input_ids"], batch["attention_mask"], completion_mask,
                                        float(batch["temperature"]), constraint)
         else:
@@ -290,7 +303,7 @@ class PolicyModule(pl.LightningModule):
         # each loss is its minibatch mean times the minibatch's share of that loss's count over the optimizer step
         # (every rank's minibatches): a step's gradient is each loss's sum over the step divided by its own count
         loss, reported = policy_part * (local_count / batch["step_denominator"]), policy_part.detach()
-        if self.risk_head is not None or self.value_head is not None:
+        if self.joint_risk_head is not None or self.value_head is not None:
             scaled, unscaled, head_stats = self.head_losses(hidden, batch)
             loss, reported, stats = loss + scaled, reported + unscaled, {**stats, **head_stats}
         if batch_idx == 0 and "sampler_logp" in batch:  # no update yet this epoch: logp is the trainer's pi_old
@@ -301,13 +314,18 @@ class PolicyModule(pl.LightningModule):
         undo_averaging = self.trainer.accumulate_grad_batches * self.trainer.world_size
         return {"loss": loss * undo_averaging, "stats": stats}
 
+    @property
+    def joint_risk_head(self) -> RiskHead | None:
+        """The risk head when it trains jointly with the policy (``risk.detach`` false), else None."""
+        return None if self.risk_spec is None or self.risk_spec.detach else self.risk_head
+
     def head_losses(self, hidden: torch.Tensor,
                     batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         """The risk and value heads' losses weighted by their coefficients: ``(scaled, unscaled, stats)``, scaled
         by the minibatch's share of each loss's own count over the step (inferring rows; counted tokens)."""
         scaled, unscaled, stats = hidden.new_tensor(0.0), hidden.new_tensor(0.0), {}
-        if self.risk_head is not None:
-            risk_loss, risk_stats = risk_head_loss(self.risk_head, hidden, batch)
+        if self.joint_risk_head is not None:
+            risk_loss, risk_stats = risk_head_loss(self.joint_risk_head, hidden, batch)
             weighted = self.risk_spec.coef * risk_loss
             scaled = scaled + weighted * share(batch["inferred"].sum(), batch["step_risk_rows"])
             unscaled, stats = unscaled + weighted.detach(), {**stats, **risk_stats}
@@ -370,12 +388,16 @@ class PolicyModule(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trainable = self.trainable_keys()
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+        if self.risk_replay is not None:
+            checkpoint["risk_replay"] = self.risk_replay.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trainable = self.trainable_keys()
         missing = sorted(trainable - set(checkpoint["state_dict"]))
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} adapter tensors (e.g. {missing[0]}): another model?")
+        if self.risk_replay is not None and "risk_replay" in checkpoint:
+            self.risk_replay.load_state_dict(checkpoint["risk_replay"])
 
     def trainable_keys(self) -> set[str]:
         """State-dict keys of the trained weights: the adapter, and the value and risk heads if any."""

@@ -112,7 +112,8 @@ def risk_spec_problems(risk: Any) -> list[str]:
         try:
             risk = RiskHeadSpec(**risk)
         except TypeError as error:
-            return [f"risk: {error}; fields: v_min, v_max, num_atoms, success_threshold, coef"]
+            return [f"risk: {error}; fields: v_min, v_max, num_atoms, success_threshold, coef, detach, replay_size, "
+                    "fit_steps, fit_lr, probe_prompts"]
     return risk.problems()
 
 

@@ -1,20 +1,24 @@
-"""The distributional risk head and the infer/defer rule built on it (design §6, last part).
+"""The distributional risk head and the infer/defer rules built on it (design §6, last part).
 
-At a decision point (a context the policy is about to extend in some round) the head predicts the distribution of
-the return of inferring now, i.e. the reward of the answer the policy would commit to. The rule lets the policy
-infer only when P(error) = P(return < success threshold) <= tau, and otherwise forces a defer.
+At a decision point (a context the policy is about to extend in some round) the head predicts two distributions:
+the return of inferring now (the reward of the answer the policy would commit to) and the return of deferring now
+(the question's cost plus what the policy then earns). The threshold rule lets the policy infer only when
+P(error) = P(return of inferring < success threshold) <= tau, and otherwise forces a defer; the value rule infers
+where the (risk-adjusted) value of inferring is at least that of deferring, and defers otherwise.
 
 Why a categorical over fixed return atoms (C51-style) and not quantiles: the return of inferring takes a few
 discrete values (right, wrong, malformed), so a categorical represents it exactly; P(error) is then a plain sum of
 atom probabilities below the threshold, with no interpolation between quantiles (which would need many quantiles to
 resolve a two-point distribution), and its cross-entropy loss is a proper scoring rule, so the P(error) it learns
-is calibrated in the limit. CVaR follows in closed form from the same probabilities.
+is calibrated in the limit. CVaR follows in closed form from the same probabilities. The return of deferring
+takes more values (each question's cost, then right, wrong or cut off), which the atoms hold as well when their
+spacing divides the costs.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +34,15 @@ class RiskHeadSpec:
         v_max: the highest return atom.
         num_atoms: atoms evenly spaced over ``[v_min, v_max]``.
         success_threshold: an inferred answer whose return is below this is an error.
-        coef: weight of the head's cross-entropy in the loss.
+        coef: weight of the head's cross-entropy in the loss (only with ``detach: false``).
+        detach: fit the head on the frozen policy's hidden states (true), from greedy probe episodes of each epoch's
+            prompts kept in a replay, so its loss never moves the policy; false trains it jointly with the policy
+            from the sampled trees' answers, through the hidden state.
+        replay_size: the most recent labelled decision states the detached head is fitted on.
+        fit_steps: full-batch Adam steps of each epoch's fit of the detached head (warm-started).
+        fit_lr: the learning rate of that fit.
+        probe_prompts: training prompts whose greedy episodes label decision states each epoch (the epoch's own,
+            then the ones after them in the split; they add episodes, not policy updates).
     """
 
     v_min: float = -1.0
@@ -38,6 +50,11 @@ class RiskHeadSpec:
     num_atoms: int = 11
     success_threshold: float = 0.0
     coef: float = 1.0
+    detach: bool = True
+    replay_size: int = 4096
+    fit_steps: int = 200
+    fit_lr: float = 0.05
+    probe_prompts: int = 64
 
     def problems(self) -> list[str]:
         found = []
@@ -49,29 +66,38 @@ class RiskHeadSpec:
             found.append(f"risk: success_threshold must be in (v_min, v_max], got {self.success_threshold}")
         if self.coef < 0:
             found.append(f"risk: coef must be >= 0, got {self.coef}")
+        for name in ("replay_size", "fit_steps", "probe_prompts"):
+            if getattr(self, name) < 1:
+                found.append(f"risk: {name} must be >= 1, got {getattr(self, name)}")
+        if not self.fit_lr > 0:
+            found.append(f"risk: fit_lr must be > 0, got {self.fit_lr}")
         return found
 
     def atoms(self) -> torch.Tensor:
         return torch.linspace(self.v_min, self.v_max, self.num_atoms)  # [K]
 
 
+INFER, DEFER = 0, 1  # the head's two branches: the return of inferring now, and of deferring now
+
+
 class RiskHead(nn.Module):
-    """Logits over the return atoms from the hidden state at a decision point; zero-initialised (uniform)."""
+    """Logits over the return atoms of inferring and of deferring, from the hidden state at a decision point
+    ``[..., H] -> [..., 2, K]``; zero-initialised (uniform)."""
 
     def __init__(self, hidden_size: int, spec: RiskHeadSpec) -> None:
         super().__init__()
         self.spec = spec
-        self.linear = nn.Linear(hidden_size, spec.num_atoms)
+        self.linear = nn.Linear(hidden_size, 2 * spec.num_atoms)
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
         self.register_buffer("atoms", spec.atoms(), persistent=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.linear(hidden.float())  # [..., K]
+        return self.linear(hidden.float()).unflatten(-1, (2, self.spec.num_atoms))  # [..., 2, K]
 
     def error_probability(self, hidden: torch.Tensor) -> torch.Tensor:
         """P(return of inferring < success threshold) ``[...]``."""
-        return error_probability(self(hidden).softmax(-1), self.atoms, self.spec.success_threshold)
+        return error_probability(self(hidden)[..., INFER, :].softmax(-1), self.atoms, self.spec.success_threshold)
 
 
 def two_hot(returns: torch.Tensor, atoms: torch.Tensor) -> torch.Tensor:
@@ -115,6 +141,28 @@ def forced_defer(p_error: torch.Tensor, tau: float | None) -> torch.Tensor:
     return p_error > tau
 
 
+def cvar(probs: torch.Tensor, atoms: torch.Tensor, level: float) -> torch.Tensor:
+    """Lower-tail CVaR of categorical ``probs [..., K]`` over ascending ``atoms [K]``: the mean of the worst
+    ``1 - level`` of the probability mass ``[...]``; ``level`` 0 is the expectation, larger is more risk-averse.
+
+    Example: atoms [-1, 0, 1], probs [0.2, 0.3, 0.5]: level 0 -> 0.3; level 0.5 (worst half: 0.2 at -1, 0.3 at 0)
+    -> -0.2 / 0.5 = -0.4; level 0.9 (worst 0.1, all at -1) -> -1.
+    """
+    if not 0 <= level < 1:
+        raise ValueError(f"CVaR level must be in [0, 1), got {level}")
+    tail = 1.0 - level
+    below = probs.cumsum(-1) - probs  # [..., K] mass of the atoms before each
+    taken = (tail - below).clamp(min=0).minimum(probs)  # [..., K] each atom's mass inside the tail
+    return (taken * atoms).sum(-1) / tail
+
+
+def value_rule_defers(probs: torch.Tensor, atoms: torch.Tensor, level: float) -> torch.Tensor:
+    """The value rule: defer where the CVaR at ``level`` of the return of inferring is below that of deferring.
+    ``probs [B, 2, K]`` (inferring, deferring) -> ``[B]`` bool (ties infer)."""
+    values = cvar(probs, atoms, level)  # [B, 2]
+    return values[:, INFER] < values[:, DEFER]
+
+
 def first_token_constraints(
     forced: torch.Tensor, defer_token_ids: Sequence[int]
 ) -> tuple[tuple[int, ...] | None, ...]:
@@ -127,20 +175,6 @@ def selective_error(errors: torch.Tensor, covered: torch.Tensor) -> float | None
     """Errors among the covered (inferred) episodes; None when nothing was covered (undefined)."""
     count = int(covered.sum())
     return None if count == 0 else float((errors & covered).sum()) / count
-
-
-def calibrate_tau(
-    candidates: Sequence[float], evaluate: Callable[[float], tuple[float | None, float]], alpha: float
-) -> tuple[float | None, list[tuple[float, float | None, float]]]:
-    """Design §6: the largest candidate tau whose selective error on fresh validation rollouts is <= alpha.
-
-    ``evaluate(tau) -> (selective error or None if nothing was covered, coverage)`` runs fresh rollouts per tau,
-    since tau changes the later rounds. A tau that covers nothing is not feasible (its error is undefined).
-    Returns ``(tau or None when none is feasible, [(tau, selective error, coverage)] for every candidate)``.
-    """
-    curve = [(tau, *evaluate(tau)) for tau in sorted(candidates)]
-    feasible = [tau for tau, error, _ in curve if error is not None and error <= alpha]
-    return (max(feasible) if feasible else None), curve
 
 
 def binomial_cdf(k: int, n: int, p: float) -> float:
@@ -181,19 +215,23 @@ def learn_then_test(
     return chosen, p_values
 
 
-def expected_calibration_error(p_error: torch.Tensor, errors: torch.Tensor, num_bins: int = 10) -> float:
-    """ECE of predicted error probabilities ``[M]`` against observed errors ``[M]`` (bool): sum over equal-width
-    bins of (bin share) * |mean predicted - observed error rate|.
+def reliability_bins(p_error: torch.Tensor, errors: torch.Tensor, num_bins: int = 15) -> list[tuple[float, float, int]]:
+    """Equal-mass bins of predicted error probabilities ``[M]`` (sorted, cut into ``num_bins`` runs of sizes that
+    differ by at most one): ``(mean predicted, observed error rate, size)`` per non-empty bin."""
+    order = p_error.argsort(stable=True)
+    bins = []
+    for members in torch.tensor_split(order, min(num_bins, len(order))) if len(order) else []:
+        bins.append((float(p_error[members].mean()), float(errors[members].float().mean()), len(members)))
+    return bins
 
-    Example: predictions [0.1, 0.1, 0.9, 0.9], errors [F, F, T, F], 10 bins: |0.1 - 0| * 0.5 + |0.9 - 0.5| * 0.5
+
+def expected_calibration_error(p_error: torch.Tensor, errors: torch.Tensor, num_bins: int = 15) -> float:
+    """ECE of predicted error probabilities ``[M]`` against observed errors ``[M]`` (bool) over ``num_bins``
+    equal-mass bins (``reliability_bins``): sum of (bin share) * |mean predicted - observed error rate|.
+
+    Example: predictions [0.1, 0.2, 0.8, 0.9], errors [F, T, T, T], 2 bins: |0.15 - 0.5| * 0.5 + |0.85 - 1| * 0.5
     = 0.25.
     """
-    if p_error.numel() == 0:
-        return 0.0
-    bins = (p_error * num_bins).long().clamp(max=num_bins - 1)  # [M]
-    total = 0.0
-    for b in bins.unique().tolist():
-        members = bins == b
-        gap = (p_error[members].mean() - errors[members].float().mean()).abs()
-        total += float(members.float().mean() * gap)
-    return total
+    total = len(p_error)
+    return sum(size / total * abs(predicted - observed)
+               for predicted, observed, size in reliability_bins(p_error, errors, num_bins))

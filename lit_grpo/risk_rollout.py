@@ -11,12 +11,14 @@ import torch
 
 from lit_grpo.logprobs import FirstTokenConstraint, chunked_eval, last_hidden_states, padded_positions
 from lit_grpo.risk import (
+    INFER,
     RiskHead,
     error_probability,
     first_token_constraints,
     forced_defer,
     risk_loss,
     selective_error,
+    value_rule_defers,
 )
 from lit_grpo.tree import depth_first
 from lit_grpo.tree_rollout import SegmentNode, greedy_trees
@@ -40,7 +42,7 @@ def risk_head_loss(
     """
     rows = batch["inferred"].nonzero().squeeze(1)  # [M]
     decision_hidden = hidden[rows, batch["decision_index"][rows]]  # [M, H]
-    logits = head(decision_hidden)  # [M, K]
+    logits = head(decision_hidden)[:, INFER]  # [M, K]
     loss = risk_loss(logits, batch["rewards"][rows], head.atoms)
     p_error = error_probability(logits.detach().softmax(-1), head.atoms, head.spec.success_threshold)  # [M]
     observed = (batch["rewards"][rows] < head.spec.success_threshold).float()  # [M]
@@ -50,11 +52,12 @@ def risk_head_loss(
     return loss, stats
 
 
-def context_error_probability(policy: Any, head: RiskHead, contexts: Sequence[Sequence[int]], pad_id: int,
-                              batch_size: int = 256) -> torch.Tensor:
-    """P(error of inferring now) at each open context ``[B]``: the head on the hidden state of its last token, from
-    right-padded rows with positions from 0 (as in training), in eval mode."""
-    device = next(head.parameters()).device
+@torch.no_grad()
+def context_hidden_states(policy: Any, contexts: Sequence[Sequence[int]], pad_id: int,
+                          batch_size: int = 256) -> torch.Tensor:
+    """The policy's last-layer hidden state at the last token of each context ``[B, H]`` (float32, on the CPU):
+    right-padded rows with positions from 0 (as in training), in eval mode, without the output head."""
+    device = next(policy.parameters()).device
 
     def forward(rows: slice) -> torch.Tensor:
         part = contexts[rows]
@@ -63,24 +66,44 @@ def context_error_probability(policy: Any, head: RiskHead, contexts: Sequence[Se
         for row, context in enumerate(part):
             ids[row, : len(context)] = torch.tensor(list(context))
         mask = (torch.arange(ids.shape[1]) < lengths.unsqueeze(1)).long().to(device)  # [B, L]
-        hidden = last_hidden_states(policy, ids.to(device), mask, padded_positions(mask))  # [B, L, H]: no head
-        last = hidden[torch.arange(len(part), device=device), (lengths - 1).to(device)]  # [B, H]
-        return head.error_probability(last).cpu()
+        hidden = last_hidden_states(policy, ids.to(device), mask, padded_positions(mask))  # [B, L, H]
+        return hidden[torch.arange(len(part), device=device), (lengths - 1).to(device)].float().cpu()  # [B, H]
 
     return chunked_eval(policy, len(contexts), batch_size, forward)
 
 
-class RiskRule:
-    """The decision rule for ``expand_trees``: at each round, force a defer (allow only ``defer_token_ids`` as the
-    first token) at every open context whose P(error) > tau; ``tau=None`` forces a defer everywhere."""
+def context_error_probability(policy: Any, head: RiskHead, contexts: Sequence[Sequence[int]], pad_id: int,
+                              batch_size: int = 256) -> torch.Tensor:
+    """P(error of inferring now) at each open context ``[B]``."""
+    hidden = context_hidden_states(policy, contexts, pad_id, batch_size)  # [B, H]
+    with torch.no_grad():
+        return head.error_probability(hidden.to(head.atoms.device)).cpu()
 
-    def __init__(self, policy: Any, head: RiskHead, tau: float | None, defer_token_ids: Sequence[int], pad_id: int):
+
+class RiskRule:
+    """The decision rule for ``expand_trees`` at each round's open contexts.
+
+    ``threshold`` (the default): force a defer (allow only ``defer_token_ids`` as the first token) wherever
+    P(error) > tau; ``tau=None`` forces a defer everywhere. ``value``: at every context, force a defer where the
+    CVaR at ``cvar_level`` of the return of inferring is below that of deferring, and force an answer (only
+    ``answer_token_ids`` first) elsewhere; tau plays no part.
+    """
+
+    def __init__(self, policy: Any, head: RiskHead, tau: float | None, defer_token_ids: Sequence[int], pad_id: int,
+                 decision: str = "threshold", cvar_level: float = 0.0,
+                 answer_token_ids: Sequence[int] = ()) -> None:
         self.policy, self.head, self.tau = policy, head, tau
         self.defer_token_ids, self.pad_id = tuple(defer_token_ids), pad_id
+        self.decision, self.cvar_level, self.answer_token_ids = decision, cvar_level, tuple(answer_token_ids)
 
     def __call__(self, contexts: list[list[int]], depth: int) -> tuple[tuple[int, ...] | None, ...]:
-        p_error = context_error_probability(self.policy, self.head, contexts, self.pad_id)  # [B]
-        return first_token_constraints(forced_defer(p_error, self.tau), self.defer_token_ids)
+        if self.decision == "threshold":
+            p_error = context_error_probability(self.policy, self.head, contexts, self.pad_id)  # [B]
+            return first_token_constraints(forced_defer(p_error, self.tau), self.defer_token_ids)
+        with torch.no_grad():
+            hidden = context_hidden_states(self.policy, contexts, self.pad_id).to(self.head.atoms.device)  # [B, H]
+            defers = value_rule_defers(self.head(hidden).softmax(-1), self.head.atoms, self.cvar_level).cpu()  # [B]
+        return tuple(self.defer_token_ids if flag else self.answer_token_ids for flag in defers.tolist())
 
 
 @dataclass(frozen=True)
@@ -106,13 +129,15 @@ class RuleOutcome:
 
 
 def rule_outcome(module: Any, datamodule: Any, records: Sequence[Any], tau: float | None,
-                 apply_rule: bool = True, success_threshold: float = 0.0) -> RuleOutcome:
-    """Fresh greedy episodes of the held-out ``records`` with the rule at ``tau`` (design §6's calibration runs);
-    ``apply_rule=False`` plays the policy alone (no head needed; ``success_threshold`` then defines an error)."""
+                 apply_rule: bool = True, success_threshold: float = 0.0, decision: str = "threshold",
+                 cvar_level: float = 0.0) -> RuleOutcome:
+    """Fresh greedy episodes of the held-out ``records`` with the rule at ``tau`` (design §6's calibration runs;
+    ``decision``/``cvar_level`` as in ``RiskRule``); ``apply_rule=False`` plays the policy alone (no head needed;
+    ``success_threshold`` then defines an error)."""
     task, tokenizer, head = datamodule.task, module.tokenizer, module.risk_head
     datamodule.sync_policy(module)
-    rule = RiskRule(module.policy, head, tau, task.defer_token_ids(tokenizer), tokenizer.pad_token_id) \
-        if apply_rule else None
+    rule = RiskRule(module.policy, head, tau, task.defer_token_ids(tokenizer), tokenizer.pad_token_id, decision,
+                    cvar_level, task.answer_token_ids(tokenizer) if decision == "value" else ()) if apply_rule else None
     sampling = datamodule.sampling_spec(module, greedy=True, seed=None)
     roots = greedy_trees(task, datamodule.engine, tokenizer, records, len(datamodule.branching), sampling, rule)
     threshold = head.spec.success_threshold if head is not None else success_threshold
@@ -120,8 +145,9 @@ def rule_outcome(module: Any, datamodule: Any, records: Sequence[Any], tau: floa
     for root in roots:
         path = depth_first(root)[1:]
         last = path[-1]
-        # covered: the policy chose, unrestricted, to commit (a forced defer that went astray is not covered)
-        committed = isinstance(last, SegmentNode) and bool(last.segment) and last.terminal and last.allowed is None
+        # covered: an answer the rule let through (a forced defer that went astray is not covered)
+        committed = isinstance(last, SegmentNode) and bool(last.segment) and last.terminal and \
+            (last.allowed is None or last.allowed == rule.answer_token_ids)
         covered.append(committed)
         errors.append(committed and last.reward < threshold)
         returns.append(sum(node.reward for node in path))

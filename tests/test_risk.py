@@ -16,15 +16,17 @@ from lit_grpo.risk import (
     RiskHead,
     RiskHeadSpec,
     binomial_cdf,
-    calibrate_tau,
+    cvar,
     learn_then_test,
     error_probability,
     expected_calibration_error,
     first_token_constraints,
     forced_defer,
+    reliability_bins,
     risk_loss,
     selective_error,
     two_hot,
+    value_rule_defers,
 )
 
 ATOMS = torch.tensor([-1.0, 0.0, 1.0])
@@ -69,22 +71,37 @@ def test_the_rule_forces_a_defer_exactly_where_p_error_exceeds_tau():
     assert first_token_constraints(torch.tensor([True, False]), [7]) == ((7,), None)
 
 
-def test_calibration_picks_the_largest_feasible_tau():
-    # selective error grows with tau; coverage too. alpha 0.1 -> 0.3 (0.09) is the largest with error <= 0.1
-    table = {0.1: (0.02, 0.2), 0.2: (0.05, 0.4), 0.3: (0.09, 0.55), 0.5: (0.12, 0.7), 1.0: (0.3, 1.0)}
-    tau, curve = calibrate_tau(list(table), lambda t: table[t], alpha=0.1)
-    assert tau == 0.3
-    assert [point[0] for point in curve] == [0.1, 0.2, 0.3, 0.5, 1.0]
-    # feasibility need not be monotone: the largest feasible wins even past an infeasible one
-    table[0.5] = (0.1, 0.7)
-    table[0.3] = (0.11, 0.55)
-    assert calibrate_tau(list(table), lambda t: table[t], alpha=0.1)[0] == 0.5
+def test_cvar_is_the_mean_of_the_worst_mass_and_the_expectation_at_level_0():
+    probs = torch.tensor([[0.2, 0.3, 0.5]])
+    assert cvar(probs, ATOMS, 0.0).item() == pytest.approx(0.3, abs=1e-7)  # -0.2 + 0.5
+    assert cvar(probs, ATOMS, 0.5).item() == pytest.approx(-0.4, abs=1e-7)  # (0.2 * -1 + 0.3 * 0) / 0.5
+    assert cvar(probs, ATOMS, 0.9).item() == pytest.approx(-1.0, abs=1e-7)  # the worst 0.1 is all at -1
+    # worst 0.6: 0.2 at -1, 0.3 at 0, 0.1 at 1 -> (-0.2 + 0.1) / 0.6
+    assert cvar(probs, ATOMS, 0.4).item() == pytest.approx(-0.1 / 0.6, abs=1e-7)
+    with pytest.raises(ValueError, match="CVaR level"):
+        cvar(probs, ATOMS, 1.0)
 
 
-def test_calibration_without_a_feasible_tau_is_the_always_defer_state():
-    table = {0.0: (None, 0.0), 0.5: (0.2, 0.6), 1.0: (0.3, 1.0)}  # tau 0 covers nothing: undefined, not feasible
-    tau, _ = calibrate_tau(list(table), lambda t: table[t], alpha=0.1)
-    assert tau is None
+def test_the_value_rule_defers_where_deferring_is_worth_more_and_risk_aversion_changes_the_choice():
+    # inferring: +1 or -1 at 0.7 / 0.3 (mean 0.4); deferring: 0 for sure (mean 0)
+    infer, defer = torch.tensor([0.3, 0.0, 0.7]), torch.tensor([0.0, 1.0, 0.0])
+    probs = torch.stack([torch.stack([infer, defer]), torch.stack([defer, infer])])  # [2, 2, 3]
+    assert value_rule_defers(probs, ATOMS, 0.0).tolist() == [False, True]  # 0.4 >= 0; 0 < 0.4
+    # the worst half: inferring (0.3 * -1 + 0.2 * 1) / 0.5 = -0.2 < 0: a risk-averse rule asks
+    assert value_rule_defers(probs, ATOMS, 0.5).tolist() == [True, False]
+    tie = torch.stack([defer, defer]).unsqueeze(0)
+    assert value_rule_defers(tie, ATOMS, 0.0).tolist() == [False]  # a tie infers
+
+
+def test_the_head_has_an_infer_and_a_defer_branch():
+    head = RiskHead(2, RiskHeadSpec(v_min=-1, v_max=1, num_atoms=3))
+    with torch.no_grad():
+        head.linear.bias.copy_(torch.tensor([2.0, 0.0, 0.0, 0.0, 0.0, 5.0]))  # infer: atom -1 likely; defer: +1
+    logits = head(torch.zeros(4, 2))
+    assert logits.shape == (4, 2, 3)
+    e2 = math.exp(2)
+    assert head.error_probability(torch.zeros(1, 2)).item() == pytest.approx(e2 / (e2 + 2), abs=1e-6)
+    assert torch.equal(logits[0, 1], torch.tensor([0.0, 0.0, 5.0]))
 
 
 def test_selective_error_and_ece():
@@ -92,8 +109,14 @@ def test_selective_error_and_ece():
     covered = torch.tensor([True, True, False, False])
     assert selective_error(errors, covered) == 0.5
     assert selective_error(errors, torch.zeros(4, dtype=torch.bool)) is None
-    p = torch.tensor([0.1, 0.1, 0.9, 0.9])
-    assert expected_calibration_error(p, torch.tensor([False, False, True, False])) == pytest.approx(0.25)
+    # two equal-mass bins: {0.1, 0.2} predicted 0.15, observed 0.5; {0.8, 0.9} predicted 0.85, observed 1
+    p = torch.tensor([0.9, 0.1, 0.8, 0.2])
+    errors = torch.tensor([True, False, True, True])
+    assert expected_calibration_error(p, errors, num_bins=2) == pytest.approx(0.35 * 0.5 + 0.15 * 0.5, abs=1e-7)
+    # three bins of 2, 1, 1 (sizes differ by at most one): |0.15 - 0.5| * 2/4 + |0.8 - 1| / 4 + |0.9 - 1| / 4
+    assert expected_calibration_error(p, errors, num_bins=3) == pytest.approx(0.175 + 0.05 + 0.025, abs=1e-7)
+    assert reliability_bins(p, errors, 2) == [pytest.approx((0.15, 0.5, 2)), pytest.approx((0.85, 1.0, 2))]
+    assert expected_calibration_error(torch.zeros(0), torch.zeros(0, dtype=torch.bool)) == 0
 
 
 def test_restricted_first_token_renormalises_over_the_allowed_ids_only():
@@ -117,8 +140,8 @@ def test_the_risk_loss_is_scaled_by_its_own_step_count_of_inferring_rows():
     # minibatch's inferring rows over the step's
     from lit_grpo.module import PolicyModule
 
-    spec = RiskHeadSpec(v_min=-1.0, v_max=1.0, num_atoms=3, coef=2.0)
-    module = PolicyModule(risk=dict(v_min=-1.0, v_max=1.0, num_atoms=3, coef=2.0))
+    spec = RiskHeadSpec(v_min=-1.0, v_max=1.0, num_atoms=3, coef=2.0, detach=False)
+    module = PolicyModule(risk=dict(v_min=-1.0, v_max=1.0, num_atoms=3, coef=2.0, detach=False))
     module.risk_head = RiskHead(2, spec)  # zero weights: uniform over the atoms -1, 0, 1
     hidden = torch.zeros(2, 3, 2)
     batch = {"inferred": torch.tensor([True, False]), "decision_index": torch.tensor([1, 1]),

@@ -55,6 +55,11 @@ class MultiRoundTask(Task):
         defer. Tasks used with a risk head override this."""
         raise NotImplementedError(f"{type(self).__name__} does not say which first tokens defer (defer_token_ids)")
 
+    def answer_token_ids(self, tokenizer: Any) -> list[int]:
+        """The first tokens that start an answer: the only ones the value rule allows when it forces an answer.
+        Tasks used with that rule override this."""
+        raise NotImplementedError(f"{type(self).__name__} does not say which first tokens answer (answer_token_ids)")
+
     def reward(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
         """Single-round view: the first segment's reward."""
         return self.step(prompt_record, 1, completion_text).reward
@@ -101,6 +106,10 @@ class AskOrAnswerTask(MultiRoundTask):
 
     def defer_token_ids(self, tokenizer: Any) -> list[int]:
         return tokenizer("?", add_special_tokens=False)["input_ids"][:1]
+
+    def answer_token_ids(self, tokenizer: Any) -> list[int]:
+        """The first tokens of an answer (the digits): the only ones a rule allows when it forces an answer."""
+        return sorted({tokenizer(str(digit), add_special_tokens=False)["input_ids"][0] for digit in range(10)})
 
     def step(self, prompt_record: PromptRecord, round_index: int, segment_text: str) -> EnvStep:
         text = segment_text.strip()

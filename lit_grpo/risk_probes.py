@@ -1,0 +1,103 @@
+"""Greedy probe episodes that label decision states for the detached risk head (issue 21).
+
+The rules run greedily, so the head is trained on what greedy play earns: from each probe prompt, the plain greedy
+episode; then, at the state where it answered, the same episode with a defer forced there (the return of
+deferring, and the states a forced defer leads to); and at each state where it asked, the same episode with an
+answer forced there (the return of inferring where the policy would not). Greedy play is deterministic, so a
+forced episode passes through the plain one's states up to the forced round. Every policy segment of every probe
+labels its context: an answer (free or forced) with its reward as a return of inferring; a question (free or
+forced, even one that went astray) with the return from there on as a return of deferring.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lit_grpo.engines.base import RolloutEngine, SamplingSpec
+from lit_grpo.tasks.base import PromptRecord
+from lit_grpo.tasks.multiround import AskOrAnswerTask
+from lit_grpo.tree import depth_first
+from lit_grpo.tree_rollout import SegmentNode, greedy_trees
+
+
+@dataclass
+class ProbeLabels:
+    """Labelled decision states: ``contexts`` (token ids), ``infer_returns`` and ``defer_returns`` ``[M]`` (NaN
+    where that branch was not played from the state)."""
+
+    contexts: list[tuple[int, ...]]
+    infer_returns: torch.Tensor  # [M]
+    defer_returns: torch.Tensor  # [M]
+
+
+class Forcing:
+    """A decision rule that restricts the first token at given ``(round, context)`` pairs and leaves the rest free."""
+
+    def __init__(self, forced: dict[tuple[int, tuple[int, ...]], tuple[int, ...]]) -> None:
+        self.forced = forced
+
+    def __call__(self, contexts: list[list[int]], depth: int) -> list[tuple[int, ...] | None]:
+        return [self.forced.get((depth, tuple(context))) for context in contexts]
+
+
+def episode_labels(root: SegmentNode, defer_ids: Sequence[int]) -> list[tuple[tuple[int, ...], float, float]]:
+    """``(context, return of inferring or NaN, return of deferring or NaN)`` for each policy segment of a greedy
+    episode (a single-path tree); a question's return counts every reward from it on, the no-answer closing too."""
+    path = depth_first(root)[1:]
+    labels = []
+    for index, node in enumerate(path):
+        if not getattr(node, "segment", ()):  # the environment's no-answer closing: no decision
+            continue
+        deferred = node.kind == "ask" or node.allowed == tuple(defer_ids)
+        if deferred:
+            labels.append((node.context, math.nan, sum(n.reward for n in path[index:])))
+        else:
+            labels.append((node.context, node.reward, math.nan))
+    return labels
+
+
+def probe_labels(task: AskOrAnswerTask, engine: RolloutEngine, tokenizer: Any, records: Sequence[PromptRecord],
+                 max_depth: int, sampling: SamplingSpec) -> ProbeLabels:
+    """The plain and forced greedy episodes of ``records`` (see the module docstring), labelled."""
+    defer_ids, answer_ids = tuple(task.defer_token_ids(tokenizer)), tuple(task.answer_token_ids(tokenizer))
+    plain = greedy_trees(task, engine, tokenizer, records, max_depth, sampling)
+    answered: dict[tuple[int, tuple[int, ...]], tuple[int, ...]] = {}
+    answered_records = []
+    asked_by_round: list[tuple[list[PromptRecord], dict]] = [([], {}) for _ in range(max_depth)]
+    for record, root in zip(records, plain):
+        for depth, node in enumerate(depth_first(root)[1:], start=1):
+            if not getattr(node, "segment", ()):
+                continue
+            if node.kind == "ask":  # force an answer here instead, one round per batch (a record asks in several)
+                chosen, forced = asked_by_round[depth - 1]
+                chosen.append(record)
+                forced[(depth, node.context)] = answer_ids
+            else:  # it answered here: force a question instead
+                answered_records.append(record)
+                answered[(depth, node.context)] = defer_ids
+    batches = [(answered_records, answered), *asked_by_round]
+    roots = list(plain)
+    for chosen, forced in batches:
+        if chosen:
+            roots += greedy_trees(task, engine, tokenizer, chosen, max_depth, sampling, Forcing(forced))
+    # a state met in several probes (the forced episodes replay the plain one's start) is one row with both branches
+    merged: dict[tuple[int, ...], list[float]] = {}
+    for root in roots:
+        for context, infer, defer in episode_labels(root, defer_ids):
+            row = merged.setdefault(context, [math.nan, math.nan])
+            row[0] = infer if math.isnan(row[0]) else row[0]
+            row[1] = defer if math.isnan(row[1]) else row[1]
+    values = torch.tensor(list(merged.values()), dtype=torch.float32).reshape(-1, 2)  # [M, 2]
+    return ProbeLabels(list(merged), values[:, 0], values[:, 1])
+
+
+def probe_records(task: Any, epoch_records: Sequence[PromptRecord], cursor: int, count: int) -> list[PromptRecord]:
+    """The epoch's prompts, then the training prompts from ``cursor`` on, ``count`` in all (fewer if the epoch's
+    are more)."""
+    train = task.train_records()
+    return list(epoch_records) + [train[(cursor + i) % len(train)] for i in range(count - len(epoch_records))]
