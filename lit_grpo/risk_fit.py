@@ -38,23 +38,20 @@ def fit_head(head: RiskHead, features: torch.Tensor, infer_returns: torch.Tensor
 
 
 class RiskReplay:
-    """The most recent ``size`` labelled decision states (a state seen again replaces its older row)."""
+    """The most recent ``size`` labelled decision states, oldest first (a state labelled again in a later epoch is
+    a new row: its label may differ, and the newer policy's is the likelier)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.rows: dict[tuple[int, ...], tuple[float, float]] = {}
+        self.rows: list[tuple[tuple[int, ...], float, float]] = []
 
     def add(self, labels: ProbeLabels) -> None:
-        for context, infer, defer in zip(labels.contexts, labels.infer_returns.tolist(),
-                                         labels.defer_returns.tolist()):
-            self.rows.pop(context, None)
-            self.rows[context] = (infer, defer)
-        for stale in list(self.rows)[: max(0, len(self.rows) - self.size)]:
-            del self.rows[stale]
+        self.rows += zip(labels.contexts, labels.infer_returns.tolist(), labels.defer_returns.tolist())
+        del self.rows[: max(0, len(self.rows) - self.size)]
 
     def labels(self) -> ProbeLabels:
-        values = torch.tensor(list(self.rows.values()), dtype=torch.float32).reshape(-1, 2)  # [M, 2]
-        return ProbeLabels(list(self.rows), values[:, 0], values[:, 1])
+        values = torch.tensor([(i, d) for _, i, d in self.rows], dtype=torch.float32).reshape(-1, 2)  # [M, 2]
+        return ProbeLabels([c for c, _, _ in self.rows], values[:, 0], values[:, 1])
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Tensors only (checkpoints load with ``weights_only=True``): contexts flattened with their lengths."""
@@ -66,7 +63,7 @@ class RiskReplay:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         contexts = [tuple(part.tolist()) for part in state["tokens"].split(state["lengths"].tolist())]
-        self.rows = {}
+        self.rows = []
         self.add(ProbeLabels(contexts, state["infer"], state["defer"]))
 
 

@@ -85,15 +85,17 @@ def probe_labels(task: AskOrAnswerTask, engine: RolloutEngine, tokenizer: Any, r
     for chosen, forced in batches:
         if chosen:
             roots += greedy_trees(task, engine, tokenizer, chosen, max_depth, sampling, Forcing(forced))
-    # a state met in several probes (the forced episodes replay the plain one's start) is one row with both branches
-    merged: dict[tuple[int, ...], list[float]] = {}
+    # a prompt's state met in several of its probes (a forced episode replays the plain one's start) is one row with
+    # both branches; the same context of two prompts (both operands hidden) is two rows: their outcomes differ
+    position = {id(record): index for index, record in enumerate(records)}
+    merged: dict[tuple[int, tuple[int, ...]], list[float]] = {}
     for root in roots:
         for context, infer, defer in episode_labels(root, defer_ids):
-            row = merged.setdefault(context, [math.nan, math.nan])
+            row = merged.setdefault((position[id(root.record)], context), [math.nan, math.nan])
             row[0] = infer if math.isnan(row[0]) else row[0]
             row[1] = defer if math.isnan(row[1]) else row[1]
     values = torch.tensor(list(merged.values()), dtype=torch.float32).reshape(-1, 2)  # [M, 2]
-    return ProbeLabels(list(merged), values[:, 0], values[:, 1])
+    return ProbeLabels([context for _, context in merged], values[:, 0], values[:, 1])
 
 
 def probe_records(task: Any, epoch_records: Sequence[PromptRecord], cursor: int, count: int) -> list[PromptRecord]:

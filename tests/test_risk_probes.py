@@ -84,8 +84,8 @@ def test_replay_keeps_the_latest_rows_and_round_trips_through_tensors():
     replay.add(ProbeLabels([(1, 2), (3,)], torch.tensor([1.0, nan]), torch.tensor([nan, 0.9])))
     replay.add(ProbeLabels([(1, 2), (4, 5, 6)], torch.tensor([-1.0, 1.0]), torch.tensor([0.5, nan])))
     rows = replay.labels()
-    assert rows.contexts == [(1, 2), (4, 5, 6)]  # (3,) was the oldest; (1, 2) seen again is the newest
-    assert rows.infer_returns.tolist() == [-1.0, 1.0]
+    assert rows.contexts == [(1, 2), (4, 5, 6)]  # the two oldest rows are gone; (1, 2) again is a new row
+    assert rows.infer_returns.tolist() == [-1.0, 1.0] and rows.defer_returns.tolist()[0] == 0.5
     restored = RiskReplay(size=2)
     restored.load_state_dict(replay.state_dict())
     again = restored.labels()
