@@ -51,7 +51,7 @@ class RiskHeadSpec:
     success_threshold: float = 0.0
     coef: float = 1.0
     detach: bool = True
-    replay_size: int = 4096
+    replay_size: int = 2048
     fit_steps: int = 200
     fit_lr: float = 0.05
     probe_prompts: int = 64
@@ -233,5 +233,5 @@ def expected_calibration_error(p_error: torch.Tensor, errors: torch.Tensor, num_
     = 0.25.
     """
     total = len(p_error)
-    return sum(size / total * abs(predicted - observed)
-               for predicted, observed, size in reliability_bins(p_error, errors, num_bins))
+    return float(sum(size / total * abs(predicted - observed)
+               for predicted, observed, size in reliability_bins(p_error, errors, num_bins)))

@@ -74,7 +74,10 @@ def fit_on_replay(policy: Any, head: RiskHead, replay: RiskReplay, labels: Probe
     rows = replay.labels()
     if not rows.contexts:
         return {"replay_rows": 0.0}
-    features = context_hidden_states(policy, rows.contexts, pad_id).to(head.atoms.device)  # [M, H]
+    # many rows share a context (a state probed again, both operands hidden): one forward per distinct context
+    distinct = {context: index for index, context in enumerate(dict.fromkeys(rows.contexts))}
+    features = context_hidden_states(policy, list(distinct), pad_id)  # [D, H]
+    features = features[torch.tensor([distinct[c] for c in rows.contexts])].to(head.atoms.device)  # [M, H]
     loss = fit_head(head, features, rows.infer_returns.to(features.device), rows.defer_returns.to(features.device),
                     steps, lr)
     return {"replay_rows": float(len(rows.contexts)), "fit_loss": loss,
