@@ -60,7 +60,7 @@ def evaluate(cli: LitGRPOCLI, seed: int) -> dict:
     task, engine, tokenizer = datamodule.task, datamodule.engine, module.tokenizer
     datamodule.sync_policy(module)
     module.policy.eval()
-    records = list(task.heldout_records())
+    records = list(task.heldout_records())[:500]  # the game's own held-out prompts (the warm start never saw them)
     spec = SamplingSpec(max_new_tokens=datamodule.max_new_tokens, greedy=True, stop_token_ids=module.stop_token_ids)
     decisions = answer_decisions(task, engine, tokenizer, records, ROUNDS, spec)
     scores = decision_scores(module, engine, task, decisions, spec, seed)

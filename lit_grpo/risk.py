@@ -78,26 +78,38 @@ class RiskHeadSpec:
 
 
 INFER, DEFER = 0, 1  # the head's two branches: the return of inferring now, and of deferring now
+CONFIDENCE_FEATURES = 2  # appended to the hidden state: the policy's confidence in its next token
+
+
+def confidence_features(logits: torch.Tensor) -> torch.Tensor:
+    """The policy's confidence in its next token from its logits ``[..., V]``: ``[..., 2]`` = (largest log-prob,
+    entropy). A linear head on the hidden state alone cannot form these (they are non-linear in it), and they carry
+    what the hidden state's linear read-out misses: how sure the policy is of what it will write.
+
+    Example: logits [0, log 3] -> probabilities [1/4, 3/4] -> (log 3/4, -(1/4 log 1/4 + 3/4 log 3/4)).
+    """
+    logp = logits.float().log_softmax(-1)  # [..., V]
+    return torch.stack([logp.max(-1).values, -(logp.exp() * logp).sum(-1)], dim=-1)
 
 
 class RiskHead(nn.Module):
-    """Logits over the return atoms of inferring and of deferring, from the hidden state at a decision point
-    ``[..., H] -> [..., 2, K]``; zero-initialised (uniform)."""
+    """Logits over the return atoms of inferring and of deferring from a decision point's features (the hidden
+    state then ``confidence_features``) ``[..., H + 2] -> [..., 2, K]``; zero-initialised (uniform)."""
 
     def __init__(self, hidden_size: int, spec: RiskHeadSpec) -> None:
         super().__init__()
         self.spec = spec
-        self.linear = nn.Linear(hidden_size, 2 * spec.num_atoms)
+        self.linear = nn.Linear(hidden_size + CONFIDENCE_FEATURES, 2 * spec.num_atoms)
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
         self.register_buffer("atoms", spec.atoms(), persistent=False)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.linear(hidden.float()).unflatten(-1, (2, self.spec.num_atoms))  # [..., 2, K]
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.linear(features.float()).unflatten(-1, (2, self.spec.num_atoms))  # [..., 2, K]
 
-    def error_probability(self, hidden: torch.Tensor) -> torch.Tensor:
+    def error_probability(self, features: torch.Tensor) -> torch.Tensor:
         """P(return of inferring < success threshold) ``[...]``."""
-        return error_probability(self(hidden)[..., INFER, :].softmax(-1), self.atoms, self.spec.success_threshold)
+        return error_probability(self(features)[..., INFER, :].softmax(-1), self.atoms, self.spec.success_threshold)
 
 
 def two_hot(returns: torch.Tensor, atoms: torch.Tensor) -> torch.Tensor:

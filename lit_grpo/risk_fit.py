@@ -8,7 +8,7 @@ import torch
 
 from lit_grpo.risk import DEFER, INFER, RiskHead, risk_loss
 from lit_grpo.risk_probes import ProbeLabels
-from lit_grpo.risk_rollout import context_hidden_states
+from lit_grpo.risk_rollout import context_features
 
 
 def branch_loss(logits: torch.Tensor, infer_returns: torch.Tensor, defer_returns: torch.Tensor,
@@ -76,8 +76,8 @@ def fit_on_replay(policy: Any, head: RiskHead, replay: RiskReplay, labels: Probe
         return {"replay_rows": 0.0}
     # many rows share a context (a state probed again, both operands hidden): one forward per distinct context
     distinct = {context: index for index, context in enumerate(dict.fromkeys(rows.contexts))}
-    features = context_hidden_states(policy, list(distinct), pad_id)  # [D, H]
-    features = features[torch.tensor([distinct[c] for c in rows.contexts])].to(head.atoms.device)  # [M, H]
+    features = context_features(policy, list(distinct), pad_id)  # [D, H + 2]
+    features = features[torch.tensor([distinct[c] for c in rows.contexts])].to(head.atoms.device)  # [M, H + 2]
     loss = fit_head(head, features, rows.infer_returns.to(features.device), rows.defer_returns.to(features.device),
                     steps, lr)
     return {"replay_rows": float(len(rows.contexts)), "fit_loss": loss,

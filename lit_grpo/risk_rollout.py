@@ -9,10 +9,17 @@ from typing import Any
 
 import torch
 
-from lit_grpo.logprobs import FirstTokenConstraint, chunked_eval, last_hidden_states, padded_positions
+from lit_grpo.logprobs import (
+    FirstTokenConstraint,
+    body_and_head,
+    chunked_eval,
+    last_hidden_states,
+    padded_positions,
+)
 from lit_grpo.risk import (
     INFER,
     RiskHead,
+    confidence_features,
     error_probability,
     first_token_constraints,
     forced_defer,
@@ -33,7 +40,7 @@ def batch_constraint(batch: dict[str, torch.Tensor]) -> FirstTokenConstraint | N
 
 
 def risk_head_loss(
-    head: RiskHead, hidden: torch.Tensor, batch: dict[str, torch.Tensor]
+    head: RiskHead, hidden: torch.Tensor, batch: dict[str, torch.Tensor], output_head: Any
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Cross-entropy of the head at each inferring row's decision point against the return it observed.
 
@@ -42,7 +49,7 @@ def risk_head_loss(
     """
     rows = batch["inferred"].nonzero().squeeze(1)  # [M]
     decision_hidden = hidden[rows, batch["decision_index"][rows]]  # [M, H]
-    logits = head(decision_hidden)[:, INFER]  # [M, K]
+    logits = head(decision_features(decision_hidden, output_head))[:, INFER]  # [M, K]
     loss = risk_loss(logits, batch["rewards"][rows], head.atoms)
     p_error = error_probability(logits.detach().softmax(-1), head.atoms, head.spec.success_threshold)  # [M]
     observed = (batch["rewards"][rows] < head.spec.success_threshold).float()  # [M]
@@ -72,12 +79,28 @@ def context_hidden_states(policy: Any, contexts: Sequence[Sequence[int]], pad_id
     return chunked_eval(policy, len(contexts), batch_size, forward)
 
 
+def decision_features(hidden: torch.Tensor, output_head: Any) -> torch.Tensor:
+    """The risk head's input at decision points: the hidden state ``[B, H]`` and the policy's confidence in its
+    next token (one output-head row per decision, never per position) ``-> [B, H + 2]``."""
+    logits = output_head(hidden.to(output_head.weight.dtype))  # [B, V]
+    return torch.cat([hidden.float(), confidence_features(logits)], dim=-1)
+
+
+@torch.no_grad()
+def context_features(policy: Any, contexts: Sequence[Sequence[int]], pad_id: int,
+                     batch_size: int = 256) -> torch.Tensor:
+    """``decision_features`` at the last token of each context ``[B, H + 2]`` (float32, on the CPU)."""
+    device = next(policy.parameters()).device
+    hidden = context_hidden_states(policy, contexts, pad_id, batch_size)  # [B, H]
+    return decision_features(hidden.to(device), body_and_head(policy)[1]).cpu()
+
+
 def context_error_probability(policy: Any, head: RiskHead, contexts: Sequence[Sequence[int]], pad_id: int,
                               batch_size: int = 256) -> torch.Tensor:
     """P(error of inferring now) at each open context ``[B]``."""
-    hidden = context_hidden_states(policy, contexts, pad_id, batch_size)  # [B, H]
+    features = context_features(policy, contexts, pad_id, batch_size)  # [B, H + 2]
     with torch.no_grad():
-        return head.error_probability(hidden.to(head.atoms.device)).cpu()
+        return head.error_probability(features.to(head.atoms.device)).cpu()
 
 
 class RiskRule:
@@ -101,8 +124,8 @@ class RiskRule:
             p_error = context_error_probability(self.policy, self.head, contexts, self.pad_id)  # [B]
             return first_token_constraints(forced_defer(p_error, self.tau), self.defer_token_ids)
         with torch.no_grad():
-            hidden = context_hidden_states(self.policy, contexts, self.pad_id).to(self.head.atoms.device)  # [B, H]
-            defers = value_rule_defers(self.head(hidden).softmax(-1), self.head.atoms, self.cvar_level).cpu()  # [B]
+            features = context_features(self.policy, contexts, self.pad_id).to(self.head.atoms.device)  # [B, H+2]
+            defers = value_rule_defers(self.head(features).softmax(-1), self.head.atoms, self.cvar_level).cpu()
         return tuple(self.defer_token_ids if flag else self.answer_token_ids for flag in defers.tolist())
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from lit_grpo.risk import (
     RiskHead,
     RiskHeadSpec,
     binomial_cdf,
+    confidence_features,
     cvar,
     learn_then_test,
     error_probability,
@@ -59,7 +61,7 @@ def test_error_probability():
 def test_a_fresh_head_is_uniform_over_its_atoms():
     head = RiskHead(4, RiskHeadSpec(v_min=-1, v_max=1, num_atoms=5, success_threshold=0.0))
     # atoms -1, -0.5, 0, 0.5, 1: two of five are below 0
-    assert head.error_probability(torch.randn(3, 4)).tolist() == pytest.approx([0.4] * 3)
+    assert head.error_probability(torch.randn(3, 6)).tolist() == pytest.approx([0.4] * 3)  # hidden 4 + confidence 2
 
 
 def test_the_rule_forces_a_defer_exactly_where_p_error_exceeds_tau():
@@ -93,14 +95,20 @@ def test_the_value_rule_defers_where_deferring_is_worth_more_and_risk_aversion_c
     assert value_rule_defers(tie, ATOMS, 0.0).tolist() == [False]  # a tie infers
 
 
+def test_confidence_features_are_the_top_log_prob_and_the_entropy():
+    features = confidence_features(torch.tensor([[0.0, math.log(3)]]))
+    entropy = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    assert features.tolist()[0] == pytest.approx([math.log(0.75), entropy], abs=1e-6)
+
+
 def test_the_head_has_an_infer_and_a_defer_branch():
     head = RiskHead(2, RiskHeadSpec(v_min=-1, v_max=1, num_atoms=3))
     with torch.no_grad():
         head.linear.bias.copy_(torch.tensor([2.0, 0.0, 0.0, 0.0, 0.0, 5.0]))  # infer: atom -1 likely; defer: +1
-    logits = head(torch.zeros(4, 2))
+    logits = head(torch.zeros(4, 4))  # hidden 2 + the two confidence features
     assert logits.shape == (4, 2, 3)
     e2 = math.exp(2)
-    assert head.error_probability(torch.zeros(1, 2)).item() == pytest.approx(e2 / (e2 + 2), abs=1e-6)
+    assert head.error_probability(torch.zeros(1, 4)).item() == pytest.approx(e2 / (e2 + 2), abs=1e-6)
     assert torch.equal(logits[0, 1], torch.tensor([0.0, 0.0, 5.0]))
 
 
@@ -143,6 +151,7 @@ def test_the_risk_loss_is_scaled_by_its_own_step_count_of_inferring_rows():
     spec = RiskHeadSpec(v_min=-1.0, v_max=1.0, num_atoms=3, coef=2.0, detach=False)
     module = PolicyModule(risk=dict(v_min=-1.0, v_max=1.0, num_atoms=3, coef=2.0, detach=False))
     module.risk_head = RiskHead(2, spec)  # zero weights: uniform over the atoms -1, 0, 1
+    module.policy = SimpleNamespace(get_output_embeddings=lambda: torch.nn.Linear(2, 5))  # confidence features
     hidden = torch.zeros(2, 3, 2)
     batch = {"inferred": torch.tensor([True, False]), "decision_index": torch.tensor([1, 1]),
              "rewards": torch.tensor([0.5, -1.0]), "step_risk_rows": torch.tensor(4.0),

@@ -104,8 +104,8 @@ def test_branch_loss_counts_each_branch_over_its_own_rows():
 
 
 def test_the_fit_learns_a_separable_error_probability():
-    head = RiskHead(2, RiskHeadSpec(v_min=-1, v_max=1, num_atoms=3))
-    features = torch.tensor([[1.0, 0.0], [0.0, 1.0]] * 8)
+    head = RiskHead(2, RiskHeadSpec(v_min=-1, v_max=1, num_atoms=3))  # 2 hidden + 2 confidence features
+    features = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]] * 8)
     infer = torch.tensor([1.0, -1.0] * 8)  # the first kind of state answers right, the second wrong
     fit_head(head, features, infer, torch.full((16,), math.nan), steps=300, lr=0.1)
     p_error = head.error_probability(features[:2]).tolist()
