@@ -15,12 +15,9 @@ from lit_grpo.buffer import RolloutBuffer
 from lit_grpo.input_check import InputError, check_inputs
 from lit_grpo.logprobs import (
     CHUNK_TOKENS,
-    chunked_eval,
     head_problem,
     logprobs_and_hidden,
-    rows_per_pass,
     sampler_agreement,
-    token_hidden_states,
 )
 from lit_grpo.losses import (
     Aggregation,
@@ -40,7 +37,7 @@ from lit_grpo.risk_rollout import batch_constraint, risk_head_loss
 from lit_grpo.rollout_advantages import AdvantageKnobs, assign_advantages
 from lit_grpo.tree import StdScope, ValueMode
 from lit_grpo.validation import GreedyEvaluation
-from lit_grpo.value_head import ValueHead, aligned_values, value_loss
+from lit_grpo.value_head import ValueHead, aligned_values, old_values, value_loss
 
 
 def share(local: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
@@ -238,17 +235,7 @@ class PolicyModule(pl.LightningModule):
             with self.reference_active():
                 buffer.ref_logp = self.token_logprobs.batched(self.policy, *rows, constraint).cpu()
         if self.value_head is not None:
-            buffer.values = self.old_values(*args, batch_tokens).cpu()
-
-    def old_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, batch_tokens: int) -> torch.Tensor:
-        """``[N, L]`` value estimates at theta_old, in eval mode (no output head: the values need none)."""
-
-        def forward(rows: slice) -> torch.Tensor:
-            hidden = token_hidden_states(self.policy, input_ids[rows], attention_mask[rows])  # [n, L, H]
-            return aligned_values(self.value_head, hidden, attention_mask[rows])
-
-        rows_per_chunk = rows_per_pass(batch_tokens, input_ids.shape[1])
-        return chunked_eval(self.policy, input_ids.shape[0], rows_per_chunk, forward)
+            buffer.values = old_values(self.policy, self.value_head, *args, batch_tokens).cpu()
 
     def fit_risk_head(self, labels: Any) -> None:
         """The detached risk head's fit of the epoch on its replay (``risk_fit.fit_on_replay``); under DDP every

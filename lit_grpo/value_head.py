@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lit_grpo.logprobs import chunked_eval, rows_per_pass, token_hidden_states
 from lit_grpo.losses import masked_mean
 
 
@@ -19,6 +20,18 @@ class ValueHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.linear(hidden.float()).squeeze(-1)  # [N, L]
+
+
+def old_values(policy: nn.Module, head: ValueHead, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               batch_tokens: int) -> torch.Tensor:
+    """``[N, L]`` value estimates at theta_old, in eval mode, in chunks of at most ``batch_tokens`` tokens (no
+    output head: the values need none)."""
+
+    def forward(rows: slice) -> torch.Tensor:
+        hidden = token_hidden_states(policy, input_ids[rows], attention_mask[rows])  # [n, L, H]
+        return aligned_values(head, hidden, attention_mask[rows])
+
+    return chunked_eval(policy, input_ids.shape[0], rows_per_pass(batch_tokens, input_ids.shape[1]), forward)
 
 
 def aligned_values(head: ValueHead, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
