@@ -154,3 +154,26 @@ def test_the_replay_is_in_the_checkpoint(tmp_path):
     fresh.configure_model()
     fresh.on_load_checkpoint(saved)
     assert fresh.risk_replay.labels().contexts == module.risk_replay.labels().contexts
+
+
+def test_the_value_rule_forces_an_answer_or_a_question_by_the_heads_two_values(tmp_path):
+    module, datamodule, _ = build()
+    module.configure_model()
+    task, tokenizer = datamodule.task, module.tokenizer
+    records = task.train_records()[:6]
+    contexts = [task.prompt_ids(r, tokenizer) for r in records]
+    defer_ids, answer_ids = tuple(task.defer_token_ids(tokenizer)), tuple(task.answer_token_ids(tokenizer))
+    assert len(answer_ids) == 10 and not set(answer_ids) & set(defer_ids)
+    atoms = module.risk_head.spec.num_atoms
+    for favoured, expected in ((0, answer_ids), (1, defer_ids)):  # all mass of one branch on the top atom
+        with torch.no_grad():
+            module.risk_head.linear.bias.zero_()
+            module.risk_head.linear.bias[favoured * atoms + atoms - 1] = 10.0
+        rule = RiskThreshold(decision="value").rule(module, task, tau=None)
+        assert rule([list(c) for c in contexts], 1) == (expected,) * len(contexts)
+    # answers forced everywhere: every greedy episode ends at round 1 in an answer the rule let through
+    with torch.no_grad():
+        module.risk_head.linear.bias.zero_()
+        module.risk_head.linear.bias[atoms - 1] = 10.0
+    outcome = rule_outcome(module, datamodule, records, None, decision="value")
+    assert outcome.covered.all()
