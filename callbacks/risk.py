@@ -8,8 +8,10 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from lit_grpo.input_check import InputError
 from lit_grpo.risk import expected_calibration_error, learn_then_test
 from lit_grpo.risk_rollout import RiskRule, rule_outcome
+from lit_grpo.tasks.multiround import MultiRoundTask
 
 DEFAULT_CANDIDATES = [0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0]
 
@@ -81,8 +83,14 @@ class RiskThreshold(pl.Callback):
         self.calibrated_tau: float | None = tau_start
 
     def setup(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
-        if trainer.datamodule is not None:
-            trainer.datamodule.risk_threshold = self  # the rollouts' infer/defer rule reads its tau from here
+        if trainer.datamodule is None:
+            return
+        task = getattr(trainer.datamodule, "task", None)
+        if self.decision == "value" and type(task).answer_token_ids is MultiRoundTask.answer_token_ids:
+            raise InputError(f"RiskThreshold decision: value forces answers, but the task {type(task).__name__} does "
+                             "not say which first tokens answer: give it an answer_token_ids(tokenizer) method, or "
+                             "use decision: threshold")
+        trainer.datamodule.risk_threshold = self  # the rollouts' infer/defer rule reads its tau from here
 
     def training_tau(self, epoch: int) -> float | None:
         """The tau of the training rollouts of ``epoch``: ``current_tau``, except that in the always-defer state

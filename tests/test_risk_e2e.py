@@ -5,19 +5,22 @@ head trains, and calibration and tau survive a checkpoint."""
 from __future__ import annotations
 
 import math
-
+from types import SimpleNamespace
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
 import torch
-from lit_grpo.callbacks import RiskThreshold, RolloutMetrics
 
+from lit_grpo.callbacks import RiskThreshold, RolloutMetrics
 from lit_grpo.datamodule import RolloutDataModule
 from lit_grpo.engines import HFEngine
+from lit_grpo.input_check import InputError
 from lit_grpo.module import PolicyModule
 from lit_grpo.risk import RiskHeadSpec
 from lit_grpo.risk_rollout import context_error_probability, rule_outcome
 from lit_grpo.tasks import ClarifyTask
+from lit_grpo.tasks.multiround import MultiRoundTask
 from lit_grpo.tree_rollout import policy_nodes
 
 CLARIFY_MODEL = "data/tiny-llama-clarify"
@@ -177,3 +180,14 @@ def test_the_value_rule_forces_an_answer_or_a_question_by_the_heads_two_values(t
         module.risk_head.linear.bias[atoms - 1] = 10.0
     outcome = rule_outcome(module, datamodule, records, None, decision="value")
     assert outcome.covered.all()
+
+
+def test_the_value_rule_with_a_task_that_cannot_force_an_answer_is_refused_before_work():
+    class NoAnswerIds(ClarifyTask):
+        answer_token_ids = MultiRoundTask.answer_token_ids  # a user's game that never said which tokens answer
+
+    trainer = SimpleNamespace(datamodule=SimpleNamespace(task=NoAnswerIds()))
+    with pytest.raises(InputError, match="NoAnswerIds does not say which first tokens answer"):
+        RiskThreshold(decision="value").setup(trainer, None, "fit")
+    RiskThreshold(decision="threshold").setup(trainer, None, "fit")  # the threshold rule only forces questions
+    assert trainer.datamodule.risk_threshold.decision == "threshold"
