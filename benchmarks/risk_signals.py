@@ -42,7 +42,7 @@ def token_signals(policy: Any, decisions: list, pad_id: int) -> dict[str, torch.
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     for i, row in enumerate(rows):
         ids[i, : len(row)] = torch.tensor(row)
-    mask = (ids != pad_id) | (torch.arange(width) < torch.tensor([len(r) for r in rows]).unsqueeze(1))
+    mask = torch.arange(width) < torch.tensor([len(r) for r in rows]).unsqueeze(1)  # [M, L]
     logp = torch.cat([policy(input_ids=ids[i:i + 128], attention_mask=mask[i:i + 128].long()).logits.float()
                       .log_softmax(-1) for i in range(0, len(rows), 128)])  # [M, L, V] (tiny vocabulary)
     out = {name: torch.zeros(len(rows)) for name in ("first_token_prob", "first_token_entropy", "seq_logprob",

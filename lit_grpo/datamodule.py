@@ -230,14 +230,15 @@ class RolloutDataModule(pl.LightningDataModule):
         scored = time.perf_counter()
         module.run_no_grad_passes(buffer)
         module.assign_advantages(buffer)
-        if getattr(module, "risk_replay", None) is not None:  # the detached risk head learns from greedy probes
-            probes = probe_records(self.task, records, self.cursor, module.risk_spec.probe_prompts)
-            module.fit_risk_head(probe_labels(self.task, self.engine, module.tokenizer, probes, len(self.branching),
-                                              self.sampling_spec(module, greedy=True, seed=None)))
         done = time.perf_counter()
         generating = generated - clock - self.scoring_seconds
         self.timings = {"generate": generating, "score": scored - generated + self.scoring_seconds,
                         "no_grad_passes": done - scored}
+        if getattr(module, "risk_replay", None) is not None:  # the detached risk head learns from greedy probes
+            probes = probe_records(self.task, records, self.cursor, module.risk_spec.probe_prompts)
+            module.fit_risk_head(probe_labels(self.task, self.engine, module.tokenizer, probes, len(self.branching),
+                                              self.sampling_spec(module, greedy=True, seed=None)))
+            self.timings["risk_head_fit"], done = time.perf_counter() - done, time.perf_counter()
         rank_zero_info(
             f"epoch {epoch}: {len(records)} prompts, {buffer.input_ids.shape[0]} segments in {done - clock:.2f}s "
             f"(generate {generating:.2f}s); reward mean {buffer.rewards.mean():.3f}, "

@@ -15,6 +15,7 @@ from lit_grpo.buffer import RolloutBuffer
 from lit_grpo.input_check import InputError, check_inputs
 from lit_grpo.logprobs import (
     CHUNK_TOKENS,
+    body_and_head,
     head_problem,
     logprobs_and_hidden,
     sampler_agreement,
@@ -312,8 +313,7 @@ class PolicyModule(pl.LightningModule):
         by the minibatch's share of each loss's own count over the step (inferring rows; counted tokens)."""
         scaled, unscaled, stats = hidden.new_tensor(0.0), hidden.new_tensor(0.0), {}
         if self.joint_risk_head is not None:
-            risk_loss, risk_stats = risk_head_loss(self.joint_risk_head, hidden, batch,
-                                                   self.policy.get_output_embeddings())
+            risk_loss, risk_stats = risk_head_loss(self.joint_risk_head, hidden, batch, body_and_head(self.policy)[1])
             weighted = self.risk_spec.coef * risk_loss
             scaled = scaled + weighted * share(batch["inferred"].sum(), batch["step_risk_rows"])
             unscaled, stats = unscaled + weighted.detach(), {**stats, **risk_stats}

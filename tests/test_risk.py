@@ -151,7 +151,9 @@ def test_the_risk_loss_is_scaled_by_its_own_step_count_of_inferring_rows():
     spec = RiskHeadSpec(v_min=-1.0, v_max=1.0, num_atoms=3, coef=2.0, detach=False)
     module = PolicyModule(risk=dict(v_min=-1.0, v_max=1.0, num_atoms=3, coef=2.0, detach=False))
     module.risk_head = RiskHead(2, spec)  # zero weights: uniform over the atoms -1, 0, 1
-    module.policy = SimpleNamespace(get_output_embeddings=lambda: torch.nn.Linear(2, 5))  # confidence features
+    # a stand-in causal LM: only its output head is read (for the two confidence features)
+    lm = SimpleNamespace(base_model_prefix="model", model=None, get_output_embeddings=lambda: torch.nn.Linear(2, 5))
+    module.policy = SimpleNamespace(get_base_model=lambda: lm)
     hidden = torch.zeros(2, 3, 2)
     batch = {"inferred": torch.tensor([True, False]), "decision_index": torch.tensor([1, 1]),
              "rewards": torch.tensor([0.5, -1.0]), "step_risk_rows": torch.tensor(4.0),
