@@ -110,6 +110,7 @@ class RolloutMetrics(pl.Callback):
         stats = rollout_stats(buffer)
         if getattr(datamodule, "dynamic_sampling", False):
             stats["sampling_draws"] = float(datamodule.sampling_draws)
+        stats.update(getattr(datamodule, "engine_metrics", {}))  # e.g. the vllm_server engine's servers_alive
         for name, value in stats.items():  # over ranks: counts add up, the rest are means of equal shares
             reduce = "sum" if name in ("policy_tokens", "reward_errors") else "mean"
             pl_module.log(f"rollout/{name}", value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx=reduce)

@@ -169,6 +169,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.share_start = 0  # this rank's first prompt within the last draw
         self.buffer: RolloutBuffer | None = None
         self.timings: dict[str, float] = {}
+        self.engine_metrics: dict[str, float] = {}  # an engine's own figures (servers_alive), logged as rollout/*
         self.scoring_seconds = 0.0
         self._pushed_at_step: int | None = None
 
@@ -232,6 +233,7 @@ class RolloutDataModule(pl.LightningDataModule):
         module.assign_advantages(buffer)
         done = time.perf_counter()
         generating = generated - clock - self.scoring_seconds
+        self.engine_metrics = dict(getattr(self.engine, "metrics", {}))  # as they stood after this draw
         self.timings = {"generate": generating, "score": scored - generated + self.scoring_seconds,
                         "no_grad_passes": done - scored}
         if getattr(module, "risk_replay", None) is not None:  # the detached risk head learns from greedy probes
