@@ -17,7 +17,8 @@ from jsonargparse._loaders_dumpers import yaml_load
 from jsonargparse._util import import_object
 
 from lit_grpo.combinations import combination_problems
-from lit_grpo.datamodule import RolloutDataModule, data_config_problems
+from lit_grpo.data_config import data_config_problems
+from lit_grpo.datamodule import RolloutDataModule
 from lit_grpo.distributed import distributed_config_problems
 from lit_grpo.input_check import InputError
 from lit_grpo.module import PolicyModule

@@ -23,6 +23,7 @@ from lit_grpo.buffer import (
     serve_minibatches,
 )
 from lit_grpo.combinations import combination_problems
+from lit_grpo.data_config import data_config_problems, resuming_after_finished_epoch
 from lit_grpo.distributed import check_distributed_data, global_step_denominators, rank_and_world, rank_share
 from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
 from lit_grpo.input_check import InputError
@@ -34,44 +35,6 @@ from lit_grpo.reward_worker import RewardWorker
 from lit_grpo.tasks import ArithmeticTask, MultiRoundTask, PromptRecord, Task
 from lit_grpo.tasks.base import prompt_text
 from lit_grpo.tree_rollout import expand_trees, greedy_episodes, tree_buffer
-
-
-def data_config_problems(args: dict[str, Any]) -> list[str]:
-    """Every problem with RolloutDataModule's own arguments (empty when all is well)."""
-    problems = []
-    for name in ("group_size", "prompts_per_epoch", "minibatch_size", "ppo_epochs", "max_new_tokens", "val_batch_size",
-                 "max_sampling_rounds"):
-        if args[name] < 1:
-            problems.append(f"{name}: must be >= 1, got {args[name]}")
-    if args["temperature"] <= 0:
-        problems.append(f"temperature: must be > 0 for sampled rollouts, got {args['temperature']}")
-    if args["group_size"] >= 1 and args["minibatch_size"] % args["group_size"]:
-        problems.append(
-            f"minibatch_size: {args['minibatch_size']} is not a multiple of group_size ({args['group_size']}); "
-            "minibatches hold whole groups"
-        )
-    if args["long_prompts"] not in ("refuse", "drop"):
-        problems.append(f"long_prompts: unknown value {args['long_prompts']!r}; valid choices: refuse, drop")
-    if args["rollout"] not in ("grouped", "tree", "chains"):
-        problems.append(f"rollout: unknown value {args['rollout']!r}; valid choices: grouped, tree, chains")
-    if not args["branching"] or any(width < 1 for width in args["branching"]):
-        problems.append(f"branching: needs one width >= 1 per round, got {args['branching']}")
-    if args["overlong_cache"] is not None and not 0 < args["overlong_cache"] <= args["max_new_tokens"]:
-        problems.append(f"overlong_cache: must be in [1, max_new_tokens], got {args['overlong_cache']}")
-    budget = args["completion_budget"]
-    if budget is not None and args["group_size"] >= 1 and budget < args["group_size"]:
-        problems.append(f"completion_budget: must be >= group_size ({args['group_size']}) or None, got {budget}")
-    if args["reward_timeout"] is not None and args["reward_timeout"] <= 0:
-        problems.append(f"reward_timeout: must be > 0 seconds or None, got {args['reward_timeout']}")
-    if args["val_max_prompts"] is not None and args["val_max_prompts"] < 1:
-        problems.append(f"val_max_prompts: must be >= 1 or None, got {args['val_max_prompts']}")
-    return problems
-
-
-def resuming_after_finished_epoch(trainer: pl.Trainer) -> bool:
-    """True while Lightning restores a checkpoint written at the end of ``current_epoch`` (all its batches ran)."""
-    progress = trainer.fit_loop.epoch_progress.total
-    return progress.processed == progress.started and progress.completed == progress.processed - 1
 
 
 class RolloutDataModule(pl.LightningDataModule):
