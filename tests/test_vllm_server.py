@@ -13,6 +13,7 @@ import pytest
 
 from lit_grpo.engines import SamplingSpec, VLLMServerEngine
 from lit_grpo.engines.server_address import free_port, server_address
+from lit_grpo.engines.server_pool import ServerPool, ServersUnavailable
 from lit_grpo.engines.vllm_server import completion_request, parse_choices, server_command
 
 CHECK = Path(__file__).with_name("vllm_server_check.py")
@@ -66,6 +67,15 @@ def test_nothing_starts_at_construction_and_bad_knobs_fail_early():
     assert engine.url is None and engine._server is None  # a config can be parsed without a server
     with pytest.raises(ValueError, match="http:// or https://"):
         VLLMServerEngine(url="localhost:8000")
+    with pytest.raises(ValueError, match="http:// or https://, got 'b:1'"):
+        VLLMServerEngine(urls=["http://a:1", "b:1"])
+    with pytest.raises(ValueError, match=r"url \(one server\) or urls \(several\), not both"):
+        VLLMServerEngine(url="http://a:1", urls=["http://b:1"])
+    with pytest.raises(ValueError, match="names a server twice"):
+        VLLMServerEngine(urls=["http://a:1", "http://a:1/"])
+    with pytest.raises(ValueError, match="at least one server"):
+        VLLMServerEngine(urls=[])
+    assert VLLMServerEngine(urls=["http://a:1/", "http://b:2"]).urls == ["http://a:1", "http://b:2"]
     with pytest.raises(ValueError, match="kv_cache_gib"):
         VLLMServerEngine(kv_cache_gib=0)
     with pytest.raises(ValueError, match="max_model_len must be >= 2 or None, got 1"):
@@ -78,7 +88,8 @@ def test_unreachable_server_is_named_in_the_error(tiny_llama_dir):
     from lit_grpo.model_loading import load_policy
 
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    with pytest.raises(RuntimeError, match=rf"cannot reach the vLLM server at {url} \(GET /v1/models\)"):
+    with pytest.warns(RuntimeWarning, match=f"vLLM server {url} does not answer"), \
+            pytest.raises(ServersUnavailable, match=rf"cannot reach the vLLM server at {url} \(GET /health\)"):
         VLLMServerEngine(url=url).push_policy(load_policy(str(tiny_llama_dir), 4, 8, 0.0, "all-linear"))
 
 
@@ -110,8 +121,10 @@ def test_a_started_server_that_died_is_reported_with_its_exit_code_and_log(tmp_p
         engine._server = subprocess.Popen([sys.executable, "-c", "print('KV cache exhausted'); raise SystemExit(3)"],
                                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     engine._server.wait()
-    engine.url, engine._adapter = f"http://127.0.0.1:{free_port()}", ("policy-1", tmp_path / "policy-1")
-    with pytest.raises(RuntimeError, match=r"(?s)exited with code 3:.*KV cache exhausted"):
+    engine._pool = ServerPool([f"http://127.0.0.1:{free_port()}"], engine._http)
+    engine._pool.servers[0].alive, engine._adapter_name = True, "policy-1"
+    with pytest.warns(RuntimeWarning, match="skipped until the next policy push"), \
+            pytest.raises(RuntimeError, match=r"(?s)exited with code 3:.*KV cache exhausted"):
         engine.generate([[1, 2]], 1, SamplingSpec(max_new_tokens=2))
 
 

@@ -1,15 +1,15 @@
-"""Rollouts from an OpenAI-compatible vLLM server: generation on its own GPUs or nodes, training here.
+"""Rollouts from OpenAI-compatible vLLM servers: generation on their own GPUs or nodes, training here.
 
-The server is either one the user runs (``url``) or one this engine starts on loopback at the first push. Each push
-saves the current LoRA adapter where the server can read it and swaps it in at run time
-(``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``; the server needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``
-and ``--enable-lora``). Completions come back as token ids with the sampled tokens' log-probs, so nothing is
-re-tokenised. Only the standard library talks to the server; vLLM itself runs in the server's process.
+The servers are ones the user runs (``url``, or several as ``urls``: dealing and failover in ``server_pool``) or one
+this engine starts on loopback at the first push. Each push saves the current LoRA adapter where the servers can
+read it and swaps it in at run time (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``; a server needs
+``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` and ``--enable-lora``). Completions come back as token ids with the sampled
+tokens' log-probs, so nothing is re-tokenised. Only the standard library talks to the servers; vLLM itself runs in
+their processes.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -26,23 +26,33 @@ from pathlib import Path
 from typing import Any
 
 from lit_grpo.engines.base import Completion, SamplingSpec
+from lit_grpo.engines.server_pool import (Refused, Server, ServerDown, ServerPool, decided_by_rank_zero,
+                                          distributed_peers, http_json)
 from lit_grpo.engines.server_address import ServerAddress, server_address
 
 
 class VLLMServerEngine:
-    """Generates through a vLLM server's ``/v1/completions``, sampling from the adapter pushed last.
+    """Generates through vLLM servers' ``/v1/completions``, sampling from the adapter pushed last.
 
     Args:
-        url: base URL of a running vLLM server (``http://gpu-node:8000``), started by you with
+        url: base URL of one running vLLM server (``http://gpu-node:8000``), started by you with
             ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve <base model> --enable-lora --max-lora-rank R
-            --logprobs-mode processed_logprobs``. ``None``: the engine starts one itself on 127.0.0.1 at a free port
-            at the first push (and stops it on close), with the knobs below.
-        api_key: the server's API key (sent as a bearer token; given to a server the engine starts as
+            --logprobs-mode processed_logprobs``. ``None`` (and no ``urls``): the engine starts one itself on
+            127.0.0.1 at a free port at the first push (and stops it on close), with the knobs below; each DDP rank
+            then starts its own.
+        urls: several such servers (independent deployments, or the engines of ``vllm serve
+            --data-parallel-external-lb``), instead of ``url``. Each adapter version is saved once (by rank 0 under
+            DDP) and loaded on every server; each prompt's request (its ``n`` completions) goes to the server with
+            the fewest requests in flight, so a group never spans servers, and its seed comes from the prompt, so
+            a completion does not depend on the server that drew it. A server that fails a request (refused,
+            reset, timed out, HTTP 5xx) is skipped, the request retried on another, and ``/health`` probed again
+            at the next push, which reloads the adapter there; ``rollout/servers_alive`` counts the live ones.
+            When none is left the run stops with a message naming them and the checkpoint to resume from.
+        api_key: the servers' API key (sent as a bearer token; given to a server the engine starts as
             ``VLLM_API_KEY``). ``None`` reads ``VLLM_API_KEY`` from the environment, if set.
-        adapter_dir: where each push saves the adapter; the server must be able to read it (a shared filesystem
-            when the server runs on another node). ``None``: a temporary directory, fine for a server on this
-            machine.
-        server_adapter_dir: ``adapter_dir`` as the server's machine sees it, if mounted elsewhere there.
+        adapter_dir: where each push saves the adapter; every server must be able to read it (a shared filesystem
+            when servers run on other nodes). ``None``: a temporary directory, fine for servers on this machine.
+        server_adapter_dir: ``adapter_dir`` as the servers' machines see it, if mounted elsewhere there.
         kv_cache_gib: KV cache of a server the engine starts, in GiB (RAM on a CPU build).
         max_model_len: the longest prompt + completion a server the engine starts accepts; ``None``: the model's own
             context length (its ``max_position_embeddings``), which a larger value may not exceed.
@@ -52,14 +62,15 @@ class VLLMServerEngine:
         seed: base seed of a server the engine starts (each request also gets its own from the sampling spec).
         server_args: extra command-line arguments for a server the engine starts (e.g. ``--tensor-parallel-size``).
         startup_timeout: seconds to wait for a started server to answer ``/health``.
-        request_timeout: seconds to wait for one HTTP answer.
-        max_parallel_requests: requests in flight at once (one per prompt; the server batches them).
+        request_timeout: seconds to wait for one HTTP answer; a server slower than that counts as failed.
+        max_parallel_requests: requests in flight at once over all servers (one per prompt; servers batch them).
         shared: see ``RolloutEngine.shared``.
     """
 
     def __init__(
         self,
         url: str | None = None,
+        urls: list[str] | None = None,
         api_key: str | None = None,
         adapter_dir: str | None = None,
         server_adapter_dir: str | None = None,
@@ -81,9 +92,7 @@ class VLLMServerEngine:
             raise ValueError(f"kv_cache_gib must be positive, got {kv_cache_gib}")
         if max_parallel_requests < 1:
             raise ValueError(f"max_parallel_requests must be >= 1, got {max_parallel_requests}")
-        if url is not None and not url.startswith(("http://", "https://")):
-            raise ValueError(f"url must start with http:// or https://, got {url!r}")
-        self.url = url.rstrip("/") if url else None
+        self.urls = server_urls(url, urls)  # empty: the engine starts a server of its own
         self.api_key = api_key if api_key is not None else os.environ.get("VLLM_API_KEY")
         self.adapter_dir, self.server_adapter_dir = adapter_dir, server_adapter_dir
         self.kv_cache_gib, self.max_model_len, self.dtype = kv_cache_gib, max_model_len, dtype
@@ -94,10 +103,23 @@ class VLLMServerEngine:
         self._server: subprocess.Popen | None = None
         self._log_path: Path | None = None
         self._temp_dir: Path | None = None
+        self._pool: ServerPool | None = None
+        self._group: Any = None  # the gloo group rank 0 shares each push over (distributed_peers)
         self._prefix = f"lit-grpo-{uuid.uuid4().hex[:8]}"  # adapter names unique to this engine on a shared server
-        self._adapter: tuple[str, Path] | None = None  # (name on the server, local directory) of the pushed adapter
+        self._adapter_name: str | None = None  # the pushed adapter's name on the servers (rank 0's under DDP)
+        self._saved: Path | None = None  # this process's saved copy of it
         self._model_path: str | None = None  # the base model of the pushed policy
         self._pushes = 0
+
+    @property
+    def url(self) -> str | None:
+        """The first server's URL (the started server's once it runs); None before a started server runs."""
+        return self.urls[0] if self.urls else self._pool.servers[0].url if self._pool else None
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """Figures the DataModule logs as ``rollout/<name>``: the servers live after the last push or request."""
+        return {"servers_alive": float(self._pool.alive_count)} if self._pool is not None else {}
 
     # --- lifecycle ---------------------------------------------------------------------------------------------
     def push_policy(self, model: Any) -> None:
@@ -105,39 +127,69 @@ class VLLMServerEngine:
         if self._model_path is not None and base_path != self._model_path:
             raise ValueError(f"this engine serves {self._model_path!r}, not {base_path!r}: use one engine per model")
         self._model_path = base_path
-        if self.url is None or self._server is not None:
+        if not self.urls:  # a server of this process's own: nobody else loads adapters there
             self._start_server(base_path)  # once; afterwards it reports a server that has died since
-        elif self._pushes == 0:
-            self._request("GET", "/v1/models")  # reachable, and the key is accepted
+            self._adapter_name = self._load_everywhere(model)
+            return
+        if self._pool is None:
+            self._pool = ServerPool(self.urls, self._http)
+        rank, world, self._group = distributed_peers(self._group)
+        if world == 1:
+            self._adapter_name = self._load_everywhere(model)
+            return
+        # one save and one load per server for all ranks: rank 0 pushes, the others wait and take its name and its
+        # view of which servers answered
+        pool = self._pool
+        self._adapter_name, alive = decided_by_rank_zero(lambda: (self._load_everywhere(model), pool.alive_urls()),
+                                                         rank, self._group)
+        pool.set_alive(alive)
+
+    def _load_everywhere(self, model: Any) -> str:
+        """Save the adapter under a new name, probe the servers that were down, swap it in on every live one."""
+        assert self._pool is not None
         self._pushes += 1
         name = f"{self._prefix}-{self._pushes}"
         local = self._local_adapter_dir() / name
         model.save_pretrained(str(local), selected_adapters=[model.active_adapter])
-        self._unload()
         served = Path(self.server_adapter_dir) / name if self.server_adapter_dir else local
-        self._request("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(served)})
-        self._adapter = (name, local)
+        self._pool.revive()
+        self._pool.on_each(lambda server: self._swap(server, name, str(served)))
+        if self._saved is not None:
+            shutil.rmtree(self._saved, ignore_errors=True)  # no server will load it again
+        self._saved = local
+        return name
+
+    def _swap(self, server: Server, name: str, path: str) -> None:
+        self._unload(server)
+        self._http(server.url, "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        server.adapter = name
+
+    def _unload(self, server: Server) -> None:
+        name, server.adapter = server.adapter, None
+        if name is None:
+            return
+        try:
+            self._http(server.url, "POST", "/v1/unload_lora_adapter", {"lora_name": name})
+        except Refused as error:
+            if error.code != 404:  # 404: already gone (a server restarted since): nothing to unload
+                raise
 
     def close(self) -> None:
         if self._server is not None:
             self._stop_server()
-        elif self._adapter is not None and self.url is not None:
-            try:
-                self._unload()
-            except RuntimeError:
-                pass  # the server is gone: nothing is left to unload
-        self._adapter = None
+        elif self._pool is not None:
+            for server in self._pool.servers:  # the adapters this process loaded (rank 0's under DDP)
+                try:
+                    self._unload(server)
+                except RuntimeError:
+                    pass  # the server is gone: nothing is left to unload
+        self._adapter_name = None
+        if self._saved is not None:
+            shutil.rmtree(self._saved, ignore_errors=True)
+            self._saved = None
         if self._temp_dir is not None:
             shutil.rmtree(self._temp_dir, ignore_errors=True)
             self._temp_dir = None
-
-    def _unload(self) -> None:
-        if self._adapter is None:
-            return
-        name, local = self._adapter
-        self._adapter = None
-        self._request("POST", "/v1/unload_lora_adapter", {"lora_name": name})
-        shutil.rmtree(local, ignore_errors=True)
 
     def _local_adapter_dir(self) -> Path:
         if self.adapter_dir is not None:
@@ -164,33 +216,26 @@ class VLLMServerEngine:
             self._server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                             start_new_session=True)
         weakref.finalize(self, stop_process, self._server)
-        self.url = f"http://{address.host}:{address.port}"
+        url = f"http://{address.host}:{address.port}"
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self._server.poll() is not None:
-                self.url = None
                 raise RuntimeError(
                     f"the vLLM server for {model_path!r} exited with code {self._server.returncode} while starting. "
                     "Check model.model_name_or_path and data.engine.init_args (kv_cache_gib, max_model_len, "
                     f"max_lora_rank). Its last lines:\n{self._log_tail()}"
                 )
-            if self._healthy():
+            if healthy(url):
+                self._pool = ServerPool([url], self._http)
                 return
             time.sleep(0.5)
         self._stop_server()
         raise RuntimeError(f"the vLLM server did not answer /health within {self.startup_timeout:.0f}s "
                            "(data.engine.init_args.startup_timeout)")
 
-    def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as answer:
-                return answer.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
     def _stop_server(self) -> None:
         stop_process(self._server)
-        self._server, self.url = None, None
+        self._server, self._pool = None, None
 
     def _log_tail(self, lines: int = 30) -> str:
         if self._log_path is None or not self._log_path.exists():
@@ -199,45 +244,51 @@ class VLLMServerEngine:
 
     # --- generation --------------------------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSpec) -> list[list[Completion]]:
-        if self._adapter is None:
+        if self._adapter_name is None or self._pool is None:
             raise RuntimeError("VLLMServerEngine has no policy: call push_policy(model) first")
         if sampling.allowed_token_ids is not None:
             raise ValueError("VLLMServerEngine does not take per-request token constraints; use the hf engine for them")
-        name = self._adapter[0]
+        pool, name = self._pool, self._adapter_name
         bodies = [completion_request(name, prompt, n, sampling, index) for index, prompt in enumerate(prompts)]
-        with ThreadPoolExecutor(max_workers=min(self.max_parallel_requests, max(len(bodies), 1))) as pool:
-            answers = list(pool.map(lambda body: self._request("POST", "/v1/completions", body), bodies))
+        with ThreadPoolExecutor(max_workers=min(self.max_parallel_requests, max(len(bodies), 1))) as threads:
+            answers = list(threads.map(lambda body: pool.call("POST", "/v1/completions", body), bodies))
         return [parse_choices(answer, n) for answer in answers]
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """One JSON request; a refusal or an unreachable server becomes a RuntimeError that says which."""
-        if self.url is None:
-            raise RuntimeError("VLLMServerEngine has no server: call push_policy(model) first")
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
+    def _http(self, url: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """One JSON request to one server (``http_json``); a started server that died says how, with its log."""
         try:
-            with urllib.request.urlopen(request, timeout=self.request_timeout) as answer:
-                text = answer.read().decode()
-        except urllib.error.HTTPError as error:
-            detail = error.read().decode(errors="replace")[:2000]
-            hint = " (wrong or missing api_key?)" if error.code == 401 else ""
-            if error.code == 404 and "lora_adapter" in path:
-                hint = " (start the server with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora)"
-            raise RuntimeError(f"the vLLM server at {self.url} refused {method} {path}: HTTP {error.code}{hint}: "
-                               f"{detail}") from error
-        except (urllib.error.URLError, OSError) as error:
-            cause, server = "", self._server
+            return http_json(url, method, path, body, self.api_key, self.request_timeout)
+        except ServerDown as error:
+            server = self._server
             if server is not None and server.poll() is not None:
-                cause = f"; the server the engine started exited with code {server.returncode}:\n{self._log_tail()}"
-            message = f"cannot reach the vLLM server at {self.url} ({method} {path}): {error}{cause}"
-            raise RuntimeError(message) from error
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            return text  # the adapter endpoints answer in plain text
+                raise ServerDown(f"{error}; the server the engine started exited with code {server.returncode}:\n"
+                                 f"{self._log_tail()}") from error
+            raise
+
+
+def server_urls(url: str | None, urls: list[str] | None) -> list[str]:
+    """The servers an engine was given, checked: ``url`` or ``urls`` (not both), each http(s), none twice."""
+    if url is not None and urls is not None:
+        raise ValueError("give the vllm_server engine url (one server) or urls (several), not both")
+    if urls is not None and not urls:
+        raise ValueError("urls must name at least one server (or leave it unset to start one)")
+    given = [url] if url is not None else list(urls or [])
+    for each in given:
+        if not each.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {each!r}")
+    cleaned = [each.rstrip("/") for each in given]
+    if len(set(cleaned)) != len(cleaned):
+        raise ValueError(f"urls names a server twice: {cleaned}")
+    return cleaned
+
+
+def healthy(url: str) -> bool:
+    """True when the server at ``url`` answers ``/health`` with 200."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as answer:
+            return answer.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def completion_request(model: str, prompt: list[int], n: int, sampling: SamplingSpec, index: int) -> dict[str, Any]:
