@@ -43,6 +43,8 @@ class VLLMEngine:
         shared: see ``RolloutEngine.shared``.
     """
 
+    samples_from_copy = True  # pushes copy the weights, so it may draw ahead while training goes on
+
     def __init__(
         self,
         push_strategy: PushStrategy = "merged",
