@@ -110,6 +110,8 @@ class RolloutMetrics(pl.Callback):
         stats = rollout_stats(buffer)
         if getattr(datamodule, "dynamic_sampling", False):
             stats["sampling_draws"] = float(datamodule.sampling_draws)
+        if getattr(datamodule, "max_staleness", 0):  # versions between the adapter that drew and the one that trains
+            stats["staleness"] = float(datamodule.staleness)
         stats.update(getattr(datamodule, "engine_metrics", {}))  # e.g. the vllm_server engine's servers_alive
         for name, value in stats.items():  # over ranks: counts add up, the rest are means of equal shares
             reduce = "sum" if name in ("policy_tokens", "reward_errors") else "mean"

@@ -16,6 +16,7 @@ from jsonargparse import ArgumentParser
 from jsonargparse._loaders_dumpers import yaml_load
 from jsonargparse._util import import_object
 
+from lit_grpo.async_rollouts import staleness_problems
 from lit_grpo.combinations import combination_problems
 from lit_grpo.data_config import data_config_problems
 from lit_grpo.datamodule import RolloutDataModule
@@ -238,6 +239,8 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     problems += [f"model.{p}" for p in module_config_problems(model_args)]
     problems += [f"data.{p}" for p in data_config_problems(data_args)]
     problems += cross_problems(model_args, data_args)
+    problems += staleness_problems(data_args.get("max_staleness", 0), data_args["rollout"], engine_class(data_cfg),
+                                   model_args.get("old_logp_source"), model_args.get("tis_cap"))
     problems += distributed_config_problems(trainer_cfg, data_args)
     max_epochs = trainer_cfg.get("max_epochs")
     if isinstance(max_epochs, int) and max_epochs < -1:
@@ -284,6 +287,21 @@ def cross_problems(model_args: dict[str, Any], data_args: dict[str, Any]) -> lis
             "advantage 0, so nothing would be learned; use group_size >= 2 (or advantage_mode 'raw')"
         )
     return problems + combination_problems(model_args, data_args)
+
+
+def engine_class(data_cfg: dict[str, Any]) -> Any:
+    """The class ``data.engine`` names (``HFEngine`` when it names none; ``None`` if it cannot be imported, which
+    instantiation reports)."""
+    from lit_grpo.engines import HFEngine
+
+    spec = data_cfg.get("engine")
+    path = spec.get("class_path") if isinstance(spec, dict) else spec
+    if not isinstance(path, str):
+        return HFEngine
+    try:
+        return import_object(path if "." in path else f"lit_grpo.engines.{path}")
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def without(values: dict[str, Any], reported: dict[str, str]) -> dict[str, Any]:

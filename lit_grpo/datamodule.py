@@ -10,15 +10,15 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 from jsonargparse import lazy_instance
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
+from lit_grpo.async_rollouts import RolloutPrefetcher, rollouts_ahead, staleness_problems
 from lit_grpo.buffer import (
     RolloutBuffer,
     build_buffer,
     concat_buffers,
     informative_groups,
-    reward_parts,
     select_groups,
     serve_minibatches,
 )
@@ -30,10 +30,10 @@ from lit_grpo.input_check import InputError
 from lit_grpo.losses import overlong_penalty
 from lit_grpo.risk_probes import probe_labels, probe_records
 from lit_grpo.risk_rollout import RiskRule
+from lit_grpo.scoring import score_buffer
 from lit_grpo.seeds import derived_seed
 from lit_grpo.reward_worker import RewardWorker
 from lit_grpo.tasks import ArithmeticTask, MultiRoundTask, PromptRecord, Task
-from lit_grpo.tasks.base import prompt_text
 from lit_grpo.tree_rollout import expand_trees, greedy_episodes, tree_buffer
 
 
@@ -77,6 +77,12 @@ class RolloutDataModule(pl.LightningDataModule):
             ``data/dropped_prompts``).
         val_max_prompts: held-out prompts used per validation (``None``: the whole held-out split).
         val_batch_size: held-out prompts per validation batch.
+        max_staleness: asynchronous rollouts (design §12): with k >= 1, the next epoch's rollouts are drawn in the
+            background, from an adapter at most k versions (epochs) old, while this epoch's train; the current
+            adapter is pushed only when the next draw would otherwise be older (k = 1: every epoch; k = 2: every
+            other). pi_old is the sampler's log-probs. Needs grouped rollouts and an engine that samples from a copy
+            of the weights (``VLLMEngine``, ``VLLMServerEngine``); ``rollout/staleness`` logs the lag. 0: generate,
+            then train (the default).
         seed: seeds the sampling and the minibatch order (each epoch derives its own from it).
     """
 
@@ -101,11 +107,13 @@ class RolloutDataModule(pl.LightningDataModule):
         long_prompts: Literal["refuse", "drop"] = "refuse",
         val_max_prompts: int | None = None,
         val_batch_size: int = 256,
+        max_staleness: int = 0,
         seed: int = 0,
     ) -> None:
         super().__init__()
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "task", "engine")}
         problems = data_config_problems(arguments) + combination_problems(None, arguments)
+        problems += staleness_problems(max_staleness, rollout, engine if engine is not None else HFEngine, None, None)
         if problems:
             raise ValueError("invalid RolloutDataModule configuration:\n  - " + "\n  - ".join(problems))
         self.settings = arguments  # checked again beside the module's in setup
@@ -135,10 +143,15 @@ class RolloutDataModule(pl.LightningDataModule):
         self.engine_metrics: dict[str, float] = {}  # an engine's own figures (servers_alive), logged as rollout/*
         self.scoring_seconds = 0.0
         self._pushed_at_step: int | None = None
+        self.max_staleness, self.staleness = max_staleness, 0  # the lag allowed, and the lag of the epoch's rollouts
+        self.prefetch = RolloutPrefetcher(max_staleness)
 
     def setup(self, stage: str) -> None:
         """Refuse a module feature this rollout kind does not implement (the CLI reported it before loading)."""
-        problems = combination_problems(dict(self.trainer.lightning_module.hparams), self.settings)
+        hparams = dict(self.trainer.lightning_module.hparams)
+        problems = combination_problems(hparams, self.settings)
+        problems += staleness_problems(self.max_staleness, self.rollout, self.engine, hparams.get("old_logp_source"),
+                                       hparams.get("tis_cap"))
         if problems:
             raise InputError("the module and the data do not fit together:\n  - " + "\n  - ".join(problems))
         self.task.use_device(self.trainer.strategy.root_device)  # a reward model runs beside the policy
@@ -156,7 +169,7 @@ class RolloutDataModule(pl.LightningDataModule):
             # Lightning asks for the finished epoch's loader before moving on to the next one and never iterates
             # it: generating here would draw (and skip) a whole epoch of prompts
             return DataLoader([{}], batch_size=None)
-        if self.budget_spent:  # resumed after the epoch that spent it: end the run without drawing
+        if self.budget_spent and self.prefetch.pending is None:  # resumed after the epoch that spent it: end the run
             trainer.should_stop = True
             return DataLoader([], batch_size=None)
         module = trainer.lightning_module
@@ -171,34 +184,19 @@ class RolloutDataModule(pl.LightningDataModule):
         return DataLoader(batches, batch_size=None, shuffle=False)
 
     def collect_rollouts(self, module: Any, epoch: int) -> RolloutBuffer:
-        """Generate, score, run the no-grad passes, then compute advantages, in that order."""
+        """Generate (or take the rollouts drawn ahead), score, run the no-grad passes, then compute advantages."""
         clock = time.perf_counter()
         self.scoring_seconds = 0.0  # rewards scored while generating (grouped draws) are not generation time
-        # a tree's size is known only once grown, so only grouped draws are cut to the budget
-        records = self.next_prompts(self.affordable_groups(self.prompts_per_epoch) if self.rollout == "grouped" else None)
-        self.sync_policy(module)
-        # each stream's seed is derived from the epoch's, then offset by this rank's first prompt (share_start):
-        # an engine seeding request i with seed + i then samples each prompt as a one-process run would
-        sampling = self.sampling_spec(module, greedy=False, seed=self.epoch_seed(epoch))
-        if self.rollout == "grouped":
-            buffer = self.grouped_buffer(module, records, sampling)
-            if self.mask_truncated:  # DAPO's overlong filtering: a cut-off completion is no evidence either way
-                buffer.completion_mask[buffer.truncated] = False
-            generated = time.perf_counter()
-        else:  # trees: the environment scores each round as it is generated
-            widths = self.branching if self.rollout == "tree" else [self.group_size] + [1] * (len(self.branching) - 1)
-            roots = self.grow_trees(module, records, widths, sampling)
-            generated = time.perf_counter()
-            buffer = tree_buffer(roots, module.tokenizer, self.temperature, self.max_new_tokens, self.rollout)
-            self.completions_generated += buffer.input_ids.shape[0]
+        if self.max_staleness:
+            buffer, records, phases = rollouts_ahead(self, module, epoch)  # scores included in generate
+        else:
+            buffer, records, phases = self.rollouts_now(module, epoch)
         scored = time.perf_counter()
         module.run_no_grad_passes(buffer)
         module.assign_advantages(buffer)
         done = time.perf_counter()
-        generating = generated - clock - self.scoring_seconds
         self.engine_metrics = dict(getattr(self.engine, "metrics", {}))  # as they stood after this draw
-        self.timings = {"generate": generating, "score": scored - generated + self.scoring_seconds,
-                        "no_grad_passes": done - scored}
+        self.timings = {**phases, "no_grad_passes": done - scored}
         if getattr(module, "risk_replay", None) is not None:  # the detached risk head learns from greedy probes
             probes = probe_records(self.task, records, self.cursor, module.risk_spec.probe_prompts)
             module.fit_risk_head(probe_labels(self.task, self.engine, module.tokenizer, probes, len(self.branching),
@@ -206,10 +204,46 @@ class RolloutDataModule(pl.LightningDataModule):
             self.timings["risk_head_fit"], done = time.perf_counter() - done, time.perf_counter()
         rank_zero_info(
             f"epoch {epoch}: {len(records)} prompts, {buffer.input_ids.shape[0]} segments in {done - clock:.2f}s "
-            f"(generate {generating:.2f}s); reward mean {buffer.rewards.mean():.3f}, "
+            f"({', '.join(f'{name} {seconds:.2f}s' for name, seconds in phases.items())}); "
+            f"reward mean {buffer.rewards.mean():.3f}, "
             f"accuracy {buffer.correct.float().mean():.3f}"
         )
         return buffer
+
+    def rollouts_now(self, module: Any, epoch: int) -> tuple[RolloutBuffer, list[PromptRecord], dict[str, float]]:
+        """The epoch's rollouts drawn now from the current policy: ``(buffer, records, phase seconds)``."""
+        # a tree's size is known only once grown, so only grouped draws are cut to the budget
+        records = self.next_prompts(self.affordable_groups(self.prompts_per_epoch) if self.rollout == "grouped" else None)
+        clock = time.perf_counter()
+        self.sync_policy(module)
+        pushed = time.perf_counter()
+        if self.rollout == "grouped":
+            buffer = self.draw_grouped(module, records, epoch)
+            generated = time.perf_counter()
+        else:  # trees: the environment scores each round as it is generated
+            widths = self.branching if self.rollout == "tree" else [self.group_size] + [1] * (len(self.branching) - 1)
+            # each stream's seed is derived from the epoch's, then offset by this rank's first prompt (share_start)
+            roots = self.grow_trees(module, records, widths, self.sampling_spec(module, False, self.epoch_seed(epoch)))
+            generated = time.perf_counter()
+            buffer = tree_buffer(roots, module.tokenizer, self.temperature, self.max_new_tokens, self.rollout)
+            self.completions_generated += buffer.input_ids.shape[0]
+        scored = time.perf_counter()
+        return buffer, records, {"push": pushed - clock, "generate": generated - pushed - self.scoring_seconds,
+                                 "score": scored - generated + self.scoring_seconds}
+
+    def draw_grouped(self, module: Any, records: list[PromptRecord], epoch: int) -> RolloutBuffer:
+        """Epoch ``epoch``'s grouped rollouts of ``records``, scored (on the background thread when drawn ahead)."""
+        # each stream's seed is derived from the epoch's, then offset by this rank's first prompt (share_start):
+        # an engine seeding request i with seed + i then samples each prompt as a one-process run would
+        buffer = self.grouped_buffer(module, records, self.sampling_spec(module, greedy=False, seed=self.epoch_seed(epoch)))
+        if self.mask_truncated:  # DAPO's overlong filtering: a cut-off completion is no evidence either way
+            buffer.completion_mask[buffer.truncated] = False
+        return buffer
+
+    def draws_after(self, epoch: int) -> bool:
+        """Whether another epoch will want rollouts after ``epoch`` (the epoch limit and the budget allow one)."""
+        limit = self.trainer.max_epochs
+        return (limit is None or limit < 0 or epoch + 1 < limit) and self.affordable_groups(self.prompts_per_epoch) > 0
 
     def grouped_buffer(self, module: Any, records: list[PromptRecord], sampling: SamplingSpec) -> RolloutBuffer:
         """``group_size`` scored completions per prompt. With ``dynamic_sampling`` (DAPO), groups whose rewards
@@ -262,33 +296,25 @@ class RolloutDataModule(pl.LightningDataModule):
         return records
 
     def score(self, buffer: RolloutBuffer, records: Sequence[PromptRecord], tokenizer: Any) -> None:
-        """Rewards and correctness of every completion, in place; a raising reward scores the task's failure (the
-        first error of a call is printed with its message). Its time is counted in ``scoring_seconds``."""
+        """``score_buffer`` in place, its time counted in ``scoring_seconds``."""
         started = time.perf_counter()
-        rows = range(buffer.input_ids.shape[0])
-        row_records = [records[row // buffer.group_size] for row in rows]
-        ids = [buffer.input_ids[row][buffer.completion_mask[row]].tolist() for row in rows]
-        texts = [tokenizer.decode(row_ids, skip_special_tokens=True).strip() for row_ids in ids]
-        scored = self.scorer.score_group(row_records, texts, ids)
-        buffer.rewards[:] = torch.tensor([s.reward for s in scored])
-        buffer.correct[:] = torch.tensor([s.correct for s in scored])
-        failed = [(s, r) for s, r in zip(scored, row_records) if s.error is not None]
-        if failed:  # the first error of the call, with its message
-            rank_zero_warn(f"reward error (scored {failed[0][0].reward}) on a completion of "
-                           f"{prompt_text(failed[0][1])!r}: {failed[0][0].error}")
-        buffer.reward_errors = len(failed)
-        buffer.reward_parts = reward_parts(scored)
+        score_buffer(self.scorer, buffer, records, tokenizer)
         self.scoring_seconds += time.perf_counter() - started
-        buffer.completion_texts = texts
-        buffer.prompt_texts = [prompt_text(record) for record in row_records]
 
     # --- engine ------------------------------------------------------------------------------------------------
     def sync_policy(self, module: Any) -> None:
         """Push the current policy into the engine, once per optimizer step at most."""
         step = module.trainer.global_step if module._trainer is not None else -1
         if self._pushed_at_step != step or step < 0:
-            self.engine.push_policy(module.policy)
+            self.push_policy_now(module)
             self._pushed_at_step = step
+
+    def push_policy_now(self, module: Any) -> None:
+        """Push the policy's weights as they are, once the draw ahead (if any) is done with the engine."""
+        self.prefetch.wait()
+        self.engine.push_policy(module.policy)
+        self._pushed_at_step = None
+        self.prefetch.engine_version = None  # not a version the draws ahead know: the next one pushes anew
 
     def sampling_spec(self, module: Any, greedy: bool, seed: int | None) -> SamplingSpec:
         return SamplingSpec(
@@ -329,6 +355,7 @@ class RolloutDataModule(pl.LightningDataModule):
     def greedy_scores(self, module: Any, records: list[PromptRecord]) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy completions of held-out prompts: ``(rewards [B], correct [B])``; for a multi-round task, greedy
         episodes of up to ``len(branching)`` rounds and their returns."""
+        self.prefetch.wait()  # the engine serves one caller at a time
         self.sync_policy(module)
         if isinstance(self.task, MultiRoundTask):
             sampling = self.sampling_spec(module, greedy=True, seed=None)
@@ -353,14 +380,22 @@ class RolloutDataModule(pl.LightningDataModule):
         return self.val_dataloader()
 
     # --- state and teardown ------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def loop_state(self) -> dict[str, int]:
         return {"cursor": self.cursor, "completions_generated": self.completions_generated}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loop state; with a draw ahead pending, as it stood before that draw, with its adapter
+        (``async_rollouts``): a resumed run draws it again."""
+        pending = self.prefetch.pending
+        return {**(pending.loop_state if pending is not None else self.loop_state()), **self.prefetch.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.cursor = int(state_dict["cursor"])
         self.completions_generated = int(state_dict.get("completions_generated", 0))
+        self.prefetch.load_state_dict(state_dict)
 
     def teardown(self, stage: str) -> None:
+        self.prefetch.close()  # the draw ahead finishes before its engine closes
         if not self.engine.shared:
             self.engine.close()
             self._pushed_at_step = None  # a closed engine holds no policy: the next stage pushes it again

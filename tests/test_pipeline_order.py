@@ -105,7 +105,7 @@ def test_reward_time_is_scoring_time_not_generation_time(tiny_llama_dir, tmp_pat
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, datamodule)
     # 4 completions scored inside the grouped draw: 40 s of scoring, none of it counted as generating
-    assert datamodule.timings == {"generate": 0.0, "score": 40.0, "no_grad_passes": 0.0}
+    assert datamodule.timings == {"push": 0.0, "generate": 0.0, "score": 40.0, "no_grad_passes": 0.0}
 
 
 def test_fit_then_test_in_one_process_pushes_the_policy_again(tmp_path):

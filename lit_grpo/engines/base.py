@@ -45,6 +45,9 @@ class RolloutEngine(Protocol):
     shared: bool
     """When True, a fit does not close this engine: it belongs to whoever injected it (e.g. a test session)."""
 
+    # Optional: ``samples_from_copy = True`` says push_policy copies the weights (or saves the adapter), so the engine
+    # may draw the next rollouts while the model trains (``data.max_staleness``); engines without it are refused there.
+
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSpec) -> list[list[Completion]]:
         """``n`` completions for each prompt (given as token ids), in prompt order."""
 

@@ -67,6 +67,8 @@ class VLLMServerEngine:
         shared: see ``RolloutEngine.shared``.
     """
 
+    samples_from_copy = True  # pushes copy the weights, so it may draw ahead while training goes on
+
     def __init__(
         self,
         url: str | None = None,

@@ -1,0 +1,206 @@
+"""Asynchronous rollouts (design §12): the next epoch's rollouts are drawn in the background while this epoch's train.
+
+With ``max_staleness`` k >= 1, at the start of epoch e (its own rollouts in hand) the engine is given the current
+adapter only if the next epoch's rollouts would otherwise come from an adapter more than k versions old; then
+epoch e + 1's prompts are drawn and scored on a background thread while epoch e trains. A version is an epoch's
+starting adapter, so epoch e's rollouts are ``e - version`` versions old: k = 1 gives 0, 1, 1, 1, ...; k = 2 gives
+0, 1, 2, 1, 2, ... (one push every two epochs). The sampler's log-probs are pi_old, so the clipped ratio is taken
+against the policy that drew the tokens.
+
+A checkpoint holds no pending rollout. It holds the loop state as it stood before the pending draw (prompt
+cursor, completions drawn) and the adapter that draw samples from; a resumed run draws the same rollouts again
+from that adapter, with the same seeds, so it continues exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+# engines that sample from the weights they were pushed, not from the training model itself
+SNAPSHOT_ATTRIBUTE = "samples_from_copy"
+
+
+def staleness_problems(max_staleness: int, rollout: str, engine: Any, old_logp_source: str | None,
+                       tis_cap: float | None) -> list[str]:
+    """Every reason ``max_staleness`` cannot run with these settings (``engine``: the engine or its class)."""
+    if max_staleness < 0:
+        return [f"data.max_staleness: must be >= 0, got {max_staleness}"]
+    if max_staleness == 0:
+        return []
+    problems = []
+    name = getattr(engine, "__name__", type(engine).__name__)
+    if not getattr(engine, SNAPSHOT_ATTRIBUTE, False):
+        problems.append(
+            f"data.max_staleness {max_staleness} with data.engine {name}: it samples from the model being trained, "
+            "which changes under it while the next rollouts are drawn; use lit_grpo.engines.VLLMEngine or "
+            f"VLLMServerEngine (a custom engine that copies the weights it is pushed declares {SNAPSHOT_ATTRIBUTE} "
+            "= True)")
+    if rollout != "grouped":
+        problems.append(f"data.max_staleness {max_staleness} with data.rollout {rollout!r}: a tree's rounds are "
+                        "generated, scored and grown in turn; asynchronous rollouts take data.rollout 'grouped'")
+    if old_logp_source == "trainer" and tis_cap is None:
+        problems.append(
+            f"data.max_staleness {max_staleness} with model.old_logp_source 'trainer': pi_old recomputed by the "
+            "current policy would ignore that an older one drew the tokens; use old_logp_source 'sampler' (or set "
+            "model.tis_cap, which weights each token by pi_old / pi_sampler)")
+    return problems
+
+
+def next_version(epoch: int, engine_version: int | None, max_staleness: int) -> int:
+    """The adapter version epoch ``epoch + 1``'s rollouts are drawn from: the engine's, unless that would be more
+    than ``max_staleness`` versions old, then ``epoch`` (the current adapter, pushed now).
+
+    Example: k = 2, engine at 0: epochs 0 and 1 draw the next from 0, epoch 2 pushes 2 (3 - 0 > 2).
+    """
+    if engine_version is None or epoch + 1 - engine_version > max_staleness:
+        return epoch
+    return engine_version
+
+
+@dataclass
+class Pending:
+    """A draw on the background thread, and what a checkpoint needs to draw it again."""
+
+    epoch: int
+    version: int
+    future: Future
+    loop_state: dict[str, int]  # the DataModule's loop state before the draw
+    adapter: dict[str, torch.Tensor] = field(repr=False)  # the adapter of ``version``, on the CPU
+
+
+def adapter_state(policy: Any) -> dict[str, torch.Tensor]:
+    """A CPU copy of the policy's active LoRA weights."""
+    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in get_peft_model_state_dict(policy).items()}
+
+
+class AdapterSwap:
+    """Within the block, ``policy`` carries ``adapter``'s LoRA weights; its own come back afterwards."""
+
+    def __init__(self, policy: Any, adapter: dict[str, torch.Tensor] | None) -> None:
+        self.policy, self.adapter, self.saved = policy, adapter, None
+
+    def __enter__(self) -> None:
+        if self.adapter is not None:
+            self.saved = adapter_state(self.policy)
+            set_peft_model_state_dict(self.policy, self.adapter)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.saved is not None:
+            set_peft_model_state_dict(self.policy, self.saved)
+
+
+class RolloutPrefetcher:
+    """One background draw at a time on one thread (engines are not assumed thread-safe: every other use of the
+    engine waits for it first)."""
+
+    def __init__(self, max_staleness: int) -> None:
+        self.max_staleness = max_staleness
+        self.engine_version: int | None = None  # the adapter version the engine holds (None: unknown or newer)
+        self.engine_adapter: dict[str, torch.Tensor] | None = None  # that version's LoRA weights, on the CPU
+        self.pending: Pending | None = None
+        self.restored: dict[str, Any] | None = None  # a checkpoint's pending draw, to be drawn again
+        self._pool: ThreadPoolExecutor | None = None
+
+    def submit(self, epoch: int, version: int, loop_state: dict[str, int], adapter: dict[str, torch.Tensor],
+               draw: Callable[[], Any]) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lit-grpo-rollouts")
+        self.pending = Pending(epoch, version, self._pool.submit(draw), loop_state, adapter)
+
+    def take(self, epoch: int) -> tuple[Any, int] | None:
+        """The pending draw's result and version if it is epoch ``epoch``'s (its error is raised here)."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return None
+        if pending.epoch != epoch:
+            raise RuntimeError(f"the rollouts drawn ahead are epoch {pending.epoch}'s, not epoch {epoch}'s")
+        return pending.future.result(), pending.version
+
+    def wait(self) -> None:
+        """Let the pending draw finish (its result is kept) before the engine is used otherwise."""
+        if self.pending is not None:
+            self.pending.future.exception()
+
+    def state_dict(self) -> dict[str, Any]:
+        pending = self.pending
+        if pending is None:
+            return {}
+        return {"pending_epoch": pending.epoch, "pending_version": pending.version,
+                "pending_loop_state": dict(pending.loop_state), "pending_adapter": pending.adapter,
+                "engine_version": self.engine_version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.restored = dict(state) if state.get("pending_adapter") is not None else None
+
+    def close(self) -> None:
+        self.wait()
+        self.pending = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+def timed(draw: Callable[[], Any]) -> Callable[[], tuple[Any, float]]:
+    """``draw`` returning its result and its wall-clock seconds."""
+    def run() -> tuple[Any, float]:
+        start = time.perf_counter()
+        return draw(), time.perf_counter() - start
+    return run
+
+
+def rollouts_ahead(data: Any, module: Any, epoch: int) -> tuple[Any, list, dict[str, float]]:
+    """Epoch ``epoch``'s rollouts (drawn ahead, or now on the first epoch and after a resume) as
+    ``(buffer, records, phase seconds)``, and the next epoch's draw started in the background."""
+    ahead: RolloutPrefetcher = data.prefetch
+    started = time.perf_counter()
+    taken = ahead.take(epoch)
+    phases = {"wait": time.perf_counter() - started, "push": 0.0}
+    if taken is None:
+        ((buffer, records), phases["generate"]), version = draw_now(data, module, epoch, phases)
+    else:
+        ((buffer, records), phases["generate"]), version = taken
+    data.staleness = epoch - version
+    if data.draws_after(epoch):
+        launch(data, module, epoch, phases)
+    return buffer, records, phases
+
+
+def draw_now(data: Any, module: Any, epoch: int, phases: dict[str, float]) -> tuple[Any, int]:
+    """The first epoch's draw, or a resumed run's pending one drawn again from the checkpoint's adapter."""
+    ahead: RolloutPrefetcher = data.prefetch
+    restored, ahead.restored = ahead.restored, None
+    start = time.perf_counter()
+    if restored is None:
+        data.sync_policy(module)
+        ahead.engine_version, ahead.engine_adapter, version = epoch, adapter_state(module.policy), epoch
+    else:
+        with AdapterSwap(module.policy, restored["pending_adapter"]):
+            data.push_policy_now(module)
+        ahead.engine_version, ahead.engine_adapter = restored["engine_version"], restored["pending_adapter"]
+        version = restored["pending_version"]
+    phases["push"] += time.perf_counter() - start
+    records = data.next_prompts(data.affordable_groups(data.prompts_per_epoch))
+    return timed(lambda: (data.draw_grouped(module, records, epoch), records))(), version
+
+
+def launch(data: Any, module: Any, epoch: int, phases: dict[str, float]) -> None:
+    """Push the current adapter if the next draw needs it (``next_version``), then draw epoch ``epoch + 1``'s
+    rollouts on the background thread."""
+    ahead: RolloutPrefetcher = data.prefetch
+    version = next_version(epoch, ahead.engine_version, ahead.max_staleness)
+    if version != ahead.engine_version:
+        start = time.perf_counter()
+        data.sync_policy(module)
+        ahead.engine_version, ahead.engine_adapter = epoch, adapter_state(module.policy)
+        phases["push"] += time.perf_counter() - start
+    loop_state = data.loop_state()
+    records = data.next_prompts(data.affordable_groups(data.prompts_per_epoch))
+    ahead.submit(epoch + 1, version, loop_state, ahead.engine_adapter,
+                 timed(lambda: (data.draw_grouped(module, records, epoch + 1), records)))

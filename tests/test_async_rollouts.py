@@ -1,0 +1,126 @@
+"""Asynchronous rollouts (``data.max_staleness``, design §12): which adapter draws which epoch, the lag logged, the
+combinations refused before work, and k = 0 unchanged. The engine here samples from a copy of the policy taken at
+each push (``snapshot_engine.SnapshotHFEngine``), as vLLM does; the real vLLM engine is in ``vllm_async_check.py``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from peft import get_peft_model_state_dict
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lit_grpo.async_rollouts import next_version, staleness_problems
+from lit_grpo.callbacks import RolloutMetrics
+from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.engines import HFEngine, VLLMEngine
+from lit_grpo.module import PolicyModule
+from lit_grpo.seeds import derived_seed
+from snapshot_engine import AdapterLog, SnapshotHFEngine
+from support import DigitShareTask
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def versions(max_staleness: int, epochs: int) -> list[int]:
+    """The adapter version each epoch's rollouts come from, following the pushes ``next_version`` asks for."""
+    drawn, engine = [0], 0  # the first epoch draws now, from the adapter it starts with
+    for epoch in range(epochs - 1):
+        version = next_version(epoch, engine, max_staleness)
+        engine = epoch if version != engine else engine
+        drawn.append(version)
+    return drawn
+
+
+def test_versions_by_hand():
+    assert versions(1, 6) == [0, 0, 1, 2, 3, 4]  # staleness 0, 1, 1, 1, 1, 1: a push every epoch
+    assert versions(2, 6) == [0, 0, 0, 2, 2, 4]  # staleness 0, 1, 2, 1, 2, 1: a push every other epoch
+    assert versions(3, 6) == [0, 0, 0, 0, 3, 3]
+    assert next_version(4, None, 1) == 4  # an engine holding an unknown adapter (pushed by validation) gets this one
+
+
+def test_refused_combinations_each_named():
+    problems = staleness_problems(1, "tree", HFEngine, "trainer", None)
+    assert len(problems) == 3
+    assert "data.engine HFEngine: it samples from the model being trained" in problems[0]
+    assert "data.rollout 'tree'" in problems[1] and "'grouped'" in problems[1]
+    assert "model.old_logp_source 'trainer'" in problems[2] and "model.tis_cap" in problems[2]
+    assert staleness_problems(-1, "grouped", VLLMEngine, "sampler", None) == ["data.max_staleness: must be >= 0, got -1"]
+    assert staleness_problems(1, "grouped", VLLMEngine, "sampler", None) == []
+    assert staleness_problems(1, "grouped", SnapshotHFEngine, "trainer", 2.0) == []  # tis_cap corrects the lag
+    assert staleness_problems(0, "tree", HFEngine, "trainer", None) == []  # k = 0 is today's loop
+
+
+def test_cli_refuses_the_training_models_engine_before_work(tmp_path):
+    command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--config", str(ROOT / "configs" / "quickstart.yaml"),
+               "--data.max_staleness", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120,
+                            env={"PATH": "/usr/bin:/bin", "CI": "true", "HOME": str(tmp_path)})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "data.max_staleness 1 with data.engine HFEngine" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def fit(model_dir: Path, root: Path, epochs: int, max_staleness: int | None, engine=None) -> PolicyModule:
+    pl.seed_everything(0)
+    module = PolicyModule(model_name_or_path=str(model_dir), lora_rank=4, kl_coef=0.0,
+                          optimizer=lambda params: torch.optim.AdamW(params, lr=2e-2, weight_decay=0.0))
+    knob = {} if max_staleness is None else {"max_staleness": max_staleness}
+    datamodule = RolloutDataModule(task=DigitShareTask(), engine=engine, group_size=4, prompts_per_epoch=4,
+                                   minibatch_size=8, max_new_tokens=4, **knob)
+    trainer = pl.Trainer(
+        max_epochs=epochs, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0, check_val_every_n_epoch=100,
+        callbacks=[RolloutMetrics(table_every_n_epochs=0), AdapterLog(str(root / "adapters.jsonl"))],
+        logger=TensorBoardLogger(root, name="run"), enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule)
+    return module
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def scalar(root: Path, tag: str) -> list[float]:
+    events = EventAccumulator(str(root / "run" / "version_0"), size_guidance={"scalars": 0})
+    events.Reload()
+    return [event.value for event in events.Scalars(tag)]
+
+
+def test_each_epoch_drawn_by_the_adapter_at_most_k_versions_old(tiny_llama_dir, tmp_path):
+    epochs = 6
+    fit(tiny_llama_dir, tmp_path, epochs, 2, SnapshotHFEngine(draws=str(tmp_path / "draws.jsonl")))
+    started = [entry["adapter"] for entry in lines(tmp_path / "adapters.jsonl")]  # version e: epoch e's start
+    assert len(set(started)) == epochs  # every epoch trained: each version differs
+    draws = [draw for draw in lines(tmp_path / "draws.jsonl") if draw["seed"] is not None]  # not the greedy ones
+    assert [draw["adapter"] for draw in draws] == [started[v] for v in (0, 0, 0, 2, 2, 4)]
+    # draw e is epoch e's (its seed is derived from e), drawn once each (share_start 0, draw 0)
+    assert [draw["seed"] for draw in draws] == [derived_seed(derived_seed(0, e, "rollout"), "draw", 0)
+                                                for e in range(epochs)]
+    assert scalar(tmp_path, "rollout/staleness") == [0.0, 1.0, 2.0, 1.0, 2.0, 1.0]
+    assert len(scalar(tmp_path, "time/wait")) == epochs  # the phase times of the drawn-ahead loop reach TensorBoard
+
+
+def test_max_staleness_0_is_the_loop_without_the_knob(tiny_llama_dir, tmp_path):
+    without = fit(tiny_llama_dir, tmp_path / "without", 2, None)
+    zero = fit(tiny_llama_dir, tmp_path / "zero", 2, 0)
+    expected, got = get_peft_model_state_dict(without.policy), get_peft_model_state_dict(zero.policy)
+    assert got.keys() == expected.keys() and len(got) > 0
+    assert max((got[name] - expected[name]).abs().max().item() for name in expected) == 0.0
+    assert any(value.abs().sum() > 0 for name, value in got.items() if "lora_B" in name)  # it did train
+    assert "rollout/staleness" not in EventAccumulator(str(tmp_path / "zero" / "run" / "version_0")).Reload().Tags()[
+        "scalars"]
+
+
+@pytest.mark.parametrize("rollout", ["tree"])
+def test_datamodule_refuses_before_any_rollout(rollout):
+    with pytest.raises(ValueError, match="data.rollout 'tree'"):
+        RolloutDataModule(task=DigitShareTask(), engine=SnapshotHFEngine(draws="/dev/null"), rollout=rollout,
+                          branching=[2, 2], max_staleness=1)
