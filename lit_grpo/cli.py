@@ -20,6 +20,7 @@ from lit_grpo.callbacks.nonfinite import NonFiniteTrainingError
 from lit_grpo.checkpoint_io import BesideTargetCheckpointIO
 from lit_grpo.config_check import config_problems, merged_config
 from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.distributed import share_cores
 from lit_grpo.host_memory import return_freed_memory
 from lit_grpo.input_check import InputError
 from lit_grpo.resume import check_resume, find_last_checkpoint
@@ -68,6 +69,7 @@ class LitGRPOCLI(LightningCLI):
             trainer.strategy.checkpoint_io = BesideTargetCheckpointIO()
         check_writable(trainer)  # before any weights load
         claim_version(trainer)
+        report_core_share(share_cores(trainer))  # before Lightning's launcher, which would count one node only
         return trainer
 
     def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
@@ -112,6 +114,15 @@ class LitGRPOCLI(LightningCLI):
                 print(f"lit-grpo: the configuration has {len(problems)} problem(s):\n{listing}", file=sys.stderr)
                 raise SystemExit(2)
         super().parse_arguments(parser, args)
+
+
+def report_core_share(processes: int) -> None:
+    """Each process of a multi-process launch says how many threads it got, so a slow run explains itself."""
+    if processes > 1:
+        import torch
+
+        print(f"lit-grpo: {processes} processes share this machine's cores: {torch.get_num_threads()} torch "
+              f"thread(s) in this one (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')})", file=sys.stderr)
 
 
 def fixed_dir_last(trainer: Any) -> str:
@@ -172,10 +183,6 @@ def main(args: list[str] | None = None) -> None:
         raise SystemExit(1) from None
 
 
-if __name__ == "__main__":
-    main()
-
-
 def input_error_within(error: BaseException) -> InputError | None:
     """The first ``InputError`` in the chain of exceptions that led to ``error``, if any."""
     seen: set[int] = set()
@@ -189,3 +196,7 @@ def input_error_within(error: BaseException) -> InputError | None:
         seen.add(id(current))
         pending += [current.__cause__, current.__context__]
     return None
+
+
+if __name__ == "__main__":
+    main()

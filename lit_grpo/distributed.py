@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from lit_grpo.strategy_check import strategy_problems
+
 
 def rank_and_world(trainer: Any) -> tuple[int, int]:
     """``(global rank, world size)`` of a trainer; ``(0, 1)`` without one."""
@@ -101,17 +103,18 @@ def global_step_denominators(batches: list[dict[str, torch.Tensor]], strategy: A
 
 
 def distributed_config_problems(trainer_cfg: dict[str, Any], data_args: dict[str, Any]) -> list[str]:
-    """The checks of ``check_distributed_data`` and ``rank_share`` on a config, when its world size is known
-    (``trainer.devices`` a count, times ``trainer.num_nodes``)."""
+    """A strategy the accelerator cannot run (``strategy_problems``), and the checks of ``check_distributed_data``
+    and ``rank_share`` on a config, when its world size is known (``trainer.devices`` a count, times
+    ``trainer.num_nodes``)."""
+    problems = strategy_problems(trainer_cfg)  # whatever the world size: FSDP on one CPU process fails too
     devices = trainer_cfg.get("devices", "auto")
     devices = len(devices) if isinstance(devices, list) else devices
     devices = int(devices) if isinstance(devices, str) and devices.isdigit() else devices
     if not isinstance(devices, int) or devices < 1:
-        return []
+        return problems
     world_size = devices * int(trainer_cfg.get("num_nodes", 1))
     if world_size == 1:
-        return []
-    problems = []
+        return problems
     if data_args["prompts_per_epoch"] % world_size:
         problems.append(f"data.prompts_per_epoch: {data_args['prompts_per_epoch']} is not a multiple of the "
                         f"{world_size} ranks; every rank trains on an equal share of the epoch's prompts")
@@ -123,3 +126,38 @@ def distributed_config_problems(trainer_cfg: dict[str, Any], data_args: dict[str
     if trainer_cfg.get("use_distributed_sampler") is True:
         problems.append("trainer.use_distributed_sampler: must be false; each rank's buffer is already its share")
     return problems
+
+
+def processes_on_this_machine(num_nodes: int, devices_per_node: int, main_address: str | None) -> int:
+    """How many processes of a launch share this machine: ``devices_per_node``, or all ``num_nodes`` nodes' when
+    the main address is a loopback one (every "node" then runs here: a loopback address reaches no other machine).
+    Only a literal loopback address or ``localhost`` counts: node 0's own hostname may resolve to 127.0.1.1 on
+    node 0 (Debian's /etc/hosts) while the other nodes reach it over the network.
+
+    >>> processes_on_this_machine(2, 1, "127.0.0.1"), processes_on_this_machine(2, 4, "10.0.0.7")
+    (2, 4)
+    """
+    import ipaddress
+
+    try:
+        loopback = main_address == "localhost" or ipaddress.ip_address(main_address or "").is_loopback
+    except ValueError:  # a hostname
+        loopback = False
+    return num_nodes * devices_per_node if loopback else devices_per_node
+
+
+def share_cores(trainer: Any) -> int:
+    """Give each process of a multi-process launch its share of this machine's cores with Lightning's own rule
+    (``_set_num_threads_if_needed``: cores // processes, unless ``OMP_NUM_THREADS`` is set), and return how many
+    processes share them. Lightning's launchers apply it counting one node's processes only, so "nodes" on one
+    machine each took every core and slowed each other down (two quickstart "nodes" on two cores: generation 2.7 to
+    3.9 s an epoch with two threads each, 0.1 to 0.3 s with one). Runs before Lightning's launcher, whose own call
+    then leaves the count as set here."""
+    from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
+
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    if environment is None or trainer.num_nodes * trainer.num_devices == 1:
+        return 1
+    processes = processes_on_this_machine(trainer.num_nodes, trainer.num_devices, environment.main_address)
+    _set_num_threads_if_needed(num_processes=processes)
+    return processes
