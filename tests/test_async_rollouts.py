@@ -12,6 +12,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
+from safetensors.torch import load_file
 from lightning.pytorch.loggers import TensorBoardLogger
 from peft import get_peft_model_state_dict
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -124,3 +125,41 @@ def test_datamodule_refuses_before_any_rollout(rollout):
     with pytest.raises(ValueError, match="data.rollout 'tree'"):
         RolloutDataModule(task=DigitShareTask(), engine=SnapshotHFEngine(draws="/dev/null"), rollout=rollout,
                           branching=[2, 2], max_staleness=1)
+
+
+def test_killed_with_a_draw_pending_resumes_exactly(tiny_llama_dir, tmp_path):
+    from test_kill_resume import config, epochs_logged, finish, kill_at_pause, launch
+
+    straight_dir, split_dir = tmp_path / "straight", tmp_path / "split"
+    processes = []
+    try:
+        for run_dir in (straight_dir, split_dir):
+            run_dir.mkdir()
+            marker = split_dir / "paused" if run_dir == split_dir else None
+            engine = {"class_path": "snapshot_engine.SnapshotHFEngine",
+                      "init_args": {"draws": str(run_dir / "draws.jsonl")}}
+            processes.append(launch(run_dir, config(tiny_llama_dir, run_dir, marker, engine=engine, max_staleness=1),
+                                    "fit.log"))
+        straight, killed = processes
+        kill_at_pause(killed, split_dir / "paused")  # in epoch 2, epoch 3's draw started at its beginning
+        checkpoint = torch.load(split_dir / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt",
+                                weights_only=True)
+        state = checkpoint["RolloutDataModule"]
+        assert checkpoint["epoch"] == 1  # saved at epoch 1's end, epoch 2's draw (from version 1) in flight
+        assert (state["cursor"], state["pending_epoch"], state["pending_version"]) == (8, 2, 1)
+        resumed = launch(split_dir, split_dir / "config.yaml", "resumed.log", "--ckpt_path", "last")
+        processes.append(resumed)
+        finish(resumed), finish(straight)
+        expected = load_file(straight_dir / "lightning_logs" / "version_0" / "adapter" / "adapter_model.safetensors")
+        got = load_file(split_dir / "lightning_logs" / "version_1" / "adapter" / "adapter_model.safetensors")
+        assert got.keys() == expected.keys() and len(got) > 0
+        assert max((got[name] - expected[name]).abs().max().item() for name in expected) <= 1e-6
+        assert epochs_logged(split_dir) == epochs_logged(straight_dir)  # same prompts, same order
+        sampled = [[d for d in lines(run / "draws.jsonl") if d["seed"] is not None] for run in (straight_dir, split_dir)]
+        assert len(sampled[0]) == 4  # epochs 0-3
+        assert sampled[1][-2:] == sampled[0][2:]  # the resumed run drew epochs 2 and 3 from the same adapters
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()

@@ -20,7 +20,8 @@ TESTS = Path(__file__).resolve().parent
 EPOCHS, PROMPTS_PER_EPOCH = 4, 4
 
 
-def config(model_dir: Path, run_dir: Path, pause_marker: Path | None) -> Path:
+def config(model_dir: Path, run_dir: Path, pause_marker: Path | None, **data: object) -> Path:
+    """The run's YAML; ``data`` overrides the data settings (``test_async_rollouts`` draws ahead)."""
     callbacks = [{"class_path": "support.PromptLog", "init_args": {"path": str(run_dir / "prompts.jsonl")}}]
     if pause_marker is not None:  # pause at the 2nd minibatch of epoch 2, after that epoch's first update
         callbacks.append({"class_path": "support.PauseAt",
@@ -36,7 +37,8 @@ def config(model_dir: Path, run_dir: Path, pause_marker: Path | None) -> Path:
         "model": {"model_name_or_path": str(model_dir), "lora_rank": 4, "lora_dropout": 0.1, "kl_coef": 0.04,
                   "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.01, "weight_decay": 0.0}}},
         "data": {"task": {"class_path": "support.DigitShareTask"}, "engine": {"class_path": "lit_grpo.engines.HFEngine"},
-                 "group_size": 4, "prompts_per_epoch": PROMPTS_PER_EPOCH, "minibatch_size": 8, "max_new_tokens": 4},
+                 "group_size": 4, "prompts_per_epoch": PROMPTS_PER_EPOCH, "minibatch_size": 8, "max_new_tokens": 4,
+                 **data},
     }
     path = run_dir / "config.yaml"
     path.write_text(yaml.safe_dump(settings))
@@ -59,6 +61,19 @@ def finish(process: subprocess.Popen) -> str:
     return output
 
 
+def kill_at_pause(process: subprocess.Popen, marker: Path) -> None:
+    """SIGKILL ``process`` once it pauses at ``marker`` (``support.PauseAt``: epoch 2, after its first update)."""
+    deadline = time.monotonic() + 300
+    while not marker.exists():
+        assert process.poll() is None, process.log_path.read_text()[-3000:]
+        assert time.monotonic() < deadline, "the run never reached the pause point"
+        time.sleep(0.1)
+    assert marker.read_text() == "5\n"  # 2 updates per epoch: epochs 0-1 done, and one update of epoch 2
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+
+
 def epochs_logged(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "prompts.jsonl").read_text().splitlines()]
 
@@ -73,15 +88,7 @@ def test_sigkill_mid_epoch_then_resume_last_equals_an_uninterrupted_run(tiny_lla
         straight = launch(straight_dir, config(tiny_llama_dir, straight_dir, None), "fit.log")
         killed = launch(split_dir, config(tiny_llama_dir, split_dir, marker), "killed.log")
         processes += [straight, killed]
-        deadline = time.monotonic() + 300
-        while not marker.exists():
-            assert killed.poll() is None, killed.log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, "the run never reached the pause point"
-            time.sleep(0.1)
-        assert marker.read_text() == "5\n"  # 2 updates per epoch: epochs 0-1 done, and one update of epoch 2
-        os.kill(killed.pid, signal.SIGKILL)
-        killed.wait(timeout=60)
-        assert killed.returncode == -signal.SIGKILL
+        kill_at_pause(killed, marker)
         last = split_dir / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
         checkpoint = torch.load(last, weights_only=True)  # tensors, ints and plain containers only
         assert checkpoint["epoch"] == 1 and checkpoint["global_step"] == 4  # the last epoch boundary
