@@ -39,10 +39,19 @@ class ServersUnavailable(RuntimeError):
 
 
 def servers_unavailable(reasons: dict[str, str]) -> ServersUnavailable:
-    """The error for a pool whose every server failed: one sentence per server, in the configured order."""
-    listing = "; ".join(f"{url}: {reason}" for url, reason in reasons.items())
+    """The error for a pool whose every server failed: one paragraph, each server and why, in the configured order."""
+    listing = "; ".join(f"{url}: {one_line(reason)}" for url, reason in reasons.items())
     return ServersUnavailable(f"no vLLM server is left to generate rollouts ({len(reasons)} configured: {listing}). "
                               "Restart the servers (or fix data.engine.init_args.urls) and resume.")
+
+
+def one_line(text: str, limit: int = 600) -> str:
+    """``text`` on one line, its middle cut when longer than ``limit``: a server's log tail or an error page ends
+    with what went wrong, and a paragraph naming several servers must stay readable."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    return f"{flat[:limit // 3]} [...] {flat[-(limit - limit // 3):]}"
 
 
 def http_json(url: str, method: str, path: str, body: dict[str, Any] | None = None, api_key: str | None = None,
@@ -131,7 +140,9 @@ class ServerPool:
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """``request`` on the least-loaded live server; a ``ServerDown`` marks that server dead and the request
-        goes to the next one. None left: ``ServersUnavailable``."""
+        goes to the next one, and so does an HTTP 404: the server lost the adapter it was given at the push (it
+        restarted since; the next push loads it again), which the others still hold. None left:
+        ``ServersUnavailable``."""
         while True:
             with self._lock:
                 index = least_loaded([s.in_flight for s in self.servers], [s.alive for s in self.servers])
@@ -143,6 +154,10 @@ class ServerPool:
                 return self.request(server.url, method, path, body)
             except ServerDown as error:
                 self.mark_dead(server, str(error))
+            except Refused as error:
+                if error.code != 404:
+                    raise  # the request is at fault: every server would refuse it
+                self.mark_dead(server, f"{error} (restarted since the last push?)")
             finally:
                 with self._lock:
                     server.in_flight -= 1
