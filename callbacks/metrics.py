@@ -7,9 +7,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torchmetrics import MeanMetric
 
+from lit_grpo.async_rollouts import epoch_costs
 from lit_grpo.buffer import RolloutBuffer
 
 
@@ -82,6 +83,15 @@ def samples_table(buffer: RolloutBuffer, max_rows: int) -> str:
     return "\n".join(lines)
 
 
+def print_phases(epoch: int, timings: dict[str, float], train: float) -> None:
+    """The epoch's push, generate (with scoring) and train seconds, and what they cost in turn and drawn ahead."""
+    push, generate = timings.get("push", 0.0), timings.get("generate", 0.0) + timings.get("score", 0.0)
+    in_turn, ahead = epoch_costs(push, generate, train)
+    waited = f", waited {timings['wait']:.2f}s for the draw ahead" if "wait" in timings else ""
+    rank_zero_info(f"epoch {epoch} phases: push {push:.2f}s, generate {generate:.2f}s, train {train:.2f}s{waited}; "
+                   f"an epoch costs {in_turn:.2f}s in turn, {ahead:.2f}s drawn ahead (data.max_staleness)")
+
+
 class RolloutMetrics(pl.Callback):
     """Logs ``rollout/*`` once per epoch from the buffer, ``train/*`` epoch means of the loss stats, and ``time/*``:
     seconds spent generating, scoring, in the no-grad passes and in the updates.
@@ -138,9 +148,10 @@ class RolloutMetrics(pl.Callback):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
         if self._train_started is not None:  # the updates' share of the epoch, beside generate and no-grad passes
-            pl_module.log("time/train", time.perf_counter() - self._train_started, on_step=False, on_epoch=True,
-                          sync_dist=True)
+            train = time.perf_counter() - self._train_started
+            pl_module.log("time/train", train, on_step=False, on_epoch=True, sync_dist=True)
             self._train_started = None
+            print_phases(trainer.current_epoch, getattr(trainer.datamodule, "timings", {}), train)
         for key in self.TRAIN_KEYS:
             metric = self.train[key]
             if metric.update_count:

@@ -204,3 +204,10 @@ def launch(data: Any, module: Any, epoch: int, phases: dict[str, float]) -> None
     records = data.next_prompts(data.affordable_groups(data.prompts_per_epoch))
     ahead.submit(epoch + 1, version, loop_state, ahead.engine_adapter,
                  timed(lambda: (data.draw_grouped(module, records, epoch + 1), records)))
+
+
+def epoch_costs(push: float, generate: float, train: float) -> tuple[float, float]:
+    """Design §12's cost model of one epoch, in seconds: ``(in turn, drawn ahead)`` = (push + generate + train,
+    push + max(generate, train)); ``generate`` includes scoring. Read off a synchronous run, it says what drawing
+    ahead would gain."""
+    return push + generate + train, push + max(generate, train)

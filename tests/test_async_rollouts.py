@@ -178,4 +178,12 @@ def test_real_vllm_engine_draws_ahead_on_the_quickstart(tmp_path):
     assert values["rollout/staleness"] == [0.0, 1.0, 1.0]  # 1 from the second epoch on
     assert len(values["time/wait"]) == len(values["time/generate"]) == len(values["time/train"]) == 3
     assert values["time/push"][1] > 0 and values["time/push"][2] == 0  # the last epoch starts no draw ahead
-    assert "epoch 1: 32 prompts" in result.stderr + result.stdout
+    output = result.stderr + result.stdout
+    assert "epoch 1: 32 prompts" in output and "epoch 1 phases: push" in output and "drawn ahead" in output
+
+
+def test_epoch_costs_by_hand():
+    from lit_grpo.async_rollouts import epoch_costs
+
+    assert epoch_costs(0.5, 3.0, 2.0) == (5.5, 3.5)  # generation-bound: drawing ahead hides the training
+    assert epoch_costs(0.5, 1.0, 2.0) == (3.5, 2.5)  # training-bound: it hides the generation
