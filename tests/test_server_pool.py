@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +20,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from failover_check import RealServer, StandIn
-from lit_grpo.engines import SamplingSpec, VLLMServerEngine
+from lit_grpo.engines import SamplingSpec, VLLMServerEngine, vllm_server
 from lit_grpo.engines.server_address import free_port
 from lit_grpo.engines.server_pool import ServersUnavailable
 from lit_grpo.resume import load_checkpoint
@@ -143,6 +145,21 @@ def test_a_failed_server_is_skipped_until_a_push_finds_it_answering_again(server
     assert [name for name, _ in restarted.stats()["loads"]] == [version]  # the push loaded this version there
     check_answers(engine.generate(prompts(4), 2, SPEC), 4, 2)
     assert {adapter for adapter, _, _ in answered(restarted).values()} == {version}  # and it serves again
+
+
+def test_a_push_gives_a_server_that_does_not_answer_health_a_short_probe(servers, monkeypatch):
+    monkeypatch.setattr(vllm_server, "PROBE_TIMEOUT", 0.5)
+    healthy = servers()
+    with socket.socket() as silent:  # takes connections and never answers: a host gone without a word
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        silent_url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        engine = VLLMServerEngine(urls=[healthy.url, silent_url], request_timeout=60.0)
+        started = time.monotonic()
+        with pytest.warns(RuntimeWarning, match=rf"{silent_url} does not answer.*\(GET /health\).*timed out"):
+            engine.push_policy(FakePolicy())
+        assert time.monotonic() - started < 5.0  # the probe's timeout, not the request's 60 s
+    assert engine.metrics == {"servers_alive": 1.0} and len(healthy.stats()["loads"]) == 1
 
 
 def test_a_server_that_restarted_since_the_push_lacks_the_adapter_and_is_skipped(servers):

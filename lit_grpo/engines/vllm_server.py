@@ -31,6 +31,9 @@ from lit_grpo.engines.server_pool import (Refused, Server, ServerDown, ServerPoo
 from lit_grpo.engines.server_address import ServerAddress, server_address
 
 
+PROBE_TIMEOUT = 10.0  # seconds a push waits for a server's /health before skipping it until the next push
+
+
 class VLLMServerEngine:
     """Generates through vLLM servers' ``/v1/completions``, sampling from the adapter pushed last.
 
@@ -258,8 +261,10 @@ class VLLMServerEngine:
 
     def _http(self, url: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """One JSON request to one server (``http_json``); a started server that died says how, with its log."""
+        # a live server answers /health at once; a host that went away would hold every push for request_timeout
+        timeout = min(self.request_timeout, PROBE_TIMEOUT) if path == "/health" else self.request_timeout
         try:
-            return http_json(url, method, path, body, self.api_key, self.request_timeout)
+            return http_json(url, method, path, body, self.api_key, timeout)
         except ServerDown as error:
             server = self._server
             if server is not None and server.poll() is not None:
