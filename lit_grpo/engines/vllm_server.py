@@ -65,7 +65,8 @@ class VLLMServerEngine:
         seed: base seed of a server the engine starts (each request also gets its own from the sampling spec).
         server_args: extra command-line arguments for a server the engine starts (e.g. ``--tensor-parallel-size``).
         startup_timeout: seconds to wait for a started server to answer ``/health``.
-        request_timeout: seconds to wait for one HTTP answer; a server slower than that counts as failed.
+        request_timeout: seconds to wait for one HTTP answer; a server slower than that counts as failed (a push
+            probing a down server's ``/health`` waits at most ``PROBE_TIMEOUT``, 10 s).
         max_parallel_requests: requests in flight at once over all servers (one per prompt; servers batch them).
         shared: see ``RolloutEngine.shared``.
     """
