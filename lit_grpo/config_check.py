@@ -26,7 +26,9 @@ from lit_grpo.module import PolicyModule
 from lit_grpo.module_config import module_config_problems
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
-TOP_LEVEL_KEYS = {"config", "seed_everything", "trainer", "model", "data", "ckpt_path", "metrics", "checkpoint"}
+# weights_only: Lightning writes it into every run's config.yaml, which must come back as the resume command's --config
+TOP_LEVEL_KEYS = {"config", "seed_everything", "trainer", "model", "data", "ckpt_path", "weights_only", "metrics",
+                  "checkpoint"}
 
 
 def merged_config(args: list[str]) -> dict[str, Any] | None:
@@ -220,6 +222,9 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     from lit_grpo.tasks import Task
 
     problems = [f"{key}: unknown top-level key" for key in config if key not in TOP_LEVEL_KEYS]
+    if config.get("weights_only") is False:  # a checkpoint is data: never unpickled into code
+        problems.append("weights_only: false would unpickle the checkpoint, running whatever code it carries; "
+                        "lit-grpo's checkpoints hold tensors and plain containers: leave it unset (or true)")
     sections = {key: config.get(key) or {} for key in ("model", "data", "trainer")}
     for key, value in sections.items():
         if not isinstance(value, dict):

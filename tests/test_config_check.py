@@ -227,3 +227,9 @@ def test_a_task_with_a_required_argument_takes_its_other_arguments(model_dir):
     assert problem.startswith("data.task.heldout_fraction:") and "lots" in problem
     del task["init_args"]["path"]
     assert config_problems(config) == ["data.task.path: required, not given"]
+
+
+def test_weights_only_false_is_refused_and_null_accepted():
+    assert config_problems({"weights_only": None}) == []
+    (problem,) = config_problems({"weights_only": False})
+    assert problem.startswith("weights_only: false would unpickle the checkpoint")

@@ -11,8 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lit_grpo.cli import LitGRPOCLI, main
+from lit_grpo.config_check import config_problems
 from support import weight_reads
 from reliability_doc import documented
 
@@ -30,6 +32,8 @@ def test_without_a_logger_the_run_gets_its_own_directory(tiny_llama_dir, tmp_pat
     assert run.name.startswith("run-")
     assert (run / "config.yaml").is_file() and (run / "adapter" / "adapter_model.safetensors").is_file()
     assert (run / "checkpoints" / "last.ckpt").is_file()
+    # the saved config.yaml is what the resume command passes back (Lightning adds weights_only to it)
+    assert config_problems(yaml.safe_load((run / "config.yaml").read_text())) == []
     assert f"lit-grpo: no logger; this run writes to lightning_logs/{run.name}" in capsys.readouterr().err
     documented("a run with `trainer.logger: false`", "config.yaml, adapter/ and checkpoints/ written under "
                "lightning_logs/run-<time>-<pid>; nothing else in the current directory", "test_run_dir.py")
