@@ -20,8 +20,8 @@ from lit_grpo.callbacks.nonfinite import NonFiniteTrainingError
 from lit_grpo.checkpoint_io import BesideTargetCheckpointIO
 from lit_grpo.config_check import config_problems, merged_config
 from lit_grpo.datamodule import RolloutDataModule
-from lit_grpo.engines.server_pool import ServersUnavailable
 from lit_grpo.distributed import share_cores
+from lit_grpo.engines.server_pool import ServersUnavailable
 from lit_grpo.host_memory import return_freed_memory
 from lit_grpo.input_check import InputError
 from lit_grpo.resume import check_resume, find_last_checkpoint
