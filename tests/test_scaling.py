@@ -1,5 +1,6 @@
 """docs/scaling.md's launch commands, run as written (design §12): two "nodes" on loopback, started by Lightning's
-launcher or by torchrun, train the adapter of one node with two devices; each process takes its share of the
+launcher or by torchrun, train the adapter of one node with two devices, and of one process on the same rollouts;
+each process takes its share of the
 cores; FSDP and DeepSpeed on a CPU are one config message, not Lightning's traceback."""
 
 from __future__ import annotations
