@@ -319,3 +319,17 @@ def test_a_server_refusing_the_key_is_one_message_before_any_rollout(servers, tm
     assert line.startswith(f"lit-grpo: the vLLM server at {guarded.url} refused POST /v1/load_lora_adapter: HTTP 401 "
                            "(wrong or missing api_key?)")
     assert guarded.stats()["requests"] == []  # nothing was generated
+
+
+def test_rank_zero_pushes_only_once_every_rank_has_finished_drawing(servers, tmp_path):
+    server = servers("--delay", "0.2")  # rank 1's ten requests, one at a time: 2 s; rank 0's two: 0.4 s
+    port, env = free_port(), {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(Path(__file__).with_name("push_race_check.py"))]
+    ranks = [subprocess.Popen([*command, str(rank), str(port), server.url, str(tmp_path), str(MODEL)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = [rank.communicate(timeout=300) for rank in ranks]
+    for rank, (out, err) in zip(ranks, outputs):
+        assert rank.returncode == 0, err[-3000:]
+        assert out.splitlines() == ["DRAW OK", "PUSHED"], out + err[-2000:]
+    versions = [name for name, _ in server.stats()["loads"]]
+    assert len(versions) == 2 and [a for a, _, _, _ in server.stats()["requests"]] == [versions[0]] * 12

@@ -207,12 +207,15 @@ def distributed_peers(cached: Any = None) -> tuple[int, int, Any]:
 
 
 def decided_by_rank_zero(decide: Callable[[], T], rank: int, group: Any) -> T:
-    """``decide()`` on rank 0, its result on every rank (the other ranks wait for it: the barrier). An error on
+    """``decide()`` on rank 0 once every rank has come here, its result on every rank. An error on
     rank 0 is raised on every rank: rank 0's own, the others' as the same kind with the same message."""
     import torch.distributed as dist
 
     outcome: list[Any] = [None]
     error: BaseException | None = None
+    # every rank is done with the servers first: rank 0's swap unloads the adapter a rank drawing ahead
+    # (data.max_staleness) may still be sampling with
+    dist.barrier(group=group)
     if rank == 0:
         try:
             outcome[0] = ("ok", decide())
