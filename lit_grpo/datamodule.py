@@ -169,7 +169,7 @@ class RolloutDataModule(pl.LightningDataModule):
             # Lightning asks for the finished epoch's loader before moving on to the next one and never iterates
             # it: generating here would draw (and skip) a whole epoch of prompts
             return DataLoader([{}], batch_size=None)
-        if self.budget_spent and self.prefetch.pending is None:  # resumed after the epoch that spent it: end the run
+        if self.budget_spent:  # resumed after the epoch that spent it: end the run without drawing
             trainer.should_stop = True
             return DataLoader([], batch_size=None)
         module = trainer.lightning_module
@@ -282,8 +282,9 @@ class RolloutDataModule(pl.LightningDataModule):
 
     @property
     def budget_spent(self) -> bool:
-        """True once ``completion_budget`` cannot pay for another group: the run should end after this epoch."""
-        return self.completion_budget is not None and self.affordable_groups(1) == 0
+        """True once ``completion_budget`` cannot pay for another group: the run should end after this epoch (not
+        while rollouts drawn ahead are still to be trained on)."""
+        return self.completion_budget is not None and self.prefetch.pending is None and self.affordable_groups(1) == 0
 
     def next_prompts(self, count: int | None = None) -> list[PromptRecord]:
         """This rank's share of the next ``count`` (default ``prompts_per_epoch``) training prompts, wrapping around

@@ -68,13 +68,13 @@ def test_cli_refuses_the_training_models_engine_before_work(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def fit(model_dir: Path, root: Path, epochs: int, max_staleness: int | None, engine=None) -> PolicyModule:
+def fit(model_dir: Path, root: Path, epochs: int, max_staleness: int | None, engine=None, **data) -> PolicyModule:
     pl.seed_everything(0)
     module = PolicyModule(model_name_or_path=str(model_dir), lora_rank=4, kl_coef=0.0,
                           optimizer=lambda params: torch.optim.AdamW(params, lr=2e-2, weight_decay=0.0))
     knob = {} if max_staleness is None else {"max_staleness": max_staleness}
     datamodule = RolloutDataModule(task=DigitShareTask(), engine=engine, group_size=4, prompts_per_epoch=4,
-                                   minibatch_size=8, max_new_tokens=4, **knob)
+                                   minibatch_size=8, max_new_tokens=4, **knob, **data)
     trainer = pl.Trainer(
         max_epochs=epochs, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0, check_val_every_n_epoch=100,
         callbacks=[RolloutMetrics(table_every_n_epochs=0), AdapterLog(str(root / "adapters.jsonl"))],
@@ -190,3 +190,11 @@ def test_epoch_costs_by_hand():
 
     assert epoch_costs(0.5, 3.0, 2.0) == (5.5, 3.5)  # generation-bound: drawing ahead hides the training
     assert epoch_costs(0.5, 1.0, 2.0) == (3.5, 2.5)  # training-bound: it hides the generation
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_a_completion_budget_trains_every_epoch_it_paid_for(tiny_llama_dir, tmp_path, max_staleness):
+    engine = SnapshotHFEngine(draws=str(tmp_path / "draws.jsonl"))
+    fit(tiny_llama_dir, tmp_path, 10, max_staleness, engine, completion_budget=48)  # 16 completions an epoch
+    assert [entry["epoch"] for entry in lines(tmp_path / "adapters.jsonl")] == [0, 1, 2]  # the third draw trained too
+    assert len([d for d in lines(tmp_path / "draws.jsonl") if d["seed"] is not None]) == 3  # and none drawn beyond
