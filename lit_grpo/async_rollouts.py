@@ -14,9 +14,10 @@ from that adapter, with the same seeds, so it continues exactly.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,8 +98,8 @@ class AdapterSwap:
 
 
 class RolloutPrefetcher:
-    """One background draw at a time on one thread (engines are not assumed thread-safe: every other use of the
-    engine waits for it first)."""
+    """One background draw at a time (engines are not assumed thread-safe: every other use of the engine waits for
+    it first), on a daemon thread: a run stopped by Ctrl-C or an error leaves it behind instead of waiting for it."""
 
     def __init__(self, max_staleness: int) -> None:
         self.max_staleness = max_staleness
@@ -106,13 +107,19 @@ class RolloutPrefetcher:
         self.engine_adapter: dict[str, torch.Tensor] | None = None  # that version's LoRA weights, on the CPU
         self.pending: Pending | None = None
         self.restored: dict[str, Any] | None = None  # a checkpoint's pending draw, to be drawn again
-        self._pool: ThreadPoolExecutor | None = None
 
     def submit(self, epoch: int, version: int, loop_state: dict[str, int], adapter: dict[str, torch.Tensor],
                draw: Callable[[], Any]) -> None:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lit-grpo-rollouts")
-        self.pending = Pending(epoch, version, self._pool.submit(draw), loop_state, adapter)
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(draw())
+            except BaseException as error:  # noqa: BLE001 - raised where the result is taken
+                future.set_exception(error)
+
+        threading.Thread(target=run, name="lit-grpo-rollouts", daemon=True).start()
+        self.pending = Pending(epoch, version, future, loop_state, adapter)
 
     def take(self, epoch: int) -> tuple[Any, int] | None:
         """The pending draw's result and version if it is epoch ``epoch``'s (its error is raised here)."""
@@ -140,11 +147,13 @@ class RolloutPrefetcher:
         self.restored = dict(state) if state.get("pending_adapter") is not None else None
 
     def close(self) -> None:
+        """Let the pending draw finish, and drop it (the run has ended)."""
         self.wait()
         self.pending = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+
+    def abandon(self) -> None:
+        """Drop the pending draw without waiting for it (the run is stopping on an error or an interrupt)."""
+        self.pending = None
 
 
 def timed(draw: Callable[[], Any]) -> Callable[[], tuple[Any, float]]:

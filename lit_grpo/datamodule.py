@@ -395,6 +395,9 @@ class RolloutDataModule(pl.LightningDataModule):
         self.completions_generated = int(state_dict.get("completions_generated", 0))
         self.prefetch.load_state_dict(state_dict)
 
+    def on_exception(self, exception: BaseException) -> None:
+        self.prefetch.abandon()  # a Ctrl-C or an error stops the run now, not after the draw in flight
+
     def teardown(self, stage: str) -> None:
         self.prefetch.close()  # the draw ahead finishes before its engine closes
         if not self.engine.shared:

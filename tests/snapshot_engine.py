@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import threading
+import time
 from typing import Any
 
 import lightning.pytorch as pl
@@ -53,3 +55,19 @@ class AdapterLog(pl.Callback):
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
         with open(self.path, "a") as log:
             log.write(json.dumps({"epoch": trainer.current_epoch, "adapter": adapter_checksum(pl_module.policy)}) + "\n")
+
+
+class StalledSnapshotHFEngine(SnapshotHFEngine):
+    """Its ``stalled_draw``-th draw ahead (counting the sampled draws off the main thread from 1) hangs for
+    ``stall_seconds`` first: a server gone silent."""
+
+    def __init__(self, draws: str, stall_seconds: float, stalled_draw: int, **kwargs: Any) -> None:
+        super().__init__(draws, **kwargs)
+        self.stall_seconds, self.stalled_draw, self.drawn_ahead = stall_seconds, stalled_draw, 0
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSpec) -> list[list[Completion]]:
+        if sampling.seed is not None and threading.current_thread() is not threading.main_thread():
+            self.drawn_ahead += 1
+            if self.drawn_ahead == self.stalled_draw:
+                time.sleep(self.stall_seconds)
+        return super().generate(prompts, n, sampling)

@@ -5,8 +5,10 @@ each push (``snapshot_engine.SnapshotHFEngine``), as vLLM does; the real vLLM en
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -198,3 +200,26 @@ def test_a_completion_budget_trains_every_epoch_it_paid_for(tiny_llama_dir, tmp_
     fit(tiny_llama_dir, tmp_path, 10, max_staleness, engine, completion_budget=48)  # 16 completions an epoch
     assert [entry["epoch"] for entry in lines(tmp_path / "adapters.jsonl")] == [0, 1, 2]  # the third draw trained too
     assert len([d for d in lines(tmp_path / "draws.jsonl") if d["seed"] is not None]) == 3  # and none drawn beyond
+
+
+def test_ctrl_c_with_a_draw_in_flight_stops_the_run_without_waiting_for_it(tiny_llama_dir, tmp_path):
+    from test_kill_resume import config, launch
+
+    engine = {"class_path": "snapshot_engine.StalledSnapshotHFEngine",
+              "init_args": {"draws": str(tmp_path / "draws.jsonl"), "stall_seconds": 3600, "stalled_draw": 3}}
+    marker = tmp_path / "paused"
+    run = launch(tmp_path, config(tiny_llama_dir, tmp_path, marker, engine=engine, max_staleness=1), "fit.log")
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists():  # epoch 2, second minibatch: the third draw ahead (epoch 3's) hangs since epoch 2 began
+            assert run.poll() is None, run.log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the run never reached the pause point"
+            time.sleep(0.1)
+        run.send_signal(signal.SIGINT)
+        run.wait(timeout=120)  # not the hour the draw would take
+    finally:
+        if run.poll() is None:
+            run.kill()
+    output = run.log_path.read_text()
+    assert run.returncode == 1, output[-3000:]
+    assert "lit-grpo: interrupted; the adapter as it was is in" in output
