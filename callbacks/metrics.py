@@ -120,7 +120,7 @@ class RolloutMetrics(pl.Callback):
             return
         stats = rollout_stats(buffer)
         if getattr(datamodule, "dynamic_sampling", False):
-            stats["sampling_draws"] = float(datamodule.sampling_draws)
+            stats["sampling_draws"] = float(buffer.sampling_draws)
         if getattr(datamodule, "max_staleness", 0):  # versions between the adapter that drew and the one that trains
             stats["staleness"] = float(datamodule.staleness)
         stats.update(getattr(datamodule, "engine_metrics", {}))  # e.g. the vllm_server engine's servers_alive

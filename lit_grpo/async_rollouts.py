@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
+from lit_grpo.input_check import InputError
+
 # engines that sample from the weights they were pushed, not from the training model itself
 SNAPSHOT_ATTRIBUTE = "samples_from_copy"
 
@@ -37,7 +39,7 @@ def staleness_problems(max_staleness: int, rollout: str, engine: Any, old_logp_s
         return []
     problems = []
     name = getattr(engine, "__name__", type(engine).__name__)
-    if not getattr(engine, SNAPSHOT_ATTRIBUTE, False):
+    if engine is not None and not getattr(engine, SNAPSHOT_ATTRIBUTE, False):  # None: not importable, said apart
         problems.append(
             f"data.max_staleness {max_staleness} with data.engine {name}: it samples from the model being trained, "
             "which changes under it while the next rollouts are drawn; use lit_grpo.engines.VLLMEngine or "
@@ -156,12 +158,23 @@ class RolloutPrefetcher:
         self.pending = None
 
 
-def timed(draw: Callable[[], Any]) -> Callable[[], tuple[Any, float]]:
-    """``draw`` returning its result and its wall-clock seconds."""
-    def run() -> tuple[Any, float]:
+@dataclass
+class Drawn:
+    """A finished draw, with what the main thread reads of it (the next draw may already be changing the engine)."""
+
+    buffer: Any
+    records: list
+    engine_metrics: dict[str, float]  # the engine's figures right after this draw (servers_alive)
+    seconds: float
+
+
+def drawing(data: Any, module: Any, records: list, epoch: int) -> Callable[[], Drawn]:
+    """Epoch ``epoch``'s grouped draw of ``records``, to run now or on the background thread."""
+    def draw() -> Drawn:
         start = time.perf_counter()
-        return draw(), time.perf_counter() - start
-    return run
+        buffer = data.draw_grouped(module, records, epoch)
+        return Drawn(buffer, records, dict(getattr(data.engine, "metrics", {})), time.perf_counter() - start)
+    return draw
 
 
 def rollouts_ahead(data: Any, module: Any, epoch: int) -> tuple[Any, list, dict[str, float]]:
@@ -171,22 +184,24 @@ def rollouts_ahead(data: Any, module: Any, epoch: int) -> tuple[Any, list, dict[
     started = time.perf_counter()
     taken = ahead.take(epoch)
     phases = {"wait": time.perf_counter() - started, "push": 0.0}
-    if taken is None:
-        ((buffer, records), phases["generate"]), version = draw_now(data, module, epoch, phases)
-    else:
-        ((buffer, records), phases["generate"]), version = taken
-    data.staleness = epoch - version
+    drawn, version = draw_now(data, module, epoch, phases) if taken is None else taken
+    if drawn.buffer.sampler_logp is None:  # pi_old would be recomputed by a policy that did not draw the tokens
+        raise InputError(f"data.max_staleness {ahead.max_staleness}: the engine {type(data.engine).__name__} returned "
+                         "no log-probs with its tokens; drawing ahead takes pi_old from the sampler")
+    phases["generate"] = drawn.seconds
+    data.staleness, data.engine_metrics = epoch - version, drawn.engine_metrics
     if data.draws_after(epoch):
         launch(data, module, epoch, phases)
-    return buffer, records, phases
+    return drawn.buffer, drawn.records, phases
 
 
-def draw_now(data: Any, module: Any, epoch: int, phases: dict[str, float]) -> tuple[Any, int]:
-    """The first epoch's draw, or a resumed run's pending one drawn again from the checkpoint's adapter."""
+def draw_now(data: Any, module: Any, epoch: int, phases: dict[str, float]) -> tuple[Drawn, int]:
+    """The first epoch's draw, or a resumed run's pending one drawn again from the checkpoint's adapter (when the
+    run resumes at that draw's epoch; a checkpoint from the middle of an epoch resumes as the synchronous loop does)."""
     ahead: RolloutPrefetcher = data.prefetch
     restored, ahead.restored = ahead.restored, None
     start = time.perf_counter()
-    if restored is None:
+    if restored is None or restored["pending_epoch"] != epoch:
         data.sync_policy(module)
         ahead.engine_version, ahead.engine_adapter, version = epoch, adapter_state(module.policy), epoch
     else:
@@ -196,7 +211,7 @@ def draw_now(data: Any, module: Any, epoch: int, phases: dict[str, float]) -> tu
         version = restored["pending_version"]
     phases["push"] += time.perf_counter() - start
     records = data.next_prompts(data.affordable_groups(data.prompts_per_epoch))
-    return timed(lambda: (data.draw_grouped(module, records, epoch), records))(), version
+    return drawing(data, module, records, epoch)(), version
 
 
 def launch(data: Any, module: Any, epoch: int, phases: dict[str, float]) -> None:
@@ -211,8 +226,7 @@ def launch(data: Any, module: Any, epoch: int, phases: dict[str, float]) -> None
         phases["push"] += time.perf_counter() - start
     loop_state = data.loop_state()
     records = data.next_prompts(data.affordable_groups(data.prompts_per_epoch))
-    ahead.submit(epoch + 1, version, loop_state, ahead.engine_adapter,
-                 timed(lambda: (data.draw_grouped(module, records, epoch + 1), records)))
+    ahead.submit(epoch + 1, version, loop_state, ahead.engine_adapter, drawing(data, module, records, epoch + 1))
 
 
 def epoch_costs(push: float, generate: float, train: float) -> tuple[float, float]:

@@ -42,6 +42,7 @@ class RolloutBuffer:
     pair_role: torch.Tensor | None = None  # [N] +1 chosen, -1 rejected, 0 neither (online DPO)
     pair_id: torch.Tensor | None = None  # [N] the pair's group index, -1 outside a pair (online DPO)
     reward_errors: int = 0
+    sampling_draws: int = 1  # draws made to fill it (DAPO's dynamic sampling draws again for flat groups)
     reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N], NaN where it did not apply
     prompt_texts: list[str] = field(default_factory=list)  # [N]
     completion_texts: list[str] = field(default_factory=list)  # [N]

@@ -192,10 +192,10 @@ class RolloutDataModule(pl.LightningDataModule):
         else:
             buffer, records, phases = self.rollouts_now(module, epoch)
         scored = time.perf_counter()
+        self.sampling_draws = buffer.sampling_draws  # read here: a draw ahead may be running already
         module.run_no_grad_passes(buffer)
         module.assign_advantages(buffer)
         done = time.perf_counter()
-        self.engine_metrics = dict(getattr(self.engine, "metrics", {}))  # as they stood after this draw
         self.timings = {**phases, "no_grad_passes": done - scored}
         if getattr(module, "risk_replay", None) is not None:  # the detached risk head learns from greedy probes
             probes = probe_records(self.task, records, self.cursor, module.risk_spec.probe_prompts)
@@ -228,6 +228,7 @@ class RolloutDataModule(pl.LightningDataModule):
             buffer = tree_buffer(roots, module.tokenizer, self.temperature, self.max_new_tokens, self.rollout)
             self.completions_generated += buffer.input_ids.shape[0]
         scored = time.perf_counter()
+        self.engine_metrics = dict(getattr(self.engine, "metrics", {}))  # as they stood after this draw
         return buffer, records, {"push": pushed - clock, "generate": generated - pushed - self.scoring_seconds,
                                  "score": scored - generated + self.scoring_seconds}
 
@@ -261,7 +262,7 @@ class RolloutDataModule(pl.LightningDataModule):
             self.score(part, records, tokenizer)
             if self.overlong_cache is not None:
                 part.rewards += overlong_penalty(part.completion_lengths, self.max_new_tokens, self.overlong_cache)
-            self.sampling_draws = draw + 1
+            part.sampling_draws = draw + 1
             if not self.dynamic_sampling:
                 return part
             kept.append(select_groups(part, informative_groups(part)))
@@ -271,7 +272,9 @@ class RolloutDataModule(pl.LightningDataModule):
             records = self.next_prompts(self.affordable_groups(missing))
             if not records:
                 break
-        return concat_buffers([b for b in kept if b.num_groups]) if any(b.num_groups for b in kept) else part
+        buffer = concat_buffers([b for b in kept if b.num_groups]) if any(b.num_groups for b in kept) else part
+        buffer.sampling_draws = part.sampling_draws
+        return buffer
 
     def affordable_groups(self, wanted: int) -> int:
         """How many of ``wanted`` groups of ``group_size`` the remaining ``completion_budget`` pays for."""

@@ -4,6 +4,7 @@ a callback recording each epoch's starting adapter, so a test can tell which ada
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import threading
@@ -71,3 +72,10 @@ class StalledSnapshotHFEngine(SnapshotHFEngine):
             if self.drawn_ahead == self.stalled_draw:
                 time.sleep(self.stall_seconds)
         return super().generate(prompts, n, sampling)
+
+
+class MuteSnapshotHFEngine(SnapshotHFEngine):
+    """Returns its tokens without their log-probs (an engine that cannot report them)."""
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSpec) -> list[list[Completion]]:
+        return [[dataclasses.replace(c, logprobs=None) for c in group] for group in super().generate(prompts, n, sampling)]

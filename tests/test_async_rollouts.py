@@ -223,3 +223,11 @@ def test_ctrl_c_with_a_draw_in_flight_stops_the_run_without_waiting_for_it(tiny_
     output = run.log_path.read_text()
     assert run.returncode == 1, output[-3000:]
     assert "lit-grpo: interrupted; the adapter as it was is in" in output
+
+
+def test_an_engine_without_log_probs_cannot_draw_ahead(tiny_llama_dir, tmp_path):
+    from lit_grpo.input_check import InputError
+    from snapshot_engine import MuteSnapshotHFEngine
+
+    with pytest.raises(InputError, match="MuteSnapshotHFEngine returned no log-probs with its tokens; drawing ahead"):
+        fit(tiny_llama_dir, tmp_path, 2, 1, MuteSnapshotHFEngine(draws=str(tmp_path / "draws.jsonl")))
