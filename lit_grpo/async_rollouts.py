@@ -190,9 +190,15 @@ def rollouts_ahead(data: Any, module: Any, epoch: int) -> tuple[Any, list, dict[
                          "no log-probs with its tokens; drawing ahead takes pi_old from the sampler")
     phases["generate"] = drawn.seconds
     data.staleness, data.engine_metrics = epoch - version, drawn.engine_metrics
-    if data.draws_after(epoch):
+    if draws_after(data, epoch):
         launch(data, module, epoch, phases)
     return drawn.buffer, drawn.records, phases
+
+
+def draws_after(data: Any, epoch: int) -> bool:
+    """Whether another epoch will want rollouts after ``epoch`` (the epoch limit and the budget allow one)."""
+    limit = data.trainer.max_epochs
+    return (limit is None or limit < 0 or epoch + 1 < limit) and data.affordable_groups(data.prompts_per_epoch) > 0
 
 
 def draw_now(data: Any, module: Any, epoch: int, phases: dict[str, float]) -> tuple[Drawn, int]:

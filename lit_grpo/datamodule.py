@@ -241,11 +241,6 @@ class RolloutDataModule(pl.LightningDataModule):
             buffer.completion_mask[buffer.truncated] = False
         return buffer
 
-    def draws_after(self, epoch: int) -> bool:
-        """Whether another epoch will want rollouts after ``epoch`` (the epoch limit and the budget allow one)."""
-        limit = self.trainer.max_epochs
-        return (limit is None or limit < 0 or epoch + 1 < limit) and self.affordable_groups(self.prompts_per_epoch) > 0
-
     def grouped_buffer(self, module: Any, records: list[PromptRecord], sampling: SamplingSpec) -> RolloutBuffer:
         """``group_size`` scored completions per prompt. With ``dynamic_sampling`` (DAPO), groups whose rewards
         are all equal are dropped and fresh prompts drawn for them, up to ``max_sampling_rounds`` draws."""
