@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lit_grpo.engines.server_address import free_port
+from lit_grpo.engines.vllm_server import healthy
 from lit_grpo.tasks import ArithmeticTask
 
 TESTS = Path(__file__).resolve().parent
@@ -36,14 +37,6 @@ class ScoredPromptsTask(ArithmeticTask):
         with open(self.scored_file, "a") as file:
             file.write(json.dumps({"prompt": prompt_record["prompt"], "completion_ids": list(completion_ids)}) + "\n")
         return super().reward(prompt_record, completion_text, completion_ids)
-
-
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
-            return answer.status == 200
-    except OSError:
-        return False
 
 
 def wait_healthy(url: str, process: subprocess.Popen, timeout: float, log: Path | None = None) -> float:

@@ -9,7 +9,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from safetensors.torch import load_file
 
 from lit_grpo.config_check import config_problems
 from lit_grpo.distributed import processes_on_this_machine
+from lit_grpo.engines.server_address import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "scaling.md"
@@ -62,12 +62,6 @@ def doc_commands(first_line: str, port: int) -> list[tuple[dict[str, str], list[
             words[0] = str(BIN / words[0])
         commands.append((env, words))
     return commands
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def launch(first_line: str, save_dir: Path) -> list[str]:
