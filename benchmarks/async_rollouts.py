@@ -43,7 +43,7 @@ def run(max_staleness: int, seed: int, epochs: int, work: Path) -> dict[str, lis
 
 
 def phases(args: argparse.Namespace) -> None:
-    from lit_grpo.async_rollouts import epoch_costs
+    from lit_grpo.rollout.ahead import epoch_costs
 
     runs = {}
     for k in (0, 1):

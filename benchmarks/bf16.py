@@ -20,8 +20,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_time  # noqa: E402  (the workloads and their rollouts)
 
-from lit_grpo.logprobs import sequence_logprobs  # noqa: E402
-from lit_grpo.packed import packed_logprobs  # noqa: E402
+from lit_grpo.policy.logprobs import sequence_logprobs  # noqa: E402
+from lit_grpo.policy.packed import packed_logprobs  # noqa: E402
 
 
 def forward_backward(policy: Any, buffer: Any, packed: bool, bf16: bool) -> torch.Tensor:

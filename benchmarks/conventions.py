@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from lit_grpo.losses import gae, group_advantages, masked_aggregate
-from lit_grpo.value_head import value_loss
+from lit_grpo.policy.value_head import value_loss
 
 REWARDS = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.9, 0.5, 0.2, 0.1]])  # G = 4; one flat group
 

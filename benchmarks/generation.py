@@ -9,7 +9,7 @@ On the random 2-layer model of ``benchmarks/memory.py`` (hidden 896, vocab 151,9
   call, prefill and packing included, divided by the steps);
 - ``transformers generate``: plain sampling (top-k 0, blank generation config), the engine's previous path.
 
-Every process fixes glibc's mmap threshold as the ``lit-grpo`` command does (``lit_grpo.host_memory``). Run alone:
+Every process fixes glibc's mmap threshold as the ``lit-grpo`` command does (``lit_grpo.run.host_memory``). Run alone:
 
     flock /tmp/heavy.lock .venv/bin/python benchmarks/generation.py --steps 512
 """
@@ -31,8 +31,8 @@ import memory  # noqa: E402  (the width model)
 
 from lit_grpo.engines import HFEngine, SamplingSpec  # noqa: E402
 from lit_grpo.engines.cpu_weights import packed_linear  # noqa: E402
-from lit_grpo.host_memory import return_freed_memory  # noqa: E402
-from lit_grpo.model_loading import load_policy  # noqa: E402
+from lit_grpo.run.host_memory import return_freed_memory  # noqa: E402
+from lit_grpo.policy.model_loading import load_policy  # noqa: E402
 
 PROMPT, ROWS = list(range(100, 132)), 4
 

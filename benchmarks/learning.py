@@ -97,7 +97,7 @@ def trl_curve(seed: int, budget: int = BUDGET) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from lit_grpo.model_loading import load_tokenizer
+    from lit_grpo.run.model_files import load_tokenizer
 
     train, heldout = split()
     tokenizer = load_tokenizer(MODEL)
@@ -142,7 +142,7 @@ def evaluator_check(adapters: list[str]) -> dict[str, float]:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from lit_grpo.model_loading import load_tokenizer
+    from lit_grpo.run.model_files import load_tokenizer
 
     _, heldout = split()
     tokenizer = load_tokenizer(MODEL)

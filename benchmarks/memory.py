@@ -23,7 +23,7 @@ saved activations while it is recomputed, s measured in bytes per token on that 
 chunk of C = 256 tokens: logits, log-softmax and its gradient). A configuration whose projected peak exceeds
 ``--max-gib`` is skipped and says so.
 
-Every child fixes glibc's mmap threshold as the ``lit-grpo`` command does (``lit_grpo.host_memory``), TRL's row
+Every child fixes glibc's mmap threshold as the ``lit-grpo`` command does (``lit_grpo.run.host_memory``), TRL's row
 too; ``--glibc-heap`` leaves glibc's default, under which freed activations stay in the heap and the peak RSS of
 c, d and TRL rises well above live memory.
 
@@ -104,8 +104,8 @@ def lit_step(config: str, path: Path, tokens: int) -> tuple[Any, Any]:
     import torch
 
     from lit_grpo.losses import kl_divergence, masked_aggregate, policy_loss
-    from lit_grpo.model_loading import load_policy
-    from lit_grpo.packed import TokenLogprobs
+    from lit_grpo.policy.model_loading import load_policy
+    from lit_grpo.policy.packed import TokenLogprobs
 
     policy = load_policy(str(path), 16, 32, 0.0, TARGETS, dtype="bfloat16" if config == "d" else "float32",
                          gradient_checkpointing=config in ("c", "d"))
@@ -174,7 +174,7 @@ def layer_bytes_per_token(path: Path) -> float:
     """Bytes per token one decoder layer saves for backward (LoRA on, bf16 base), measured on 64 tokens."""
     import torch
 
-    from lit_grpo.model_loading import load_policy
+    from lit_grpo.policy.model_loading import load_policy
 
     policy = load_policy(str(path), 16, 32, 0.0, TARGETS, dtype="bfloat16").train()
     layer = policy.get_base_model().model.layers[0]
@@ -194,7 +194,7 @@ def layer_bytes_per_token(path: Path) -> float:
 
 
 def floor_bytes(layers: int, tokens: int, baseline: float, per_token: float, path: Path) -> dict[str, float]:
-    from lit_grpo.model_loading import load_policy
+    from lit_grpo.policy.model_loading import load_policy
 
     policy = load_policy(str(path), 16, 32, 0.0, TARGETS, dtype="bfloat16")
     base = sum(p.numel() for p in policy.parameters() if not p.requires_grad)
@@ -225,8 +225,8 @@ def child(config: str, layers: int, tokens: int, model_dir: Path, glibc_heap: bo
     """One measurement in this process; prints one RESULT line."""
     import torch  # noqa: F401  (imported before the baseline is read, as every configuration needs it)
 
-    import lit_grpo.packed  # noqa: F401
-    from lit_grpo.host_memory import return_freed_memory
+    import lit_grpo.policy.packed  # noqa: F401
+    from lit_grpo.run.host_memory import return_freed_memory
 
     if not glibc_heap:  # as the lit-grpo command does; the same for TRL's row, so both use one allocator setting
         return_freed_memory()
@@ -321,7 +321,7 @@ def main() -> None:
     parser.add_argument("--cli", action="store_true", help="also the CLI epoch (first, each in its own process)")
     parser.add_argument("--cli-tokens", type=int, default=512)
     parser.add_argument("--glibc-heap", action="store_true",
-                        help="leave glibc's mmap threshold dynamic (the default before lit_grpo.host_memory)")
+                        help="leave glibc's mmap threshold dynamic (the default before lit_grpo.run.host_memory)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--cli-child", help=argparse.SUPPRESS)  # the CLI's extra arguments, space-separated
     parser.add_argument("--build", type=int, help=argparse.SUPPRESS)

@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -32,7 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from lit_grpo.cli import LitGRPOCLI  # noqa: E402
 from lit_grpo.engines import SamplingSpec  # noqa: E402
-from lit_grpo.risk_rollout import RiskRule  # noqa: E402
+from lit_grpo.risk.rule import RiskRule  # noqa: E402
 from risk_report import report  # noqa: E402
 from risk_signals import LogProbRule, answer_decisions, decision_scores, play  # noqa: E402
 

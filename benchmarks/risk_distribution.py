@@ -30,10 +30,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from lit_grpo.engines import SamplingSpec  # noqa: E402
-from lit_grpo.risk import DEFER, INFER, risk_loss  # noqa: E402
-from lit_grpo.risk_probes import probe_labels  # noqa: E402
-from lit_grpo.risk_rollout import context_features  # noqa: E402
-from lit_grpo.selective import auroc, brier  # noqa: E402
+from lit_grpo.risk.head import DEFER, INFER, risk_loss  # noqa: E402
+from lit_grpo.rollout.probes import probe_labels
+from lit_grpo.policy.risk_features import context_features
+from lit_grpo.risk.selective import auroc, brier  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "risk_distribution.jsonl"
 V_MIN, V_MAX, STEPS, LRS = -1.5, 1.0, 200, (0.01, 0.05, 0.2)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from lit_grpo.risk import expected_calibration_error, learn_then_test, reliability_bins
-from lit_grpo.selective import auroc, aurc, brier, excess_aurc, risk_coverage, selective_risk_at
+from lit_grpo.risk.head import expected_calibration_error, learn_then_test, reliability_bins
+from lit_grpo.risk.selective import auroc, aurc, brier, excess_aurc, risk_coverage, selective_risk_at
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 SIGNALS = ("head", "probe", "first_token_prob", "first_token_entropy", "seq_logprob", "min_token_prob",

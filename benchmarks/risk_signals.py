@@ -9,9 +9,9 @@ from typing import Any
 import torch
 
 from lit_grpo.engines import SamplingSpec
-from lit_grpo.risk_rollout import context_error_probability, context_hidden_states
+from lit_grpo.policy.risk_features import context_error_probability, context_hidden_states
 from lit_grpo.tree import depth_first
-from lit_grpo.tree_rollout import greedy_trees
+from lit_grpo.rollout.trees import greedy_trees
 
 BASELINES = ("first_token_prob", "first_token_entropy", "seq_logprob", "min_token_prob", "agreement_8", "probe",
              "info_hidden")

@@ -20,7 +20,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import torch  # noqa: E402
 
 from lit_grpo.engines import HFEngine, SamplingSpec, VLLMEngine  # noqa: E402
-from lit_grpo.model_loading import load_policy, load_tokenizer  # noqa: E402
+from lit_grpo.policy.model_loading import load_policy
+from lit_grpo.run.model_files import load_tokenizer
 from lit_grpo.tasks import ArithmeticTask  # noqa: E402
 
 MODEL = str(Path(__file__).resolve().parents[1] / "data" / "tiny-llama")

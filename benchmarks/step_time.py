@@ -66,9 +66,10 @@ def timed(action: Any) -> float:
 
 def rollouts(workload: str, tokenizer: Any, engine: Any, spec: Any) -> tuple[Any, Any]:
     """``(generate, buffer)``: the workload's generation for one optimizer step, and a buffer it made."""
-    from lit_grpo.buffer import build_buffer
+    from lit_grpo.buffers.buffer import build_buffer
     from lit_grpo.tasks import ClarifyTask
-    from lit_grpo.tree_rollout import expand_trees, tree_buffer
+    from lit_grpo.rollout.trees import expand_trees
+    from lit_grpo.buffers.tree_layout import tree_buffer
 
     if workload == "tree-bench":
         task = ClarifyTask()
@@ -85,7 +86,8 @@ def policy_and_spec(workload: str) -> tuple[Any, Any, Any]:
     """The workload's ``(tokenizer, policy, sampling spec)``: a fresh LoRA policy (r 16, alpha 32, no dropout) on
     the workload's model, sampling at temperature 1 with seed 0."""
     from lit_grpo.engines import SamplingSpec
-    from lit_grpo.model_loading import load_policy, load_tokenizer
+    from lit_grpo.policy.model_loading import load_policy
+    from lit_grpo.run.model_files import load_tokenizer
 
     model = TREE_MODEL if workload == "tree-bench" else MODEL
     tokenizer = load_tokenizer(model)
@@ -108,8 +110,8 @@ def floor(workload: str) -> dict[str, float]:
     """Median seconds of each floor component, and of the packed forward+backward and reference forward."""
     import torch
 
-    from lit_grpo.logprobs import sequence_logprobs
-    from lit_grpo.packed import packed_logprobs
+    from lit_grpo.policy.logprobs import sequence_logprobs
+    from lit_grpo.policy.packed import packed_logprobs
 
     tokenizer, policy, spec = policy_and_spec(workload)
     # the floor is unshared (each of the G rows prefills its prompt); lit-grpo's default shares the prefill
@@ -164,8 +166,8 @@ def lit_run(workload: str, packed: bool, steps: int, callbacks: tuple[Any, ...] 
     import torch
 
     from lit_grpo.callbacks import RolloutMetrics
-    from lit_grpo.datamodule import RolloutDataModule
-    from lit_grpo.module import PolicyModule
+    from lit_grpo.rollout.datamodule import RolloutDataModule
+    from lit_grpo.policy.module import PolicyModule
     from lit_grpo.tasks import ClarifyTask, Task
     from lit_grpo.tasks.base import ExactMatchReward
 
@@ -212,7 +214,7 @@ def trl_run(workload: str, steps: int) -> float:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from lit_grpo.model_loading import load_tokenizer
+    from lit_grpo.run.model_files import load_tokenizer
 
     def exact_match(completions: list[str], answer: list[str], **_: Any) -> list[float]:
         return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]

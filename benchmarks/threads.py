@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_time  # noqa: E402  (the workloads and their rollouts)
 
 from lit_grpo.engines import VLLMEngine  # noqa: E402
-from lit_grpo.packed import packed_logprobs  # noqa: E402
+from lit_grpo.policy.packed import packed_logprobs  # noqa: E402
 
 
 def median_ms(action: Any) -> float:

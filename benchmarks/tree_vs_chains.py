@@ -38,9 +38,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lit_grpo.engines import HFEngine, SamplingSpec  # noqa: E402
-from lit_grpo.model_loading import load_policy, load_tokenizer  # noqa: E402
+from lit_grpo.policy.model_loading import load_policy
+from lit_grpo.run.model_files import load_tokenizer
 from lit_grpo.tasks.games import CalculatorTask, HiddenOperandsTask  # noqa: E402
-from lit_grpo.tree_rollout import greedy_trees  # noqa: E402
+from lit_grpo.rollout.trees import greedy_trees  # noqa: E402
 from lit_grpo.tree import depth_first  # noqa: E402
 from decision_signal import SHAPES, decision_signal  # noqa: E402
 

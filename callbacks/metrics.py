@@ -10,8 +10,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torchmetrics import MeanMetric
 
-from lit_grpo.async_rollouts import epoch_costs
-from lit_grpo.buffer import RolloutBuffer
+from lit_grpo.buffers.buffer import RolloutBuffer
+from lit_grpo.rollout.ahead import epoch_costs
 
 
 def rollout_stats(buffer: RolloutBuffer) -> dict[str, float]:
@@ -45,8 +45,8 @@ def tree_stats(roots: list[Any]) -> dict[str, float]:
     """Depth reached, share of questions among segments, accuracy and mean return of the leaves, the share of
     sibling groups whose rewards-to-go are all equal (no learning signal there), and the sampled episodes behind
     each segment's advantage (the leaves below it: 1 for every segment of a chain)."""
+    from lit_grpo.buffers.tree_layout import policy_nodes
     from lit_grpo.tree import depth_first, leaf_counts, leaf_returns
-    from lit_grpo.tree_rollout import policy_nodes
 
     segments = [node for root in roots for node in policy_nodes(root)]
     leaves = [count for root in roots for count in map(leaf_counts(root).get, policy_nodes(root))]
@@ -113,7 +113,11 @@ class RolloutMetrics(pl.Callback):
         self.train = {key: MeanMetric() for key in self.TRAIN_KEYS}
         self._train_started: float | None = None
 
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx == 0:  # the module has prepared the epoch's buffer (its on_train_epoch_start)
+            self.log_rollouts(trainer, pl_module)
+
+    def log_rollouts(self, trainer: pl.Trainer, pl_module: Any) -> None:
         datamodule = trainer.datamodule
         buffer: RolloutBuffer | None = getattr(datamodule, "buffer", None)
         if buffer is None:
@@ -126,9 +130,10 @@ class RolloutMetrics(pl.Callback):
         stats.update(getattr(datamodule, "engine_metrics", {}))  # e.g. the vllm_server engine's servers_alive
         for name, value in stats.items():  # over ranks: counts add up, the rest are means of equal shares
             reduce = "sum" if name in ("policy_tokens", "reward_errors") else "mean"
-            pl_module.log(f"rollout/{name}", value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx=reduce)
-        for name, seconds in datamodule.timings.items():
-            pl_module.log(f"time/{name}", seconds, on_step=False, on_epoch=True, sync_dist=True)
+            pl_module.log(f"rollout/{name}", value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx=reduce,
+                          batch_size=1)
+        for name, seconds in {**datamodule.timings, **getattr(pl_module, "preparation_timings", {})}.items():
+            pl_module.log(f"time/{name}", seconds, on_step=False, on_epoch=True, sync_dist=True, batch_size=1)
         self._train_started = time.perf_counter()
         every = self.table_every_n_epochs
         if every and trainer.current_epoch % every == 0:

@@ -8,9 +8,9 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_grpo.input_check import InputError
-from lit_grpo.risk import expected_calibration_error, learn_then_test
-from lit_grpo.risk_rollout import RiskRule, rule_outcome
+from lit_grpo.errors import InputError
+from lit_grpo.risk.head import expected_calibration_error, learn_then_test
+from lit_grpo.rollout.rule_outcomes import rule_outcome
 from lit_grpo.tasks.multiround import MultiRoundTask
 
 DEFAULT_CANDIDATES = [0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0]
@@ -106,13 +106,6 @@ class RiskThreshold(pl.Callback):
             share = min(epoch / self.schedule_epochs, 1.0)
             return self.tau_start + share * (self.tau_end - self.tau_start)
         return self.calibrated_tau
-
-    def rule(self, module: Any, task: Any, tau: float | None) -> RiskRule:
-        """The decision rule at ``tau`` (ignored by the value rule) for ``module``'s policy and head on ``task``."""
-        tokenizer = module.tokenizer
-        answer_ids = task.answer_token_ids(tokenizer) if self.decision == "value" else ()
-        return RiskRule(module.policy, module.risk_head, tau, task.defer_token_ids(tokenizer),
-                        tokenizer.pad_token_id, self.decision, self.cvar_level, answer_ids)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
         for name, value in getattr(pl_module, "risk_fit_stats", {}).items():  # the detached head's fit

@@ -10,23 +10,27 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 from lit_grpo.callbacks import NonFiniteGuard, RngState, RolloutMetrics
 from lit_grpo.callbacks.nonfinite import NonFiniteTrainingError
-
-from lit_grpo.checkpoint_io import BesideTargetCheckpointIO
 from lit_grpo.config_check import config_problems, merged_config
-from lit_grpo.datamodule import RolloutDataModule
-from lit_grpo.distributed import share_cores
 from lit_grpo.engines.server_pool import Refused, ServersUnavailable
-from lit_grpo.host_memory import return_freed_memory
-from lit_grpo.input_check import InputError
-from lit_grpo.resume import check_resume, find_last_checkpoint
-from lit_grpo.run_dir import SaveOnInterrupt, check_writable, claim_version, default_run_dir
-from lit_grpo.module import PolicyModule
+from lit_grpo.errors import InputError
+from lit_grpo.policy.module import PolicyModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.run.checkpoint_io import BesideTargetCheckpointIO
+from lit_grpo.run.distributed import share_cores
+from lit_grpo.run.host_memory import return_freed_memory
+from lit_grpo.run.resume import check_resume, find_last_checkpoint
+from lit_grpo.run.run_dir import (
+    SaveOnInterrupt,
+    check_writable,
+    claim_version,
+    default_run_dir,
+)
 
 DEBUG_ENV = "LIT_GRPO_DEBUG"  # set to 1 to see the traceback behind a one-line input error
 

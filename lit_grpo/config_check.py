@@ -16,14 +16,14 @@ from jsonargparse import ArgumentParser
 from jsonargparse._loaders_dumpers import yaml_load
 from jsonargparse._util import import_object
 
-from lit_grpo.async_rollouts import staleness_problems
-from lit_grpo.combinations import combination_problems
-from lit_grpo.data_config import data_config_problems
-from lit_grpo.datamodule import RolloutDataModule
-from lit_grpo.distributed import distributed_config_problems
-from lit_grpo.input_check import InputError
-from lit_grpo.module import PolicyModule
-from lit_grpo.module_config import module_config_problems
+from lit_grpo.errors import InputError
+from lit_grpo.policy.module import PolicyModule
+from lit_grpo.policy.objective import module_config_problems
+from lit_grpo.rollout.ahead import staleness_problems
+from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.rollout.settings import data_config_problems
+from lit_grpo.run.combinations import combination_problems
+from lit_grpo.run.distributed import distributed_config_problems
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # weights_only: Lightning writes it into every run's config.yaml, which must come back as the resume command's --config

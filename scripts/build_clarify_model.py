@@ -29,10 +29,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from lit_grpo.engines import HFEngine, SamplingSpec  # noqa: E402
-from lit_grpo.model_loading import load_policy  # noqa: E402
+from lit_grpo.policy.model_loading import load_policy  # noqa: E402
 from lit_grpo.tasks import ClarifyTask  # noqa: E402
 from lit_grpo.tasks.games import CalculatorTask, HiddenOperandsTask, reduced  # noqa: E402
-from lit_grpo.tree_rollout import greedy_episodes  # noqa: E402
+from lit_grpo.rollout.trees import greedy_episodes  # noqa: E402
 
 IGNORE = -100
 GAMES = {"clarify": ClarifyTask, "hidden-operands": HiddenOperandsTask, "calculator": CalculatorTask}

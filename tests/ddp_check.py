@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from support import DigitShareTask  # noqa: E402
 
 from lit_grpo.callbacks import RolloutMetrics  # noqa: E402
-from lit_grpo.datamodule import RolloutDataModule  # noqa: E402
+from lit_grpo.rollout.datamodule import RolloutDataModule  # noqa: E402
 from lit_grpo.engines import Completion, SamplingSpec  # noqa: E402
-from lit_grpo.module import PolicyModule  # noqa: E402
+from lit_grpo.policy.module import PolicyModule  # noqa: E402
 
 PROMPTS_PER_EPOCH, GROUP_SIZE, PPO_EPOCHS, ACCUMULATE = 8, 4, 2, 2
 # the module's arguments per case: two aggregations of GRPO, PPO (value head, GAE whitened over the whole batch,

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch.distributed as dist
 
 from lit_grpo.engines import SamplingSpec, VLLMServerEngine
-from lit_grpo.model_loading import load_policy
+from lit_grpo.policy.model_loading import load_policy
 
 
 def main() -> None:

@@ -13,9 +13,9 @@ import lightning.pytorch as pl
 import torch
 from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
-from lit_grpo.logprobs import FirstTokenConstraint, chunked_eval, sequence_logprobs
+from lit_grpo.policy.logprobs import FirstTokenConstraint, chunked_eval, sequence_logprobs
 from lit_grpo.tasks import ArithmeticTask, PromptRecord
-from lit_grpo.tiny import build_char_tokenizer, tiny_gpt2_config, tiny_llama_config
+from lit_grpo.run.tiny_models import build_char_tokenizer, tiny_gpt2_config, tiny_llama_config
 
 
 def save_tiny_model(target: Path, arch: str, seed: int = 0) -> Path:
@@ -161,7 +161,7 @@ def eval_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Ten
 def weight_reads(monkeypatch: Any) -> list[str]:
     """The models whose weights are read from now on (``load_policy``'s ``from_pretrained``), filled as it happens:
     the evidence that a run was refused before any weights loaded."""
-    from lit_grpo import model_loading
+    from lit_grpo.policy import model_loading
 
     reads: list[str] = []
     read = model_loading.AutoModelForCausalLM.from_pretrained

@@ -19,12 +19,12 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from peft import get_peft_model_state_dict
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lit_grpo.async_rollouts import next_version, staleness_problems
+from lit_grpo.rollout.ahead import next_version, staleness_problems
 from lit_grpo.callbacks import RolloutMetrics
-from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.engines import HFEngine, VLLMEngine
-from lit_grpo.module import PolicyModule
-from lit_grpo.seeds import derived_seed
+from lit_grpo.policy.module import PolicyModule
+from lit_grpo.run.seeds import derived_seed
 from snapshot_engine import AdapterLog, SnapshotHFEngine
 from support import DigitShareTask
 
@@ -188,7 +188,7 @@ def test_real_vllm_engine_draws_ahead_on_the_quickstart(tmp_path):
 
 
 def test_epoch_costs_by_hand():
-    from lit_grpo.async_rollouts import epoch_costs
+    from lit_grpo.rollout.ahead import epoch_costs
 
     assert epoch_costs(0.5, 3.0, 2.0) == (5.5, 3.5)  # generation-bound: drawing ahead hides the training
     assert epoch_costs(0.5, 1.0, 2.0) == (3.5, 2.5)  # training-bound: it hides the generation
@@ -226,7 +226,7 @@ def test_ctrl_c_with_a_draw_in_flight_stops_the_run_without_waiting_for_it(tiny_
 
 
 def test_an_engine_without_log_probs_cannot_draw_ahead(tiny_llama_dir, tmp_path):
-    from lit_grpo.input_check import InputError
+    from lit_grpo.errors import InputError
     from snapshot_engine import MuteSnapshotHFEngine
 
     with pytest.raises(InputError, match="MuteSnapshotHFEngine returned no log-probs with its tokens; drawing ahead"):

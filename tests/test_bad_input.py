@@ -13,10 +13,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from lit_grpo.config_check import config_problems
-from lit_grpo.datamodule import RolloutDataModule
-from lit_grpo.input_check import InputError
-from lit_grpo.model_loading import load_policy, load_tokenizer
-from lit_grpo.module import PolicyModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.errors import InputError
+from lit_grpo.policy.model_loading import load_policy
+from lit_grpo.run.model_files import load_tokenizer
+from lit_grpo.policy.module import PolicyModule
 from lit_grpo.tasks import JsonlTask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +76,7 @@ def test_prompt_longer_than_context(tiny_llama_dir, tmp_path):
 
 
 def test_prompt_fitting_exactly_passes_the_check(tiny_llama_dir, tmp_path):
-    from lit_grpo.input_check import check_inputs
+    from lit_grpo.rollout.prompt_check import check_inputs
 
     module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=2, kl_coef=0.0)
     module.configure_model()
@@ -92,7 +93,7 @@ def test_prompt_fitting_exactly_passes_the_check(tiny_llama_dir, tmp_path):
 def test_long_prompts_drop_keeps_exactly_the_prompts_that_fit_and_logs_how_many(tiny_llama_dir, tmp_path):
     from lightning.pytorch.loggers import CSVLogger
 
-    from lit_grpo.input_check import check_inputs
+    from lit_grpo.rollout.prompt_check import check_inputs
 
     module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=2, kl_coef=0.0)
     module.configure_model()

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lit_grpo.buffer import build_buffer, serve_minibatches
+from lit_grpo.buffers.buffer import build_buffer, serve_minibatches
 from lit_grpo.engines import Completion
 
 PAD = 7  # a pad id no prompt or completion below uses, so a misplaced pad shows

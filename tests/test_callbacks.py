@@ -12,8 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from transformers import AutoModelForCausalLM
 
 from lit_grpo.callbacks import ReferencePolicy, RolloutMetrics
-from lit_grpo.datamodule import RolloutDataModule
-from lit_grpo.module import PolicyModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.policy.module import PolicyModule
 from support import DigitShareTask, eval_logprobs
 
 

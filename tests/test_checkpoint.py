@@ -9,8 +9,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lit_grpo.datamodule import RolloutDataModule
-from lit_grpo.module import PolicyModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.policy.module import PolicyModule
 from support import DigitShareTask
 
 PROMPTS_PER_EPOCH = 4

@@ -9,8 +9,8 @@ import tempfile
 import pytest
 import torch
 
-from lit_grpo import checkpoint_io
-from lit_grpo.checkpoint_io import BesideTargetCheckpointIO
+from lit_grpo.run import checkpoint_io
+from lit_grpo.run.checkpoint_io import BesideTargetCheckpointIO
 from lit_grpo.cli import LitGRPOCLI
 from reliability_doc import documented
 

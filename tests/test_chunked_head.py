@@ -15,11 +15,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from lit_grpo.logprobs import FirstTokenConstraint, head_problem, logprobs_and_hidden, sequence_logprobs
-from lit_grpo.input_check import InputError
-from lit_grpo.model_loading import load_policy, load_tokenizer
-from lit_grpo.packed import TokenLogprobs
-from lit_grpo.tiny import build_char_tokenizer
+from lit_grpo.policy.logprobs import FirstTokenConstraint, head_problem, logprobs_and_hidden, sequence_logprobs
+from lit_grpo.errors import InputError
+from lit_grpo.policy.model_loading import load_policy
+from lit_grpo.run.model_files import load_tokenizer
+from lit_grpo.policy.packed import TokenLogprobs
+from lit_grpo.run.tiny_models import build_char_tokenizer
 
 VOCAB = 997  # prime
 CHUNK = 8
@@ -210,8 +211,8 @@ def test_a_model_whose_logits_are_not_its_head_is_refused(qwen_dir):
 def test_precision_and_chunk_knobs_are_validated_up_front():
     from inspect import signature
 
-    from lit_grpo.module import PolicyModule
-    from lit_grpo.module_config import module_config_problems
+    from lit_grpo.policy.module import PolicyModule
+    from lit_grpo.policy.objective import module_config_problems
 
     arguments = {k: v.default for k, v in signature(PolicyModule.__init__).parameters.items() if k != "self"}
     arguments.pop("optimizer"), arguments.pop("lr_scheduler")
@@ -225,7 +226,7 @@ def test_precision_and_chunk_knobs_are_validated_up_front():
 
 
 def test_policy_module_loads_the_base_in_the_asked_dtype_with_checkpointing(qwen_dir, tmp_path):
-    from lit_grpo.module import PolicyModule
+    from lit_grpo.policy.module import PolicyModule
 
     model_dir = tmp_path / "with-tokenizer"
     shutil.copytree(qwen_dir, model_dir)
@@ -242,7 +243,7 @@ def test_policy_module_loads_the_base_in_the_asked_dtype_with_checkpointing(qwen
 def test_auto_dtype_is_the_checkpoints_own_when_it_names_a_base_dtype(qwen_dir, tmp_path):
     import json
 
-    from lit_grpo.model_loading import base_dtype
+    from lit_grpo.policy.model_loading import base_dtype
 
     def saved_as(name, **fields):
         path = tmp_path / name

@@ -9,8 +9,8 @@ import yaml
 
 from lit_grpo.cli import LitGRPOCLI
 from lit_grpo.config_check import config_problems
-from lit_grpo.datamodule import RolloutDataModule
-from lit_grpo.module import PolicyModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.policy.module import PolicyModule
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 

@@ -8,8 +8,8 @@ import lightning.pytorch as pl
 import torch
 
 from lit_grpo.callbacks import RolloutMetrics
-from lit_grpo.datamodule import RolloutDataModule
-from lit_grpo.module import PolicyModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.policy.module import PolicyModule
 from lit_grpo.tasks import ArithmeticTask
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lit_grpo.input_check import InputError
-from lit_grpo.model_loading import load_tokenizer
+from lit_grpo.errors import InputError
+from lit_grpo.run.model_files import load_tokenizer
 from lit_grpo.tasks import DatasetTask, Reward
 
 ROOT = Path(__file__).resolve().parents[1]

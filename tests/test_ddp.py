@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from ddp_check import run as run_fit
-from lit_grpo.datamodule import RolloutDataModule
-from lit_grpo.distributed import check_distributed_data, global_moments, global_step_denominators, rank_share
+from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.run.distributed import check_distributed_data, global_moments, global_step_denominators, rank_share
 from lit_grpo.tasks import ArithmeticTask
 
 CHECK = Path(__file__).with_name("ddp_check.py")

@@ -13,9 +13,9 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from lit_grpo.callbacks import RolloutMetrics
-from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.losses import policy_loss
-from lit_grpo.module import PolicyModule
+from lit_grpo.policy.module import PolicyModule
 from support import DigitShareTask, eval_logprobs
 
 

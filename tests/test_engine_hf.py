@@ -9,10 +9,11 @@ from transformers import LlamaForCausalLM
 from lit_grpo.engines import HFEngine, SamplingSpec
 from lit_grpo.engines.cpu_weights import packed_frozen_linears, packing_available
 from lit_grpo.engines.hf_decode import draw_tokens, restrict_first_token
-from lit_grpo.input_check import InputError
-from lit_grpo.logprobs import sequence_logprobs
-from lit_grpo.model_loading import completion_stop_ids, load_policy, load_tokenizer
-from lit_grpo.tiny import build_char_tokenizer, tiny_llama_config
+from lit_grpo.errors import InputError
+from lit_grpo.policy.logprobs import sequence_logprobs
+from lit_grpo.policy.model_loading import completion_stop_ids, load_policy
+from lit_grpo.run.model_files import load_tokenizer
+from lit_grpo.run.tiny_models import build_char_tokenizer, tiny_llama_config
 from support import penalised_copy
 
 T = 0.7

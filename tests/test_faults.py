@@ -19,10 +19,10 @@ from safetensors.torch import load_file
 
 from lit_grpo.callbacks import NonFiniteGuard, RolloutMetrics
 from lit_grpo.callbacks.nonfinite import NonFiniteTrainingError, agreed_skip
-from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.engines import HFEngine
-from lit_grpo.module import PolicyModule
-from lit_grpo.reward_worker import RewardWorker
+from lit_grpo.policy.module import PolicyModule
+from lit_grpo.rollout.reward_worker import RewardWorker
 from lit_grpo.tasks import ArithmeticTask
 from support import FaultyDigitTask, PoisonAdvantages
 

@@ -1,4 +1,4 @@
-"""Freed host memory goes back to the OS under the lit-grpo command (lit_grpo.host_memory), run in child processes
+"""Freed host memory goes back to the OS under the lit-grpo command (lit_grpo.run.host_memory), run in child processes
 because glibc's setting is per process."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from lit_grpo import host_memory
+from lit_grpo.run import host_memory
 
 # Frees a 16 MiB block (glibc then raises its mmap threshold to 16 MiB), then allocates 40 blocks of 8 MiB, each
 # followed by a small block that stays alive (so the heap cannot shrink from its top), frees the 8 MiB blocks and
 # prints how much of their 320 MiB the process still holds.
 PROGRAM = """
 import sys, psutil, torch
-from lit_grpo.host_memory import return_freed_memory
+from lit_grpo.run.host_memory import return_freed_memory
 if sys.argv[1] == "fixed":
     assert return_freed_memory()
 rss = lambda: psutil.Process().memory_info().rss

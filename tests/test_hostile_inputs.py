@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from lit_grpo.cli import main
 from support import weight_reads
-from lit_grpo.model_loading import load_policy
+from lit_grpo.policy.model_loading import load_policy
 from reliability_doc import spliced
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from lit_grpo.buffer import RolloutBuffer
+from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.losses import truncated_importance_weights
-from lit_grpo.module import PolicyModule
+from lit_grpo.policy.module import PolicyModule
 
 
 def test_weights_by_hand():

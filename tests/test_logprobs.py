@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from lit_grpo.logprobs import chunked_eval, gather_logprobs, sequence_logprobs
-from lit_grpo.tiny import build_char_tokenizer, tiny_llama_config
+from lit_grpo.policy.logprobs import chunked_eval, gather_logprobs, sequence_logprobs
+from lit_grpo.run.tiny_models import build_char_tokenizer, tiny_llama_config
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,11 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lit_grpo.buffer import RolloutBuffer
+from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.callbacks import RolloutMetrics
-from lit_grpo.datamodule import RolloutDataModule
-from lit_grpo.module import PolicyModule
-from lit_grpo.online_dpo import assign_pairs, online_dpo_loss
+from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.policy.module import PolicyModule
+from lit_grpo.policy.online_dpo import assign_pairs, online_dpo_loss
 from lit_grpo.tasks import ArithmeticTask
 
 

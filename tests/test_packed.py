@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_grpo.logprobs import sequence_logprobs
-from lit_grpo.model_loading import load_policy
-from lit_grpo.module_config import module_config_problems
-from lit_grpo.packed import PackLayout, TokenLogprobs, build_layout, packed_logprobs, packing_problem
-from lit_grpo.tree_rollout import SegmentNode, tree_rows
+from lit_grpo.policy.logprobs import sequence_logprobs
+from lit_grpo.policy.model_loading import load_policy
+from lit_grpo.policy.objective import module_config_problems
+from lit_grpo.policy.packed import PackLayout, TokenLogprobs, build_layout, packed_logprobs, packing_problem
+from lit_grpo.rollout.trees import SegmentNode
+from lit_grpo.buffers.tree_layout import tree_rows
 
 SHIPPED_LLAMA = Path(__file__).resolve().parents[1] / "data" / "tiny-llama"
 KERNELS = ("eager", "sdpa")  # every attn_implementation PolicyModule accepts
@@ -204,7 +205,7 @@ def test_unsupported_kernel_and_flag_off_use_the_padded_forward(tiny_llama_dir):
 def test_packed_forward_flag_is_validated():
     from inspect import signature
 
-    from lit_grpo.module import PolicyModule
+    from lit_grpo.policy.module import PolicyModule
 
     arguments = {k: v.default for k, v in signature(PolicyModule.__init__).parameters.items() if k != "self"}
     arguments.pop("optimizer"), arguments.pop("lr_scheduler")
@@ -216,7 +217,7 @@ def test_packed_forward_flag_is_validated():
 
 @pytest.mark.parametrize("packed_forward", [True, False])
 def test_policy_module_chooses_its_forward_once(tiny_gpt2_dir, packed_forward):
-    from lit_grpo.module import PolicyModule
+    from lit_grpo.policy.module import PolicyModule
 
     module = PolicyModule(model_name_or_path=str(tiny_gpt2_dir), packed_forward=packed_forward,
                           attn_implementation="eager")

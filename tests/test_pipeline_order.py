@@ -7,9 +7,9 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 
-from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.engines import HFEngine
-from lit_grpo.module import PolicyModule
+from lit_grpo.policy.module import PolicyModule
 from support import DigitShareTask
 
 
@@ -113,8 +113,8 @@ def test_fit_then_test_in_one_process_pushes_the_policy_again(tmp_path):
     # skipped the push because the step had not changed: "HFEngine has no policy"
     import lightning.pytorch as pl
 
-    from lit_grpo.datamodule import RolloutDataModule
-    from lit_grpo.module import PolicyModule
+    from lit_grpo.rollout.datamodule import RolloutDataModule
+    from lit_grpo.policy.module import PolicyModule
     from lit_grpo.tasks import ArithmeticTask
 
     pl.seed_everything(0)

@@ -11,9 +11,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_grpo.callbacks import RolloutMetrics
-from lit_grpo.datamodule import RolloutDataModule
-from lit_grpo.module import PolicyModule
-from lit_grpo.rollout_advantages import AdvantageKnobs, gae_advantages
+from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.policy.module import PolicyModule
+from lit_grpo.policy.advantages import AdvantageKnobs, gae_advantages
 from lit_grpo.tasks import ArithmeticTask
 
 
@@ -70,9 +70,10 @@ def test_kl_in_the_loss_leaves_the_rewards_unshaped():
 
 
 def test_ppo_on_chains_runs_gae_along_each_episode_with_a_closing_reward_on_the_question_before_it():
-    from lit_grpo.rollout_advantages import assign_advantages
+    from lit_grpo.policy.advantages import assign_advantages
     from lit_grpo.tree import Node
-    from lit_grpo.tree_rollout import SegmentNode, chain_rows
+    from lit_grpo.rollout.trees import SegmentNode
+    from lit_grpo.buffers.tree_layout import chain_rows
 
     def seg(reward, *children, terminal=False):
         return SegmentNode(reward=reward, terminal=terminal, segment=(5,), children=list(children))

@@ -18,9 +18,10 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from lit_grpo.callbacks import RolloutMetrics
-from lit_grpo.datamodule import RolloutDataModule
-from lit_grpo.model_loading import completion_stop_ids, load_policy, load_tokenizer
-from lit_grpo.module import PolicyModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.policy.model_loading import completion_stop_ids, load_policy
+from lit_grpo.run.model_files import load_tokenizer
+from lit_grpo.policy.module import PolicyModule
 from lit_grpo.tasks import ArithmeticTask
 
 ROOT = Path(__file__).resolve().parents[1]

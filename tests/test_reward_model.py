@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
 
-from lit_grpo.input_check import InputError
+from lit_grpo.errors import InputError
 from lit_grpo.tasks import DatasetTask, RewardModel
 from lit_grpo.tasks.reward_functions import Completions
 

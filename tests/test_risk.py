@@ -8,12 +8,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lit_grpo.logprobs import (
+from lit_grpo.policy.logprobs import (
     FirstTokenConstraint,
     gather_logprobs,
     restrict_to_allowed,
 )
-from lit_grpo.risk import (
+from lit_grpo.risk.head import (
     RiskHead,
     RiskHeadSpec,
     binomial_cdf,
@@ -146,7 +146,7 @@ def test_restricted_first_token_renormalises_over_the_allowed_ids_only():
 def test_the_risk_loss_is_scaled_by_its_own_step_count_of_inferring_rows():
     # issue 18, bug 4: the risk head's loss took the policy aggregation's share of the step; it takes its own: the
     # minibatch's inferring rows over the step's
-    from lit_grpo.module import PolicyModule
+    from lit_grpo.policy.module import PolicyModule
 
     spec = RiskHeadSpec(v_min=-1.0, v_max=1.0, num_atoms=3, coef=2.0, detach=False)
     module = PolicyModule(risk=dict(v_min=-1.0, v_max=1.0, num_atoms=3, coef=2.0, detach=False))

@@ -13,15 +13,16 @@ import pytest
 import torch
 
 from lit_grpo.callbacks import RiskThreshold, RolloutMetrics
-from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.engines import HFEngine
-from lit_grpo.input_check import InputError
-from lit_grpo.module import PolicyModule
-from lit_grpo.risk import RiskHeadSpec
-from lit_grpo.risk_rollout import context_error_probability, rule_outcome
+from lit_grpo.errors import InputError
+from lit_grpo.policy.module import PolicyModule
+from lit_grpo.risk.head import RiskHeadSpec
+from lit_grpo.policy.risk_features import context_error_probability
+from lit_grpo.rollout.rule_outcomes import rule_outcome
 from lit_grpo.tasks import ClarifyTask
 from lit_grpo.tasks.multiround import MultiRoundTask
-from lit_grpo.tree_rollout import policy_nodes
+from lit_grpo.buffers.tree_layout import policy_nodes
 
 CLARIFY_MODEL = "data/tiny-llama-clarify"
 

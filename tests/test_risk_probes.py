@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from lit_grpo.engines import Completion, SamplingSpec
-from lit_grpo.risk import RiskHead, RiskHeadSpec
-from lit_grpo.risk_fit import RiskReplay, branch_loss, fit_head
-from lit_grpo.risk_probes import ProbeLabels, probe_labels, probe_records
+from lit_grpo.risk.head import RiskHead, RiskHeadSpec
+from lit_grpo.risk.fit import RiskReplay, branch_loss, fit_head
+from lit_grpo.risk.probes import ProbeLabels, probe_records
+from lit_grpo.rollout.probes import probe_labels
 from lit_grpo.tasks.games import HiddenOperandsTask
-from lit_grpo.tiny import build_char_tokenizer
+from lit_grpo.run.tiny_models import build_char_tokenizer
 
 TOKENIZER = build_char_tokenizer()
 EOS = TOKENIZER.eos_token_id

@@ -18,9 +18,10 @@ import torch
 from lit_grpo.cli import main
 from lit_grpo.config_check import config_problems
 from lit_grpo.engines.server_address import LOOPBACK, is_loopback, server_address
-from lit_grpo.input_check import InputError
-from lit_grpo.model_loading import load_policy, load_tokenizer
-from lit_grpo.module import PolicyModule
+from lit_grpo.errors import InputError
+from lit_grpo.policy.model_loading import load_policy
+from lit_grpo.run.model_files import load_tokenizer
+from lit_grpo.policy.module import PolicyModule
 from support import listening_addresses, remote_code_copy
 
 TESTS = Path(__file__).resolve().parent

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from lit_grpo.config_check import config_problems
-from lit_grpo.distributed import processes_on_this_machine
+from lit_grpo.run.distributed import processes_on_this_machine
 from lit_grpo.engines.server_address import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

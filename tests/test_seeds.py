@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from lit_grpo import datamodule as datamodule_module
-from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.rollout import datamodule as datamodule_module
+from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.engines import SamplingSpec
-from lit_grpo.seeds import derived_seed
+from lit_grpo.run.seeds import derived_seed
 
 
 def test_a_derived_seed_is_a_fixed_62_bit_hash_of_its_path():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_grpo.selective import auroc, aurc, brier, excess_aurc, risk_coverage, selective_risk_at
+from lit_grpo.risk.selective import auroc, aurc, brier, excess_aurc, risk_coverage, selective_risk_at
 
 F, T = False, True
 

@@ -9,7 +9,7 @@ import pytest
 from jsonargparse import ArgumentParser
 
 from lit_grpo.tasks import ArithmeticTask, ExactMatchReward, JsonlTask, Reward, SortTask
-from lit_grpo.input_check import InputError
+from lit_grpo.errors import InputError
 from lit_grpo.tasks.base import ScoredCompletion
 from reliability_doc import documented
 from lit_grpo.tasks.sort import inclusion_ordering, parse_items, sort_distance

@@ -8,9 +8,9 @@ import pytest
 
 from lit_grpo.callbacks import RolloutMetrics
 from lit_grpo.callbacks.metrics import tree_stats
-from lit_grpo.model_loading import load_tokenizer
+from lit_grpo.run.model_files import load_tokenizer
 from lit_grpo.tree import assign_advantages
-from lit_grpo.tree_rollout import SegmentNode
+from lit_grpo.rollout.trees import SegmentNode
 
 
 def ids(tokenizer, text):
@@ -58,8 +58,8 @@ def test_each_validation_writes_a_sampled_tree_with_its_segments_to_tensorboard(
     from lightning.pytorch.loggers import TensorBoardLogger
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from lit_grpo.datamodule import RolloutDataModule
-    from lit_grpo.module import PolicyModule
+    from lit_grpo.rollout.datamodule import RolloutDataModule
+    from lit_grpo.policy.module import PolicyModule
     from lit_grpo.tasks.games import HiddenOperandsTask
 
     pl.seed_everything(0)

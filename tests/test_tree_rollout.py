@@ -5,13 +5,13 @@ from __future__ import annotations
 import statistics
 
 import pytest
-import torch
 
 from lit_grpo.engines import Completion, SamplingSpec
 from lit_grpo.tasks import ClarifyTask
-from lit_grpo.tiny import build_char_tokenizer
+from lit_grpo.run.tiny_models import build_char_tokenizer
 from lit_grpo.tree import assign_advantages
-from lit_grpo.tree_rollout import expand_trees, policy_nodes, tree_buffer, tree_row_advantages, tree_rows
+from lit_grpo.rollout.trees import expand_trees
+from lit_grpo.buffers.tree_layout import policy_nodes, tree_buffer, tree_row_advantages, tree_rows
 
 TOKENIZER = build_char_tokenizer()
 EOS = TOKENIZER.eos_token_id

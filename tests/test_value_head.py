@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from lit_grpo.logprobs import logprobs_and_hidden, sequence_logprobs
-from lit_grpo.model_loading import load_policy
-from lit_grpo.value_head import ValueHead, aligned_values, value_loss
+from lit_grpo.policy.logprobs import logprobs_and_hidden, sequence_logprobs
+from lit_grpo.policy.model_loading import load_policy
+from lit_grpo.policy.value_head import ValueHead, aligned_values, value_loss
 
 
 def test_value_loss_by_hand():
@@ -41,7 +41,7 @@ def test_values_align_with_logprobs(tiny_llama_dir):
 def test_the_value_loss_is_scaled_by_its_own_step_count_not_the_policy_losss():
     # issue 18, bug 4: the value loss took the policy aggregation's share of the step (rows, for seq-mean); it takes
     # its own: the minibatch's counted tokens over the step's
-    from lit_grpo.module import PolicyModule
+    from lit_grpo.policy.module import PolicyModule
 
     module = PolicyModule(advantage_mode="gae", vf_coef=0.5, vf_clip=None, aggregation="seq-mean")
     module.value_head = ValueHead(2)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lit_grpo.engines.vllm_engine import VLLMEngine, merged_weights, to_completion
-from lit_grpo.model_loading import load_policy
+from lit_grpo.policy.model_loading import load_policy
 
 CHECK = Path(__file__).with_name("vllm_sync_check.py")
 
@@ -91,7 +91,7 @@ def test_real_vllm_engine_stays_in_sync(strategy, model, tmp_path):
 
 IMPOSSIBLE_MEMORY = """
 from lit_grpo.engines import VLLMEngine
-from lit_grpo.model_loading import load_policy
+from lit_grpo.policy.model_loading import load_policy
 policy = load_policy({model!r}, 4, 8, 0.0, "all-linear")
 try:
     VLLMEngine(kv_cache_gib=4096, max_model_len=64).push_policy(policy)

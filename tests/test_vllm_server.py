@@ -85,7 +85,7 @@ def test_nothing_starts_at_construction_and_bad_knobs_fail_early():
 
 
 def test_unreachable_server_is_named_in_the_error(tiny_llama_dir):
-    from lit_grpo.model_loading import load_policy
+    from lit_grpo.policy.model_loading import load_policy
 
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with pytest.warns(RuntimeWarning, match=f"vLLM server {url} does not answer"), \
@@ -129,7 +129,7 @@ def test_a_started_server_that_died_is_reported_with_its_exit_code_and_log(tmp_p
 
 
 def test_a_server_that_cannot_start_is_reported_with_its_log(tiny_llama_dir, tmp_path):
-    from lit_grpo.model_loading import load_policy
+    from lit_grpo.policy.model_loading import load_policy
 
     policy = load_policy(str(tiny_llama_dir), 4, 8, 0.0, "all-linear")
     policy.peft_config[policy.active_adapter].base_model_name_or_path = str(tmp_path / "no-such-model")

@@ -18,10 +18,10 @@ import lightning.pytorch as pl
 import torch
 from lit_grpo.callbacks import RolloutMetrics
 
-from lit_grpo.datamodule import RolloutDataModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.engines import HFEngine, SamplingSpec, VLLMEngine
-from lit_grpo.logprobs import FirstTokenConstraint
-from lit_grpo.module import PolicyModule
+from lit_grpo.policy.logprobs import FirstTokenConstraint
+from lit_grpo.policy.module import PolicyModule
 from lit_grpo.tasks import ArithmeticTask
 from support import penalised_copy, eval_logprobs
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from lit_grpo.logprobs import padded_positions
+from lit_grpo.policy.logprobs import padded_positions
 
 
 def draw_tokens(logp: torch.Tensor, uniforms: torch.Tensor,
@@ -96,7 +96,7 @@ def decode(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, ca
     first token renormalised over its allowed set), ``S`` <= max_new_tokens: the loop ends when every row has drawn
     a stop id; tokens after a row's stop are continuations nobody reads. The ``[R, V]`` buffers of the sampler are
     allocated once and reused at every step: fresh ones are fresh page mappings each step (the lit-grpo command
-    maps every block above 1 MiB on its own, ``lit_grpo.host_memory``), 5 ms of a 22 ms step at a 151,936-token
+    maps every block above 1 MiB on its own, ``lit_grpo.run.host_memory``), 5 ms of a 22 ms step at a 151,936-token
     vocabulary here."""
     rows, device = input_ids.shape[0], input_ids.device
     mask = attention_mask

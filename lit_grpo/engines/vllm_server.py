@@ -26,10 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from lit_grpo.engines.base import Completion, SamplingSpec
-from lit_grpo.engines.server_pool import (Refused, Server, ServerDown, ServerPool, decided_by_rank_zero,
-                                          distributed_peers, http_json)
 from lit_grpo.engines.server_address import ServerAddress, server_address
-
+from lit_grpo.engines.server_pool import (
+    Refused,
+    Server,
+    ServerDown,
+    ServerPool,
+    decided_by_rank_zero,
+    distributed_peers,
+    http_json,
+)
 
 PROBE_TIMEOUT = 10.0  # seconds a push waits for a server's /health before skipping it until the next push
 

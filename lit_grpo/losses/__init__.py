@@ -1,13 +1,29 @@
 """Pure tensor math of the losses: group advantages, KL estimators, masked aggregation, policy surrogates."""
 
-from lit_grpo.losses.advantages import ADVANTAGE_MODES, AdvantageMode, batch_std_advantages, group_advantages
-from lit_grpo.losses.aggregation import AGGREGATIONS, Aggregation, aggregation_terms, masked_aggregate, masked_mean
+from lit_grpo.losses.advantages import (
+    ADVANTAGE_MODES,
+    AdvantageMode,
+    batch_std_advantages,
+    group_advantages,
+)
+from lit_grpo.losses.aggregation import (
+    AGGREGATIONS,
+    Aggregation,
+    aggregation_terms,
+    masked_aggregate,
+    masked_mean,
+)
 from lit_grpo.losses.gae import episode_gae, gae, kl_shaped_rewards
 from lit_grpo.losses.importance import truncated_importance_weights
-from lit_grpo.losses.length import overlong_penalty
-from lit_grpo.losses.preference import best_worst_pairs, dpo_loss
 from lit_grpo.losses.kl import KL_ESTIMATORS, KLEstimator, kl_divergence
-from lit_grpo.losses.policy import POLICY_VARIANTS, PolicyStats, PolicyVariant, policy_loss
+from lit_grpo.losses.length import overlong_penalty
+from lit_grpo.losses.policy import (
+    POLICY_VARIANTS,
+    PolicyStats,
+    PolicyVariant,
+    policy_loss,
+)
+from lit_grpo.losses.preference import best_worst_pairs, dpo_loss
 
 __all__ = [
     "ADVANTAGE_MODES",

@@ -7,7 +7,12 @@ from typing import Literal, TypedDict, get_args
 import torch
 
 from lit_grpo.losses.advantages import check_choice
-from lit_grpo.losses.aggregation import check_aggregation, masked_aggregate, masked_mean, sequence_mean
+from lit_grpo.losses.aggregation import (
+    check_aggregation,
+    masked_aggregate,
+    masked_mean,
+    sequence_mean,
+)
 
 PolicyVariant = Literal["reinforce", "unclipped", "clip", "gspo"]
 POLICY_VARIANTS: tuple[str, ...] = get_args(PolicyVariant)

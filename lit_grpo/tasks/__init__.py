@@ -1,8 +1,15 @@
 """Built-in tasks and the reward interface."""
 
 from lit_grpo.tasks.arithmetic import ArithmeticTask
+from lit_grpo.tasks.base import (
+    ExactMatchReward,
+    PromptRecord,
+    Reward,
+    ScoredCompletion,
+    Task,
+    WeightedRewards,
+)
 from lit_grpo.tasks.dataset import DatasetTask
-from lit_grpo.tasks.base import ExactMatchReward, PromptRecord, Reward, ScoredCompletion, Task, WeightedRewards
 from lit_grpo.tasks.jsonl import JsonlTask
 from lit_grpo.tasks.multiround import ClarifyTask, EnvStep, MultiRoundTask
 from lit_grpo.tasks.reward_functions import BatchedReward, Completions

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
-from lit_grpo.input_check import InputError
-from lit_grpo.model_loading import shipped_path
+from lit_grpo.errors import InputError
+from lit_grpo.run.model_files import shipped_path
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 SOURCES = f"a data file ({', '.join(FILE_BUILDERS)}), a save_to_disk directory, or a hub id already in the local cache"

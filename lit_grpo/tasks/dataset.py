@@ -7,8 +7,15 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from lit_grpo.input_check import InputError
-from lit_grpo.tasks.base import ExactMatchReward, PromptRecord, Reward, ScoredCompletion, Task, is_conversation
+from lit_grpo.errors import InputError
+from lit_grpo.tasks.base import (
+    ExactMatchReward,
+    PromptRecord,
+    Reward,
+    ScoredCompletion,
+    Task,
+    is_conversation,
+)
 from lit_grpo.tasks.data_files import load_rows
 from lit_grpo.tasks.reward_functions import (
     Completions,

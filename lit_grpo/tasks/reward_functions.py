@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lit_grpo.input_check import InputError
-from lit_grpo.model_loading import shipped_path
+from lit_grpo.errors import InputError
+from lit_grpo.run.model_files import shipped_path
 from lit_grpo.tasks.base import REWARD_LIMIT, PromptRecord, Reward, is_conversation
 
 RewardLike = Reward | Callable[..., Sequence[float | None]]

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
-from lit_grpo.input_check import InputError
+from lit_grpo.errors import InputError
 
 # engines that sample from the weights they were pushed, not from the training model itself
 SNAPSHOT_ATTRIBUTE = "samples_from_copy"

@@ -11,33 +11,14 @@ gradient: only the hidden states it is applied to do.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from lit_grpo.buffers.positions import FirstTokenConstraint, padded_positions
+
 CHUNK_TOKENS = 256  # tokens per output-head chunk: 256 x 151,936 fp32 logits is 156 MB
-
-
-@dataclass(frozen=True)
-class FirstTokenConstraint:
-    """The first-token constraint the sampler applied to each row (the risk rule's forced defer), so the trainer
-    scores the same renormalised distribution. ``decision_index [N]``: the column of each row's first completion
-    token; ``allowed_ids [N, C]``: the ids allowed there, -1 padding; a row of only -1 was unconstrained."""
-
-    decision_index: torch.Tensor  # [N] long
-    allowed_ids: torch.Tensor  # [N, C] long
-
-    def rows(self, start: int, end: int) -> FirstTokenConstraint:
-        return FirstTokenConstraint(self.decision_index[start:end], self.allowed_ids[start:end])
-
-    def at(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        """The allowed ids ``[M, C]`` of the tokens at ``(rows [M], cols [M])``: the row's set at its decision
-        column, all -1 (unconstrained) elsewhere."""
-        decision = self.decision_index.to(rows.device)[rows]  # [M]
-        allowed = self.allowed_ids.to(rows.device)[rows]  # [M, C]
-        return torch.where((cols == decision)[:, None], allowed, -1)
 
 
 def restrict_to_allowed(logits: torch.Tensor, allowed_ids: torch.Tensor) -> torch.Tensor:
@@ -123,12 +104,6 @@ def logprobs_from_hidden(
     _, head = body_and_head(model)
     picked = head_logprobs(head, hidden[rows, cols - 1], input_ids[rows, cols], temperature, allowed, chunk_tokens)
     return torch.zeros(wanted.shape, dtype=picked.dtype, device=hidden.device).index_put((rows, cols), picked)
-
-
-def padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids ``[N, L]`` of padded rows (right-padded in training, left-padded in the hf engine's prefill):
-    every row's real tokens count from 0; padding gets 0 or its predecessor's and is masked out."""
-    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
 def wanted_tokens(attention_mask: torch.Tensor, token_mask: torch.Tensor | None) -> torch.Tensor:

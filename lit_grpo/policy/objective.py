@@ -7,10 +7,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lit_grpo.losses import ADVANTAGE_MODES, AGGREGATIONS, KL_ESTIMATORS, POLICY_VARIANTS
-from lit_grpo.risk import RiskHeadSpec
-from lit_grpo.input_check import remote_code_problem
-from lit_grpo.model_loading import model_path_problem, resolve_model_path
+from lit_grpo.losses import (
+    ADVANTAGE_MODES,
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    POLICY_VARIANTS,
+)
+from lit_grpo.run.model_files import model_path_problem, resolve_model_path
+from lit_grpo.risk.head import RiskHeadSpec
+from lit_grpo.run.model_files import remote_code_problem
 
 GSPO_CLIP_EPS = (3e-4, 4e-4)  # the GSPO paper's (low, high)
 DEFAULT_CLIP_EPS = 0.2

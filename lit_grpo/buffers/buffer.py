@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from lit_grpo.engines.base import Completion
-from lit_grpo.logprobs import FirstTokenConstraint
 from lit_grpo.losses import aggregation_terms
+from lit_grpo.policy.logprobs import FirstTokenConstraint
 from lit_grpo.tasks.base import ScoredCompletion
 
 
@@ -52,6 +52,7 @@ class RolloutBuffer:
     decision_index: torch.Tensor | None = None  # [N] column of each row's first completion token (trees)
     first_token_allowed: torch.Tensor | None = None  # [N, C] the sampler's first-token restriction, -1 padding
     inferred: torch.Tensor | None = None  # [N] bool: the row's reward is an observed return of inferring (trees)
+    risk_probes: Any = None  # the detached risk head's labelled probe states (lit_grpo.risk.probes.ProbeLabels)
 
     def first_token_constraint(self) -> FirstTokenConstraint | None:
         """The sampler's first-token restrictions, when any row had one."""
@@ -124,29 +125,44 @@ def serve_minibatches(
     aggregation: str,
     generator: torch.Generator,
 ) -> list[dict[str, torch.Tensor]]:
-    """The buffer ``ppo_epochs`` times over, whole groups shuffled into minibatches of ``minibatch_size`` rows.
+    """The buffer ``ppo_epochs`` times over, whole groups shuffled into minibatches of ``minibatch_size`` rows
+    (``minibatch_plan``), each with its step counts (``serve_plan``)."""
+    return serve_plan(buffer, minibatch_plan(buffer, minibatch_size, ppo_epochs, generator), accumulate, aggregation)
 
-    Each minibatch carries each loss's count summed over the ``accumulate`` minibatches that make up its optimizer
-    step, so the loss of a step does not depend on how it is split: ``step_denominator`` (the policy loss's
-    aggregation), ``step_value_tokens`` (counted tokens: the value loss's) and ``step_risk_rows`` (rows that
-    inferred: the risk head's).
-    """
+
+def minibatch_plan(buffer: RolloutBuffer, minibatch_size: int, ppo_epochs: int,
+                   generator: torch.Generator) -> list[torch.Tensor]:
+    """The rows of each minibatch: the buffer ``ppo_epochs`` times over, whole groups in an order drawn from
+    ``generator``, gathered until a minibatch holds at least ``minibatch_size`` rows."""
     sizes = buffer.sizes
     offsets = [0]
     for size in sizes:
         offsets.append(offsets[-1] + size)
     group_rows = [torch.arange(offsets[g], offsets[g + 1]) for g in range(len(sizes))]
-    batches: list[dict[str, torch.Tensor]] = []
+    plan: list[torch.Tensor] = []
     for _ in range(ppo_epochs):
         order = torch.randperm(len(sizes), generator=generator).tolist()
         pending: list[torch.Tensor] = []
         for group in order:  # whole groups, until the minibatch holds at least minibatch_size rows
             pending.append(group_rows[group])
             if sum(len(rows) for rows in pending) >= minibatch_size:
-                batches.append(minibatch(buffer, torch.cat(pending)))
+                plan.append(torch.cat(pending))
                 pending = []
         if pending:
-            batches.append(minibatch(buffer, torch.cat(pending)))
+            plan.append(torch.cat(pending))
+    return plan
+
+
+def serve_plan(buffer: RolloutBuffer, plan: list[torch.Tensor], accumulate: int,
+               aggregation: str) -> list[dict[str, torch.Tensor]]:
+    """The minibatches of ``plan`` cut from the (prepared) buffer.
+
+    Each minibatch carries each loss's count summed over the ``accumulate`` minibatches that make up its optimizer
+    step, so the loss of a step does not depend on how it is split: ``step_denominator`` (the policy loss's
+    aggregation), ``step_value_tokens`` (counted tokens: the value loss's) and ``step_risk_rows`` (rows that
+    inferred: the risk head's).
+    """
+    batches = [minibatch(buffer, rows) for rows in plan]
     counts = [minibatch_counts(b, aggregation, buffer.max_new_tokens) for b in batches]
     for index, batch in enumerate(batches):
         # Lightning accumulates consecutive batches and steps on the epoch's last batch even if the group is short

@@ -1,75 +1,16 @@
-"""Checks of the run's inputs that need the loaded tokenizer or model, made before any rollout is generated.
-
-Each failure raises ``InputError`` with a message that names the input and what to change; the ``lit-grpo``
-command prints it without a traceback (exit code 2), like the up-front config check.
-"""
+"""The checks of the prompts that need the loaded tokenizer and model, made before any rollout is drawn: every prompt
+of both splits fits the context with its generation budget, and conversations meet a chat template. Each failure
+raises ``InputError`` naming the input and what to change."""
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
-REMOTE_CODE_FLAG = "model.trust_remote_code"
-
-
-class InputError(ValueError):
-    """A bad input found before training starts: the message says which input and how to fix it."""
-
-
-def remote_code_problem(model_path: str, trust_remote_code: bool) -> str | None:
-    """Why a local model directory may not be loaded: its config (or tokenizer config) maps classes to code shipped
-    with the model (``auto_map``), which transformers would execute, and the user did not allow it."""
-    if trust_remote_code:
-        return None
-    for name in ("config.json", "tokenizer_config.json"):
-        path = Path(model_path) / name
-        if not path.is_file():
-            continue
-        try:
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue  # an unreadable config is reported by the loader itself
-        if isinstance(config, dict) and config.get("auto_map"):
-            return (
-                f"{model_path!r} asks to run its own Python code ({name} has an auto_map); it is refused unless you "
-                f"trust that code and set {REMOTE_CODE_FLAG}=true"
-            )
-    return None
-
-
-def adaptable_module_names(model: Any) -> list[str]:
-    """Sorted last names of the modules LoRA can adapt (linear and GPT-2's Conv1D layers), e.g. ``q_proj``."""
-    from torch import nn
-
-    names = set()
-    for full_name, module in model.named_modules():
-        if full_name and (isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"):
-            names.add(full_name.rsplit(".", 1)[-1])
-    return sorted(names)
-
-
-def lora_target_problem(model: Any, targets: str | Sequence[str]) -> str | None:
-    """Why ``lora_target_modules`` does not fit ``model``: the names it lacks, and the names it has."""
-    if targets == "all-linear":
-        return None
-    module_names = [name for name, _ in model.named_modules() if name]
-    if isinstance(targets, str):  # PEFT reads a string as a regex over full module names
-        if any(re.fullmatch(targets, name) for name in module_names):
-            return None
-        missing = [targets]
-    else:
-        missing = [t for t in targets if not any(name == t or name.endswith(f".{t}") for name in module_names)]
-    if not missing:
-        return None
-    return (
-        f"lora_target_modules: the model has no module named {', '.join(map(repr, missing))}; "
-        f"its adaptable modules are: {', '.join(adaptable_module_names(model))} (or use 'all-linear')"
-    )
+from lit_grpo.errors import InputError
+from lit_grpo.tasks.base import is_conversation, prompt_text
 
 
 def prompt_length_problem(
@@ -99,8 +40,6 @@ def context_length(config: Any) -> int | None:
 def check_inputs(module: Any, datamodule: Any) -> None:
     """The checks that need the loaded model: every prompt of both splits fits the context with its generation
     budget (for multi-round rollouts, one budget per round). Raises ``InputError``."""
-    from lit_grpo.tasks.base import is_conversation, prompt_text  # the tasks import this module's InputError
-
     if datamodule is None or not hasattr(datamodule, "task"):
         return
     task, tokenizer = datamodule.task, module.tokenizer
@@ -117,7 +56,6 @@ def check_inputs(module: Any, datamodule: Any) -> None:
 def fit_prompts_to_context(task: Any, tokenizer: Any, datamodule: Any, limit: int) -> None:
     """Refuse, or drop (``data.long_prompts``), the prompts whose tokens plus the generation budget (one per round
     for multi-round rollouts) exceed the model's context of ``limit`` tokens."""
-    from lit_grpo.tasks.base import prompt_text  # the tasks import this module's InputError
 
     rounds = len(datamodule.branching) if datamodule.rollout != "grouped" else 1
     budget = datamodule.max_new_tokens * rounds
@@ -149,7 +87,6 @@ def possibly_too_long(task: Any, tokenizer: Any, records: Sequence[Any], room: i
     whole split can take seconds. Assumes at most one token per UTF-8 byte of the text (true of byte-level BPE,
     character and SentencePiece byte-fallback vocabularies) plus the fixed overhead measured on the first record
     (special tokens, chat template), with a margin of 8."""
-    from lit_grpo.tasks.base import prompt_text  # the tasks import this module's InputError
 
     if not records:
         return []

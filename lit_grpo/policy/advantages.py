@@ -8,8 +8,7 @@ from typing import Any
 
 import torch
 
-from lit_grpo.buffer import RolloutBuffer
-from lit_grpo.distributed import global_moments
+from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.losses import (
     batch_std_advantages,
     episode_gae,
@@ -19,9 +18,10 @@ from lit_grpo.losses import (
     kl_shaped_rewards,
     truncated_importance_weights,
 )
-from lit_grpo.module_config import Objective
-from lit_grpo.online_dpo import assign_pairs
-from lit_grpo.tree_rollout import chain_rows, tree_row_advantages
+from lit_grpo.policy.objective import Objective
+from lit_grpo.policy.online_dpo import assign_pairs
+from lit_grpo.buffers.tree_layout import chain_rows, tree_row_advantages
+from lit_grpo.run.distributed import global_moments
 
 
 @dataclass(frozen=True)

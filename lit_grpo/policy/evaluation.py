@@ -1,15 +1,15 @@
-"""Greedy evaluation on the task's held-out split: ``val/reward`` (``val/return`` for a multi-round task) and
-``val/accuracy``."""
+"""Greedy evaluation metrics on the held-out split: ``val/reward`` (``val/return`` for a multi-round task) and
+``val/accuracy``, accumulated from the scored batches the DataModule's validation loader yields
+(``lit_grpo.rollout.evaluation``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
-
-from lit_grpo.tasks import MultiRoundTask
 
 
 class GreedyEvaluation:
@@ -20,12 +20,11 @@ class GreedyEvaluation:
         self.accuracy = MeanMetric()
         self.reward_name = "reward"
 
-    def update(self, module: Any, datamodule: Any, records: list[dict[str, Any]]) -> None:
-        # a multi-round task's greedy "reward" is the episode's return: name it so in the logs
-        self.reward_name = "return" if isinstance(datamodule.task, MultiRoundTask) else "reward"
-        rewards, correct = datamodule.greedy_scores(module, records)
-        self.reward.update(rewards)
-        self.accuracy.update(correct.float())
+    def update(self, batch: dict[str, torch.Tensor]) -> None:
+        # a multi-round task's greedy "reward" is the episode's return: the batch names it so for the logs
+        self.reward_name = "return" if "return" in batch else "reward"
+        self.reward.update(batch[self.reward_name])
+        self.accuracy.update(batch["correct"].float())
 
     def compute(self) -> dict[str, float]:
         metrics = {self.reward_name: float(self.reward.compute()), "accuracy": float(self.accuracy.compute())}
@@ -43,9 +42,9 @@ class GreedyEvaluation:
         when = f"after epoch {module.current_epoch}" if fn == "fit" else getattr(fn, "value", str(fn))
         rank_zero_info(f"{when}: {summary}")
 
-    def run_standalone(self, module: Any, datamodule: Any) -> dict[str, float]:
-        """The whole held-out split outside Lightning's loops (before training, where Lightning's sanity check
+    def run_standalone(self, batches: Iterable[dict[str, torch.Tensor]]) -> dict[str, float]:
+        """A whole validation loader outside Lightning's loops (before training, where Lightning's sanity check
         would discard what is logged)."""
-        for records in datamodule.val_dataloader():
-            self.update(module, datamodule, records)
+        for batch in batches:
+            self.update(batch)
         return self.compute()

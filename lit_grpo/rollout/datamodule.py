@@ -13,28 +13,41 @@ from jsonargparse import lazy_instance
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from lit_grpo.async_rollouts import RolloutPrefetcher, rollouts_ahead, staleness_problems
-from lit_grpo.buffer import (
+from lit_grpo.buffers.buffer import (
     RolloutBuffer,
     build_buffer,
     concat_buffers,
     informative_groups,
+    minibatch_plan,
     select_groups,
-    serve_minibatches,
 )
-from lit_grpo.combinations import combination_problems
-from lit_grpo.data_config import data_config_problems, resuming_after_finished_epoch
-from lit_grpo.distributed import check_distributed_data, global_step_denominators, rank_and_world, rank_share
+from lit_grpo.buffers.epoch import EpochBatches
+from lit_grpo.buffers.protocols import SamplingPolicy
+from lit_grpo.buffers.tree_layout import tree_buffer
 from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
-from lit_grpo.input_check import InputError
+from lit_grpo.errors import InputError
 from lit_grpo.losses import overlong_penalty
-from lit_grpo.risk_probes import probe_labels, probe_records
-from lit_grpo.risk_rollout import RiskRule
-from lit_grpo.scoring import score_buffer
-from lit_grpo.seeds import derived_seed
-from lit_grpo.reward_worker import RewardWorker
+from lit_grpo.risk.probes import probe_records
+from lit_grpo.risk.rule import RiskRule
+from lit_grpo.rollout.ahead import RolloutPrefetcher, rollouts_ahead, staleness_problems
+from lit_grpo.rollout.evaluation import HeldOutScores
+from lit_grpo.rollout.probes import probe_labels
+from lit_grpo.rollout.prompt_check import check_inputs
+from lit_grpo.rollout.reward_worker import RewardWorker
+from lit_grpo.rollout.scoring import score_buffer
+from lit_grpo.rollout.settings import (
+    data_config_problems,
+    resuming_after_finished_epoch,
+)
+from lit_grpo.rollout.trees import expand_trees, greedy_episodes
+from lit_grpo.run.combinations import combination_problems
+from lit_grpo.run.distributed import (
+    check_distributed_data,
+    rank_and_world,
+    rank_share,
+)
+from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks import ArithmeticTask, MultiRoundTask, PromptRecord, Task
-from lit_grpo.tree_rollout import expand_trees, greedy_episodes, tree_buffer
 
 
 class RolloutDataModule(pl.LightningDataModule):
@@ -137,6 +150,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.val_max_prompts, self.val_batch_size, self.seed = val_max_prompts, val_batch_size, seed
         self.long_prompts = long_prompts
         self.cursor = 0  # index of the next training prompt; carried by checkpoints
+        self.prompts_checked = False  # against the loaded tokenizer and context, at the first loader
         self.share_start = 0  # this rank's first prompt within the last draw
         self.buffer: RolloutBuffer | None = None
         self.timings: dict[str, float] = {}
@@ -172,36 +186,31 @@ class RolloutDataModule(pl.LightningDataModule):
         if self.budget_spent:  # resumed after the epoch that spent it: end the run without drawing
             trainer.should_stop = True
             return DataLoader([], batch_size=None)
-        module = trainer.lightning_module
+        module = self.checked_module()
         check_distributed_data(trainer, self)
         self.buffer = self.collect_rollouts(module, epoch)
         generator = torch.Generator().manual_seed(self.epoch_seed(epoch, "shuffle"))
-        batches = serve_minibatches(
-            self.buffer, self.minibatch_size, self.ppo_epochs, trainer.accumulate_grad_batches,
-            module.objective.aggregation, generator,
-        )
-        global_step_denominators(batches, trainer.strategy, trainer.world_size)  # design §5: over all ranks
-        return DataLoader(batches, batch_size=None, shuffle=False)
+        plan = minibatch_plan(self.buffer, self.minibatch_size, self.ppo_epochs, generator)
+        # the module prepares the buffer and cuts these minibatches in its on_train_epoch_start (design §2)
+        return DataLoader(EpochBatches(self.buffer, plan), batch_size=None, shuffle=False)
 
-    def collect_rollouts(self, module: Any, epoch: int) -> RolloutBuffer:
-        """Generate (or take the rollouts drawn ahead), score, run the no-grad passes, then compute advantages."""
+    def collect_rollouts(self, module: SamplingPolicy, epoch: int) -> RolloutBuffer:
+        """Generate (or take the rollouts drawn ahead) and score them; with a detached risk head, label its probe
+        states too (``buffer.risk_probes``). The module prepares the buffer afterwards."""
         clock = time.perf_counter()
         self.scoring_seconds = 0.0  # rewards scored while generating (grouped draws) are not generation time
         if self.max_staleness:
             buffer, records, phases = rollouts_ahead(self, module, epoch)  # scores included in generate
         else:
             buffer, records, phases = self.rollouts_now(module, epoch)
-        scored = time.perf_counter()
         self.sampling_draws = buffer.sampling_draws  # read here: a draw ahead may be running already
-        module.run_no_grad_passes(buffer)
-        module.assign_advantages(buffer)
+        self.timings = dict(phases)
         done = time.perf_counter()
-        self.timings = {**phases, "no_grad_passes": done - scored}
-        if getattr(module, "risk_replay", None) is not None:  # the detached risk head learns from greedy probes
-            probes = probe_records(self.task, records, self.cursor, module.risk_spec.probe_prompts)
-            module.fit_risk_head(probe_labels(self.task, self.engine, module.tokenizer, probes, len(self.branching),
-                                              self.sampling_spec(module, greedy=True, seed=None)))
-            self.timings["risk_head_fit"], done = time.perf_counter() - done, time.perf_counter()
+        if module.risk_probe_prompts:  # the detached risk head learns from greedy probes
+            probes = probe_records(self.task, records, self.cursor, module.risk_probe_prompts)
+            buffer.risk_probes = probe_labels(self.task, self.engine, module.tokenizer, probes, len(self.branching),
+                                              self.sampling_spec(module, greedy=True, seed=None))
+            self.timings["risk_probes"], done = time.perf_counter() - done, time.perf_counter()
         rank_zero_info(
             f"epoch {epoch}: {len(records)} prompts, {buffer.input_ids.shape[0]} segments in {done - clock:.2f}s "
             f"({', '.join(f'{name} {seconds:.2f}s' for name, seconds in phases.items())}); "
@@ -338,14 +347,27 @@ class RolloutDataModule(pl.LightningDataModule):
                                   request_offset=start + free)
         return roots
 
-    def risk_rule(self, module: Any, training: bool = False) -> RiskRule | None:
-        """The infer/defer rule at the tau of ``risk_threshold``; None without a risk head or a threshold source."""
-        threshold = self.risk_threshold
-        if getattr(module, "risk_head", None) is None or threshold is None:
+    def risk_rule(self, module: SamplingPolicy, training: bool = False) -> RiskRule | None:
+        """The infer/defer rule at the tau of ``risk_threshold`` (which also says how it decides); None without a
+        risk head or a threshold source."""
+        threshold, risk = self.risk_threshold, module.context_risk()
+        if risk is None or threshold is None:
             return None
         epoch = self.trainer.current_epoch
         tau = threshold.training_tau(epoch) if training else threshold.current_tau(epoch)
-        return threshold.rule(module, self.task, tau)
+        tokenizer = module.tokenizer
+        answer_ids = self.task.answer_token_ids(tokenizer) if threshold.decision == "value" else ()
+        return RiskRule(risk, tau, self.task.defer_token_ids(tokenizer), threshold.decision, threshold.cvar_level,
+                        answer_ids)
+
+    def checked_module(self) -> SamplingPolicy:
+        """The trainer's module, once the prompts were checked against its tokenizer and context (``check_inputs``:
+        at the first loader asked for, so before any rollout)."""
+        module = self.trainer.lightning_module
+        if not self.prompts_checked:
+            check_inputs(module, self)
+            self.prompts_checked = True
+        return module
 
     def epoch_seed(self, epoch: int, stream: str = "rollout") -> int:
         """The base seed of one of an epoch's random streams (``rollout`` sampling, minibatch ``shuffle``)."""
@@ -373,7 +395,13 @@ class RolloutDataModule(pl.LightningDataModule):
         return list(self.task.heldout_records())[: self.val_max_prompts]
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_records(), batch_size=self.val_batch_size, shuffle=False, collate_fn=list)
+        """Batches of held-out prompts, each scored greedily with the current policy when the loop reaches it."""
+        module = self.checked_module()
+        records = self.val_records()
+        batches = [records[i : i + self.val_batch_size] for i in range(0, len(records), self.val_batch_size)]
+        name = "return" if isinstance(self.task, MultiRoundTask) else "reward"
+        scores = HeldOutScores(batches, lambda part: self.greedy_scores(module, part), name)
+        return DataLoader(scores, batch_size=None, shuffle=False)
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from lit_grpo.risk import DEFER, INFER, RiskHead, risk_loss
-from lit_grpo.risk_probes import ProbeLabels
-from lit_grpo.risk_rollout import context_features
+from lit_grpo.risk.head import DEFER, INFER, RiskHead, risk_loss
+from lit_grpo.risk.probes import ProbeLabels
 
 
 def branch_loss(logits: torch.Tensor, infer_returns: torch.Tensor, defer_returns: torch.Tensor,
@@ -65,20 +62,3 @@ class RiskReplay:
         contexts = [tuple(part.tolist()) for part in state["tokens"].split(state["lengths"].tolist())]
         self.rows = []
         self.add(ProbeLabels(contexts, state["infer"], state["defer"]))
-
-
-def fit_on_replay(policy: Any, head: RiskHead, replay: RiskReplay, labels: ProbeLabels, pad_id: int,
-                  steps: int, lr: float) -> dict[str, float]:
-    """Add ``labels`` to the replay and fit the head on all of it at the current policy's hidden states."""
-    replay.add(labels)
-    rows = replay.labels()
-    if not rows.contexts:
-        return {"replay_rows": 0.0}
-    # many rows share a context (a state probed again, both operands hidden): one forward per distinct context
-    distinct = {context: index for index, context in enumerate(dict.fromkeys(rows.contexts))}
-    features = context_features(policy, list(distinct), pad_id)  # [D, H + 2]
-    features = features[torch.tensor([distinct[c] for c in rows.contexts])].to(head.atoms.device)  # [M, H + 2]
-    loss = fit_head(head, features, rows.infer_returns.to(features.device), rows.defer_returns.to(features.device),
-                    steps, lr)
-    return {"replay_rows": float(len(rows.contexts)), "fit_loss": loss,
-            "new_rows": float(len(labels.contexts))}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lit_grpo.buffer import RolloutBuffer
+from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.losses import best_worst_pairs, dpo_loss
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_grpo.logprobs import (
+from lit_grpo.policy.logprobs import (
     CHUNK_TOKENS,
     FirstTokenConstraint,
     body_and_head,

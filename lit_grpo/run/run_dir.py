@@ -13,7 +13,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lit_grpo.input_check import InputError
+from lit_grpo.errors import InputError
 
 NO_LOGGER_ROOT = "lightning_logs"
 

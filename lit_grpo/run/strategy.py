@@ -36,7 +36,11 @@ def strategy_problems(trainer_cfg: dict[str, Any]) -> list[str]:
 def sharded_family(spec: Any) -> str | None:
     """``"FSDP"`` or ``"DeepSpeed"`` when ``spec`` (a registered name such as ``fsdp`` or ``deepspeed_stage_2``, a
     class path, or ``{class_path: ...}``) names one of their strategies; else None."""
-    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, StrategyRegistry
+    from lightning.pytorch.strategies import (
+        DeepSpeedStrategy,
+        FSDPStrategy,
+        StrategyRegistry,
+    )
 
     cls = None
     if isinstance(spec, dict):

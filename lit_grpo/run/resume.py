@@ -8,7 +8,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lit_grpo.input_check import InputError
+from lit_grpo.errors import InputError
 
 
 def find_last_checkpoint(trainer: Any) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -11,15 +12,10 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
-from lit_grpo.buffer import RolloutBuffer
-from lit_grpo.input_check import InputError, check_inputs
-from lit_grpo.logprobs import (
-    CHUNK_TOKENS,
-    body_and_head,
-    head_problem,
-    logprobs_and_hidden,
-    sampler_agreement,
-)
+from lit_grpo.buffers.buffer import RolloutBuffer
+from lit_grpo.buffers.epoch import EpochBatches
+from lit_grpo.buffers.positions import batch_constraint
+from lit_grpo.errors import InputError
 from lit_grpo.losses import (
     Aggregation,
     KLEstimator,
@@ -28,17 +24,26 @@ from lit_grpo.losses import (
     masked_aggregate,
     policy_loss,
 )
-from lit_grpo.model_loading import completion_stop_ids, load_policy, load_tokenizer, resolve_model_path
-from lit_grpo.module_config import Objective, module_config_problems
-from lit_grpo.online_dpo import online_dpo_loss
-from lit_grpo.packed import TokenLogprobs
-from lit_grpo.risk import RiskHead, RiskHeadSpec
-from lit_grpo.risk_fit import RiskReplay, fit_on_replay
-from lit_grpo.risk_rollout import batch_constraint, risk_head_loss
-from lit_grpo.rollout_advantages import AdvantageKnobs, assign_advantages
+from lit_grpo.policy.advantages import AdvantageKnobs, assign_advantages
+from lit_grpo.policy.evaluation import GreedyEvaluation
+from lit_grpo.policy.logprobs import (
+    CHUNK_TOKENS,
+    body_and_head,
+    head_problem,
+    logprobs_and_hidden,
+    sampler_agreement,
+)
+from lit_grpo.policy.model_loading import completion_stop_ids, load_policy
+from lit_grpo.run.model_files import load_tokenizer, resolve_model_path
+from lit_grpo.policy.objective import Objective, module_config_problems
+from lit_grpo.policy.online_dpo import online_dpo_loss
+from lit_grpo.policy.packed import TokenLogprobs
+from lit_grpo.policy.risk_features import HeadOnContexts, fit_on_replay, risk_head_loss
+from lit_grpo.policy.value_head import ValueHead, aligned_values, old_values, value_loss
+from lit_grpo.risk.fit import RiskReplay
+from lit_grpo.risk.head import RiskHead, RiskHeadSpec
+from lit_grpo.run.distributed import global_step_denominators
 from lit_grpo.tree import StdScope, ValueMode
-from lit_grpo.validation import GreedyEvaluation
-from lit_grpo.value_head import ValueHead, aligned_values, old_values, value_loss
 
 
 def share(local: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
@@ -82,7 +87,7 @@ class PolicyModule(pl.LightningModule):
         vf_clip: PPO's value clipping range around the old values; ``None`` turns it off.
         gamma: GAE discount.
         gae_lambda: GAE lambda.
-        risk: a distributional risk head at each decision point of tree rollouts (``lit_grpo.risk``), trained
+        risk: a distributional risk head at each decision point of tree rollouts (``lit_grpo.risk.head``), trained
             with the policy on the returns of inferring; the ``RiskThreshold`` callback turns it into the
             infer/defer rule. ``None``: no head.
         head_lr: the learning rate of the value and risk heads, in their own optimizer parameter group (``None``:
@@ -173,6 +178,7 @@ class PolicyModule(pl.LightningModule):
         self.token_logprobs: TokenLogprobs | None = None
         self.evaluation = GreedyEvaluation()
         self.reference_owner: Any = None  # what makes the policy run as pi_ref, if not the adapter switched off
+        self.preparation_timings: dict[str, float] = {}  # the last epoch's no-grad passes and risk head fit
 
     # --- model -------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -210,9 +216,6 @@ class PolicyModule(pl.LightningModule):
         scheduler = self.scheduler_factory(optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    def on_fit_start(self) -> None:
-        check_inputs(self, self.trainer.datamodule)  # before any rollout: a bad input fails in seconds
-
     def reference_active(self) -> Any:
         """A context in which the policy model runs as pi_ref: the one the reference owner gives (a callback such
         as ``ReferencePolicy`` sets ``self.reference_owner`` to itself for a frozen or refreshed adapter), else the
@@ -221,7 +224,28 @@ class PolicyModule(pl.LightningModule):
             return self.reference_owner.active(self.policy)
         return self.policy.disable_adapter()
 
-    # --- the no-grad passes and advantages (design §2 steps 4-5), called by the DataModule -----------------------
+    # --- the epoch's buffer: no-grad passes, advantages, the risk head's fit (design §2 steps 4-6) ----------------
+    def on_train_epoch_start(self) -> None:
+        """Prepare the buffer the DataModule handed over (``EpochBatches``, the train loader's dataset), then cut
+        its minibatches with each optimizer step's counts over all ranks."""
+        epoch = getattr(self.trainer.train_dataloader, "dataset", None)
+        if isinstance(epoch, EpochBatches) and epoch.batches is None:
+            self.prepare_epoch(epoch)
+
+    def prepare_epoch(self, epoch: EpochBatches) -> None:
+        clock = time.perf_counter()
+        buffer = epoch.buffer
+        self.run_no_grad_passes(buffer)
+        self.assign_advantages(buffer)
+        done = time.perf_counter()
+        self.preparation_timings = {"no_grad_passes": done - clock}
+        if self.risk_replay is not None and buffer.risk_probes is not None:
+            self.fit_risk_head(buffer.risk_probes)
+            self.preparation_timings["risk_head_fit"] = time.perf_counter() - done
+        trainer = self.trainer
+        batches = epoch.serve(trainer.accumulate_grad_batches, self.objective.aggregation)
+        global_step_denominators(batches, trainer.strategy, trainer.world_size)  # design §5: over all ranks
+
     def run_no_grad_passes(self, buffer: RolloutBuffer) -> None:
         """pi_old (unless the sampler's log-probs are used) and pi_ref log-probs of the whole buffer."""
         batch_tokens = self.hparams.no_grad_batch_tokens
@@ -237,6 +261,17 @@ class PolicyModule(pl.LightningModule):
                 buffer.ref_logp = self.token_logprobs.batched(self.policy, *rows, constraint).cpu()
         if self.value_head is not None:
             buffer.values = old_values(self.policy, self.value_head, *args, batch_tokens).cpu()
+
+    def context_risk(self) -> HeadOnContexts | None:
+        """The risk head at open contexts, for the rollout side's infer/defer rule; None without a head."""
+        if self.risk_head is None:
+            return None
+        return HeadOnContexts(self.policy, self.risk_head, self.tokenizer.pad_token_id)
+
+    @property
+    def risk_probe_prompts(self) -> int:
+        """Prompts of greedy probes the DataModule labels each epoch for the detached risk head (0: none)."""
+        return self.risk_spec.probe_prompts if self.risk_replay is not None else 0
 
     def fit_risk_head(self, labels: Any) -> None:
         """The detached risk head's fit of the epoch on its replay (``risk_fit.fit_on_replay``); under DDP every
@@ -341,7 +376,7 @@ class PolicyModule(pl.LightningModule):
         # DataLoader's seed) that the checkpoint just restored, so the run would not continue as it was
         resumed = self.trainer.global_step > 0
         if self.trainer.enable_validation and self.trainer.datamodule is not None and not resumed:
-            metrics = self.evaluation.run_standalone(self, self.trainer.datamodule)
+            metrics = self.evaluation.run_standalone(self.trainer.datamodule.val_dataloader())
             if self.logger is not None:
                 self.logger.log_metrics({f"val/{k}": v for k, v in metrics.items()}, step=0)
             rank_zero_info("before training: " + ", ".join(f"val/{k} {v:.4f}" for k, v in metrics.items()))
@@ -356,18 +391,18 @@ class PolicyModule(pl.LightningModule):
         every = self.trainer.check_val_every_n_epoch
         validated = every is not None and (self.current_epoch + 1) % every == 0
         if self.trainer.enable_validation and not validated:  # the run's last policy is always measured
-            for records in datamodule.val_dataloader():
-                self.evaluation.update(self, datamodule, records)
+            for batch in datamodule.val_dataloader():
+                self.evaluation.update(batch)
             self.evaluation.log_to(self, "val")
 
-    def validation_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
-        self.evaluation.update(self, self.trainer.datamodule, batch)
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self.evaluation.update(batch)
 
     def on_validation_epoch_end(self) -> None:
         self.evaluation.log_to(self, "val")
 
-    def test_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
-        self.evaluation.update(self, self.trainer.datamodule, batch)
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self.evaluation.update(batch)
 
     def on_test_epoch_end(self) -> None:
         self.evaluation.log_to(self, "test")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from lit_grpo.strategy_check import strategy_problems
+from lit_grpo.run.strategy import strategy_problems
 
 
 def rank_and_world(trainer: Any) -> tuple[int, int]:

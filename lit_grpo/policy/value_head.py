@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lit_grpo.logprobs import chunked_eval, rows_per_pass, token_hidden_states
 from lit_grpo.losses import masked_mean
+from lit_grpo.policy.logprobs import chunked_eval, rows_per_pass, token_hidden_states
 
 
 class ValueHead(nn.Module):

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lit_grpo.buffer import RolloutBuffer, reward_parts
+from lit_grpo.buffers.buffer import RolloutBuffer, reward_parts
 from lit_grpo.tasks import PromptRecord
 from lit_grpo.tasks.base import prompt_text
 

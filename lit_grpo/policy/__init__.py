@@ -1,0 +1,1 @@
+"""The LightningModule and what it owns: the model, its log-probs, the objective, the heads, advantages (design §1)."""

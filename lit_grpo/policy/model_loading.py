@@ -1,0 +1,106 @@
+"""Loading the base causal LM and wrapping it in a PEFT LoRA adapter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from lit_grpo.errors import InputError
+from lit_grpo.run.input_check import lora_target_problem
+from lit_grpo.run.model_files import base_dtype, refuse_remote_code
+
+
+def init_adapter_problems(policy: Any, lora_rank: int, targets: str | list[str], init_adapter: str) -> list[str]:
+    """An ``init_adapter`` must fit the configured LoRA (rank, target modules; the config would otherwise say one
+    adapter and train another) and hold finite weights."""
+    problems = []
+    rank = policy.peft_config[policy.active_adapter].r
+    if rank != lora_rank:
+        problems.append(f"init_adapter {init_adapter!r} has rank {rank}, model.lora_rank is {lora_rank}; set "
+                        f"model.lora_rank {rank}")
+    adapted = {name.rsplit(".", 1)[-1] for name, module in policy.named_modules() if hasattr(module, "lora_A")}
+    if targets == "all-linear":  # PEFT's all-linear: every linear layer but the output head
+        base = policy.get_base_model()
+        head = base.get_output_embeddings()
+        wanted = {name.removesuffix(".base_layer").rsplit(".", 1)[-1] for name, m in base.named_modules()
+                  if isinstance(m, torch.nn.Linear) and ".lora_" not in name and m is not head}
+    else:
+        wanted = set(targets) if not isinstance(targets, str) else adapted  # a regex: not compared
+    if adapted != wanted:
+        problems.append(f"init_adapter {init_adapter!r} adapts {sorted(adapted)}, model.lora_target_modules asks "
+                        f"for {sorted(wanted)}; set model.lora_target_modules to the adapter's")
+    bad = [name for name, p in policy.named_parameters() if p.requires_grad and not torch.isfinite(p).all()]
+    if bad:
+        problems.append(f"init_adapter {init_adapter!r} holds non-finite weights ({len(bad)} tensors, e.g. {bad[0]})")
+    return problems
+
+
+def completion_stop_ids(tokenizer: Any, model: Any) -> tuple[int, ...]:
+    """The ids that end a completion: the tokenizer's EOS and every EOS id of the model's generation_config
+    (released chat models list several, e.g. ``<|im_end|>`` and ``<|endoftext|>``). The generation_config is read
+    for its end-of-sequence ids only, never for sampling options."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    listed = [configured] if isinstance(configured, int) else list(configured or [])
+    ids = sorted({int(i) for i in [tokenizer.eos_token_id, *listed] if i is not None})
+    vocab = model.config.vocab_size
+    outside = [i for i in ids if not 0 <= i < vocab]
+    if outside:
+        raise InputError(f"model_name_or_path: EOS ids {outside} (tokenizer or generation_config.json) are outside the "
+                         f"model's vocabulary of {vocab}; fix eos_token_id there")
+    if not ids:
+        raise InputError("model_name_or_path: neither the tokenizer nor generation_config.json names an EOS token; "
+                         "set eos_token in the tokenizer")
+    return tuple(ids)
+
+
+def load_policy(
+    model_path: str,
+    lora_rank: int,
+    lora_alpha: float,
+    lora_dropout: float,
+    lora_target_modules: str | list[str],
+    init_adapter: str | None = None,
+    attn_implementation: str = "sdpa",
+    trust_remote_code: bool = False,
+    dtype: str = "auto",
+    gradient_checkpointing: bool = False,
+) -> PeftModel:
+    """The base model in ``dtype`` (whatever the checkpoint's own) with a trainable LoRA adapter named ``default``
+    in float32 (every base weight frozen), with non-reentrant gradient checkpointing if asked.
+    An ``init_adapter`` is read from safetensors only (a pickled ``adapter_model.bin`` could run code)."""
+    refuse_remote_code(model_path, trust_remote_code)
+    if init_adapter is not None and not (Path(init_adapter).expanduser() / "adapter_model.safetensors").is_file():
+        raise InputError(
+            f"init_adapter: {init_adapter!r} has no adapter_model.safetensors; adapters are read from safetensors "
+            "only (convert a pickled adapter_model.bin you trust with safetensors.torch.save_file)"
+        )
+    base = AutoModelForCausalLM.from_pretrained(
+        model_path,
+        dtype=base_dtype(model_path, dtype),
+        attn_implementation=attn_implementation,
+        trust_remote_code=trust_remote_code,
+    )
+    if gradient_checkpointing:  # reentrant checkpointing with frozen embeddings leaves LoRA without gradients
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if init_adapter is not None:
+        policy = PeftModel.from_pretrained(base, init_adapter, is_trainable=True, autocast_adapter_dtype=True)
+        problems = init_adapter_problems(policy, lora_rank, lora_target_modules, init_adapter)
+        if problems:
+            raise InputError("; ".join(problems))
+    else:
+        problem = lora_target_problem(base, lora_target_modules)
+        if problem:
+            raise InputError(problem)
+        config = LoraConfig(
+            r=lora_rank,
+            lora_alpha=lora_alpha,
+            lora_dropout=lora_dropout,
+            target_modules=lora_target_modules,
+            task_type="CAUSAL_LM",
+        )
+        policy = get_peft_model(base, config, autocast_adapter_dtype=True)
+    return policy  # autocast_adapter_dtype: the adapter is float32 (and so its optimizer state) on any base

@@ -1,0 +1,27 @@
+"""Greedy evaluation on the task's held-out split, as the validation loader's batches: each batch of held-out prompts
+is scored with the current policy's greedy completions (a multi-round task: greedy episodes and their returns) when
+the loop reaches it. The module only accumulates what the batches carry (``lit_grpo.policy.evaluation``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from lit_grpo.tasks import PromptRecord
+
+
+class HeldOutScores(Dataset):
+    """Batches of held-out prompts, each scored on access by ``score(records) -> (rewards [B], correct [B])``:
+    ``{"reward" (or "return" for a multi-round task): [B], "correct": [B] bool}``."""
+
+    def __init__(self, batches: list[list[PromptRecord]], score: Any, reward_name: str = "reward") -> None:
+        self.batches, self.score, self.reward_name = batches, score, reward_name
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        rewards, correct = self.score(self.batches[index])
+        return {self.reward_name: rewards, "correct": correct}

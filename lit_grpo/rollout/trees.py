@@ -1,0 +1,107 @@
+"""Expanding rollout trees round by round, and laying their nodes out as training rows (design §6)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from lit_grpo.buffers.tree_layout import SegmentNode, chain_returns
+from lit_grpo.engines.base import RolloutEngine, SamplingSpec
+from lit_grpo.run.seeds import derived_seed
+from lit_grpo.tasks.base import PromptRecord
+from lit_grpo.tasks.multiround import MultiRoundTask
+from lit_grpo.tree import close_with_no_answer, depth_first
+
+Decide = Callable[[list[list[int]], int], Sequence["tuple[int, ...] | None"]]
+"""A decision rule: for the open contexts of round ``depth``, each one's allowed first tokens (None: free)."""
+
+
+def expand_trees(
+    task: MultiRoundTask,
+    engine: RolloutEngine,
+    tokenizer: Any,
+    records: Sequence[PromptRecord],
+    branching: Sequence[int],
+    sampling: SamplingSpec,
+    decide: Decide | None = None,
+    request_offset: int = 0,
+) -> list[SegmentNode]:
+    """One tree per prompt, ``len(branching)`` rounds deep; round d gives every open node ``branching[d-1]``
+    children, all open nodes of all trees in one engine call. A question still open after the last round is
+    closed by the environment with the task's no-answer reward. ``decide`` (the risk rule) restricts the first
+    token of some open nodes' children; the restriction is kept on each child for the trainer."""
+    roots = [SegmentNode(context=tuple(task.prompt_ids(r, tokenizer)), record=r) for r in records]
+    open_nodes: list[SegmentNode] = list(roots)
+    for depth, width in enumerate(branching, start=1):
+        if not open_nodes:
+            break
+        contexts = [list(node.context + node.segment + node.reply) for node in open_nodes]
+        # round d's base seed, then the index of these prompts among the epoch's (a rank's share, the rule's trees)
+        round_seed = None if sampling.seed is None else derived_seed(sampling.seed, "round", depth) + request_offset
+        round_sampling = replace(sampling, seed=round_seed)
+        constraints = tuple(decide(contexts, depth)) if decide is not None else (None,) * len(contexts)
+        if any(c is not None for c in constraints):
+            round_sampling = replace(round_sampling, allowed_token_ids=constraints)
+        groups = engine.generate(contexts, width, round_sampling)
+        next_open = []
+        for parent, context, completions, allowed in zip(open_nodes, contexts, groups, constraints):
+            for completion in completions:
+                child = segment_child(task, tokenizer, parent.record, depth, context, completion)
+                child.allowed = allowed
+                parent.children.append(child)
+                if not child.terminal:
+                    next_open.append(child)
+        open_nodes = next_open
+    for node in open_nodes:  # cut off at max_depth
+        close_with_no_answer(node, task.no_answer_reward)
+    return roots
+
+
+def segment_child(
+    task: MultiRoundTask, tokenizer: Any, record: PromptRecord, depth: int, context: list[int], completion: Any
+) -> SegmentNode:
+    """The node for one generated segment, scored by the environment."""
+    text = tokenizer.decode(list(completion.token_ids), skip_special_tokens=True)
+    step = task.step(record, depth, text)
+    reply = tuple(tokenizer(step.reply, add_special_tokens=False)["input_ids"]) if not step.terminal else ()
+    return SegmentNode(
+        reward=step.reward, terminal=step.terminal, context=tuple(context), segment=tuple(completion.token_ids),
+        logprobs=tuple(completion.logprobs or ()), reply=reply, kind=step.kind, correct=step.correct,
+        truncated=completion.finish_reason == "length", record=record,
+    )
+
+
+def greedy_episodes(
+    task: MultiRoundTask,
+    engine: RolloutEngine,
+    tokenizer: Any,
+    records: Sequence[PromptRecord],
+    max_depth: int,
+    sampling: SamplingSpec,
+    decide: Decide | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One greedy episode per prompt: ``(returns [B], correct [B])``, correct meaning it ended in a right answer."""
+    roots = greedy_trees(task, engine, tokenizer, records, max_depth, sampling, decide)
+    returns, correct = [], []
+    for root in roots:
+        (episode_return,) = chain_returns(root)
+        returns.append(episode_return)
+        last = depth_first(root)[-1]
+        correct.append(bool(getattr(last, "correct", False)))
+    return torch.tensor(returns), torch.tensor(correct)
+
+
+def greedy_trees(
+    task: MultiRoundTask,
+    engine: RolloutEngine,
+    tokenizer: Any,
+    records: Sequence[PromptRecord],
+    max_depth: int,
+    sampling: SamplingSpec,
+    decide: Decide | None = None,
+) -> list[SegmentNode]:
+    """One greedy episode per prompt, as single-path trees."""
+    return expand_trees(task, engine, tokenizer, records, [1] * max_depth, replace(sampling, greedy=True), decide)
