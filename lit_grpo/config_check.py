@@ -18,12 +18,9 @@ from jsonargparse._util import import_object
 
 from lit_grpo.errors import InputError
 from lit_grpo.policy.module import PolicyModule
-from lit_grpo.policy.objective import module_config_problems
-from lit_grpo.rollout.ahead import staleness_problems
 from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.rollout.settings import data_config_problems
-from lit_grpo.run.combinations import combination_problems
 from lit_grpo.run.distributed import distributed_config_problems
+from lit_grpo.run.rules import cross_knob_problems
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # weights_only: Lightning writes it into every run's config.yaml, which must come back as the resume command's --config
@@ -241,11 +238,9 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     # value checks see the defaults in place of values already reported, so each problem is reported once
     model_args = {**signature_defaults(PolicyModule), **without(model_cfg, model_bad)}
     data_args = {**signature_defaults(RolloutDataModule), **without(data_cfg, data_bad)}
-    problems += [f"model.{p}" for p in module_config_problems(model_args)]
-    problems += [f"data.{p}" for p in data_config_problems(data_args)]
-    problems += cross_problems(model_args, data_args)
-    problems += staleness_problems(data_args.get("max_staleness", 0), data_args["rollout"], engine_class(data_cfg),
-                                   model_args.get("old_logp_source"), model_args.get("tis_cap"))
+    problems += [f"model.{p}" for p in PolicyModule.config_problems(model_args)]
+    problems += [f"data.{p}" for p in RolloutDataModule.config_problems(data_args)]
+    problems += cross_knob_problems(model_args, data_args, engine_class(data_cfg))
     problems += distributed_config_problems(trainer_cfg, data_args)
     max_epochs = trainer_cfg.get("max_epochs")
     if isinstance(max_epochs, int) and max_epochs < -1:
@@ -281,17 +276,6 @@ def optimizer_problems(spec: Any) -> list[str]:
     except Exception as error:  # noqa: BLE001 - the optimizer's own message names the bad argument
         return [f"model.optimizer: {spec['class_path']}({', '.join(f'{k}={v!r}' for k, v in args.items())}): {error}"]
     return []
-
-
-def cross_problems(model_args: dict[str, Any], data_args: dict[str, Any]) -> list[str]:
-    """Rules that involve both the module and the data."""
-    problems = []
-    if data_args["group_size"] == 1 and model_args["advantage_mode"] != "raw":
-        problems.append(
-            f"data.group_size 1 with model.advantage_mode {model_args['advantage_mode']!r}: a group of one has "
-            "advantage 0, so nothing would be learned; use group_size >= 2 (or advantage_mode 'raw')"
-        )
-    return problems + combination_problems(model_args, data_args)
 
 
 def engine_class(data_cfg: dict[str, Any]) -> Any:

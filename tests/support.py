@@ -13,9 +13,14 @@ import lightning.pytorch as pl
 import torch
 from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
-from lit_grpo.policy.logprobs import FirstTokenConstraint, chunked_eval, sequence_logprobs
+from lit_grpo.buffers.positions import FirstTokenConstraint
+from lit_grpo.policy.logprobs import chunked_eval, sequence_logprobs
+from lit_grpo.run.tiny_models import (
+    build_char_tokenizer,
+    tiny_gpt2_config,
+    tiny_llama_config,
+)
 from lit_grpo.tasks import ArithmeticTask, PromptRecord
-from lit_grpo.run.tiny_models import build_char_tokenizer, tiny_gpt2_config, tiny_llama_config
 
 
 def save_tiny_model(target: Path, arch: str, seed: int = 0) -> Path:

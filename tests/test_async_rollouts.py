@@ -14,19 +14,20 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from safetensors.torch import load_file
 from lightning.pytorch.loggers import TensorBoardLogger
-from peft import get_peft_model_state_dict
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-from lit_grpo.rollout.ahead import next_version, staleness_problems
 from lit_grpo.callbacks import RolloutMetrics
-from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.engines import HFEngine, VLLMEngine
-from lit_grpo.policy.module import PolicyModule
-from lit_grpo.run.seeds import derived_seed
+from peft import get_peft_model_state_dict
+from safetensors.torch import load_file
 from snapshot_engine import AdapterLog, SnapshotHFEngine
 from support import DigitShareTask
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lit_grpo.engines import HFEngine, VLLMEngine
+from lit_grpo.policy.module import PolicyModule
+from lit_grpo.rollout.ahead import next_version
+from lit_grpo.run.rules import staleness_problems
+from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.run.seeds import derived_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -226,8 +227,9 @@ def test_ctrl_c_with_a_draw_in_flight_stops_the_run_without_waiting_for_it(tiny_
 
 
 def test_an_engine_without_log_probs_cannot_draw_ahead(tiny_llama_dir, tmp_path):
-    from lit_grpo.errors import InputError
     from snapshot_engine import MuteSnapshotHFEngine
+
+    from lit_grpo.errors import InputError
 
     with pytest.raises(InputError, match="MuteSnapshotHFEngine returned no log-probs with its tokens; drawing ahead"):
         fit(tiny_llama_dir, tmp_path, 2, 1, MuteSnapshotHFEngine(draws=str(tmp_path / "draws.jsonl")))

@@ -15,11 +15,16 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from lit_grpo.policy.logprobs import FirstTokenConstraint, head_problem, logprobs_and_hidden, sequence_logprobs
+from lit_grpo.buffers.positions import FirstTokenConstraint
 from lit_grpo.errors import InputError
+from lit_grpo.policy.logprobs import (
+    head_problem,
+    logprobs_and_hidden,
+    sequence_logprobs,
+)
 from lit_grpo.policy.model_loading import load_policy
-from lit_grpo.run.model_files import load_tokenizer
 from lit_grpo.policy.packed import TokenLogprobs
+from lit_grpo.run.model_files import load_tokenizer
 from lit_grpo.run.tiny_models import build_char_tokenizer
 
 VOCAB = 997  # prime
@@ -212,16 +217,15 @@ def test_precision_and_chunk_knobs_are_validated_up_front():
     from inspect import signature
 
     from lit_grpo.policy.module import PolicyModule
-    from lit_grpo.policy.objective import module_config_problems
 
     arguments = {k: v.default for k, v in signature(PolicyModule.__init__).parameters.items() if k != "self"}
     arguments.pop("optimizer"), arguments.pop("lr_scheduler")
-    assert module_config_problems(arguments) == []
-    problems = module_config_problems(dict(arguments, dtype="int8", logprob_chunk_tokens=0, no_grad_batch_tokens=-1))
-    assert problems == [
+    assert PolicyModule.config_problems(arguments) == []
+    problems = PolicyModule.config_problems(dict(arguments, dtype="int8", logprob_chunk_tokens=0, no_grad_batch_tokens=-1))
+    assert problems == [  # the choices (read off the signature's Literal types) first, then the values
+        "dtype: unknown value 'int8'; valid choices: auto, float32, bfloat16, float16",
         "no_grad_batch_tokens: must be >= 1, got -1",
         "logprob_chunk_tokens: must be >= 1, got 0",
-        "dtype: unknown value 'int8'; valid choices: auto, float32, bfloat16, float16",
     ]
 
 

@@ -1,4 +1,4 @@
-"""Every row of the feature table (lit_grpo.run.combinations) with every rollout kind: one epoch on the tiny model
+"""Every row of the feature table (lit_grpo.run.rules) with every rollout kind: one epoch on the tiny model
 where the kind implements the feature, a refusal naming both knobs before any weights load where it does not
 (issue 18, bug 2: DPO with trees died after generation with KeyError('pair_role'); tis_cap, dynamic_sampling,
 mask_truncated, overlong_cache and reward_timeout were silently ignored with trees or chains)."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from lit_grpo.run.rules import FEATURES, ROLLOUTS
+from support import weight_reads
 
 from lit_grpo.cli import main
-from lit_grpo.run.combinations import FEATURES, ROLLOUTS
-from support import weight_reads
 
 ROOT = Path(__file__).resolve().parents[1]
 ON = {"model.loss_variant": "dpo", "model.advantage_mode": "gae", "model.kl_in": "reward", "model.tis_cap": "2.0",

@@ -17,13 +17,13 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lit_grpo.callbacks import RolloutMetrics
+from support import eval_logprobs, penalised_copy
 
-from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.buffers.positions import FirstTokenConstraint
 from lit_grpo.engines import HFEngine, SamplingSpec, VLLMEngine
-from lit_grpo.policy.logprobs import FirstTokenConstraint
 from lit_grpo.policy.module import PolicyModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.tasks import ArithmeticTask
-from support import penalised_copy, eval_logprobs
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

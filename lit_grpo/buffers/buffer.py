@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+from lit_grpo.buffers.positions import FirstTokenConstraint
 from lit_grpo.engines.base import Completion
 from lit_grpo.losses import aggregation_terms
-from lit_grpo.policy.logprobs import FirstTokenConstraint
 from lit_grpo.tasks.base import ScoredCompletion
+
+RolloutKind = Literal["grouped", "tree", "chains"]
+"""How an epoch's rollouts are drawn: ``group_size`` completions per prompt, multi-round trees, or independent
+multi-round chains (``RolloutDataModule.rollout``)."""
 
 
 @dataclass
@@ -48,7 +52,7 @@ class RolloutBuffer:
     completion_texts: list[str] = field(default_factory=list)  # [N]
     group_sizes: list[int] | None = None  # rows per group when they differ (trees); None: group_size each
     trees: list[Any] | None = None  # the rollout trees, in group order, for tree rollouts
-    tree_mode: str | None = None  # "tree" (tree-relative advantages) or "chains" (group advantages of returns)
+    tree_mode: RolloutKind | None = None  # "tree" (tree-relative advantages) or "chains" (group advantages of returns)
     decision_index: torch.Tensor | None = None  # [N] column of each row's first completion token (trees)
     first_token_allowed: torch.Tensor | None = None  # [N, C] the sampler's first-token restriction, -1 padding
     inferred: torch.Tensor | None = None  # [N] bool: the row's reward is an observed return of inferring (trees)

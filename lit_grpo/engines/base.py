@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length"]
+# an engine class that samples from its own copy of the pushed weights says so, as VLLMEngine does (data.max_staleness)
+SNAPSHOT_ATTRIBUTE = "samples_from_copy"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from lit_grpo.policy.logprobs import padded_positions
+from lit_grpo.buffers.positions import padded_positions
 
 
 def draw_tokens(logp: torch.Tensor, uniforms: torch.Tensor,

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from lit_grpo.buffers.buffer import RolloutBuffer
+from lit_grpo.buffers.tree_layout import chain_rows, tree_row_advantages
 from lit_grpo.losses import (
     batch_std_advantages,
     episode_gae,
@@ -20,7 +21,6 @@ from lit_grpo.losses import (
 )
 from lit_grpo.policy.objective import Objective
 from lit_grpo.policy.online_dpo import assign_pairs
-from lit_grpo.buffers.tree_layout import chain_rows, tree_row_advantages
 from lit_grpo.run.distributed import global_moments
 
 

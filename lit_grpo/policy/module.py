@@ -24,6 +24,8 @@ from lit_grpo.losses import (
     masked_aggregate,
     policy_loss,
 )
+from lit_grpo.losses.advantages import AdvantageMode
+from lit_grpo.losses.policy import PolicyVariant
 from lit_grpo.policy.advantages import AdvantageKnobs, assign_advantages
 from lit_grpo.policy.evaluation import GreedyEvaluation
 from lit_grpo.policy.logprobs import (
@@ -34,7 +36,6 @@ from lit_grpo.policy.logprobs import (
     sampler_agreement,
 )
 from lit_grpo.policy.model_loading import completion_stop_ids, load_policy
-from lit_grpo.run.model_files import load_tokenizer, resolve_model_path
 from lit_grpo.policy.objective import Objective, module_config_problems
 from lit_grpo.policy.online_dpo import online_dpo_loss
 from lit_grpo.policy.packed import TokenLogprobs
@@ -43,6 +44,8 @@ from lit_grpo.policy.value_head import ValueHead, aligned_values, old_values, va
 from lit_grpo.risk.fit import RiskReplay
 from lit_grpo.risk.head import RiskHead, RiskHeadSpec
 from lit_grpo.run.distributed import global_step_denominators
+from lit_grpo.run.model_files import BaseDtype, load_tokenizer, resolve_model_path
+from lit_grpo.run.rules import choice_problems
 from lit_grpo.tree import StdScope, ValueMode
 
 
@@ -125,9 +128,9 @@ class PolicyModule(pl.LightningModule):
         lora_dropout: float = 0.0,
         lora_target_modules: str | list[str] = "all-linear",
         init_adapter: str | None = None,
-        advantage_mode: Literal["raw", "centered", "grpo", "drgrpo", "rloo", "max", "gae"] = "grpo",
+        advantage_mode: Literal[AdvantageMode, "gae"] = "grpo",
         std_scope: Literal["group", "batch"] = "group",
-        loss_variant: Literal["reinforce", "unclipped", "clip", "gspo", "dpo"] = "clip",
+        loss_variant: Literal[PolicyVariant, "dpo"] = "clip",
         dpo_beta: float = 0.1,
         clip_eps: float | None = None,
         clip_eps_high: float | None = None,
@@ -147,7 +150,7 @@ class PolicyModule(pl.LightningModule):
         tis_cap: float | None = None,
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
         trust_remote_code: bool = False,
-        dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
+        dtype: Literal["auto", BaseDtype] = "auto",
         gradient_checkpointing: bool = False,
         logprob_chunk_tokens: int = CHUNK_TOKENS,
         no_grad_batch_tokens: int = 16384,
@@ -157,9 +160,9 @@ class PolicyModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "optimizer", "lr_scheduler")}
-        problems = module_config_problems(arguments)
+        problems = self.config_problems(arguments)
         if problems:
-            raise ValueError("invalid PolicyModule configuration:\n  - " + "\n  - ".join(problems))
+            raise InputError("invalid PolicyModule configuration:\n  - " + "\n  - ".join(problems))
         # hparams go into checkpoints, which load with weights_only=True: keep the risk spec a plain mapping there
         risk = dataclasses.asdict(risk) if isinstance(risk, RiskHeadSpec) else risk
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
@@ -179,6 +182,11 @@ class PolicyModule(pl.LightningModule):
         self.evaluation = GreedyEvaluation()
         self.reference_owner: Any = None  # what makes the policy run as pi_ref, if not the adapter switched off
         self.preparation_timings: dict[str, float] = {}  # the last epoch's no-grad passes and risk head fit
+
+    @classmethod
+    def config_problems(cls, args: dict[str, Any]) -> list[str]:
+        """Every problem with these arguments on their own: choices (the signature's ``Literal`` types) and values."""
+        return choice_problems(cls.__init__, args) + module_config_problems(args)
 
     # --- model -------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:

@@ -7,38 +7,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lit_grpo.losses import (
-    ADVANTAGE_MODES,
-    AGGREGATIONS,
-    KL_ESTIMATORS,
-    POLICY_VARIANTS,
-)
-from lit_grpo.run.model_files import model_path_problem, resolve_model_path
 from lit_grpo.risk.head import RiskHeadSpec
-from lit_grpo.run.model_files import remote_code_problem
+from lit_grpo.run.model_files import (
+    model_path_problem,
+    remote_code_problem,
+    resolve_model_path,
+)
 
 GSPO_CLIP_EPS = (3e-4, 4e-4)  # the GSPO paper's (low, high)
 DEFAULT_CLIP_EPS = 0.2
 
 
-def choice_problem(name: str, value: Any, choices: tuple[str, ...]) -> list[str]:
-    return [] if value in choices else [f"{name}: unknown value {value!r}; valid choices: {', '.join(choices)}"]
-
-
 def module_config_problems(args: dict[str, Any]) -> list[str]:
-    """Every problem with PolicyModule's arguments, as messages naming the knob (empty when all is well)."""
-    problems = (
-        choice_problem("advantage_mode", args["advantage_mode"], (*ADVANTAGE_MODES, "gae"))
-        + choice_problem("loss_variant", args["loss_variant"], (*POLICY_VARIANTS, "dpo"))
-        + choice_problem("aggregation", args["aggregation"], AGGREGATIONS)
-        + choice_problem("kl_estimator", args["kl_estimator"], KL_ESTIMATORS)
-        + choice_problem("kl_in", args["kl_in"], ("loss", "reward"))
-        + choice_problem("std_scope", args["std_scope"], ("group", "batch"))
-        + choice_problem("tree_value_mode", args["tree_value_mode"], ("mean", "optimal_stopping"))
-        + choice_problem("tree_std_scope", args["tree_std_scope"], ("tree", "siblings"))
-        + choice_problem("old_logp_source", args["old_logp_source"], ("sampler", "trainer"))
-        + choice_problem("attn_implementation", args["attn_implementation"], ("sdpa", "eager"))
-    )
+    """Every problem with PolicyModule's argument values beyond their choices (``PolicyModule.config_problems``
+    adds those, read off the signature's ``Literal`` types), as messages naming the knob (empty when all is
+    well)."""
+    problems = []
     if args["lora_rank"] < 1:
         problems.append(f"lora_rank: must be >= 1, got {args['lora_rank']}")
     if not args["lora_alpha"] > 0:
@@ -71,7 +55,6 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
     for name in ("no_grad_batch_tokens", "logprob_chunk_tokens"):
         if args[name] < 1:
             problems.append(f"{name}: must be >= 1, got {args[name]}")
-    problems += choice_problem("dtype", args["dtype"], ("auto", "float32", "bfloat16", "float16"))
     path_problem = model_path_problem(args["model_name_or_path"])
     if path_problem:
         problems.append(f"model_name_or_path: {path_problem}")

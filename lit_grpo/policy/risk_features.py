@@ -12,7 +12,13 @@ import torch
 from lit_grpo.buffers.positions import padded_positions
 from lit_grpo.policy.logprobs import body_and_head, chunked_eval, last_hidden_states
 from lit_grpo.risk.fit import RiskReplay, fit_head
-from lit_grpo.risk.head import INFER, RiskHead, confidence_features, error_probability, risk_loss
+from lit_grpo.risk.head import (
+    INFER,
+    RiskHead,
+    confidence_features,
+    error_probability,
+    risk_loss,
+)
 from lit_grpo.risk.probes import ProbeLabels
 
 

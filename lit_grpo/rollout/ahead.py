@@ -27,33 +27,6 @@ from peft import get_peft_model_state_dict, set_peft_model_state_dict
 from lit_grpo.errors import InputError
 
 # engines that sample from the weights they were pushed, not from the training model itself
-SNAPSHOT_ATTRIBUTE = "samples_from_copy"
-
-
-def staleness_problems(max_staleness: int, rollout: str, engine: Any, old_logp_source: str | None,
-                       tis_cap: float | None) -> list[str]:
-    """Every reason ``max_staleness`` cannot run with these settings (``engine``: the engine or its class)."""
-    if max_staleness < 0:
-        return [f"data.max_staleness: must be >= 0, got {max_staleness}"]
-    if max_staleness == 0:
-        return []
-    problems = []
-    name = getattr(engine, "__name__", type(engine).__name__)
-    if engine is not None and not getattr(engine, SNAPSHOT_ATTRIBUTE, False):  # None: not importable, said apart
-        problems.append(
-            f"data.max_staleness {max_staleness} with data.engine {name}: it samples from the model being trained, "
-            "which changes under it while the next rollouts are drawn; use lit_grpo.engines.VLLMEngine or "
-            f"VLLMServerEngine (a custom engine that copies the weights it is pushed declares {SNAPSHOT_ATTRIBUTE} "
-            "= True)")
-    if rollout != "grouped":
-        problems.append(f"data.max_staleness {max_staleness} with data.rollout {rollout!r}: a tree's rounds are "
-                        "generated, scored and grown in turn; asynchronous rollouts take data.rollout 'grouped'")
-    if old_logp_source == "trainer" and tis_cap is None:
-        problems.append(
-            f"data.max_staleness {max_staleness} with model.old_logp_source 'trainer': pi_old recomputed by the "
-            "current policy would ignore that an older one drew the tokens; use old_logp_source 'sampler' (or set "
-            "model.tis_cap, which weights each token by pi_old / pi_sampler)")
-    return problems
 
 
 def next_version(epoch: int, engine_version: int | None, max_staleness: int) -> int:

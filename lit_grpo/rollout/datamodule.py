@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 
 from lit_grpo.buffers.buffer import (
     RolloutBuffer,
+    RolloutKind,
     build_buffer,
     concat_buffers,
     informative_groups,
@@ -29,7 +30,7 @@ from lit_grpo.errors import InputError
 from lit_grpo.losses import overlong_penalty
 from lit_grpo.risk.probes import probe_records
 from lit_grpo.risk.rule import RiskRule
-from lit_grpo.rollout.ahead import RolloutPrefetcher, rollouts_ahead, staleness_problems
+from lit_grpo.rollout.ahead import RolloutPrefetcher, rollouts_ahead
 from lit_grpo.rollout.evaluation import HeldOutScores
 from lit_grpo.rollout.probes import probe_labels
 from lit_grpo.rollout.prompt_check import check_inputs
@@ -40,12 +41,12 @@ from lit_grpo.rollout.settings import (
     resuming_after_finished_epoch,
 )
 from lit_grpo.rollout.trees import expand_trees, greedy_episodes
-from lit_grpo.run.combinations import combination_problems
 from lit_grpo.run.distributed import (
     check_distributed_data,
     rank_and_world,
     rank_share,
 )
+from lit_grpo.run.rules import choice_problems, cross_knob_problems
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks import ArithmeticTask, MultiRoundTask, PromptRecord, Task
 
@@ -114,7 +115,7 @@ class RolloutDataModule(pl.LightningDataModule):
         completion_budget: int | None = None,
         overlong_cache: int | None = None,
         mask_truncated: bool = False,
-        rollout: Literal["grouped", "tree", "chains"] = "grouped",
+        rollout: RolloutKind = "grouped",
         branching: list[int] = [4, 2, 2],  # noqa: B006 - jsonargparse shows list defaults; never mutated
         reward_timeout: float | None = None,
         long_prompts: Literal["refuse", "drop"] = "refuse",
@@ -125,10 +126,10 @@ class RolloutDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "task", "engine")}
-        problems = data_config_problems(arguments) + combination_problems(None, arguments)
-        problems += staleness_problems(max_staleness, rollout, engine if engine is not None else HFEngine, None, None)
+        problems = self.config_problems(arguments)
+        problems += cross_knob_problems(None, arguments, engine if engine is not None else HFEngine)
         if problems:
-            raise ValueError("invalid RolloutDataModule configuration:\n  - " + "\n  - ".join(problems))
+            raise InputError("invalid RolloutDataModule configuration:\n  - " + "\n  - ".join(problems))
         self.settings = arguments  # checked again beside the module's in setup
         self.task = task
         self.scorer: Task | RewardWorker = task if reward_timeout is None else RewardWorker(task, reward_timeout)
@@ -160,12 +161,15 @@ class RolloutDataModule(pl.LightningDataModule):
         self.max_staleness, self.staleness = max_staleness, 0  # the lag allowed, and the lag of the epoch's rollouts
         self.prefetch = RolloutPrefetcher(max_staleness)
 
+    @classmethod
+    def config_problems(cls, args: dict[str, Any]) -> list[str]:
+        """Every problem with these arguments on their own: choices (the signature's ``Literal`` types) and values."""
+        return choice_problems(cls.__init__, args) + data_config_problems(args)
+
     def setup(self, stage: str) -> None:
         """Refuse a module feature this rollout kind does not implement (the CLI reported it before loading)."""
         hparams = dict(self.trainer.lightning_module.hparams)
-        problems = combination_problems(hparams, self.settings)
-        problems += staleness_problems(self.max_staleness, self.rollout, self.engine, hparams.get("old_logp_source"),
-                                       hparams.get("tis_cap"))
+        problems = cross_knob_problems(hparams, self.settings, self.engine)
         if problems:
             raise InputError("the module and the data do not fit together:\n  - " + "\n  - ".join(problems))
         self.task.use_device(self.trainer.strategy.root_device)  # a reward model runs beside the policy

@@ -8,7 +8,8 @@ import lightning.pytorch as pl
 
 
 def data_config_problems(args: dict[str, Any]) -> list[str]:
-    """Every problem with RolloutDataModule's own arguments (empty when all is well)."""
+    """Every problem with RolloutDataModule's own argument values beyond their choices
+    (``RolloutDataModule.config_problems`` adds those, read off the signature's ``Literal`` types)."""
     problems = []
     for name in ("group_size", "prompts_per_epoch", "minibatch_size", "ppo_epochs", "max_new_tokens", "val_batch_size",
                  "max_sampling_rounds"):
@@ -21,10 +22,6 @@ def data_config_problems(args: dict[str, Any]) -> list[str]:
             f"minibatch_size: {args['minibatch_size']} is not a multiple of group_size ({args['group_size']}); "
             "minibatches hold whole groups"
         )
-    if args["long_prompts"] not in ("refuse", "drop"):
-        problems.append(f"long_prompts: unknown value {args['long_prompts']!r}; valid choices: refuse, drop")
-    if args["rollout"] not in ("grouped", "tree", "chains"):
-        problems.append(f"rollout: unknown value {args['rollout']!r}; valid choices: grouped, tree, chains")
     if not args["branching"] or any(width < 1 for width in args["branching"]):
         problems.append(f"branching: needs one width >= 1 per round, got {args['branching']}")
     if args["overlong_cache"] is not None and not 0 < args["overlong_cache"] <= args["max_new_tokens"]:

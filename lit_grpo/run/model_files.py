@@ -6,9 +6,10 @@ Shared by the policy and by rewards that load a model of their own (``lit_grpo.t
 from __future__ import annotations
 
 import json
+import typing
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers import AutoTokenizer, PretrainedConfig
@@ -114,7 +115,8 @@ def refuse_remote_code(model_path: str, trust_remote_code: bool) -> None:
         raise InputError(problem)
 
 
-BASE_DTYPES = ("float32", "bfloat16", "float16")
+BaseDtype = Literal["float32", "bfloat16", "float16"]
+BASE_DTYPES = typing.get_args(BaseDtype)
 
 
 def base_dtype(model_path: str, dtype: str) -> torch.dtype:

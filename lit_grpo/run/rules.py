@@ -1,0 +1,140 @@
+"""Every configuration rule in one place: each knob's choices (read off the ``Literal`` types of the typed
+``__init__`` signatures, where they are spelled once) and every rule that spans knobs, in one registry
+(``cross_knob_problems``), run before any weights load (``lit_grpo.config_check``, from the command line) and again
+in ``RolloutDataModule.setup`` (the Python API).
+
+Which features work with which rollout kind is data (``FEATURES``). Grouped rollouts (G completions of one prompt) carry every loss and sampling feature; tree and chain rollouts
+(multi-round episodes scored by an environment) carry tree-relative advantages and the risk head. A feature set
+with a rollout kind that does not implement it was silently ignored or failed after the first generation; here it
+is refused by name. ``tests/test_combinations.py`` runs or refuses every row.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from lit_grpo.buffers.buffer import RolloutKind
+from lit_grpo.engines.base import SNAPSHOT_ATTRIBUTE
+
+ROLLOUTS = typing.get_args(RolloutKind)
+
+
+@dataclass(frozen=True)
+class Feature:
+    knob: str  # "model.<arg>" or "data.<arg>"
+    is_on: Callable[[Any], bool]  # whether the knob's value turns the feature on
+    rollouts: tuple[str, ...]  # the rollout kinds that implement it
+    why: str  # what the other kinds lack
+
+
+FEATURES: tuple[Feature, ...] = (
+    Feature("model.loss_variant", lambda v: v == "dpo", ("grouped",),
+            "online DPO pairs the best and worst completion of one prompt's group"),
+    Feature("model.advantage_mode", lambda v: v == "gae", ("grouped", "chains"),
+            "PPO's value head and GAE run along one trajectory per row or chain; a tree's branches share their "
+            "ancestors, and trees use tree-relative advantages"),
+    Feature("model.tree_std_scope", lambda v: v == "siblings", ("tree",),
+            "only a tree has sibling groups: each decision's alternatives sampled from one context"),
+    Feature("model.kl_in", lambda v: v == "reward", ("grouped",),
+            "the KL penalty is folded into the reward of a single-round completion"),
+    Feature("model.tis_cap", lambda v: v is not None, ("grouped",),
+            "the truncated importance-sampling correction is applied to grouped rollouts' sampler log-probs"),
+    Feature("data.dynamic_sampling", bool, ("grouped",), "dynamic sampling redraws prompts whose group is flat"),
+    Feature("data.mask_truncated", bool, ("grouped",), "overlong filtering masks grouped completions"),
+    Feature("data.overlong_cache", lambda v: v is not None, ("grouped",),
+            "the overlong penalty is added to a single-round completion's reward"),
+    Feature("data.reward_timeout", lambda v: v is not None, ("grouped",),
+            "reward isolation wraps the task's reward, which tree and chain rollouts do not call (their environment "
+            "scores each round)"),
+    Feature("model.risk", lambda v: v is not None, ("tree", "chains"),
+            "the risk head learns at the infer/defer decisions of multi-round rollouts"),
+)
+
+
+def combination_problems(model_args: dict[str, Any] | None, data_args: dict[str, Any]) -> list[str]:
+    """One message per feature that is on with a rollout kind that does not implement it; ``model_args`` None
+    checks the data's own features only (the DataModule alone, before it meets a module)."""
+    rollout = data_args["rollout"]
+    if rollout not in ROLLOUTS:
+        return []  # reported as an unknown value
+    problems = []
+    for feature in FEATURES:
+        section, name = feature.knob.split(".")
+        args = model_args if section == "model" else data_args
+        if args is None or name not in args:
+            continue
+        value = args[name]
+        if feature.is_on(value) and rollout not in feature.rollouts:
+            problems.append(f"{feature.knob} {value!r} with data.rollout {rollout!r}: {feature.why}; it takes "
+                            f"data.rollout {' or '.join(repr(r) for r in feature.rollouts)}")
+    return problems
+
+
+def literal_choices(hint: Any) -> tuple[Any, ...] | None:
+    """The values a ``Literal`` type (or ``Literal | None``) admits, None for any other type."""
+    if typing.get_origin(hint) is Literal:
+        return typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        members = [literal_choices(arg) if arg is not type(None) else (None,) for arg in typing.get_args(hint)]
+        return None if any(m is None for m in members) else tuple(v for m in members for v in m)
+    return None
+
+
+def choice_problems(function: Callable, args: dict[str, Any]) -> list[str]:
+    """One message per argument of ``function`` whose value is not among its ``Literal`` type's choices."""
+    problems = []
+    for name, hint in typing.get_type_hints(function).items():
+        choices = literal_choices(hint)
+        if choices is not None and name in args and args[name] not in choices:
+            shown = ", ".join("null" if c is None else str(c) for c in choices)
+            problems.append(f"{name}: unknown value {args[name]!r}; valid choices: {shown}")
+    return problems
+
+
+def group_of_one_problems(model_args: dict[str, Any], data_args: dict[str, Any]) -> list[str]:
+    if data_args["group_size"] == 1 and model_args["advantage_mode"] != "raw":
+        return [f"data.group_size 1 with model.advantage_mode {model_args['advantage_mode']!r}: a group of one has "
+                "advantage 0, so nothing would be learned; use group_size >= 2 (or advantage_mode 'raw')"]
+    return []
+
+
+def staleness_problems(max_staleness: int, rollout: str, engine: Any, old_logp_source: str | None,
+                       tis_cap: float | None) -> list[str]:
+    """Every reason ``max_staleness`` cannot run with these settings (``engine``: the engine or its class)."""
+    if max_staleness < 0:
+        return [f"data.max_staleness: must be >= 0, got {max_staleness}"]
+    if max_staleness == 0:
+        return []
+    problems = []
+    name = getattr(engine, "__name__", type(engine).__name__)
+    if engine is not None and not getattr(engine, SNAPSHOT_ATTRIBUTE, False):  # None: not importable, said apart
+        problems.append(
+            f"data.max_staleness {max_staleness} with data.engine {name}: it samples from the model being trained, "
+            "which changes under it while the next rollouts are drawn; use lit_grpo.engines.VLLMEngine or "
+            f"VLLMServerEngine (a custom engine that copies the weights it is pushed declares {SNAPSHOT_ATTRIBUTE} "
+            "= True)")
+    if rollout != "grouped":
+        problems.append(f"data.max_staleness {max_staleness} with data.rollout {rollout!r}: a tree's rounds are "
+                        "generated, scored and grown in turn; asynchronous rollouts take data.rollout 'grouped'")
+    if old_logp_source == "trainer" and tis_cap is None:
+        problems.append(
+            f"data.max_staleness {max_staleness} with model.old_logp_source 'trainer': pi_old recomputed by the "
+            "current policy would ignore that an older one drew the tokens; use old_logp_source 'sampler' (or set "
+            "model.tis_cap, which weights each token by pi_old / pi_sampler)")
+    return problems
+
+
+def cross_knob_problems(model_args: dict[str, Any] | None, data_args: dict[str, Any], engine: Any) -> list[str]:
+    """The registry: every rule that spans the module's and the data's knobs (and the engine, given as an engine or
+    its class; None when it could not be imported). ``model_args`` None runs the data's own rules only (the
+    DataModule alone, before it meets a module)."""
+    model = model_args or {}
+    problems = [] if model_args is None else group_of_one_problems(model_args, data_args)
+    problems += combination_problems(model_args, data_args)
+    problems += staleness_problems(data_args.get("max_staleness", 0), data_args["rollout"], engine,
+                                   model.get("old_logp_source"), model.get("tis_cap"))
+    return problems
