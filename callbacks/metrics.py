@@ -12,6 +12,7 @@ from torchmetrics import MeanMetric
 
 from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.rollout.ahead import epoch_costs
+from lit_grpo.run.rules import staleness_problems
 
 
 def rollout_stats(buffer: RolloutBuffer) -> dict[str, float]:
@@ -157,8 +158,10 @@ class RolloutMetrics(pl.Callback):
             train = time.perf_counter() - self._train_started
             pl_module.log("time/train", train, on_step=False, on_epoch=True, sync_dist=True)
             self._train_started = None
-            grouped = getattr(trainer.datamodule, "rollout", "grouped") == "grouped"  # trees cannot draw ahead
-            print_phases(trainer.current_epoch, getattr(trainer.datamodule, "timings", {}), train, grouped)
+            datamodule = trainer.datamodule  # the cost of drawing ahead is shown only where it could run
+            can_draw_ahead = not staleness_problems(1, getattr(datamodule, "rollout", "grouped"),
+                                                    getattr(datamodule, "engine", None), None, None)
+            print_phases(trainer.current_epoch, getattr(datamodule, "timings", {}), train, can_draw_ahead)
         for key in self.TRAIN_KEYS:
             metric = self.train[key]
             if metric.update_count:

@@ -8,13 +8,13 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from lit_grpo.callbacks import ReferencePolicy, RolloutMetrics
+from support import DigitShareTask, eval_logprobs
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import AutoModelForCausalLM
 
-from lit_grpo.callbacks import ReferencePolicy, RolloutMetrics
-from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.policy.module import PolicyModule
-from support import DigitShareTask, eval_logprobs
+from lit_grpo.rollout.datamodule import RolloutDataModule
 
 
 def make_trainer(root: Path, epochs: int, callbacks: list[pl.Callback], logger: Any = False) -> pl.Trainer:
@@ -63,6 +63,7 @@ def test_pi_ref_is_the_base_without_a_callback_and_a_users_reference_callback_ow
 
 def test_the_command_wires_the_always_on_callbacks_once_and_keeps_a_users_own(tiny_llama_dir, tmp_path):
     from lit_grpo.callbacks import NonFiniteGuard, RngState
+
     from lit_grpo.cli import LitGRPOCLI
 
     base = ["--model.model_name_or_path", str(tiny_llama_dir), "--trainer.default_root_dir", str(tmp_path)]
@@ -152,3 +153,30 @@ def test_installing_the_reference_adapter_draws_nothing_from_the_global_rng(tiny
     module.policy.delete_adapter("reference")
     reference._install(module.policy)
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_the_phase_line_offers_drawing_ahead_only_where_the_engine_can(caplog):
+    # issue 33, item 5: the per-epoch phase line prices data.max_staleness only for grouped rollouts from an engine
+    # that samples from a copy of the weights (the hf engine samples from the model being trained)
+    import logging
+    import time
+    from types import SimpleNamespace
+
+    from snapshot_engine import SnapshotHFEngine
+
+    from lit_grpo.engines import HFEngine
+
+    lines = {}
+    for name, engine, rollout in (("hf", HFEngine(), "grouped"), ("copy", SnapshotHFEngine("unused"), "grouped"),
+                                  ("copy-tree", SnapshotHFEngine("unused"), "tree")):
+        callback = RolloutMetrics()
+        callback._train_started = time.perf_counter()
+        datamodule = SimpleNamespace(rollout=rollout, engine=engine, timings={"push": 0.5, "generate": 2.0})
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            callback.on_train_epoch_end(SimpleNamespace(current_epoch=3, datamodule=datamodule),
+                                        SimpleNamespace(log=lambda *args, **kwargs: None))
+        (lines[name],) = [r.getMessage() for r in caplog.records if "epoch 3 phases" in r.getMessage()]
+    assert "data.max_staleness" not in lines["hf"] and "data.max_staleness" not in lines["copy-tree"]
+    assert "drawn ahead (data.max_staleness)" in lines["copy"]
+    assert lines["hf"].startswith("epoch 3 phases: push 0.50s, generate 2.00s, train ")

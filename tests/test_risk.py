@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,11 +18,11 @@ from lit_grpo.risk.head import (
     binomial_cdf,
     confidence_features,
     cvar,
-    learn_then_test,
     error_probability,
     expected_calibration_error,
     first_token_constraints,
     forced_defer,
+    learn_then_test,
     reliability_bins,
     risk_loss,
     selective_error,
@@ -146,25 +145,22 @@ def test_restricted_first_token_renormalises_over_the_allowed_ids_only():
 def test_the_risk_loss_is_scaled_by_its_own_step_count_of_inferring_rows():
     # issue 18, bug 4: the risk head's loss took the policy aggregation's share of the step; it takes its own: the
     # minibatch's inferring rows over the step's
-    from lit_grpo.policy.module import PolicyModule
+    from lit_grpo.policy.head_losses import head_losses
 
     spec = RiskHeadSpec(v_min=-1.0, v_max=1.0, num_atoms=3, coef=2.0, detach=False)
-    module = PolicyModule(risk=dict(v_min=-1.0, v_max=1.0, num_atoms=3, coef=2.0, detach=False))
-    module.risk_head = RiskHead(2, spec)  # zero weights: uniform over the atoms -1, 0, 1
-    # a stand-in causal LM: only its output head is read (for the two confidence features)
-    lm = SimpleNamespace(base_model_prefix="model", model=None, get_output_embeddings=lambda: torch.nn.Linear(2, 5))
-    module.policy = SimpleNamespace(get_base_model=lambda: lm)
+    risk = (RiskHead(2, spec), spec.coef)  # zero weights: uniform over the atoms -1, 0, 1
+    output_head = torch.nn.Linear(2, 5)  # only read for the two confidence features
     hidden = torch.zeros(2, 3, 2)
     batch = {"inferred": torch.tensor([True, False]), "decision_index": torch.tensor([1, 1]),
              "rewards": torch.tensor([0.5, -1.0]), "step_risk_rows": torch.tensor(4.0),
              "step_denominator": torch.tensor(2.0)}
-    scaled, unscaled, _ = module.head_losses(hidden, batch)
+    scaled, unscaled, _ = head_losses(hidden, batch, output_head, risk, None)
     # one inferring row, return 0.5: target [0, 0.5, 0.5] against uniform -> cross-entropy log 3, weighted x 2;
     # the step's 4 inferring rows: 2 log 3 x 1/4 (by the policy's share, 2 rows of 2, it was 2 log 3 x 1)
     assert unscaled.item() == pytest.approx(2 * math.log(3), abs=1e-6)
     assert scaled.item() == pytest.approx(2 * math.log(3) / 4, abs=1e-6)
     batch["step_risk_rows"] = torch.tensor(0.0)  # no inferring row in the step: no term at all
-    assert module.head_losses(hidden, batch)[0].item() == 0.0
+    assert head_losses(hidden, batch, output_head, risk, None)[0].item() == 0.0
 
 
 def test_binomial_cdf_by_hand():

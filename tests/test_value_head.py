@@ -41,20 +41,20 @@ def test_values_align_with_logprobs(tiny_llama_dir):
 def test_the_value_loss_is_scaled_by_its_own_step_count_not_the_policy_losss():
     # issue 18, bug 4: the value loss took the policy aggregation's share of the step (rows, for seq-mean); it takes
     # its own: the minibatch's counted tokens over the step's
-    from lit_grpo.policy.module import PolicyModule
+    from lit_grpo.policy.head_losses import head_losses
 
-    module = PolicyModule(advantage_mode="gae", vf_coef=0.5, vf_clip=None, aggregation="seq-mean")
-    module.value_head = ValueHead(2)
+    head = ValueHead(2)
     with torch.no_grad():
-        module.value_head.linear.weight.copy_(torch.tensor([[1.0, 0.0]]))
+        head.linear.weight.copy_(torch.tensor([[1.0, 0.0]]))
+    value = (head, 0.5, None)  # vf_coef 0.5, no value clipping
     hidden = torch.tensor([[[9.0, 9.0], [1.0, 0.0], [3.0, 0.0]]])  # aligned values: 0 (column 0), 1, 3
     batch = {"completion_mask": torch.tensor([[False, True, True]]), "attention_mask": torch.ones(1, 3),
              "old_values": torch.zeros(1, 3), "returns": torch.tensor([[0.0, 0.0, 1.0]]),
              "step_value_tokens": torch.tensor(8.0), "step_denominator": torch.tensor(2.0)}
-    scaled, unscaled, stats = module.head_losses(hidden, batch)
+    scaled, unscaled, stats = head_losses(hidden, batch, None, None, value)
     # squared errors (1 - 0)^2 = 1 and (3 - 1)^2 = 4: minibatch mean 2.5, weighted 0.5 x 2.5 = 1.25; the step's
     # 8 counted tokens: 0.5 x (1 + 4) / 8 = 0.3125 (by the policy's share, 1 row of the step's 2, it was 0.625)
     assert unscaled.item() == 1.25 and scaled.item() == 0.3125
     assert stats["value_loss"].item() == 2.5
     batch["step_value_tokens"] = torch.tensor(2.0)  # the minibatch is its step's only one: its mean, unscaled
-    assert module.head_losses(hidden, batch)[0].item() == 1.25
+    assert head_losses(hidden, batch, None, None, value)[0].item() == 1.25

@@ -28,6 +28,7 @@ from lit_grpo.losses.advantages import AdvantageMode
 from lit_grpo.losses.policy import PolicyVariant
 from lit_grpo.policy.advantages import AdvantageKnobs, assign_advantages
 from lit_grpo.policy.evaluation import GreedyEvaluation
+from lit_grpo.policy.head_losses import head_losses
 from lit_grpo.policy.logprobs import (
     CHUNK_TOKENS,
     body_and_head,
@@ -39,19 +40,14 @@ from lit_grpo.policy.model_loading import completion_stop_ids, load_policy
 from lit_grpo.policy.objective import Objective, module_config_problems
 from lit_grpo.policy.online_dpo import online_dpo_loss
 from lit_grpo.policy.packed import TokenLogprobs
-from lit_grpo.policy.risk_features import HeadOnContexts, fit_on_replay, risk_head_loss
-from lit_grpo.policy.value_head import ValueHead, aligned_values, old_values, value_loss
+from lit_grpo.policy.risk_features import HeadOnContexts, fit_on_replay
+from lit_grpo.policy.value_head import ValueHead, old_values
 from lit_grpo.risk.fit import RiskReplay
 from lit_grpo.risk.head import RiskHead, RiskHeadSpec
 from lit_grpo.run.distributed import global_step_denominators
 from lit_grpo.run.model_files import BaseDtype, load_tokenizer, resolve_model_path
 from lit_grpo.run.rules import choice_problems
 from lit_grpo.tree import StdScope, ValueMode
-
-
-def share(local: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
-    """``local / total`` as a float, 0 when the step counts nothing (then no minibatch of it has a term either)."""
-    return local.float() / total if total > 0 else local.new_tensor(0.0, dtype=torch.float32)
 
 
 class PolicyModule(pl.LightningModule):
@@ -335,7 +331,9 @@ class PolicyModule(pl.LightningModule):
         # (every rank's minibatches): a step's gradient is each loss's sum over the step divided by its own count
         loss, reported = policy_part * (local_count / batch["step_denominator"]), policy_part.detach()
         if self.joint_risk_head is not None or self.value_head is not None:
-            scaled, unscaled, head_stats = self.head_losses(hidden, batch)
+            risk = None if self.joint_risk_head is None else (self.joint_risk_head, self.risk_spec.coef)
+            value = None if self.value_head is None else (self.value_head, self.hparams.vf_coef, self.hparams.vf_clip)
+            scaled, unscaled, head_stats = head_losses(hidden, batch, body_and_head(self.policy)[1], risk, value)
             loss, reported, stats = loss + scaled, reported + unscaled, {**stats, **head_stats}
         if batch_idx == 0 and "sampler_logp" in batch:  # no update yet this epoch: logp is the trainer's pi_old
             stats.update(sampler_agreement(logp.detach(), batch["sampler_logp"], completion_mask))
@@ -349,25 +347,6 @@ class PolicyModule(pl.LightningModule):
     def joint_risk_head(self) -> RiskHead | None:
         """The risk head when it trains jointly with the policy (``risk.detach`` false), else None."""
         return None if self.risk_spec is None or self.risk_spec.detach else self.risk_head
-
-    def head_losses(self, hidden: torch.Tensor,
-                    batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-        """The risk and value heads' losses weighted by their coefficients: ``(scaled, unscaled, stats)``, scaled
-        by the minibatch's share of each loss's own count over the step (inferring rows; counted tokens)."""
-        scaled, unscaled, stats = hidden.new_tensor(0.0), hidden.new_tensor(0.0), {}
-        if self.joint_risk_head is not None:
-            risk_loss, risk_stats = risk_head_loss(self.joint_risk_head, hidden, batch, body_and_head(self.policy)[1])
-            weighted = self.risk_spec.coef * risk_loss
-            scaled = scaled + weighted * share(batch["inferred"].sum(), batch["step_risk_rows"])
-            unscaled, stats = unscaled + weighted.detach(), {**stats, **risk_stats}
-        if self.value_head is not None:
-            mask = batch["completion_mask"]
-            values = aligned_values(self.value_head, hidden, batch["attention_mask"])
-            vf_loss, vf_stats = value_loss(values, batch["old_values"], batch["returns"], mask, self.hparams.vf_clip)
-            weighted = self.hparams.vf_coef * vf_loss
-            scaled = scaled + weighted * share(mask.sum(), batch["step_value_tokens"])
-            unscaled, stats = unscaled + weighted.detach(), {**stats, **vf_stats, "value_loss": vf_loss.detach()}
-        return scaled, unscaled, stats
 
     def dpo_step(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
         """Online DPO: the mean DPO loss over the minibatch's pairs (a minibatch without a pair gives 0)."""

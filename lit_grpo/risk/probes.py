@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from lit_grpo.rollout.trees import SegmentNode
+from lit_grpo.buffers.tree_layout import SegmentNode
 from lit_grpo.tasks.base import PromptRecord
 from lit_grpo.tree import depth_first
 

@@ -4,6 +4,7 @@ through a ``ContextRisk`` (``lit_grpo.buffers.protocols``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -26,6 +27,13 @@ class RiskRule:
         self.risk, self.tau = risk, tau
         self.defer_token_ids = tuple(defer_token_ids)
         self.decision, self.cvar_level, self.answer_token_ids = decision, cvar_level, tuple(answer_token_ids)
+
+    @classmethod
+    def for_task(cls, risk: ContextRisk, tau: float | None, task: Any, tokenizer: Any, decision: str = "threshold",
+                 cvar_level: float = 0.0) -> RiskRule:
+        """The rule with ``task``'s defer (and, for the value rule, answer) first tokens."""
+        answer_ids = task.answer_token_ids(tokenizer) if decision == "value" else ()
+        return cls(risk, tau, task.defer_token_ids(tokenizer), decision, cvar_level, answer_ids)
 
     def __call__(self, contexts: list[list[int]], depth: int) -> tuple[tuple[int, ...] | None, ...]:
         if self.decision == "threshold":

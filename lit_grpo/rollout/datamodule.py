@@ -31,7 +31,7 @@ from lit_grpo.losses import overlong_penalty
 from lit_grpo.risk.probes import probe_records
 from lit_grpo.risk.rule import RiskRule
 from lit_grpo.rollout.ahead import RolloutPrefetcher, rollouts_ahead
-from lit_grpo.rollout.evaluation import HeldOutScores
+from lit_grpo.rollout.evaluation import HeldOutScores, greedy_completion_scores
 from lit_grpo.rollout.probes import probe_labels
 from lit_grpo.rollout.prompt_check import check_inputs
 from lit_grpo.rollout.reward_worker import RewardWorker
@@ -359,10 +359,7 @@ class RolloutDataModule(pl.LightningDataModule):
             return None
         epoch = self.trainer.current_epoch
         tau = threshold.training_tau(epoch) if training else threshold.current_tau(epoch)
-        tokenizer = module.tokenizer
-        answer_ids = self.task.answer_token_ids(tokenizer) if threshold.decision == "value" else ()
-        return RiskRule(risk, tau, self.task.defer_token_ids(tokenizer), threshold.decision, threshold.cvar_level,
-                        answer_ids)
+        return RiskRule.for_task(risk, tau, self.task, module.tokenizer, threshold.decision, threshold.cvar_level)
 
     def checked_module(self) -> SamplingPolicy:
         """The trainer's module, once the prompts were checked against its tokenizer and context (``check_inputs``:
@@ -382,16 +379,11 @@ class RolloutDataModule(pl.LightningDataModule):
         episodes of up to ``len(branching)`` rounds and their returns."""
         self.prefetch.wait()  # the engine serves one caller at a time
         self.sync_policy(module)
+        sampling = self.sampling_spec(module, greedy=True, seed=None)
         if isinstance(self.task, MultiRoundTask):
-            sampling = self.sampling_spec(module, greedy=True, seed=None)
             return greedy_episodes(self.task, self.engine, module.tokenizer, records, len(self.branching), sampling,
                                    self.risk_rule(module))
-        prompt_ids = [self.task.prompt_ids(r, module.tokenizer) for r in records]
-        completions = self.engine.generate(prompt_ids, 1, self.sampling_spec(module, greedy=True, seed=None))
-        ids = [list(completion.token_ids) for (completion,) in completions]
-        texts = [module.tokenizer.decode(row, skip_special_tokens=True).strip() for row in ids]
-        scored = self.scorer.score_group(records, texts, ids)
-        return torch.tensor([s.reward for s in scored]), torch.tensor([s.correct for s in scored])
+        return greedy_completion_scores(self.task, self.engine, self.scorer, module.tokenizer, records, sampling)
 
     # --- held-out prompts --------------------------------------------------------------------------------------
     def val_records(self) -> list[PromptRecord]:

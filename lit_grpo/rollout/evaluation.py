@@ -25,3 +25,15 @@ class HeldOutScores(Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         rewards, correct = self.score(self.batches[index])
         return {self.reward_name: rewards, "correct": correct}
+
+
+def greedy_completion_scores(task: Any, engine: Any, scorer: Any, tokenizer: Any, records: list[PromptRecord],
+                             sampling: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """One greedy completion per prompt, scored by ``scorer`` (the task, or its reward worker): ``(rewards [B],
+    correct [B])``."""
+    prompt_ids = [task.prompt_ids(r, tokenizer) for r in records]
+    completions = engine.generate(prompt_ids, 1, sampling)
+    ids = [list(completion.token_ids) for (completion,) in completions]
+    texts = [tokenizer.decode(row, skip_special_tokens=True).strip() for row in ids]
+    scored = scorer.score_group(records, texts, ids)
+    return torch.tensor([s.reward for s in scored]), torch.tensor([s.correct for s in scored])

@@ -47,8 +47,7 @@ def rule_outcome(module: SamplingPolicy, datamodule: Any, records: Sequence[Any]
     ``success_threshold`` then defines an error)."""
     task, tokenizer, risk = datamodule.task, module.tokenizer, module.context_risk()
     datamodule.sync_policy(module)
-    rule = RiskRule(risk, tau, task.defer_token_ids(tokenizer), decision, cvar_level,
-                    task.answer_token_ids(tokenizer) if decision == "value" else ()) if apply_rule else None
+    rule = RiskRule.for_task(risk, tau, task, tokenizer, decision, cvar_level) if apply_rule else None
     sampling = datamodule.sampling_spec(module, greedy=True, seed=None)
     roots = greedy_trees(task, datamodule.engine, tokenizer, records, len(datamodule.branching), sampling, rule)
     threshold = risk.success_threshold if risk is not None else success_threshold

@@ -9,11 +9,12 @@ from typing import Any
 import torch
 
 from lit_grpo.errors import InputError
-from lit_grpo.policy.model_loading import base_dtype, refuse_remote_code
 from lit_grpo.run.model_files import (
     BASE_DTYPES,
+    base_dtype,
     load_tokenizer,
     model_path_problem,
+    refuse_remote_code,
     resolve_model_path,
 )
 from lit_grpo.tasks.base import is_conversation
