@@ -75,7 +75,7 @@ class ReferencePolicy(pl.Callback):
         """Create the frozen adapter if needed and load the reference weights into it."""
         if REFERENCE_ADAPTER not in policy.peft_config:
             # its initial weights are overwritten below; drawing them from the global RNG would shift every later
-            # draw (LoRA dropout, sampling) of a resumed run against an uninterrupted one (issue 18, bug 6)
+            # draw (LoRA dropout, sampling) of a resumed run against an uninterrupted one
             device = next(policy.parameters()).device
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
                 policy.add_adapter(REFERENCE_ADAPTER, policy.peft_config[policy.active_adapter])

@@ -1,4 +1,4 @@
-"""Tree-relative advantages for multi-round rollouts (design §6).
+"""Tree-relative advantages for multi-round rollouts (docs/guide.md#multi-round-tasks-and-tree-rollouts).
 
 A tree per prompt: the root is the prompt, every other node is one segment the policy generated in one round. A
 terminal node is an answer (or a malformed segment, or the environment's no-answer closing); a continuing node is a
@@ -18,11 +18,11 @@ back into the tree it is given:
   ``sigma_tree`` the population std of all the leaf returns. The ablation ``std_scope="siblings"`` divides by the
   population std of the sibling group's Q instead (each decision normalised on its own, as GRPO normalises a group).
 
-Exact zeros (design §4's flat-group rule, carried over): a tree whose leaf returns are all equal gets 0.0 on every
-node, and so does every sibling group whose ``Q`` values are all equal. "Equal" allows a spread of ``FLAT_RTOL``
-times the largest sum of ``|r|`` along a path: returns are float sums along different paths, so ``-0.1 + 0.8`` and
-``0.7`` differ by one ulp and would otherwise give advantages of rounding noise. Zeroing such a spread changes no
-advantage by more than ``FLAT_RTOL * scale / eps``, far below anything a reward can express.
+Exact zeros (the flat-group rule of docs/guide.md#the-math, carried over): a tree whose leaf returns are all equal
+gets 0.0 on every node, and so does every sibling group whose ``Q`` values are all equal. "Equal" allows a spread of
+``FLAT_RTOL`` times the largest sum of ``|r|`` along a path: returns are float sums along different paths, so
+``-0.1 + 0.8`` and ``0.7`` differ by one ulp and would otherwise give advantages of rounding noise. Zeroing such a spread
+changes no advantage by more than ``FLAT_RTOL * scale / eps``, far below anything a reward can express.
 
 A continuing node cut off at ``max_depth`` is closed with ``close_with_no_answer``: one terminal child, with no policy
 tokens, scored with the task's no-answer reward. Being an only child its advantage is exactly 0 and it carries no

@@ -1,4 +1,4 @@
-"""The epoch's rollouts as tensors, and how they are served as minibatches (design §2, step 6)."""
+"""The epoch's rollouts as tensors, and how they are served as minibatches (docs/guide.md#layout)."""
 
 from __future__ import annotations
 

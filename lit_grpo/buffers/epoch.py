@@ -1,7 +1,7 @@
-"""One epoch's handover from the DataModule to the LightningModule (design §2): the scored buffer and the order its
-minibatches will be served in. The DataModule draws and scores; the module prepares the buffer (π_old, π_ref,
-values, advantages, the risk head's fit) in its own hook and then cuts the minibatches (``serve``), which are what
-the train loader yields."""
+"""One epoch's handover from the DataModule to the LightningModule (docs/guide.md#layout): the scored buffer and the
+order its minibatches will be served in. The DataModule draws and scores; the module prepares the buffer (π_old,
+π_ref, values, advantages, the risk head's fit) in its own hook and then cuts the minibatches (``serve``), which are
+what the train loader yields."""
 
 from __future__ import annotations
 

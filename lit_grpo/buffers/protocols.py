@@ -1,5 +1,5 @@
-"""What each side sees of the other while running (design §1): small Protocols, so that the rollout side never
-imports the policy and the policy never imports the rollout side.
+"""What each side sees of the other while running (docs/guide.md#layout): small Protocols, so that the rollout side
+never imports the policy and the policy never imports the rollout side.
 
 - An engine samples with the policy's weights: the rollout side reads ``SamplingPolicy`` off the LightningModule.
 - The infer/defer rule needs P(error) at open contexts while a tree grows: it gets a ``ContextRisk``.

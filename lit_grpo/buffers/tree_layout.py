@@ -1,5 +1,5 @@
-"""Trees as training rows (design §6): the node that carries tokens, one row per policy node, chain returns, and the
-per-row advantages of tree and chain rollouts."""
+"""Trees as training rows (docs/guide.md#multi-round-tasks-and-tree-rollouts): the node that carries tokens, one row per
+policy node, chain returns, and the per-row advantages of tree and chain rollouts."""
 
 from __future__ import annotations
 

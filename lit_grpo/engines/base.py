@@ -1,4 +1,4 @@
-"""The one interface between the algorithm and whatever generates rollouts (design §7).
+"""The one interface between the algorithm and whatever generates rollouts (docs/guide.md#rollout-engines).
 
 Nothing outside ``lit_grpo.engines`` imports an inference library: the DataModule speaks only this Protocol.
 """

@@ -1,4 +1,5 @@
-"""Where an engine-started inference server listens: loopback by default, an API key when exposed (design §7).
+"""Where an engine-started inference server listens: loopback by default, an API key when exposed
+(docs/guide.md#rollout-engines).
 
 A server an engine starts for itself (e.g. ``vllm serve`` for the ``vllm_server`` engine) is reachable from this
 machine only unless the user asks otherwise; one bound to another interface must be given an API key.

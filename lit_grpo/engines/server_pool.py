@@ -1,5 +1,5 @@
 """Several inference servers behind one engine: HTTP with failure kinds, dealing by load, failover, and one push
-per adapter version for all DDP ranks (design §12).
+per adapter version for all DDP ranks (docs/scaling.md).
 
 A request either fails because of the server (refused, reset, timed out, HTTP 5xx: ``ServerDown``) — it is then
 retried on another live server and the failed one is skipped until the next push probes it again — or because

@@ -1,4 +1,4 @@
-"""Group-relative advantages (design §4): one scalar per completion from the rewards of its group."""
+"""Group-relative advantages (docs/guide.md#the-math): one scalar per completion from the rewards of its group."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reducing per-token values over the counted tokens of a batch (design §5).
+"""Reducing per-token values over the counted tokens of a batch (docs/guide.md#the-math).
 
 The three modes weigh tokens differently, and that choice is a length bias:
 

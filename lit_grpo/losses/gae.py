@@ -1,4 +1,4 @@
-"""Per-token rewards with the KL folded in, and generalised advantage estimation (design §5, PPO row)."""
+"""Per-token rewards with the KL folded in, and generalised advantage estimation (docs/guide.md#the-math, PPO row)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Per-token KL estimators against the reference policy (design §5)."""
+"""Per-token KL estimators against the reference policy (docs/guide.md#the-math)."""
 
 from __future__ import annotations
 

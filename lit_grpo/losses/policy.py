@@ -1,4 +1,4 @@
-"""The clipped policy-gradient surrogate and its variants (design §5)."""
+"""The clipped policy-gradient surrogate and its variants (docs/guide.md#the-math)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The advantages of one epoch's rollout buffer (design §2 step 5): group, batch-std, tree-relative, GAE (PPO) or the
-online-DPO pairs. Statistics that span the whole batch are pooled over every rank (``distributed.global_moments``)."""
+"""The advantages of one epoch's rollout buffer (docs/guide.md#layout): group, batch-std, tree-relative, GAE (PPO) or
+the online-DPO pairs. Statistics that span the whole batch are pooled over every rank
+(``distributed.global_moments``)."""
 
 from __future__ import annotations
 

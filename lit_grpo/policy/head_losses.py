@@ -1,6 +1,6 @@
 """The value and risk heads' losses in a training step, each weighted by its coefficient and scaled by the
-minibatch's share of that loss's own count over the optimizer step (design §5: the step's gradient is each loss's sum
-over the step divided by its own count, whatever the split into minibatches and ranks)."""
+minibatch's share of that loss's own count over the optimizer step (docs/guide.md#the-math): the step's gradient is
+each loss's sum over the step divided by its own count, whatever the split into minibatches and ranks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Per-token log-probs of given sequences under a causal LM: the one place they are computed (design §10).
+"""Per-token log-probs of given sequences under a causal LM: the one place they are computed
+(docs/guide.md#your-own-model).
 
 A forward never builds logits for every position: the model's body gives the last hidden states ``[N, L, H]``;
 only the positions whose token is wanted (the completion tokens) go through the output head, in chunks of

@@ -1,4 +1,4 @@
-"""PolicyModule: the LoRA policy, the loss variant and the optimizer (design §1-§5)."""
+"""PolicyModule: the LoRA policy, the loss variant and the optimizer (docs/guide.md#layout)."""
 
 from __future__ import annotations
 
@@ -106,12 +106,12 @@ class PolicyModule(pl.LightningModule):
             layer's intermediates to one layer's, for about a third more compute.
         logprob_chunk_tokens: tokens per output-head chunk: log-probs are computed from the last hidden states of
             the counted tokens only, this many at a time, each chunk's ``[tokens, vocab]`` logits recomputed in
-            backward instead of kept (design §10). Lower it for a larger vocabulary or less memory.
+            backward instead of kept (docs/guide.md#your-own-model). Lower it for a larger vocabulary or less memory.
         no_grad_batch_tokens: padded tokens per forward in the no-grad passes (pi_old, pi_ref, old values).
         packed_forward: compute each shared prefix once (a group's prompt, a tree node's ancestors) by packing rows
-            into one with a 4-D ancestor mask (design §9); same log-probs and gradients as the padded forward. Falls
-            back to the padded forward, with an info message, where the attention kernel takes no custom mask.
-            PPO's value-head forward (``advantage_mode: gae``) stays padded.
+            into one with a 4-D ancestor mask (docs/guide.md#your-own-model); same log-probs and gradients as the
+            padded forward. Falls back to the padded forward, with an info message, where the attention kernel takes
+            no custom mask. PPO's value-head forward (``advantage_mode: gae``) stays padded.
         optimizer: the optimizer over the trainable parameters; ``None`` means AdamW(lr=5e-4, weight_decay=0).
         lr_scheduler: an optional learning-rate scheduler, stepped every optimizer step.
     """
@@ -172,7 +172,7 @@ class PolicyModule(pl.LightningModule):
         self.value_head: ValueHead | None = None
         self.risk_head: RiskHead | None = None
         self.risk_spec = None if risk is None else RiskHeadSpec(**risk)
-        self.risk_replay: RiskReplay | None = None  # the detached head's labelled states (design §6; risk_fit.py)
+        self.risk_replay: RiskReplay | None = None  # the detached head's labelled states (risk/fit.py)
         self.risk_fit_stats: dict[str, float] = {}
         self.token_logprobs: TokenLogprobs | None = None
         self.evaluation = GreedyEvaluation()
@@ -228,7 +228,7 @@ class PolicyModule(pl.LightningModule):
             return self.reference_owner.active(self.policy)
         return self.policy.disable_adapter()
 
-    # --- the epoch's buffer: no-grad passes, advantages, the risk head's fit (design §2 steps 4-6) ----------------
+    # --- the epoch's buffer: no-grad passes, advantages, the risk head's fit (docs/guide.md#layout) ------------------
     def on_train_epoch_start(self) -> None:
         """Prepare the buffer the DataModule handed over (``EpochBatches``, the train loader's dataset), then cut
         its minibatches with each optimizer step's counts over all ranks."""
@@ -248,7 +248,7 @@ class PolicyModule(pl.LightningModule):
             self.preparation_timings["risk_head_fit"] = time.perf_counter() - done
         trainer = self.trainer
         batches = epoch.serve(trainer.accumulate_grad_batches, self.objective.aggregation)
-        global_step_denominators(batches, trainer.strategy, trainer.world_size)  # design §5: over all ranks
+        global_step_denominators(batches, trainer.strategy, trainer.world_size)  # over all ranks
 
     def run_no_grad_passes(self, buffer: RolloutBuffer) -> None:
         """pi_old (unless the sampler's log-probs are used) and pi_ref log-probs of the whole buffer."""
@@ -339,7 +339,7 @@ class PolicyModule(pl.LightningModule):
             stats.update(sampler_agreement(logp.detach(), batch["sampler_logp"], completion_mask))
         self.log("train/loss", reported, prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp),
                  sync_dist=True)
-        # Lightning divides by the accumulation count and DDP averages over ranks: undo both (design §5)
+        # Lightning divides by the accumulation count and DDP averages over ranks: undo both (docs/guide.md#the-math)
         undo_averaging = self.trainer.accumulate_grad_batches * self.trainer.world_size
         return {"loss": loss * undo_averaging, "stats": stats}
 

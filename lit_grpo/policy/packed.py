@@ -1,4 +1,5 @@
-"""Shared-prefix training forward (design §9): every shared prefix computed once, with exact gradients.
+"""Shared-prefix training forward (docs/guide.md#your-own-model): every shared prefix computed once, with exact
+gradients.
 
 Rows that share a context (a prompt's G completions, or a tree's nodes, each with its ancestors as context) are
 merged into a token trie and laid out depth-first in one packed row. Each packed token gets the position id of its
@@ -9,7 +10,7 @@ that use them. The result has the padded forward's layout, ``[N, L]``, so the lo
 
 With ``lora_dropout`` > 0 a shared token draws one dropout mask for all the rows through it (each row still sees
 an ordinary dropout sample). The mask is float (0 allowed, the dtype's minimum elsewhere): transformers' eager attention adds the mask to the
-scores, so a boolean 4-D mask there silently gives wrong logits (design §9).
+scores, so a boolean 4-D mask there silently gives wrong logits (docs/guide.md#your-own-model).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The distributional risk head and the infer/defer rules built on it (design §6, last part).
+"""The distributional risk head and the infer/defer rules built on it
+(docs/guide.md#multi-round-tasks-and-tree-rollouts, last part).
 
 At a decision point (a context the policy is about to extend in some round) the head predicts two distributions:
 the return of inferring now (the reward of the answer the policy would commit to) and the return of deferring now

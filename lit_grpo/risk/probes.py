@@ -1,4 +1,4 @@
-"""Greedy probe episodes that label decision states for the detached risk head (issue 21).
+"""Greedy probe episodes that label decision states for the detached risk head.
 
 The rules run greedily, so the head is trained on what greedy play earns: from each probe prompt, the plain greedy
 episode; then, at the state where it answered, the same episode with a defer forced there (the return of

@@ -1,5 +1,5 @@
-"""The infer/defer rule applied to open contexts between rounds (design §6): it sees the policy and its risk head only
-through a ``ContextRisk`` (``lit_grpo.buffers.protocols``)."""
+"""The infer/defer rule applied to open contexts between rounds (docs/guide.md#multi-round-tasks-and-tree-rollouts): it
+sees the policy and its risk head only through a ``ContextRisk`` (``lit_grpo.buffers.protocols``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Asynchronous rollouts (design §12): the next epoch's rollouts are drawn in the background while this epoch's train.
+"""Asynchronous rollouts (docs/scaling.md): the next epoch's rollouts are drawn in the background while this epoch's
+train.
 
 With ``max_staleness`` k >= 1, at the start of epoch e (its own rollouts in hand) the engine is given the current
 adapter only if the next epoch's rollouts would otherwise come from an adapter more than k versions old; then
@@ -209,7 +210,7 @@ def launch(data: Any, module: Any, epoch: int, phases: dict[str, float]) -> None
 
 
 def epoch_costs(push: float, generate: float, train: float) -> tuple[float, float]:
-    """Design §12's cost model of one epoch, in seconds: ``(in turn, drawn ahead)`` = (push + generate + train,
-    push + max(generate, train)); ``generate`` includes scoring. Read off a synchronous run, it says what drawing
+    """The cost model of one epoch (docs/scaling.md), in seconds: ``(in turn, drawn ahead)`` = (push + generate +
+    train, push + max(generate, train)); ``generate`` includes scoring. Read off a synchronous run, it says what drawing
     ahead would gain."""
     return push + generate + train, push + max(generate, train)

@@ -1,4 +1,4 @@
-"""RolloutDataModule: each epoch, fresh rollouts from the current policy, scored and served (design §2)."""
+"""RolloutDataModule: each epoch, fresh rollouts from the current policy, scored and served (docs/guide.md#layout)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ class RolloutDataModule(pl.LightningDataModule):
             ``data/dropped_prompts``).
         val_max_prompts: held-out prompts used per validation (``None``: the whole held-out split).
         val_batch_size: held-out prompts per validation batch.
-        max_staleness: asynchronous rollouts (design §12): with k >= 1, the next epoch's rollouts are drawn in the
+        max_staleness: asynchronous rollouts (docs/scaling.md): with k >= 1, the next epoch's rollouts are drawn in the
             background, from an adapter at most k versions (epochs) old, while this epoch's train; the current
             adapter is pushed only when the next draw would otherwise be older (k = 1: every epoch; k = 2: every
             other). pi_old is the sampler's log-probs. Needs grouped rollouts and an engine that samples from a copy
@@ -174,7 +174,7 @@ class RolloutDataModule(pl.LightningDataModule):
             raise InputError("the module and the data do not fit together:\n  - " + "\n  - ".join(problems))
         self.task.use_device(self.trainer.strategy.root_device)  # a reward model runs beside the policy
 
-    # --- the epoch's buffer (design §2 steps 1-6) --------------------------------------------------------------
+    # --- the epoch's buffer (docs/guide.md#layout) -------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
         if trainer.reload_dataloaders_every_n_epochs != 1:
@@ -195,7 +195,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.buffer = self.collect_rollouts(module, epoch)
         generator = torch.Generator().manual_seed(self.epoch_seed(epoch, "shuffle"))
         plan = minibatch_plan(self.buffer, self.minibatch_size, self.ppo_epochs, generator)
-        # the module prepares the buffer and cuts these minibatches in its on_train_epoch_start (design §2)
+        # the module prepares the buffer and cuts these minibatches in its on_train_epoch_start (docs/guide.md#layout)
         return DataLoader(EpochBatches(self.buffer, plan), batch_size=None, shuffle=False)
 
     def collect_rollouts(self, module: SamplingPolicy, epoch: int) -> RolloutBuffer:

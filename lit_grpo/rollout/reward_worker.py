@@ -1,4 +1,4 @@
-"""Reward calls with a timeout, in a worker process (design §8).
+"""Reward calls with a timeout, in a worker process (docs/guide.md#your-own-task-or-reward).
 
 A hung pure-Python function cannot be interrupted from its own thread, so with a timeout the task's rewards run in
 a forked child: the parent waits for each answer at most ``timeout`` seconds, then kills the child, scores the

@@ -1,5 +1,5 @@
-"""The infer/defer rule measured on held-out prompts: fresh greedy episodes under the rule at one tau (design §6's
-calibration runs and the risk-coverage curve)."""
+"""The infer/defer rule measured on held-out prompts: fresh greedy episodes under the rule at one tau
+(docs/guide.md#multi-round-tasks-and-tree-rollouts calibration runs and the risk-coverage curve)."""
 
 from __future__ import annotations
 
@@ -42,9 +42,9 @@ class RuleOutcome:
 def rule_outcome(module: SamplingPolicy, datamodule: Any, records: Sequence[Any], tau: float | None,
                  apply_rule: bool = True, success_threshold: float = 0.0, decision: str = "threshold",
                  cvar_level: float = 0.0) -> RuleOutcome:
-    """Fresh greedy episodes of the held-out ``records`` with the rule at ``tau`` (design §6's calibration runs;
-    ``decision``/``cvar_level`` as in ``RiskRule``); ``apply_rule=False`` plays the policy alone (no head needed;
-    ``success_threshold`` then defines an error)."""
+    """Fresh greedy episodes of the held-out ``records`` with the rule at ``tau`` (the calibration runs of
+    docs/guide.md#risk-averse-inferdefer-the-risk-head; ``decision``/``cvar_level`` as in ``RiskRule``);
+    ``apply_rule=False`` plays the policy alone (no head needed; ``success_threshold`` then defines an error)."""
     task, tokenizer, risk = datamodule.task, module.tokenizer, module.context_risk()
     datamodule.sync_policy(module)
     rule = RiskRule.for_task(risk, tau, task, tokenizer, decision, cvar_level) if apply_rule else None

@@ -1,4 +1,5 @@
-"""Expanding rollout trees round by round, and laying their nodes out as training rows (design §6)."""
+"""Expanding rollout trees round by round, and laying their nodes out as training rows
+(docs/guide.md#multi-round-tasks-and-tree-rollouts)."""
 
 from __future__ import annotations
 

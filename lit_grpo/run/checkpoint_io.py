@@ -1,4 +1,4 @@
-"""Checkpoints written beside their target and renamed into place (issue 17 D3).
+"""Checkpoints written beside their target and renamed into place.
 
 Lightning's ``TorchCheckpointIO`` writes through an fsspec transaction whose temporary file lives in the system
 temp directory: a kill during the write left a partial file there, outside the run, and the rename across file

@@ -1,4 +1,4 @@
-"""Several ranks, one algorithm (design §2 DDP notes, §5 normalisers).
+"""Several ranks, one algorithm (docs/scaling.md; the normalisers of docs/guide.md#the-math).
 
 Each rank generates rollouts for its own contiguous share of the epoch's prompts and trains on them; advantages stay
 inside groups, so no rank needs another's rollouts. What ranks must share is each loss's normaliser of each
@@ -55,7 +55,7 @@ def check_distributed_data(trainer: Any, datamodule: Any) -> None:
         raise ValueError(f"{trainer.world_size} ranks: " + "; ".join(problems))
 
 
-STEP_COUNTS = ("step_denominator", "step_value_tokens", "step_risk_rows")  # one normaliser per loss (design §5)
+STEP_COUNTS = ("step_denominator", "step_value_tokens", "step_risk_rows")  # one normaliser per loss
 
 
 def summed_over_ranks(values: torch.Tensor, strategy: Any, world_size: int) -> torch.Tensor:

@@ -3,10 +3,11 @@
 (``cross_knob_problems``), run before any weights load (``lit_grpo.config_check``, from the command line) and again
 in ``RolloutDataModule.setup`` (the Python API).
 
-Which features work with which rollout kind is data (``FEATURES``). Grouped rollouts (G completions of one prompt) carry every loss and sampling feature; tree and chain rollouts
-(multi-round episodes scored by an environment) carry tree-relative advantages and the risk head. A feature set
-with a rollout kind that does not implement it was silently ignored or failed after the first generation; here it
-is refused by name. ``tests/test_combinations.py`` runs or refuses every row.
+Which features work with which rollout kind is data (``FEATURES``). Grouped rollouts (G completions of one prompt)
+carry every loss and sampling feature; tree and chain rollouts (multi-round episodes scored by an environment) carry
+tree-relative advantages and the risk head. A feature set with a rollout kind that does not implement it was silently
+ignored or failed after the first generation; here it is refused by name. ``tests/test_combinations.py`` runs or
+refuses every row.
 """
 
 from __future__ import annotations

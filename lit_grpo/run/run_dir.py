@@ -1,5 +1,5 @@
 """Where a run writes, settled before any weights load: a run directory of its own (never the current directory,
-never another run's version), writable, and a Ctrl-C that keeps the adapter (issue 17 D2, D3)."""
+never another run's version), writable, and a Ctrl-C that keeps the adapter."""
 
 from __future__ import annotations
 

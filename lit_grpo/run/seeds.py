@@ -1,4 +1,4 @@
-"""Seeds of the random streams of a run, derived so that no two streams share one (issue 18, bug 5).
+"""Seeds of the random streams of a run, derived so that no two streams share one.
 
 Offsets by a prime stride collided (epoch 0 round 2 and epoch 1 round 1 were both base + 2 x 7919, and the
 exploring and rule-following trees of an epoch restarted at the same request seeds). Each stream's base seed is a

@@ -1,4 +1,4 @@
-"""Two-number addition with a verifiable exact-match reward (design §8)."""
+"""Two-number addition with a verifiable exact-match reward (docs/guide.md#your-own-task-or-reward)."""
 
 from __future__ import annotations
 

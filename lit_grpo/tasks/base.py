@@ -1,4 +1,4 @@
-"""What a task is: prompts with a held-out split, and rewards on completions (design §8)."""
+"""What a task is: prompts with a held-out split, and rewards on completions (docs/guide.md#your-own-task-or-reward)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reading a task's rows, the one way data comes in (issue 19): a data file by its type, a ``save_to_disk``
+"""Reading a task's rows, the one way data comes in: a data file by its type, a ``save_to_disk``
 directory, a folder of data files, or a hub id already in the local cache; nothing is downloaded at run time.
 
 JSON-lines files are read line by line (a bad line is named by its number; a column may hold strings in one row and

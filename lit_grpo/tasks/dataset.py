@@ -1,5 +1,5 @@
 """Prompts from a ``datasets`` source (local files, a ``save_to_disk`` directory, or a hub id already cached), scored
-by rewards as users write them: ``Reward`` classes or TRL-style batched functions, weighted (issue 19)."""
+by rewards as users write them: ``Reward`` classes or TRL-style batched functions, weighted."""
 
 from __future__ import annotations
 

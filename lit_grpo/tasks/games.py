@@ -1,4 +1,4 @@
-"""Multi-round games where several rounds each carry a decision that matters (issue 20)."""
+"""Multi-round games where several rounds each carry a decision that matters."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``JsonlTask``: a ``DatasetTask`` over JSON-lines files, with the argument names configs used before issue 19."""
+"""``JsonlTask``: a ``DatasetTask`` over JSON-lines files, with the argument names of its older configs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Multi-round tasks: the policy answers (infer) or asks (defer) and the environment replies (design §6, §8)."""
+"""Multi-round tasks: the policy answers (infer) or asks (defer) and the environment replies
+(docs/guide.md#multi-round-tasks-and-tree-rollouts)."""
 
 from __future__ import annotations
 

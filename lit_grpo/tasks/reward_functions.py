@@ -1,4 +1,4 @@
-"""Rewards as users write them (issue 19): a ``Reward`` subclass called per completion, or a plain function with TRL's
+"""Rewards as users write them: a ``Reward`` subclass called per completion, or a plain function with TRL's
 batched signature ``f(prompts, completions, completion_ids, **columns) -> list[float | None]``, several of them with
 weights. ``None`` means "does not apply to this sample": the weighted sum skips it (TRL's NaN-aware sum); a sample
 no reward applies to is a reward error."""

@@ -1,4 +1,4 @@
-"""A reward model: a local sequence-classification checkpoint scoring prompt + completion (issue 19)."""
+"""A reward model: a local sequence-classification checkpoint scoring prompt + completion."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The seed's toy: sort a short list of digits, with partial-credit rewards (design §8)."""
+"""The seed's toy: sort a short list of digits, with partial-credit rewards (docs/guide.md#your-own-task-or-reward)."""
 
 from __future__ import annotations
 
