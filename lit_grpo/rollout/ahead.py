@@ -20,14 +20,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
+from lit_grpo.buffers.protocols import SamplingPolicy
 from lit_grpo.errors import InputError
-
-# engines that sample from the weights they were pushed, not from the training model itself
 
 
 def next_version(epoch: int, engine_version: int | None, max_staleness: int) -> int:
@@ -142,7 +141,26 @@ class Drawn:
     seconds: float
 
 
-def drawing(data: Any, module: Any, records: list, epoch: int) -> Callable[[], Drawn]:
+class DrawingData(Protocol):
+    """What drawing ahead uses of the DataModule (``RolloutDataModule``): its engine and trainer, the prompt cursor
+    and budget, the grouped draw, the policy push, the lag it reports, and the prefetcher it owns."""
+
+    engine: Any
+    trainer: Any
+    prefetch: RolloutPrefetcher
+    prompts_per_epoch: int
+    staleness: int
+    engine_metrics: dict[str, float]
+
+    def draw_grouped(self, module: SamplingPolicy, records: list, epoch: int) -> Any: ...
+    def next_prompts(self, count: int | None = None) -> list: ...
+    def affordable_groups(self, wanted: int) -> int: ...
+    def loop_state(self) -> dict[str, int]: ...
+    def sync_policy(self, module: SamplingPolicy) -> None: ...
+    def push_policy_now(self, module: SamplingPolicy) -> None: ...
+
+
+def drawing(data: DrawingData, module: SamplingPolicy, records: list, epoch: int) -> Callable[[], Drawn]:
     """Epoch ``epoch``'s grouped draw of ``records``, to run now or on the background thread."""
     def draw() -> Drawn:
         start = time.perf_counter()
@@ -151,7 +169,7 @@ def drawing(data: Any, module: Any, records: list, epoch: int) -> Callable[[], D
     return draw
 
 
-def rollouts_ahead(data: Any, module: Any, epoch: int) -> tuple[Any, list, dict[str, float]]:
+def rollouts_ahead(data: DrawingData, module: SamplingPolicy, epoch: int) -> tuple[Any, list, dict[str, float]]:
     """Epoch ``epoch``'s rollouts (drawn ahead, or now on the first epoch and after a resume) as
     ``(buffer, records, phase seconds)``, and the next epoch's draw started in the background."""
     ahead: RolloutPrefetcher = data.prefetch
@@ -169,13 +187,13 @@ def rollouts_ahead(data: Any, module: Any, epoch: int) -> tuple[Any, list, dict[
     return drawn.buffer, drawn.records, phases
 
 
-def draws_after(data: Any, epoch: int) -> bool:
+def draws_after(data: DrawingData, epoch: int) -> bool:
     """Whether another epoch will want rollouts after ``epoch`` (the epoch limit and the budget allow one)."""
     limit = data.trainer.max_epochs
     return (limit is None or limit < 0 or epoch + 1 < limit) and data.affordable_groups(data.prompts_per_epoch) > 0
 
 
-def draw_now(data: Any, module: Any, epoch: int, phases: dict[str, float]) -> tuple[Drawn, int]:
+def draw_now(data: DrawingData, module: SamplingPolicy, epoch: int, phases: dict[str, float]) -> tuple[Drawn, int]:
     """The first epoch's draw, or a resumed run's pending one drawn again from the checkpoint's adapter (when the
     run resumes at that draw's epoch; a checkpoint from the middle of an epoch resumes as the synchronous loop does)."""
     ahead: RolloutPrefetcher = data.prefetch
@@ -194,7 +212,7 @@ def draw_now(data: Any, module: Any, epoch: int, phases: dict[str, float]) -> tu
     return drawing(data, module, records, epoch)(), version
 
 
-def launch(data: Any, module: Any, epoch: int, phases: dict[str, float]) -> None:
+def launch(data: DrawingData, module: SamplingPolicy, epoch: int, phases: dict[str, float]) -> None:
     """Push the current adapter if the next draw needs it (``next_version``), then draw epoch ``epoch + 1``'s
     rollouts on the background thread."""
     ahead: RolloutPrefetcher = data.prefetch

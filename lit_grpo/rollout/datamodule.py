@@ -223,7 +223,7 @@ class RolloutDataModule(pl.LightningDataModule):
         )
         return buffer
 
-    def rollouts_now(self, module: Any, epoch: int) -> tuple[RolloutBuffer, list[PromptRecord], dict[str, float]]:
+    def rollouts_now(self, module: SamplingPolicy, epoch: int) -> tuple[RolloutBuffer, list[PromptRecord], dict[str, float]]:
         """The epoch's rollouts drawn now from the current policy: ``(buffer, records, phase seconds)``."""
         # a tree's size is known only once grown, so only grouped draws are cut to the budget
         records = self.next_prompts(self.affordable_groups(self.prompts_per_epoch) if self.rollout == "grouped" else None)
@@ -245,7 +245,7 @@ class RolloutDataModule(pl.LightningDataModule):
         return buffer, records, {"push": pushed - clock, "generate": generated - pushed - self.scoring_seconds,
                                  "score": scored - generated + self.scoring_seconds}
 
-    def draw_grouped(self, module: Any, records: list[PromptRecord], epoch: int) -> RolloutBuffer:
+    def draw_grouped(self, module: SamplingPolicy, records: list[PromptRecord], epoch: int) -> RolloutBuffer:
         """Epoch ``epoch``'s grouped rollouts of ``records``, scored (on the background thread when drawn ahead)."""
         # each stream's seed is derived from the epoch's, then offset by this rank's first prompt (share_start):
         # an engine seeding request i with seed + i then samples each prompt as a one-process run would
@@ -254,7 +254,7 @@ class RolloutDataModule(pl.LightningDataModule):
             buffer.completion_mask[buffer.truncated] = False
         return buffer
 
-    def grouped_buffer(self, module: Any, records: list[PromptRecord], sampling: SamplingSpec) -> RolloutBuffer:
+    def grouped_buffer(self, module: SamplingPolicy, records: list[PromptRecord], sampling: SamplingSpec) -> RolloutBuffer:
         """``group_size`` scored completions per prompt. With ``dynamic_sampling`` (DAPO), groups whose rewards
         are all equal are dropped and fresh prompts drawn for them, up to ``max_sampling_rounds`` draws."""
         tokenizer = module.tokenizer
@@ -314,21 +314,21 @@ class RolloutDataModule(pl.LightningDataModule):
         self.scoring_seconds += time.perf_counter() - started
 
     # --- engine ------------------------------------------------------------------------------------------------
-    def sync_policy(self, module: Any) -> None:
+    def sync_policy(self, module: SamplingPolicy) -> None:
         """Push the current policy into the engine, once per optimizer step at most."""
         step = module.trainer.global_step if module._trainer is not None else -1
         if self._pushed_at_step != step or step < 0:
             self.push_policy_now(module)
             self._pushed_at_step = step
 
-    def push_policy_now(self, module: Any) -> None:
+    def push_policy_now(self, module: SamplingPolicy) -> None:
         """Push the policy's weights as they are, once the draw ahead (if any) is done with the engine."""
         self.prefetch.wait()
         self.engine.push_policy(module.policy)
         self._pushed_at_step = None
         self.prefetch.engine_version = None  # not a version the draws ahead know: the next one pushes anew
 
-    def sampling_spec(self, module: Any, greedy: bool, seed: int | None) -> SamplingSpec:
+    def sampling_spec(self, module: SamplingPolicy, greedy: bool, seed: int | None) -> SamplingSpec:
         return SamplingSpec(
             max_new_tokens=self.max_new_tokens,
             temperature=self.temperature,
@@ -337,7 +337,7 @@ class RolloutDataModule(pl.LightningDataModule):
             stop_token_ids=module.stop_token_ids,
         )
 
-    def grow_trees(self, module: Any, records: list[PromptRecord], widths: list[int],
+    def grow_trees(self, module: SamplingPolicy, records: list[PromptRecord], widths: list[int],
                    sampling: SamplingSpec) -> list[Any]:
         """The epoch's trees; with the risk rule, ``risk_threshold.explore_fraction`` of the prompts grow
         without it, so the head keeps seeing outcomes of inferring where the rule would forbid it."""
@@ -374,7 +374,7 @@ class RolloutDataModule(pl.LightningDataModule):
         """The base seed of one of an epoch's random streams (``rollout`` sampling, minibatch ``shuffle``)."""
         return derived_seed(self.seed, epoch, stream)
 
-    def greedy_scores(self, module: Any, records: list[PromptRecord]) -> tuple[torch.Tensor, torch.Tensor]:
+    def greedy_scores(self, module: SamplingPolicy, records: list[PromptRecord]) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy completions of held-out prompts: ``(rewards [B], correct [B])``; for a multi-round task, greedy
         episodes of up to ``len(branching)`` rounds and their returns."""
         self.prefetch.wait()  # the engine serves one caller at a time
