@@ -240,7 +240,7 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     data_args = {**signature_defaults(RolloutDataModule), **without(data_cfg, data_bad)}
     problems += [f"model.{p}" for p in PolicyModule.config_problems(model_args)]
     problems += [f"data.{p}" for p in RolloutDataModule.config_problems(data_args)]
-    problems += cross_knob_problems(model_args, data_args, engine_class(data_cfg))
+    problems += cross_knob_problems(model_args, data_args, engine_class(data_cfg), task_class(data_cfg))
     problems += distributed_config_problems(trainer_cfg, data_args)
     max_epochs = trainer_cfg.get("max_epochs")
     if isinstance(max_epochs, int) and max_epochs < -1:
@@ -276,6 +276,21 @@ def optimizer_problems(spec: Any) -> list[str]:
     except Exception as error:  # noqa: BLE001 - the optimizer's own message names the bad argument
         return [f"model.optimizer: {spec['class_path']}({', '.join(f'{k}={v!r}' for k, v in args.items())}): {error}"]
     return []
+
+
+def task_class(data_cfg: dict[str, Any]) -> Any:
+    """The class ``data.task`` names (``ArithmeticTask``, the default, when it names none; ``None`` if it cannot be
+    imported, which ``class_path_problems`` reports)."""
+    from lit_grpo.tasks import ArithmeticTask
+
+    spec = data_cfg.get("task")
+    path = spec.get("class_path") if isinstance(spec, dict) else spec
+    if not isinstance(path, str):
+        return ArithmeticTask
+    try:
+        return import_object(path if "." in path else f"lit_grpo.tasks.{path}")
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def engine_class(data_cfg: dict[str, Any]) -> Any:

@@ -233,3 +233,30 @@ def test_weights_only_false_is_refused_and_null_accepted():
     assert config_problems({"weights_only": None}) == []
     (problem,) = config_problems({"weights_only": False})
     assert problem.startswith("weights_only: false would unpickle the checkpoint")
+
+
+def test_cross_knob_rules_run_alike_from_the_command_line_and_the_python_api(model_dir):
+    # issue 33, item 3: one registry (lit_grpo.run.rules) checks the command line before any weights load and the
+    # Python API in RolloutDataModule.setup; the group-of-one rule ran from the command line only
+    import lightning.pytorch as pl
+
+    from lit_grpo.errors import InputError
+    from lit_grpo.policy.module import PolicyModule
+    from lit_grpo.rollout.datamodule import RolloutDataModule
+
+    config = {"model": {"model_name_or_path": str(model_dir)}, "data": {"group_size": 1, "minibatch_size": 8}}
+    group_of_one = ("data.group_size 1 with model.advantage_mode 'grpo': a group of one has advantage 0, so nothing "
+                    "would be learned; use group_size >= 2 (or advantage_mode 'raw')")
+    assert config_problems(config) == [group_of_one]
+    trainer = pl.Trainer(max_epochs=1, reload_dataloaders_every_n_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(InputError) as raised:
+        trainer.fit(PolicyModule(model_name_or_path=str(model_dir)), RolloutDataModule(group_size=1, minibatch_size=8))
+    assert str(raised.value).endswith(group_of_one)
+    # tree rollouts of a single-round task: one message, both ways (it was a ValueError naming no knob)
+    tree_task = ("data.rollout 'tree' needs a multi-round task (a MultiRoundTask subclass), got data.task "
+                 "ArithmeticTask; use data.rollout 'grouped' or a MultiRoundTask")
+    assert config_problems({"model": {"model_name_or_path": str(model_dir)}, "data": {"rollout": "tree"}}) == [tree_task]
+    with pytest.raises(InputError) as raised:
+        RolloutDataModule(rollout="tree")
+    assert str(raised.value).endswith(tree_task)

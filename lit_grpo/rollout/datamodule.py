@@ -127,7 +127,7 @@ class RolloutDataModule(pl.LightningDataModule):
         super().__init__()
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "task", "engine")}
         problems = self.config_problems(arguments)
-        problems += cross_knob_problems(None, arguments, engine if engine is not None else HFEngine)
+        problems += cross_knob_problems(None, arguments, engine if engine is not None else HFEngine, task)
         if problems:
             raise InputError("invalid RolloutDataModule configuration:\n  - " + "\n  - ".join(problems))
         self.settings = arguments  # checked again beside the module's in setup
@@ -146,8 +146,6 @@ class RolloutDataModule(pl.LightningDataModule):
         # RiskThreshold sets itself here at setup; None: no rule
         self.risk_threshold: Any = None
         self.overlong_cache, self.mask_truncated = overlong_cache, mask_truncated
-        if rollout != "grouped" and not isinstance(task, MultiRoundTask):
-            raise ValueError(f"rollout {rollout!r} needs a multi-round task (a MultiRoundTask), got {type(task).__name__}")
         self.val_max_prompts, self.val_batch_size, self.seed = val_max_prompts, val_batch_size, seed
         self.long_prompts = long_prompts
         self.cursor = 0  # index of the next training prompt; carried by checkpoints
@@ -169,7 +167,7 @@ class RolloutDataModule(pl.LightningDataModule):
     def setup(self, stage: str) -> None:
         """Refuse a module feature this rollout kind does not implement (the CLI reported it before loading)."""
         hparams = dict(self.trainer.lightning_module.hparams)
-        problems = cross_knob_problems(hparams, self.settings, self.engine)
+        problems = cross_knob_problems(hparams, self.settings, self.engine, self.task)
         if problems:
             raise InputError("the module and the data do not fit together:\n  - " + "\n  - ".join(problems))
         self.task.use_device(self.trainer.strategy.root_device)  # a reward model runs beside the policy

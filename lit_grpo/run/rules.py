@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from lit_grpo.buffers.buffer import RolloutKind
 from lit_grpo.engines.base import SNAPSHOT_ATTRIBUTE
+from lit_grpo.tasks.multiround import MultiRoundTask
 
 ROLLOUTS = typing.get_args(RolloutKind)
 
@@ -129,12 +130,24 @@ def staleness_problems(max_staleness: int, rollout: str, engine: Any, old_logp_s
     return problems
 
 
-def cross_knob_problems(model_args: dict[str, Any] | None, data_args: dict[str, Any], engine: Any) -> list[str]:
-    """The registry: every rule that spans the module's and the data's knobs (and the engine, given as an engine or
-    its class; None when it could not be imported). ``model_args`` None runs the data's own rules only (the
-    DataModule alone, before it meets a module)."""
+def multi_round_problems(data_args: dict[str, Any], task: Any) -> list[str]:
+    """Tree and chain rollouts need a multi-round task (``task``: the task or its class; None when unknown)."""
+    rollout = data_args["rollout"]
+    cls = task if isinstance(task, type) or task is None else type(task)
+    if rollout in ("tree", "chains") and cls is not None and not issubclass(cls, MultiRoundTask):
+        return [f"data.rollout {rollout!r} needs a multi-round task (a MultiRoundTask subclass), got data.task "
+                f"{cls.__name__.removeprefix('LazyInstance_')}; use data.rollout 'grouped' or a MultiRoundTask"]
+    return []
+
+
+def cross_knob_problems(model_args: dict[str, Any] | None, data_args: dict[str, Any], engine: Any,
+                        task: Any = None) -> list[str]:
+    """The registry: every rule that spans the module's and the data's knobs (and the engine and the task, each given
+    as an object or its class; None when it could not be imported). ``model_args`` None runs the data's own rules
+    only (the DataModule alone, before it meets a module)."""
     model = model_args or {}
     problems = [] if model_args is None else group_of_one_problems(model_args, data_args)
+    problems += multi_round_problems(data_args, task)
     problems += combination_problems(model_args, data_args)
     problems += staleness_problems(data_args.get("max_staleness", 0), data_args["rollout"], engine,
                                    model.get("old_logp_source"), model.get("tis_cap"))
