@@ -107,9 +107,11 @@ class RiskThreshold(pl.Callback):
             return self.tau_start + share * (self.tau_end - self.tau_start)
         return self.calibrated_tau
 
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
-        for name, value in getattr(pl_module, "risk_fit_stats", {}).items():  # the detached head's fit
-            pl_module.log(f"risk/{name}", float(value), on_step=False, on_epoch=True)
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx:  # once an epoch, after the module fitted the detached head (its on_train_epoch_start)
+            return
+        for name, value in getattr(pl_module, "risk_fit_stats", {}).items():
+            pl_module.log(f"risk/{name}", float(value), on_step=False, on_epoch=True, batch_size=1)
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
         if trainer.sanity_checking or pl_module.risk_head is None:

@@ -36,11 +36,12 @@ class ContextRisk(Protocol):
 @runtime_checkable
 class SamplingPolicy(Protocol):
     """What the rollout side needs of the LightningModule: the weights an engine samples with, the tokenizer that
-    turns prompts into ids and back, the ids that end a completion, and the risk head at contexts (None without
-    one)."""
+    turns prompts into ids and back, the ids that end a completion, the risk head at contexts (None without one)
+    and how many prompts to probe greedily each epoch for a detached risk head (0: none)."""
 
     policy: Any
     tokenizer: Any
     stop_token_ids: tuple[int, ...]
+    risk_probe_prompts: int
 
     def context_risk(self) -> ContextRisk | None: ...
