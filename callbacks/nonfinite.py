@@ -8,6 +8,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lit_grpo.errors import InputError
+
 
 class NonFiniteTrainingError(RuntimeError):
     """Raised when ``max_consecutive_skips`` optimizer steps in a row had a non-finite loss or gradient."""
@@ -56,7 +58,7 @@ class NonFiniteGuard(pl.Callback):
 
     def __init__(self, max_consecutive_skips: int = 3) -> None:
         if max_consecutive_skips < 1:
-            raise ValueError(f"max_consecutive_skips must be >= 1, got {max_consecutive_skips}")
+            raise InputError(f"max_consecutive_skips must be >= 1, got {max_consecutive_skips}")
         self.max_consecutive_skips = max_consecutive_skips
         self.skipped_steps = 0  # over the run; carried by checkpoints
         self.consecutive = 0

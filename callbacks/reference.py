@@ -10,6 +10,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from lit_grpo.errors import InputError
+
 REFERENCE_ADAPTER = "reference"
 
 
@@ -26,9 +28,9 @@ class ReferencePolicy(pl.Callback):
 
     def __init__(self, reference: Literal["base", "initial"] = "base", refresh_every_n_epochs: int | None = None) -> None:
         if reference not in ("base", "initial"):
-            raise ValueError(f"unknown reference {reference!r}; valid choices: base, initial")
+            raise InputError(f"unknown reference {reference!r}; valid choices: base, initial")
         if refresh_every_n_epochs is not None and refresh_every_n_epochs < 1:
-            raise ValueError(f"refresh_every_n_epochs must be >= 1 or None, got {refresh_every_n_epochs}")
+            raise InputError(f"refresh_every_n_epochs must be >= 1 or None, got {refresh_every_n_epochs}")
         self.reference = reference
         self.refresh_every_n_epochs = refresh_every_n_epochs
         self._frozen: dict[str, torch.Tensor] | None = None  # adapter weights of pi_ref, once frozen

@@ -75,7 +75,7 @@ class RiskThreshold(pl.Callback):
         if not candidates or any(not 0 <= c <= 1 for c in candidates):
             problems.append(f"candidates: need at least one value, each in [0, 1], got {candidates}")
         if problems:
-            raise ValueError("invalid RiskThreshold configuration:\n  - " + "\n  - ".join(problems))
+            raise InputError("invalid RiskThreshold configuration:\n  - " + "\n  - ".join(problems))
         self.mode, self.tau_end, self.tau_start = mode, tau, tau_start
         self.schedule_epochs, self.alpha, self.candidates = schedule_epochs, alpha, sorted(candidates)
         self.delta, self.decision, self.cvar_level = delta, decision, cvar_level

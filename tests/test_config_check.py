@@ -260,3 +260,20 @@ def test_cross_knob_rules_run_alike_from_the_command_line_and_the_python_api(mod
     with pytest.raises(InputError) as raised:
         RolloutDataModule(rollout="tree")
     assert str(raised.value).endswith(tree_task)
+
+
+def test_the_python_api_refuses_a_trainer_that_reuses_the_first_rollouts_before_any_weights_load(model_dir,
+                                                                                                  monkeypatch):
+    import lightning.pytorch as pl
+    from support import weight_reads
+
+    from lit_grpo.errors import InputError
+    from lit_grpo.policy.module import PolicyModule
+    from lit_grpo.rollout.datamodule import RolloutDataModule
+
+    reads = weight_reads(monkeypatch)
+    trainer = pl.Trainer(max_epochs=1, reload_dataloaders_every_n_epochs=0, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(InputError, match=r"needs Trainer\(reload_dataloaders_every_n_epochs=1\)"):
+        trainer.fit(PolicyModule(model_name_or_path=str(model_dir)), RolloutDataModule())
+    assert reads == []  # refused in setup, before configure_model reads any weights

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import torch
 
 from lit_grpo.engines.base import Completion, SamplingSpec
+from lit_grpo.errors import InputError
 
 PushStrategy = Literal["merged", "adapter"]
 
@@ -58,11 +59,11 @@ class VLLMEngine:
         shared: bool = False,
     ) -> None:
         if push_strategy not in ("merged", "adapter"):
-            raise ValueError(f"unknown push_strategy {push_strategy!r}; valid choices: merged, adapter")
+            raise InputError(f"unknown push_strategy {push_strategy!r}; valid choices: merged, adapter")
         if max_model_len is not None and max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2 or None, got {max_model_len}")
+            raise InputError(f"max_model_len must be >= 2 or None, got {max_model_len}")
         if kv_cache_gib <= 0:
-            raise ValueError(f"kv_cache_gib must be positive, got {kv_cache_gib}")
+            raise InputError(f"kv_cache_gib must be positive, got {kv_cache_gib}")
         self.push_strategy = push_strategy
         self.kv_cache_gib, self.max_model_len, self.dtype = kv_cache_gib, max_model_len, dtype
         self.enforce_eager, self.tensor_parallel_size = enforce_eager, tensor_parallel_size
@@ -79,7 +80,7 @@ class VLLMEngine:
         if self._llm is None:
             self._start(base_path)
         elif base_path != self._model_path:
-            raise ValueError(f"this engine serves {self._model_path!r}, not {base_path!r}: use one engine per model")
+            raise InputError(f"this engine serves {self._model_path!r}, not {base_path!r}: use one engine per model")
         self._pushes += 1
         if self.push_strategy == "merged":
             self._llm.collective_rpc(

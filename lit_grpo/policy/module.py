@@ -405,7 +405,7 @@ class PolicyModule(pl.LightningModule):
         trainable = self.trainable_keys()
         missing = sorted(trainable - set(checkpoint["state_dict"]))
         if missing:
-            raise ValueError(f"checkpoint lacks {len(missing)} adapter tensors (e.g. {missing[0]}): another model?")
+            raise InputError(f"checkpoint lacks {len(missing)} adapter tensors (e.g. {missing[0]}): another model?")
         if self.risk_replay is not None and "risk_replay" in checkpoint:
             self.risk_replay.load_state_dict(checkpoint["risk_replay"])
 

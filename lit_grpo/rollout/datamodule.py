@@ -168,6 +168,9 @@ class RolloutDataModule(pl.LightningDataModule):
         """Refuse a module feature this rollout kind does not implement (the CLI reported it before loading)."""
         hparams = dict(self.trainer.lightning_module.hparams)
         problems = cross_knob_problems(hparams, self.settings, self.engine, self.task)
+        if self.trainer.reload_dataloaders_every_n_epochs != 1:
+            problems.append("RolloutDataModule needs Trainer(reload_dataloaders_every_n_epochs=1): without it the first "
+                            "epoch's rollouts would be trained on forever")
         if problems:
             raise InputError("the module and the data do not fit together:\n  - " + "\n  - ".join(problems))
         self.task.use_device(self.trainer.strategy.root_device)  # a reward model runs beside the policy
@@ -175,11 +178,6 @@ class RolloutDataModule(pl.LightningDataModule):
     # --- the epoch's buffer (docs/guide.md#layout) -------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
-        if trainer.reload_dataloaders_every_n_epochs != 1:
-            raise ValueError(
-                "RolloutDataModule needs Trainer(reload_dataloaders_every_n_epochs=1): without it the first "
-                "epoch's rollouts would be trained on forever"
-            )
         epoch = trainer.current_epoch
         if resuming_after_finished_epoch(trainer):
             # Lightning asks for the finished epoch's loader before moving on to the next one and never iterates

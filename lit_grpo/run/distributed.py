@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from lit_grpo.errors import InputError
 from lit_grpo.run.strategy import strategy_problems
 
 
@@ -30,7 +31,7 @@ def rank_share(count: int, rank: int, world_size: int) -> tuple[int, int]:
     (4, 4)
     """
     if count % world_size:
-        raise ValueError(
+        raise InputError(
             f"data.prompts_per_epoch ({count}) must be a multiple of the number of ranks ({world_size}): "
             "every rank trains on an equal share of the epoch's prompts"
         )
@@ -52,7 +53,7 @@ def check_distributed_data(trainer: Any, datamodule: Any) -> None:
     if datamodule.completion_budget is not None:
         problems.append("data.completion_budget: counted per process; not supported with more than one rank")
     if problems:
-        raise ValueError(f"{trainer.world_size} ranks: " + "; ".join(problems))
+        raise InputError(f"{trainer.world_size} ranks: " + "; ".join(problems))
 
 
 STEP_COUNTS = ("step_denominator", "step_value_tokens", "step_risk_rows")  # one normaliser per loss
