@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lit_grpo.engines.hf_decode import padded_positions  # noqa: F401 - the one numbering, here for the trainer
+
 
 @dataclass(frozen=True)
 class FirstTokenConstraint:
@@ -26,12 +28,6 @@ class FirstTokenConstraint:
         decision = self.decision_index.to(rows.device)[rows]  # [M]
         allowed = self.allowed_ids.to(rows.device)[rows]  # [M, C]
         return torch.where((cols == decision)[:, None], allowed, -1)
-
-
-def padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids ``[N, L]`` of padded rows (right-padded in training, left-padded in the hf engine's prefill):
-    every row's real tokens count from 0; padding gets 0 or its predecessor's and is masked out."""
-    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
 def batch_constraint(batch: dict[str, torch.Tensor]) -> FirstTokenConstraint | None:
