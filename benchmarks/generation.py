@@ -4,9 +4,11 @@ the hf engine against transformers' ``generate``.
 On the random 2-layer model of ``benchmarks/memory.py`` (hidden 896, vocab 151,936, tied head) with a LoRA adapter
 (r 16, every linear), 1 prompt of 32 tokens x 4 completions, no stop token. Rows:
 
-- ``head``: ``[4, 896] x [896, 151,936]``, plain ``F.linear`` and on oneDNN's packed weight, median of 20;
+- ``head``: ``[4, 896] x [896, 151,936]``, plain ``F.linear`` and on oneDNN's packed weight, median of 20 (``nan``
+  where this CPU does not pack the dtype: bf16 without AVX-512 or avx_ne_convert);
 - ``engine``: ``HFEngine.generate`` with and without packing, milliseconds per generated token step (the whole
-  call, prefill and packing included, divided by the steps);
+  call, prefill and packing included, divided by the steps; "with packing" decodes unpacked the dtypes this CPU
+  does not pack, as a training run does);
 - ``transformers generate``: plain sampling (top-k 0, blank generation config), the engine's previous path.
 
 Every process fixes glibc's mmap threshold as the ``lit-grpo`` command does (``lit_grpo.run.host_memory``). Run alone:
@@ -27,12 +29,12 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import memory  # noqa: E402  (the width model)
+import memory  # the width model (after the path insert above)
 
-from lit_grpo.engines import HFEngine, SamplingSpec  # noqa: E402
-from lit_grpo.engines.cpu_weights import packed_linear  # noqa: E402
-from lit_grpo.run.host_memory import return_freed_memory  # noqa: E402
-from lit_grpo.policy.model_loading import load_policy  # noqa: E402
+from lit_grpo.engines import HFEngine, SamplingSpec
+from lit_grpo.engines.cpu_weights import packed_linear, packing_refusal
+from lit_grpo.policy.model_loading import load_policy
+from lit_grpo.run.host_memory import return_freed_memory
 
 PROMPT, ROWS = list(range(100, 132)), 4
 
@@ -48,13 +50,16 @@ def median_ms(call: Any, repeats: int = 20) -> float:
 
 
 def head_ms(policy: Any) -> tuple[float, float]:
-    """Plain and packed milliseconds of the head's product for ``ROWS`` rows."""
+    """Plain and packed milliseconds of the head's product for ``ROWS`` rows (packed: NaN where this CPU does not
+    pack the dtype, e.g. bf16 without AVX-512; the engine then decodes that dtype unpacked)."""
     weight = policy.get_base_model().get_output_embeddings().weight.detach()
     hidden = torch.randn(ROWS, weight.shape[1], dtype=weight.dtype)
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
     with torch.no_grad():
-        return (median_ms(lambda: torch.nn.functional.linear(hidden, weight)),
-                median_ms(lambda: packed_linear(packed, None, hidden)))
+        plain = median_ms(lambda: torch.nn.functional.linear(hidden, weight))
+        if packing_refusal(weight.dtype) is not None:
+            return plain, float("nan")
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        return plain, median_ms(lambda: packed_linear(packed, None, hidden))
 
 
 def engine_ms(policy: Any, steps: int, pack: bool) -> float:

@@ -6,12 +6,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from lit_grpo.errors import InputError
 from lit_grpo.run.input_check import lora_target_problem
-from lit_grpo.run.model_files import base_dtype, refuse_remote_code
+from lit_grpo.run.model_files import (
+    auto_dtype_note,
+    base_dtype,
+    checkpoint_dtype,
+    cpu_bf16,
+    refuse_remote_code,
+)
 
 
 def init_adapter_problems(policy: Any, lora_rank: int, targets: str | list[str], init_adapter: str) -> list[str]:
@@ -69,8 +76,9 @@ def load_policy(
     dtype: str = "auto",
     gradient_checkpointing: bool = False,
 ) -> PeftModel:
-    """The base model in ``dtype`` (whatever the checkpoint's own) with a trainable LoRA adapter named ``default``
-    in float32 (every base weight frozen), with non-reentrant gradient checkpointing if asked.
+    """The base model in ``dtype`` (whatever the checkpoint's own; ``auto`` keeps the checkpoint's and prints one
+    line saying what it chose, see ``auto_dtype_note``) with a trainable LoRA adapter named ``default`` in float32
+    (every base weight frozen), with non-reentrant gradient checkpointing if asked.
     An ``init_adapter`` is read from safetensors only (a pickled ``adapter_model.bin`` could run code)."""
     refuse_remote_code(model_path, trust_remote_code)
     if init_adapter is not None and not (Path(init_adapter).expanduser() / "adapter_model.safetensors").is_file():
@@ -78,9 +86,12 @@ def load_policy(
             f"init_adapter: {init_adapter!r} has no adapter_model.safetensors; adapters are read from safetensors "
             "only (convert a pickled adapter_model.bin you trust with safetensors.torch.save_file)"
         )
+    chosen = base_dtype(model_path, dtype)
+    if dtype == "auto":  # say what auto chose, and when float32 would compute faster on this CPU
+        rank_zero_info(auto_dtype_note(checkpoint_dtype(model_path), chosen, cpu_bf16()))
     base = AutoModelForCausalLM.from_pretrained(
         model_path,
-        dtype=base_dtype(model_path, dtype),
+        dtype=chosen,
         attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code,
     )
