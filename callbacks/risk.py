@@ -8,7 +8,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_grpo.errors import InputError
+from lit_grpo.errors import InputError, refuse
 from lit_grpo.risk.head import expected_calibration_error, learn_then_test
 from lit_grpo.rollout.rule_outcomes import rule_outcome
 from lit_grpo.tasks.multiround import MultiRoundTask
@@ -74,8 +74,7 @@ class RiskThreshold(pl.Callback):
             problems.append(f"schedule_epochs: must be >= 1, got {schedule_epochs}")
         if not candidates or any(not 0 <= c <= 1 for c in candidates):
             problems.append(f"candidates: need at least one value, each in [0, 1], got {candidates}")
-        if problems:
-            raise InputError("invalid RiskThreshold configuration:\n  - " + "\n  - ".join(problems))
+        refuse("invalid RiskThreshold configuration", problems)
         self.mode, self.tau_end, self.tau_start = mode, tau, tau_start
         self.schedule_epochs, self.alpha, self.candidates = schedule_epochs, alpha, sorted(candidates)
         self.delta, self.decision, self.cvar_level = delta, decision, cvar_level

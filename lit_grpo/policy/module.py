@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.buffers.epoch import EpochBatches
 from lit_grpo.buffers.positions import batch_constraint
-from lit_grpo.errors import InputError
+from lit_grpo.errors import InputError, refuse
 from lit_grpo.losses import (
     Aggregation,
     KLEstimator,
@@ -47,6 +47,7 @@ from lit_grpo.risk.head import RiskHead, RiskHeadSpec
 from lit_grpo.run.distributed import global_step_denominators
 from lit_grpo.run.model_files import BaseDtype, load_tokenizer, resolve_model_path
 from lit_grpo.run.rules import choice_problems
+from lit_grpo.run.run_dir import unused_directory
 from lit_grpo.tree import StdScope, ValueMode
 
 
@@ -156,20 +157,17 @@ class PolicyModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "optimizer", "lr_scheduler")}
-        problems = self.config_problems(arguments)
-        if problems:
-            raise InputError("invalid PolicyModule configuration:\n  - " + "\n  - ".join(problems))
+        refuse("invalid PolicyModule configuration", self.config_problems(arguments))
         # hparams go into checkpoints, which load with weights_only=True: keep the risk spec a plain mapping there
         risk = dataclasses.asdict(risk) if isinstance(risk, RiskHeadSpec) else risk
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.objective = Objective.from_arguments(arguments)
-        self.optimizer_factory = optimizer
-        self.scheduler_factory = lr_scheduler
+        self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.strict_loading = False  # checkpoints hold the trainable weights only, not the frozen base
-        self.policy: Any = None
+        self.policy: Any = None  # the PEFT model and its tokenizer (configure_model)
         self.tokenizer: Any = None
         self.stop_token_ids: tuple[int, ...] = ()  # what ends a completion (configure_model)
-        self.value_head: ValueHead | None = None
+        self.value_head: ValueHead | None = None  # the heads, built in configure_model when configured
         self.risk_head: RiskHead | None = None
         self.risk_spec = None if risk is None else RiskHeadSpec(**risk)
         self.risk_replay: RiskReplay | None = None  # the detached head's labelled states (risk/fit.py)
@@ -418,8 +416,11 @@ class PolicyModule(pl.LightningModule):
         self.save_adapter(Path(self.trainer.log_dir or self.trainer.default_root_dir) / "adapter")
 
     @rank_zero_only
-    def save_adapter(self, target: Path) -> None:
-        """The trained adapter in PEFT format under ``target`` (``<log dir>/adapter``)."""
+    def save_adapter(self, target: Path) -> Path:
+        """The trained adapter in PEFT format under ``target`` (``<log dir>/adapter``), or beside it under a fresh
+        name if ``target`` holds files already (never written over); returns where it went."""
+        target = unused_directory(target)
         self.policy.save_pretrained(str(target), selected_adapters=[self.policy.active_adapter])
         self.tokenizer.save_pretrained(str(target))
         rank_zero_info(f"adapter saved to {target}")
+        return target

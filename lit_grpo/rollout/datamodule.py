@@ -26,7 +26,7 @@ from lit_grpo.buffers.epoch import EpochBatches
 from lit_grpo.buffers.protocols import SamplingPolicy
 from lit_grpo.buffers.tree_layout import tree_buffer
 from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
-from lit_grpo.errors import InputError
+from lit_grpo.errors import refuse
 from lit_grpo.losses import overlong_penalty
 from lit_grpo.risk.probes import probe_records
 from lit_grpo.risk.rule import RiskRule
@@ -128,8 +128,7 @@ class RolloutDataModule(pl.LightningDataModule):
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "task", "engine")}
         problems = self.config_problems(arguments)
         problems += cross_knob_problems(None, arguments, engine if engine is not None else HFEngine, task)
-        if problems:
-            raise InputError("invalid RolloutDataModule configuration:\n  - " + "\n  - ".join(problems))
+        refuse("invalid RolloutDataModule configuration", problems)
         self.settings = arguments  # checked again beside the module's in setup
         self.task = task
         self.scorer: Task | RewardWorker = task if reward_timeout is None else RewardWorker(task, reward_timeout)
@@ -171,8 +170,7 @@ class RolloutDataModule(pl.LightningDataModule):
         if self.trainer.reload_dataloaders_every_n_epochs != 1:
             problems.append("RolloutDataModule needs Trainer(reload_dataloaders_every_n_epochs=1): without it the first "
                             "epoch's rollouts would be trained on forever")
-        if problems:
-            raise InputError("the module and the data do not fit together:\n  - " + "\n  - ".join(problems))
+        refuse("the module and the data do not fit together", problems)
         self.task.use_device(self.trainer.strategy.root_device)  # a reward model runs beside the policy
 
     # --- the epoch's buffer (docs/guide.md#layout) -------------------------------------------------------------------
