@@ -1,17 +1,36 @@
 """Every row of the feature table (lit_grpo.run.rules) with every rollout kind: one epoch on the tiny model
 where the kind implements the feature, a refusal naming both knobs before any weights load where it does not
 (issue 18, bug 2: DPO with trees died after generation with KeyError('pair_role'); tis_cap, dynamic_sampling,
-mask_truncated, overlong_cache and reward_timeout were silently ignored with trees or chains)."""
+mask_truncated, overlong_cache and reward_timeout were silently ignored with trees or chains).
+
+A run that finishes is not enough (issue 33, item 6): each run then checks what its feature must have changed in
+that epoch (``CHANGED``), what its rollout kind must have built (``rollout_shape``), and that the step moved the
+adapter. The grouped runs take 4 prompts so that some groups are mixed (the first two prompts' groups are all
+wrong on the tiny model): without a mixed group DPO has no pair, the value head no target and the step no signal."""
 
 from __future__ import annotations
 
+import copy
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from lit_grpo.run.rules import FEATURES, ROLLOUTS
+import torch
 from support import weight_reads
 
+from lit_grpo.buffers.tree_layout import tree_row_advantages
 from lit_grpo.cli import main
+from lit_grpo.losses import group_advantages
+from lit_grpo.policy.model_loading import load_policy
+from lit_grpo.policy.module import PolicyModule
+from lit_grpo.rollout.reward_worker import RewardWorker
+from lit_grpo.run.rules import FEATURES, ROLLOUTS
+from lit_grpo.tasks import ArithmeticTask
+from lit_grpo.tree import depth_first
 
 ROOT = Path(__file__).resolve().parents[1]
 ON = {"model.loss_variant": "dpo", "model.advantage_mode": "gae", "model.kl_in": "reward", "model.tis_cap": "2.0",
@@ -21,7 +40,7 @@ SMALL = ["--trainer.max_epochs", "1", "--trainer.limit_val_batches", "0", "--tra
          "--trainer.enable_model_summary", "false", "--data.max_new_tokens", "4"]
 KIND = {
     "grouped": ["--model.model_name_or_path", str(ROOT / "data" / "tiny-llama"), "--data.group_size", "4",
-                "--data.prompts_per_epoch", "2", "--data.minibatch_size", "8"],
+                "--data.prompts_per_epoch", "4", "--data.minibatch_size", "16"],
     "tree": ["--model.model_name_or_path", str(ROOT / "data" / "tiny-llama-clarify"), "--data.task",
              "lit_grpo.tasks.ClarifyTask", "--data.rollout", "tree", "--data.branching", "[2, 2]",
              "--data.prompts_per_epoch", "2", "--data.minibatch_size", "64"],
@@ -30,6 +49,219 @@ KIND = {
                "--data.group_size", "2", "--data.prompts_per_epoch", "2", "--data.minibatch_size", "64"],
 }
 RISK_CALLBACK = ['--trainer.callbacks+={"class_path": "lit_grpo.callbacks.RiskThreshold"}']
+GROUP = 4  # data.group_size of the grouped runs
+MAX_NEW_TOKENS = 4  # SMALL's data.max_new_tokens
+
+
+@dataclass
+class Run:
+    """What a finished run's module held: its trainer, DataModule and last buffer, and its trainable weights as
+    they were before the first optimizer step."""
+
+    module: Any
+    initial: dict[str, torch.Tensor]
+
+    @property
+    def data(self) -> Any:
+        return self.module.trainer.datamodule
+
+    @property
+    def buffer(self) -> Any:
+        return self.data.buffer
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return {name: float(value) for name, value in self.module.trainer.callback_metrics.items()}
+
+    def moved(self, part: str) -> bool:
+        """Whether a trainable weight whose name holds ``part`` differs from its value before the first step."""
+        now = {n: p.detach() for n, p in self.module.named_parameters() if p.requires_grad and part in n}
+        assert now, f"no trainable weight named *{part}*"
+        return any(not torch.equal(value, self.initial[name]) for name, value in now.items())
+
+
+def watch(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Keeps the module the CLI builds, and its trainable weights at the first epoch's start (before any step)."""
+    seen: dict[str, Any] = {}
+    prepare = PolicyModule.on_train_epoch_start
+
+    def on_train_epoch_start(self: PolicyModule) -> None:
+        seen.setdefault("initial", {n: p.detach().clone() for n, p in self.named_parameters() if p.requires_grad})
+        seen["module"] = self
+        prepare(self)
+
+    monkeypatch.setattr(PolicyModule, "on_train_epoch_start", on_train_epoch_start)
+    return seen
+
+
+def perturbed_adapter(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """An init_adapter whose LoRA B is not zero, so that pi_old (the adapter on) differs from pi_ref (off) from the
+    first epoch: a fresh adapter is pi_ref exactly, and a KL folded into the rewards would be rounding noise."""
+    torch.manual_seed(0)
+    policy = load_policy(str(ROOT / "data" / "tiny-llama"), 16, 32.0, 0.0, "all-linear")
+    with torch.no_grad():
+        for name, weight in policy.named_parameters():
+            if "lora_B" in name:
+                weight.normal_(std=0.02)
+    policy.save_pretrained(str(tmp / "init-adapter"))
+    return ["--model.init_adapter", str(tmp / "init-adapter")]
+
+
+def shorter_budget(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """3 tokens: a 3-digit sum and its stop token do not fit (truncated), a 2-digit one does."""
+    return ["--data.max_new_tokens", "3"]
+
+
+def pids_of_scoring(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each call of the task's scoring writes the id of the process it runs in to ``tmp/scored_in``."""
+    score_group = ArithmeticTask.score_group
+
+    def recorded(self: ArithmeticTask, *args: Any) -> Any:
+        with open(tmp / "scored_in", "a") as calls:
+            calls.write(f"{os.getpid()}\n")
+        return score_group(self, *args)
+
+    monkeypatch.setattr(ArithmeticTask, "score_group", recorded)
+    return []
+
+
+# per knob: what the run needs so that its feature has something to change in one epoch (extra CLI arguments)
+SETUP: dict[str, Callable[[Path, pytest.MonkeyPatch], list[str]]] = {
+    "model.kl_in": perturbed_adapter,
+    "data.mask_truncated": shorter_budget,
+    "data.reward_timeout": pids_of_scoring,
+}
+
+
+def groups(values: torch.Tensor) -> torch.Tensor:
+    return values.view(-1, GROUP)  # [B, G]
+
+
+def check_dpo_pairs(run: Run, rollout: str, tmp: Path) -> None:
+    buffer = run.buffer
+    rewards, roles, ids = groups(buffer.rewards), groups(buffer.pair_role), groups(buffer.pair_id)
+    mixed = rewards.amax(dim=1) > rewards.amin(dim=1)
+    assert mixed.sum() >= 2  # prompts 3 and 4 of the split
+    for group, (row_rewards, row_roles, row_ids) in enumerate(zip(rewards, roles, ids)):
+        if not mixed[group]:  # a tied group makes no pair
+            assert not row_roles.any() and (row_ids == -1).all()
+            continue
+        assert sorted(row_roles.tolist()) == [-1, 0, 0, 1]
+        assert row_rewards[row_roles == 1].item() == row_rewards.max()  # the best is chosen
+        assert row_rewards[row_roles == -1].item() == row_rewards.min()  # the worst rejected
+        assert set(row_ids[row_roles != 0].tolist()) == {group}
+    # the epoch's one step is taken at pi_ref (a fresh adapter adds exactly 0): every pair's margin is 0, so the
+    # DPO loss is -log sigmoid(0) = log 2; the clipped surrogate would be 0, a DPO step without pairs 0 too
+    assert run.metrics["train/loss_epoch"] == pytest.approx(math.log(2), abs=1e-4)
+    assert run.metrics["train/dpo_reward_margin"] == pytest.approx(0.0, abs=1e-4)
+
+
+def check_value_head(run: Run, rollout: str, tmp: Path) -> None:
+    buffer = run.buffer
+    mask = buffer.completion_mask
+    assert buffer.values is not None and buffer.returns is not None and buffer.returns.shape == mask.shape
+    assert buffer.advantages.shape == mask.shape  # per-token GAE advantages, not one per row
+    assert buffer.returns[mask].abs().sum() > 0  # some rollout was rewarded: the head had a target
+    assert 0 < run.metrics["train/value_loss"] < 10
+    assert run.moved("value_head")  # it starts at zero: the step moved it
+
+
+def check_sibling_scope(run: Run, rollout: str, tmp: Path) -> None:
+    buffer = run.buffer
+    by_scope = {scope: tree_row_advantages(copy.deepcopy(buffer), "grpo", "mean", scope)
+                for scope in ("siblings", "tree")}
+    assert torch.allclose(buffer.advantages, by_scope["siblings"])
+    assert (by_scope["siblings"] - by_scope["tree"]).abs().max() > 0.1  # the scope changes these trees' figures
+
+
+def check_kl_in_reward(run: Run, rollout: str, tmp: Path) -> None:
+    buffer = run.buffer
+    kl = ((buffer.old_logp - buffer.ref_logp) * buffer.completion_mask).sum(dim=1)  # k1 of each completion
+    assert kl.abs().max() > 0.01  # the init adapter sets pi_old apart from pi_ref
+    shaped = group_advantages(groups(buffer.rewards - run.module.hparams.kl_coef * kl)).flatten()
+    plain = group_advantages(groups(buffer.rewards)).flatten()
+    assert torch.allclose(buffer.advantages, shaped, atol=1e-4)
+    assert (buffer.advantages - plain).abs().max() > 0.1
+    assert "train/kl_ref" not in run.metrics  # no KL term in the loss as well
+
+
+def check_tis(run: Run, rollout: str, tmp: Path) -> None:
+    buffer = run.buffer
+    mask = buffer.completion_mask
+    assert buffer.old_logp is not buffer.sampler_logp  # pi_old recomputed by the trainer, not the sampler's
+    weights = torch.exp(buffer.old_logp - buffer.sampler_logp).clamp(max=2.0) * mask
+    assert buffer.advantages.shape == mask.shape  # each token's advantage carries its weight
+    expected = group_advantages(groups(buffer.rewards)).flatten()[:, None] * weights
+    assert torch.allclose(buffer.advantages, expected, atol=1e-6)
+    assert (buffer.advantages[~mask] == 0).all()
+
+
+def check_dynamic_sampling(run: Run, rollout: str, tmp: Path) -> None:
+    buffer = run.buffer
+    rewards = groups(buffer.rewards)
+    assert (rewards.amax(dim=1) > rewards.amin(dim=1)).all()  # the flat groups were dropped
+    assert buffer.sampling_draws > 1  # the first draw's flat groups were replaced by drawing again
+    assert run.metrics["rollout/sampling_draws"] == buffer.sampling_draws
+    assert run.metrics["rollout/zero_std_frac"] == 0.0
+    assert run.data.completions_generated > buffer.input_ids.shape[0]  # the dropped groups were generated too
+
+
+def check_mask_truncated(run: Run, rollout: str, tmp: Path) -> None:
+    buffer = run.buffer
+    assert buffer.truncated.any() and not buffer.truncated.all()
+    assert not buffer.completion_mask[buffer.truncated].any()  # a cut-off completion carries no loss
+    assert buffer.completion_mask[~buffer.truncated].any(dim=1).all()
+
+
+def check_overlong_penalty(run: Run, rollout: str, tmp: Path) -> None:
+    buffer = run.buffer
+    # DAPO's soft punishment, cache 2 of 4 tokens: 0 up to 2 tokens, -0.5 at 3, -1 at 4
+    penalty = ((MAX_NEW_TOKENS - 2 - buffer.completion_lengths.float()) / 2).clamp(-1.0, 0.0)
+    assert {-0.5, -1.0} <= set(penalty.tolist())  # both 2- and 3-digit answers (with their stop token)
+    assert torch.equal(buffer.rewards, buffer.correct.float() + penalty)  # ArithmeticTask: 1 iff correct
+
+
+def check_reward_worker(run: Run, rollout: str, tmp: Path) -> None:
+    assert isinstance(run.data.scorer, RewardWorker)
+    pids = {int(pid) for pid in (tmp / "scored_in").read_text().split()}
+    assert pids and os.getpid() not in pids  # every reward was computed in the worker process
+    buffer = run.buffer
+    assert buffer.reward_errors == 0 and run.metrics["rollout/reward_errors"] == 0
+    assert buffer.rewards.tolist() == buffer.correct.float().tolist()  # the task's own rewards came back
+
+
+def check_risk_head(run: Run, rollout: str, tmp: Path) -> None:
+    stats = run.module.risk_fit_stats  # the detached head's fit on the epoch's probe states
+    assert run.buffer.risk_probes is not None and stats["new_rows"] > 0
+    assert 0 < stats["fit_loss"] < math.log(5)  # better than a uniform guess over the 5 atoms
+    assert run.moved("risk_head")
+
+
+CHANGED: dict[str, Callable[[Run, str, Path], None]] = {
+    "model.loss_variant": check_dpo_pairs,
+    "model.advantage_mode": check_value_head,
+    "model.tree_std_scope": check_sibling_scope,
+    "model.kl_in": check_kl_in_reward,
+    "model.tis_cap": check_tis,
+    "data.dynamic_sampling": check_dynamic_sampling,
+    "data.mask_truncated": check_mask_truncated,
+    "data.overlong_cache": check_overlong_penalty,
+    "data.reward_timeout": check_reward_worker,
+    "model.risk": check_risk_head,
+}
+
+
+def rollout_shape(run: Run, rollout: str) -> None:
+    """Grouped runs: G rows per prompt; trees: 2 roots with 2 children each, and a node below them that branched;
+    chains: 2 roots with 2 chains each, no node below branching."""
+    buffer = run.buffer
+    if rollout == "grouped":
+        assert buffer.trees is None and buffer.sizes == [GROUP] * buffer.num_groups
+        return
+    assert buffer.tree_mode == rollout and len(buffer.trees) == 2
+    assert all(len(root.children) == 2 for root in buffer.trees)
+    below = [node for root in buffer.trees for child in root.children for node in depth_first(child)]
+    assert any(len(node.children) > 1 for node in below) == (rollout == "tree")
 
 
 def test_the_table_names_every_rollout_kind_and_a_setting_for_every_feature():
@@ -47,8 +279,14 @@ def test_each_feature_with_each_rollout_kind_runs_or_is_refused_up_front(feature
     if knob == "model.risk":
         args += RISK_CALLBACK
     if rollout in feature.rollouts:
+        args += SETUP.get(knob, lambda tmp, patch: [])(tmp_path, monkeypatch)
+        seen = watch(monkeypatch)
         main(args)
         assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+        run = Run(seen["module"], seen["initial"])
+        rollout_shape(run, rollout)
+        CHANGED[knob](run, rollout, tmp_path)
+        assert run.moved("lora_")  # the epoch's step had a signal
         return
     reads = weight_reads(monkeypatch)
     with pytest.raises(SystemExit) as info:

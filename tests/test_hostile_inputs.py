@@ -14,18 +14,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from reliability_doc import spliced
 from safetensors.torch import load_file, save_file
+from support import weight_reads
 
 from lit_grpo.cli import main
-from support import weight_reads
 from lit_grpo.policy.model_loading import load_policy
-from reliability_doc import spliced
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reliability.md"
 SMALL = ["--data.prompts_per_epoch", "2", "--data.group_size", "2", "--data.minibatch_size", "4",
          "--data.max_new_tokens", "3", "--trainer.enable_progress_bar", "false", "--trainer.max_epochs", "1"]
-OBSERVED: dict[str, tuple[str, int, str, bool]] = {}
 
 
 @dataclass(frozen=True)
@@ -159,39 +158,52 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_a_bad_input_gets_one_message_and_exit_code_2(case, tiny_llama_dir, tmp_path, capsys, monkeypatch):
-    args = case.prepare(tmp_path, Path(tiny_llama_dir))
+    code, err, _, refused_before_load = outcome(case, tmp_path, Path(tiny_llama_dir), capsys, monkeypatch)
+    assert code == 2, err[-2000:]
+    assert case.message in err.replace(str(tmp_path), "<tmp>")
+    assert "Traceback" not in err
+    if case.before_load:
+        assert refused_before_load
+
+
+def outcome(case: Case, tmp: Path, model: Path, capsys: pytest.CaptureFixture[str],
+            monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str, bool]:
+    """Give ``lit-grpo fit`` the case's input (prepared under ``tmp``): ``(exit code, stderr, the lines lit-grpo
+    printed with ``tmp`` shown as <tmp>, whether no weights had loaded)``."""
+    args = case.prepare(tmp, model)
     capsys.readouterr()  # what preparing the input printed (an adapter built here loads the model)
     weights_read = weight_reads(monkeypatch)  # after preparing the input, which may load the model
-    base = ["fit", "--model.model_name_or_path", str(tiny_llama_dir), "--trainer.logger", "false",
-            "--trainer.default_root_dir", str(tmp_path / "runs"), *SMALL]
+    base = ["fit", "--model.model_name_or_path", str(model), "--trainer.logger", "false",
+            "--trainer.default_root_dir", str(tmp / "runs"), *SMALL]
     with pytest.raises(SystemExit) as info:
         main(base + args)
     err = capsys.readouterr().err
-    shown = err.replace(str(tmp_path), "<tmp>")
+    shown = err.replace(str(tmp), "<tmp>")
     lines = [line for line in shown.splitlines() if line.startswith("lit-grpo:") or line.startswith("  - ")]
-    OBSERVED[case.name] = (case.what, info.value.code, " ".join(lines), not weights_read)
-    assert info.value.code == 2, err[-2000:]
-    assert case.message in shown
-    assert "Traceback" not in err
-    if case.before_load:
-        assert not weights_read
+    return info.value.code, err, " ".join(lines), not weights_read
 
 
-def table() -> str:
+def table(seen: dict[str, tuple[int, str, bool]]) -> str:
     rows = ["| input | exit code | message | before weights load |", "|---|---|---|---|"]
     for case in CASES:
-        what, code, message, early = OBSERVED[case.name]
+        code, message, early = seen[case.name]
         escaped = message.replace("|", "\\|")
-        rows.append(f"| {what} | {code} | {escaped} | {'yes' if early else 'no'} |")
+        rows.append(f"| {case.what} | {code} | {escaped} | {'yes' if early else 'no'} |")
     return "\n".join(rows)
 
 
-def test_the_reliability_table_is_what_the_tests_saw():
-    if len(OBSERVED) != len(CASES):
-        pytest.skip("run with the whole module: the table needs every case's outcome")
+def test_the_reliability_table_is_what_the_tests_saw(tiny_llama_dir, tmp_path, capsys):
+    # every case is run here again, each in its own directory and with its own patches: the table depends on no
+    # other test having run (``-k`` this test alone checks the whole table)
+    seen = {}
+    for case in CASES:
+        (tmp_path / case.name).mkdir()
+        with pytest.MonkeyPatch.context() as patch:
+            code, _, message, early = outcome(case, tmp_path / case.name, Path(tiny_llama_dir), capsys, patch)
+        seen[case.name] = (code, message, early)
     text = DOC.read_text() if DOC.is_file() else ""
     start, end = "<!-- bad-inputs:start -->", "<!-- bad-inputs:end -->"
-    generated = f"{start}\n{table()}\n{end}"
+    generated = f"{start}\n{table(seen)}\n{end}"
     if os.environ.get("LIT_GRPO_WRITE_DOCS"):
         text = spliced(text, start, end, generated)
         DOC.write_text(text)

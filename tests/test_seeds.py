@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from lit_grpo.engines import SamplingSpec
 from lit_grpo.rollout import datamodule as datamodule_module
 from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.engines import SamplingSpec
 from lit_grpo.run.seeds import derived_seed
 
 
@@ -15,6 +15,20 @@ def test_a_derived_seed_is_a_fixed_62_bit_hash_of_its_path():
     assert derived_seed(0, 1, "round", 2) == derived_seed(0, 1, "round", 2)
     assert 0 <= derived_seed(0) < 2**62
     assert derived_seed(1, 0) != derived_seed(0, 1) and derived_seed(0, "1") != derived_seed(0, 1)
+
+
+def test_derived_seeds_keep_their_values():
+    # Computed once outside the project, from the definition: the top 62 bits of the 8-byte blake2b digest of the
+    # path as "int:0/int:1/str:round/int:2" (e.g. python3 -c "import hashlib; print(int.from_bytes(hashlib.blake2b(
+    # b'int:0/int:1/str:round/int:2', digest_size=8).digest(), 'big') >> 2)"). These values are every run's
+    # sampling and minibatch order: if they change, a checkpoint resumed with the new code no longer continues
+    # the run it came from, and no run repeats an earlier one.
+    assert derived_seed(0) == 3355744460080962136
+    assert derived_seed(0, 1, "round", 2) == 410445670212431917
+    assert derived_seed(1234, 7, "draw", 1) == 2221910153276346411
+    data = RolloutDataModule(seed=0)  # an epoch's streams are (run seed, epoch, stream name)
+    assert data.epoch_seed(3) == derived_seed(0, 3, "rollout") == 1858577636918890393
+    assert data.epoch_seed(0, "shuffle") == derived_seed(0, 0, "shuffle") == 2710676881257331573
 
 
 def test_no_two_streams_of_a_run_share_a_request_seed():
