@@ -5,14 +5,16 @@ Answers ``GET /health``, ``GET /v1/models``, ``POST /v1/load_lora_adapter`` (400
 loaded) like vLLM, with ``VLLM_API_KEY`` checked on ``/v1/*``. Completions are made up and hand-checkable: choice
 ``j`` of a request with seed ``s`` (0 when greedy) is the tokens ``first_token + (s + j + k) % modulo`` for k = 0 ..
 max_tokens - 1, each with log-prob -0.5, finish reason ``length`` (``--first-token 3 --modulo 90`` keeps them inside
-the tiny model's vocabulary and off its special tokens). ``GET /stats`` tells what it was asked: the adapters loaded
-(``[name, path]``) and unloaded in order, each completion request's prompt as it arrived (``received``), and each
-answered one's adapter, prompt, n and seed (``requests``);
+the tiny model's vocabulary and off its special tokens), or up to the first of the request's stop ids with finish
+reason ``stop``; the answer names the adapter asked for as its ``model``, as vLLM's does. ``GET /stats`` tells what
+it was asked: the adapters loaded (``[name, path]``) and unloaded in order, each completion request's prompt as it
+arrived (``received``), and the adapter, prompt, n and seed of each one answered rightly (``requests``);
 ``--stats-file`` keeps a copy of it on disk after every change, readable after the server died.
 
 Faults, counted over the completion requests received: ``--exit-after N`` takes N and dies (``os._exit``, every
 open connection cut with no answer) when the next one arrives; ``--error-after N --error-code C`` takes N and then
-answers HTTP C to every one; ``--delay`` seconds before each completion answer (requests are served concurrently).
+answers HTTP C to every one; ``--delay`` seconds before each completion answer (requests are served concurrently);
+``--malformed KIND`` answers every one with HTTP 200 and the answer ``MALFORMED[KIND]`` makes of the right one.
 """
 
 from __future__ import annotations
@@ -22,15 +24,73 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
-def made_up_choice(index: int, seed: int, max_tokens: int, modulo: int, first_token: int = 0) -> dict[str, Any]:
-    """Choice ``index`` of a request seeded ``seed``: tokens ``first_token + (seed + index + k) % modulo``."""
+def made_up_choice(index: int, seed: int, max_tokens: int, modulo: int, first_token: int = 0,
+                   stop_ids: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Choice ``index`` of a request seeded ``seed``: tokens ``first_token + (seed + index + k) % modulo``, up to the
+    first stop id."""
     ids = [first_token + (seed + index + k) % modulo for k in range(max_tokens)]
-    return {"index": index, "token_ids": ids, "finish_reason": "length", "text": "",
+    ends = [k for k, token in enumerate(ids) if token in stop_ids]
+    ids = ids[: ends[0] + 1] if ends else ids
+    return {"index": index, "token_ids": ids, "finish_reason": "stop" if ends else "length", "text": "",
             "logprobs": {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": [-0.5] * len(ids)}}
+
+
+def each_choice(change: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A malformation that applies ``change`` to every choice of the right answer."""
+    def malformed(answer: dict[str, Any]) -> dict[str, Any]:
+        for choice in answer["choices"]:
+            change(choice)
+        return answer
+    return malformed
+
+
+def set_tokens(choice: dict[str, Any], ids: list[int]) -> None:
+    """``choice`` with the tokens ``ids``, each named and given a log-prob consistently."""
+    choice["token_ids"] = ids
+    choice["logprobs"] = {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": [-0.5] * len(ids)}
+
+
+def logprobs_of(choice: dict[str, Any]) -> dict[str, Any]:
+    return choice["logprobs"]
+
+
+# what --malformed KIND sends instead of the right answer (a dict: JSON; str and bytes: sent as they are)
+MALFORMED: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "not-json": lambda answer: json.dumps(answer)[:40],  # cut off mid-way
+    "not-utf8": lambda answer: b"\xff\xfe\x00\x9c not text",
+    "error-object": lambda answer: {"error": {"message": "made-up: out of memory", "type": "InternalServerError",
+                                              "code": 500}},
+    "other-model": lambda answer: {**answer, "model": "another-adapter"},
+    "no-choices": lambda answer: {"model": answer["model"]},
+    "choice-missing": lambda answer: {**answer, "choices": answer["choices"][:-1]},
+    "choice-extra": lambda answer: {**answer, "choices": [*answer["choices"], {**answer["choices"][0],
+                                                                                "index": len(answer["choices"])}]},
+    "index-duplicated": each_choice(lambda choice: choice.update(index=0)),
+    "index-out-of-range": each_choice(lambda choice: choice.update(index=choice["index"] + 1)),
+    "no-token-ids": each_choice(lambda choice: choice.pop("token_ids")),
+    "token-ids-as-strings": each_choice(lambda choice: choice.update(token_ids=[str(t) for t in choice["token_ids"]])),
+    "no-logprobs": each_choice(lambda choice: choice.update(logprobs=None)),
+    "logprobs-one-short": each_choice(lambda choice: logprobs_of(choice)["token_logprobs"].pop()),
+    "one-logprob-for-all": each_choice(lambda choice: logprobs_of(choice).update(token_logprobs=[-0.5])),
+    "logprob-positive": each_choice(lambda choice: logprobs_of(choice)["token_logprobs"].__setitem__(0, 0.7)),
+    "logprob-nan": each_choice(lambda choice: logprobs_of(choice)["token_logprobs"].__setitem__(0, float("nan"))),
+    "token-names-text": each_choice(lambda choice: logprobs_of(choice).update(
+        tokens=["▁a"] * len(choice["token_ids"]))),
+    "token-names-disagree": each_choice(lambda choice: logprobs_of(choice).update(
+        tokens=[f"token_id:{t + 1}" for t in choice["token_ids"]])),
+    "token-outside-vocab": each_choice(lambda choice: set_tokens(choice, [1_000_000, *choice["token_ids"][1:]])),
+    "token-negative": each_choice(lambda choice: set_tokens(choice, [-1, *choice["token_ids"][1:]])),
+    "too-many-tokens": each_choice(lambda choice: set_tokens(choice, [*choice["token_ids"], 3])),
+    "finish-unknown": each_choice(lambda choice: choice.update(finish_reason="abort")),
+    "empty-length": each_choice(lambda choice: set_tokens(choice, [])),
+    "empty-stop": each_choice(lambda choice: (set_tokens(choice, []), choice.update(finish_reason="stop"))),
+    "stop-without-stop-id": each_choice(lambda choice: choice.update(finish_reason="stop")),
+}
 
 
 class StandIn(ThreadingHTTPServer):
@@ -58,7 +118,10 @@ class Handler(BaseHTTPRequestHandler):
     server: StandIn
 
     def reply(self, status: int, payload: Any) -> None:
-        data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+        if isinstance(payload, bytes):
+            data = payload
+        else:
+            data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -126,11 +189,15 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(404, {"error": f"The model `{body['model']}` does not exist."})
         time.sleep(options.delay)
         seed = body["seed"] or 0
-        choices = [made_up_choice(j, seed, body["max_tokens"], options.modulo, options.first_token)
-                   for j in range(body["n"])]
-        with server.lock:
-            server.record("requests", [body["model"], body["prompt"], body["n"], body["seed"]])
-        self.reply(200, {"choices": choices})
+        choices = [made_up_choice(j, seed, body["max_tokens"], options.modulo, options.first_token,
+                                  tuple(body["stop_token_ids"])) for j in range(body["n"])]
+        answer: Any = {"model": body["model"], "choices": choices}
+        if options.malformed is not None:
+            answer = MALFORMED[options.malformed](answer)
+        else:
+            with server.lock:  # only the right answers count as answered
+                server.record("requests", [body["model"], body["prompt"], body["n"], body["seed"]])
+        self.reply(200, answer)
 
     def log_message(self, *args: object) -> None:
         pass
@@ -147,6 +214,7 @@ def main() -> None:
     parser.add_argument("--exit-after", type=int, default=None)
     parser.add_argument("--error-after", type=int, default=None)
     parser.add_argument("--error-code", type=int, default=503)
+    parser.add_argument("--malformed", choices=sorted(MALFORMED), default=None)
     options = parser.parse_args()
     StandIn((options.host, options.port), options).serve_forever()
 

@@ -1,10 +1,11 @@
 """Several inference servers behind one engine: HTTP with failure kinds, dealing by load, failover, and one push
 per adapter version for all DDP ranks (docs/scaling.md).
 
-A request either fails because of the server (refused, reset, timed out, HTTP 5xx: ``ServerDown``) — it is then
-retried on another live server and the failed one is skipped until the next push probes it again — or because
-of the request (HTTP 4xx: a plain ``RuntimeError``, which failover would only repeat elsewhere). No live server
-left is ``ServersUnavailable``. Only the standard library speaks HTTP; torch.distributed is used for the push.
+A request either fails because of the server (refused, reset, timed out, HTTP 5xx: ``ServerDown``; or an answer
+whose shape does not fit the request, see ``server_answers``) — it is then retried on another live server and the
+failed one is skipped until the next push probes it again — or because of the request (HTTP 4xx: a plain
+``RuntimeError``, which failover would only repeat elsewhere). No live server left is ``ServersUnavailable``.
+Only the standard library speaks HTTP; torch.distributed is used for the push.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def http_json(url: str, method: str, path: str, body: dict[str, Any] | None = No
     request = urllib.request.Request(url + path, data=data, headers=headers, method=method)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
-            text = answer.read().decode()
+            text = answer.read().decode(errors="replace")  # bytes that are not UTF-8: not JSON either, said so
     except urllib.error.HTTPError as error:
         detail = error.read().decode(errors="replace")[:2000]
         message = f"the vLLM server at {url} refused {method} {path}: HTTP {error.code}{refusal_hint(error.code, path)}"
@@ -139,11 +140,13 @@ class ServerPool:
         warnings.warn(f"vLLM server {server.url} failed and is skipped until the next policy push ({left} of "
                       f"{len(self.servers)} left): {reason}", RuntimeWarning, stacklevel=2)
 
-    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None,
+             check: Callable[[Any], str | None] | None = None) -> Any:
         """``request`` on the least-loaded live server; a ``ServerDown`` marks that server dead and the request
         goes to the next one, and so does an HTTP 404: the server lost the adapter it was given at the push (it
-        restarted since; the next push loads it again), which the others still hold. None left:
-        ``ServersUnavailable``."""
+        restarted since; the next push loads it again), which the others still hold. So does an answer ``check``
+        finds wrong (it returns what is wrong, or None): a server that sends malformed answers is as good as down.
+        None left: ``ServersUnavailable``."""
         while True:
             with self._lock:
                 index = least_loaded([s.in_flight for s in self.servers], [s.alive for s in self.servers])
@@ -152,7 +155,11 @@ class ServerPool:
                 server = self.servers[index]
                 server.in_flight += 1
             try:
-                return self.request(server.url, method, path, body)
+                answer = self.request(server.url, method, path, body)
+                problem = None if check is None else check(answer)
+                if problem is None:
+                    return answer
+                self.mark_dead(server, f"the vLLM server at {server.url} answered {method} {path} with {problem}")
             except ServerDown as error:
                 self.mark_dead(server, str(error))
             except Refused as error:

@@ -21,12 +21,18 @@ import urllib.error
 import urllib.request
 import uuid
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from lit_grpo.engines.base import Completion, SamplingSpec
 from lit_grpo.engines.server_address import ServerAddress, server_address
+from lit_grpo.engines.server_answers import (
+    check_answer,
+    parse_choices,
+    policy_vocab_size,
+)
 from lit_grpo.engines.server_pool import (
     Refused,
     Server,
@@ -54,8 +60,9 @@ class VLLMServerEngine:
             DDP) and loaded on every server; each prompt's request (its ``n`` completions) goes to the server with
             the fewest requests in flight, so a group never spans servers, and its seed comes from the prompt, so
             a completion does not depend on the server that drew it. A server that fails a request (refused,
-            reset, timed out, HTTP 5xx) is skipped, the request retried on another, and ``/health`` probed again
-            at the next push, which reloads the adapter there; ``rollout/servers_alive`` counts the live ones.
+            reset, timed out, HTTP 5xx, or an answer whose shape does not fit the request: ``check_answer``) is
+            skipped, the request retried on another, and ``/health`` probed again at the next push, which reloads
+            the adapter there; ``rollout/servers_alive`` counts the live ones.
             When none is left the run stops with a message naming them and the checkpoint to resume from.
         api_key: the servers' API key (sent as a bearer token; given to a server the engine starts as
             ``VLLM_API_KEY``). ``None`` reads ``VLLM_API_KEY`` from the environment, if set.
@@ -121,6 +128,7 @@ class VLLMServerEngine:
         self._adapter_name: str | None = None  # the pushed adapter's name on the servers (rank 0's under DDP)
         self._saved: Path | None = None  # this process's saved copy of it
         self._model_path: str | None = None  # the base model of the pushed policy
+        self._vocab_size: int | None = None  # its vocabulary: a sampled token id outside it is a malformed answer
         self._pushes = 0
 
     @property
@@ -138,7 +146,7 @@ class VLLMServerEngine:
         base_path = model.peft_config[model.active_adapter].base_model_name_or_path
         if self._model_path is not None and base_path != self._model_path:
             raise ValueError(f"this engine serves {self._model_path!r}, not {base_path!r}: use one engine per model")
-        self._model_path = base_path
+        self._model_path, self._vocab_size = base_path, policy_vocab_size(model)
         if not self.urls:  # a server of this process's own: nobody else loads adapters there
             self._start_server(base_path)  # once; afterwards it reports a server that has died since
             self._adapter_name = self._load_everywhere(model)
@@ -263,8 +271,14 @@ class VLLMServerEngine:
         pool, name = self._pool, self._adapter_name
         bodies = [completion_request(name, prompt, n, sampling, index) for index, prompt in enumerate(prompts)]
         with ThreadPoolExecutor(max_workers=min(self.max_parallel_requests, max(len(bodies), 1))) as threads:
-            answers = list(threads.map(lambda body: pool.call("POST", "/v1/completions", body), bodies))
+            answers = list(threads.map(lambda body: pool.call("POST", "/v1/completions", body, self._checker(body)),
+                                       bodies))
         return [parse_choices(answer, n) for answer in answers]
+
+    def _checker(self, body: dict[str, Any]) -> Callable[[Any], str | None]:
+        """What is wrong with an answer to ``body`` (``check_answer``): a server that sends it counts as failed."""
+        return lambda answer: check_answer(answer, body["n"], body["max_tokens"], self._vocab_size,
+                                           body["stop_token_ids"], body["model"])
 
     def _http(self, url: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """One JSON request to one server (``http_json``); a started server that died says how, with its log."""
@@ -331,24 +345,6 @@ def completion_request(model: str, prompt: list[int], n: int, sampling: Sampling
         "return_token_ids": True,
         "skip_special_tokens": False,
     }
-
-
-def parse_choices(answer: dict[str, Any], n: int) -> list[Completion]:
-    """A ``/v1/completions`` answer as ``n`` Completions, in choice order. Token ids come from ``token_ids`` and
-    must agree with the log-prob entries' ``token_id:<id>`` names."""
-    choices = sorted(answer["choices"], key=lambda choice: choice["index"])
-    if len(choices) != n:
-        raise RuntimeError(f"the vLLM server returned {len(choices)} choices for n={n}")
-    completions = []
-    for choice in choices:
-        token_ids = tuple(int(t) for t in choice["token_ids"])
-        logprobs = choice["logprobs"]
-        named = tuple(int(token.removeprefix("token_id:")) for token in logprobs["tokens"])
-        if named != token_ids:
-            raise RuntimeError(f"the server's token ids {token_ids} and log-prob tokens {named} disagree")
-        finish = "stop" if choice["finish_reason"] == "stop" else "length"
-        completions.append(Completion(token_ids, tuple(float(v) for v in logprobs["token_logprobs"]), finish))
-    return completions
 
 
 def server_command(model_path: str, address: ServerAddress, engine: VLLMServerEngine) -> list[str]:
