@@ -216,7 +216,8 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     """Every problem of a merged config: keys, types, values, and the rules that span sections."""
     from lightning.pytorch import Trainer
 
-    from lit_grpo.tasks import Task
+    from lit_grpo.engines import HFEngine
+    from lit_grpo.tasks import ArithmeticTask, Task
 
     problems = [f"{key}: unknown top-level key" for key in config if key not in TOP_LEVEL_KEYS]
     if config.get("weights_only") is False:  # a checkpoint is data: never unpickled into code
@@ -240,7 +241,9 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     data_args = {**signature_defaults(RolloutDataModule), **without(data_cfg, data_bad)}
     problems += [f"model.{p}" for p in PolicyModule.config_problems(model_args)]
     problems += [f"data.{p}" for p in RolloutDataModule.config_problems(data_args)]
-    problems += cross_knob_problems(model_args, data_args, engine_class(data_cfg), task_class(data_cfg))
+    engine = named_class(data_cfg, "engine", HFEngine, "lit_grpo.engines")
+    task = named_class(data_cfg, "task", ArithmeticTask, "lit_grpo.tasks")
+    problems += cross_knob_problems(model_args, data_args, engine, task)
     problems += distributed_config_problems(trainer_cfg, data_args)
     max_epochs = trainer_cfg.get("max_epochs")
     if isinstance(max_epochs, int) and max_epochs < -1:
@@ -278,32 +281,15 @@ def optimizer_problems(spec: Any) -> list[str]:
     return []
 
 
-def task_class(data_cfg: dict[str, Any]) -> Any:
-    """The class ``data.task`` names (``ArithmeticTask``, the default, when it names none; ``None`` if it cannot be
-    imported, which ``class_path_problems`` reports)."""
-    from lit_grpo.tasks import ArithmeticTask
-
-    spec = data_cfg.get("task")
+def named_class(data_cfg: dict[str, Any], key: str, default: type, package: str) -> Any:
+    """The class ``data.<key>`` names, a bare name read in ``package`` (``default`` when it names none; ``None`` if it
+    cannot be imported, which ``class_path_problems`` or instantiation reports)."""
+    spec = data_cfg.get(key)
     path = spec.get("class_path") if isinstance(spec, dict) else spec
     if not isinstance(path, str):
-        return ArithmeticTask
+        return default
     try:
-        return import_object(path if "." in path else f"lit_grpo.tasks.{path}")
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def engine_class(data_cfg: dict[str, Any]) -> Any:
-    """The class ``data.engine`` names (``HFEngine`` when it names none; ``None`` if it cannot be imported, which
-    instantiation reports)."""
-    from lit_grpo.engines import HFEngine
-
-    spec = data_cfg.get("engine")
-    path = spec.get("class_path") if isinstance(spec, dict) else spec
-    if not isinstance(path, str):
-        return HFEngine
-    try:
-        return import_object(path if "." in path else f"lit_grpo.engines.{path}")
+        return import_object(path if "." in path else f"{package}.{path}")
     except Exception:  # noqa: BLE001
         return None
 
