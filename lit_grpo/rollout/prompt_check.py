@@ -10,7 +10,8 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_grpo.errors import InputError
-from lit_grpo.tasks.base import is_conversation, prompt_text
+from lit_grpo.tasks.base import prompt_text
+from lit_grpo.tasks.rows import check_rendering
 
 
 def prompt_length_problem(
@@ -38,16 +39,13 @@ def context_length(config: Any) -> int | None:
 
 
 def check_inputs(module: Any, datamodule: Any) -> None:
-    """The checks that need the loaded model: every prompt of both splits fits the context with its generation
-    budget (for multi-round rollouts, one budget per round). Raises ``InputError``."""
+    """The checks that need the loaded model: every prompt that goes through the chat template renders
+    (``check_rendering``), and every prompt of both splits fits the context with its generation budget (for multi-round rollouts, one
+    budget per round). Raises ``InputError``."""
     if datamodule is None or not hasattr(datamodule, "task"):
         return
     task, tokenizer = datamodule.task, module.tokenizer
-    for split, records in (("training", task.train_records()), ("held-out", task.heldout_records())):
-        if records and is_conversation(records[0]["prompt"]) and getattr(tokenizer, "chat_template", None) is None:
-            raise InputError(f"data.task: the {split} prompts are conversations (lists of chat messages) but the "
-                             f"tokenizer of {module.hparams.model_name_or_path!r} has no chat template; use a model "
-                             "whose tokenizer has one, or give the prompts as strings")
+    check_rendering(task, tokenizer, module.hparams.model_name_or_path)  # each prompt through its chat template
     limit = context_length(module.policy.config)
     if limit is not None:
         fit_prompts_to_context(task, tokenizer, datamodule, limit)

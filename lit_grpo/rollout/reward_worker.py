@@ -1,8 +1,10 @@
 """Reward calls with a timeout, in a worker process (docs/guide.md#your-own-task-or-reward).
 
 A hung pure-Python function cannot be interrupted from its own thread, so with a timeout the task's rewards run in
-a forked child: the parent waits for each answer at most ``timeout`` seconds, then kills the child, scores the
-completion's ``failure_reward`` and starts a fresh child for the next call. Without a timeout nothing of this runs:
+a forked child: the parent waits for each call's answer at most ``timeout`` seconds, then kills the child, scores
+the call's completions ``failure_reward`` and starts a fresh child for the next call. One call is one reward on one
+completion, or one batched reward (a TRL-style function, a reward model) on the whole batch: a ``DatasetTask``'s
+rewards are called one by one, and a hung one costs only its own values. Without a timeout nothing of this runs:
 rewards are called in-process as before.
 """
 
@@ -12,13 +14,18 @@ import ctypes
 import multiprocessing
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from lit_grpo.tasks.base import PromptRecord, ScoredCompletion, Task
+from lit_grpo.tasks.dataset import DatasetTask
+from lit_grpo.tasks.reward_answers import Column
+from lit_grpo.tasks.reward_functions import Completions, is_batched
+
+Answer = TypeVar("Answer")
 
 
 def die_with_parent() -> None:
@@ -31,7 +38,9 @@ def die_with_parent() -> None:
 
 
 def serve_rewards(connection: Connection, task: Task) -> None:
-    """The child's loop: score each ``(record, text, ids)`` it receives until it receives None."""
+    """The child's loop until it receives None: ``("group", records, texts, ids)`` is answered with
+    ``task.score_group``'s scores, ``("column", index, batch)`` with ``task.column`` (a ``DatasetTask``'s reward
+    ``index`` on ``batch``)."""
     # a forked child inherits the trainer's signal handlers (Lightning's SIGTERM handler only sets a flag): restore
     # the defaults so terminate() ends it, and let it die with its parent, even one that was SIGKILLed
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -44,15 +53,16 @@ def serve_rewards(connection: Connection, task: Task) -> None:
         request = connection.recv()
         if request is None:
             return
-        connection.send(task.score_group(*request))
+        kind, *arguments = request
+        connection.send(task.score_group(*arguments) if kind == "group" else task.column(*arguments))
 
 
 class RewardWorker:
-    """``task.score`` in a child process, each call bounded by ``timeout`` seconds.
+    """``task.score_group`` with each reward call in a child process, bounded by ``timeout`` seconds.
 
-    A call that raises scores ``failure_reward`` inside the child (``Task.score`` catches it); one that hangs, or
-    whose child dies, scores it here with an ``error`` saying so, and counts as not correct. Linux forks the child,
-    so the task needs no pickling and a restart costs milliseconds.
+    A call that raises scores ``failure_reward`` inside the child (the task catches it); one that hangs, or whose
+    child dies, scores it here with an ``error`` saying so. Linux forks the child, so the task needs no pickling and
+    a restart costs milliseconds.
     """
 
     def __init__(self, task: Task, timeout: float) -> None:
@@ -67,29 +77,51 @@ class RewardWorker:
 
     def score_group(self, records: Sequence[PromptRecord], texts: Sequence[str],
                     ids: Sequence[Sequence[int]]) -> list[ScoredCompletion]:
-        """``task.score_group`` in the child: one call per completion, each bounded by ``timeout`` seconds, unless
-        the task's rewards score whole batches (``task.batched_rewards``); then one call for the batch, bounded by
-        ``timeout`` seconds per completion. A hang or a dead child scores every completion of its call
-        ``failure_reward``."""
-        if not getattr(self.task, "batched_rewards", False):
-            return [self._call([r], [t], [i])[0] for r, t, i in zip(records, texts, ids)]
-        return self._call(records, texts, ids)
+        """The scores of ``N`` completions: a ``DatasetTask`` combines here the columns its rewards' calls give in
+        the child (``column``); any other task is scored one completion per call. A call that hangs or kills the
+        child scores each completion of that call ``failure_reward``."""
+        if isinstance(self.task, DatasetTask):
+            return self.task.score_group(records, texts, ids, column=self.column)
 
-    def _call(self, records: Sequence[PromptRecord], texts: Sequence[str],
-              ids: Sequence[Sequence[int]]) -> list[ScoredCompletion]:
+        def failed(error: str) -> list[ScoredCompletion]:
+            return [ScoredCompletion(self.task.failure_reward, False, error)]
+
+        return [self._call(("group", [r], [t], [list(i)]), 1, failed)[0] for r, t, i in zip(records, texts, ids)]
+
+    def column(self, index: int, batch: Completions) -> Column:
+        """A ``DatasetTask``'s reward ``index`` on ``batch`` in the child: one call for a batched reward, one per
+        completion for a ``Reward``, each bounded by ``timeout`` seconds; values ``[N]`` and errors ``[N]``."""
+        assert isinstance(self.task, DatasetTask)
+        name = self.task.names[index]
+        calls = [batch] if is_batched(self.task.rewards[index]) else [batch.one(i) for i in range(len(batch.texts))]
+        values: list[float | None] = []
+        errors: list[str | None] = []
+        for call in calls:
+            count = len(call.texts)
+            got, failures = self._call(("column", index, call), count,
+                                       lambda error, n=count: ([None] * n, [f"{name}: {error}"] * n))
+            values += got
+            errors += failures
+        return values, errors
+
+    def _call(self, request: tuple[Any, ...], count: int, failed: Callable[[str], Answer]) -> Answer:
+        """The child's answer to ``request`` (a call on ``count`` completions), or ``failed(error)`` when it takes
+        longer than ``timeout`` seconds or the child dies (the child is then killed; the next call starts a fresh
+        one)."""
         if self._process is None or not self._process.is_alive():
             self._start()
         assert self._connection is not None
-        self._connection.send((list(records), list(texts), [list(row) for row in ids]))
+        self._connection.send(request)
         try:
-            if self._connection.poll(self.timeout * len(texts)):
+            if self._connection.poll(self.timeout):
                 return self._connection.recv()
-            error = f"TimeoutError: the reward took longer than {self.timeout}s per completion"
+            unit = "call" if count > 1 else "completion"
+            error = f"TimeoutError: the reward took longer than {self.timeout}s per {unit}"
         except (EOFError, OSError):
             self._process.join(timeout=5)  # reap it, for its exit code
             error = f"RuntimeError: the reward's worker process died (exit code {self._process.exitcode})"
         self._stop(kill=True)
-        return [ScoredCompletion(self.task.failure_reward, False, error) for _ in texts]
+        return failed(error)
 
     def _start(self) -> None:
         # a forked child cannot use CUDA once the parent has: then spawn (a reward model reloads itself there)

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
+
+from lit_grpo.tasks.reward_answers import (
+    REWARD_LIMIT,
+    AnswerError,
+    plain_copy,
+    reward_number,
+    weights_problem,
+)
 
 PromptRecord = dict[str, Any]
 Messages = list[dict[str, str]]  # a conversation: {"role": ..., "content": ...} in order
@@ -52,9 +59,6 @@ class ExactMatchReward(Reward):
 
     def __call__(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
         return 1.0 if completion_text.strip() == str(prompt_record["answer"]).strip() else 0.0
-
-
-REWARD_LIMIT = 1e6  # larger rewards are taken for bugs: squared in the group statistics they overflow
 
 
 @dataclass(frozen=True)
@@ -117,17 +121,22 @@ class Task(ABC):
         return 0.0
 
     def score(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> ScoredCompletion:
-        """Reward and correctness of a completion. A reward function that raises (``sys.exit`` included), or
-        returns something other than a finite number within ``±REWARD_LIMIT``, scores ``failure_reward`` and the
-        error is recorded: a NaN would poison the step and 1e308 overflow the group statistics."""
-        correct = self.is_correct(prompt_record, completion_text)
+        """Reward and correctness of a completion, the reward computed on a copy of the record. A reward function
+        that raises (``sys.exit`` included), or returns anything but a real number within ``±REWARD_LIMIT`` (a
+        ``bool`` counts 1 or 0), scores ``failure_reward`` and the error is recorded: a NaN would poison the step,
+        1e308 overflow the group statistics, and a string is no reward."""
+        correct = self.is_correct(plain_copy(prompt_record), completion_text)
         try:
-            value = float(self.reward(prompt_record, completion_text, completion_ids))
+            answer = self.reward(plain_copy(prompt_record), completion_text, list(completion_ids))
         except (Exception, SystemExit) as error:  # noqa: BLE001 - any failure of user code must not kill the run
             return ScoredCompletion(self.failure_reward, correct, f"{type(error).__name__}: {error}")
-        if not math.isfinite(value) or abs(value) > REWARD_LIMIT:
+        try:
+            value = reward_number(answer)
+        except AnswerError as error:
+            return ScoredCompletion(self.failure_reward, correct, f"reward {error}")
+        if value is None:  # one reward, and it does not apply: nothing scores the completion
             return ScoredCompletion(self.failure_reward, correct,
-                                    f"reward {value!r} is not a finite number within ±{REWARD_LIMIT:g}")
+                                    f"reward {answer!r:.60} is not a finite number within ±{REWARD_LIMIT:g}")
         return ScoredCompletion(value, correct)
 
     def score_group(self, records: Sequence[PromptRecord], texts: Sequence[str],
@@ -136,25 +145,28 @@ class Task(ABC):
         batch at once (``DatasetTask``) overrides it."""
         return [self.score(record, text, row) for record, text, row in zip(records, texts, ids)]
 
-    @property
-    def batched_rewards(self) -> bool:
-        """Whether ``score_group`` scores a batch in one call that fails as a whole (a reward worker then bounds the
-        batch, not each completion)."""
-        return False
-
     def use_device(self, device: Any) -> None:
-        """Where the policy runs (the data module tells the task at setup): for rewards that run a model."""
+        """Where the policy runs (the data module tells the task at setup, before the model loads): for rewards that
+        run a model."""
+
+    def chat_text(self, prompt_record: PromptRecord, tokenizer: Any) -> str | None:
+        """The prompt as the tokenizer's chat template renders it (generation prompt added), or ``None`` for a
+        plain prompt: a conversation always goes through the template (system message kept); a string only with
+        ``use_chat_template``, as one user turn."""
+        prompt = prompt_record["prompt"]
+        if not (is_conversation(prompt) or self.use_chat_template):
+            return None
+        messages = prompt if is_conversation(prompt) else [{"role": "user", "content": prompt}]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
     def prompt_ids(self, prompt_record: PromptRecord, tokenizer: Any) -> list[int]:
         """Token ids of the prompt as the engine receives them."""
-        prompt = prompt_record["prompt"]
-        if is_conversation(prompt) or self.use_chat_template:
-            # a conversation always goes through the chat template (system message kept, generation prompt added);
-            # a string only with use_chat_template, as one user turn. Rendered to text, then tokenized without
-            # special tokens (the template holds its own): transformers 5 returns a dict from tokenize=True
-            messages = prompt if is_conversation(prompt) else [{"role": "user", "content": prompt}]
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = self.chat_text(prompt_record, tokenizer)
+        if text is not None:
+            # rendered to text, then tokenized without special tokens (the template holds its own): transformers 5
+            # returns a dict from tokenize=True
             return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        prompt = prompt_record["prompt"]
         if not isinstance(prompt, str):  # never a list's or dict's repr
             raise TypeError(f"a prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
         return list(tokenizer(prompt)["input_ids"])
@@ -166,8 +178,9 @@ class WeightedRewards:
     def __init__(self, rewards: Sequence[Reward], weights: Sequence[float] | None = None) -> None:
         if not rewards:
             raise ValueError("at least one reward is needed")
-        if weights is not None and len(weights) != len(rewards):
-            raise ValueError(f"reward_weights has {len(weights)} entries for {len(rewards)} rewards")
+        problem = weights_problem(weights, len(rewards))
+        if problem:
+            raise ValueError(problem)
         self.rewards = list(rewards)
         self.weights = [1.0] * len(rewards) if weights is None else [float(w) for w in weights]
 

@@ -3,8 +3,9 @@ by rewards as users write them: ``Reward`` classes or TRL-style batched function
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lit_grpo.errors import InputError
@@ -17,14 +18,18 @@ from lit_grpo.tasks.base import (
     is_conversation,
 )
 from lit_grpo.tasks.data_files import load_rows
+from lit_grpo.tasks.reward_answers import REWARD_LIMIT, Column, weights_problem
 from lit_grpo.tasks.reward_functions import (
     Completions,
     import_reward,
     is_batched,
+    reward_column,
     reward_name,
-    reward_values,
     weighted_total,
 )
+from lit_grpo.tasks.rows import Located, check_rows, checked_record
+
+ColumnCall = Callable[[int, Completions], Column]  # (reward index, batch) -> that reward's values and errors
 
 
 class DatasetTask(Task):
@@ -46,9 +51,10 @@ class DatasetTask(Task):
             functions with TRL's signature ``f(prompts, completions, completion_ids, **columns) ->
             list[float | None]`` (``package.module.function`` or ``path/to/file.py:function``); exact match by
             default.
-        reward_weights: one weight per reward (1 each by default).
-        failure_reward: what a completion scores when a reward raises or none applies; ``None`` takes the lowest
-            ``min_value`` of the rewards, which then must all declare one.
+        reward_weights: one weight per reward (1 each by default); finite, not all 0.
+        failure_reward: what a completion scores when a reward raises, answers what is no reward (±inf, a string;
+            see ``lit_grpo.tasks.reward_answers``) or none applies; ``None`` takes the lowest ``min_value`` of the
+            rewards, which then must all declare one.
         split_seed: seed of the held-out draw and the training order.
         use_chat_template: render string prompts through the chat template as one user turn.
     """
@@ -72,8 +78,12 @@ class DatasetTask(Task):
         if test_split is None and test_path is None and not 0 < heldout_fraction < 1:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
         self.rewards = [import_reward(r) for r in (rewards or [ExactMatchReward()])]
-        if reward_weights is not None and len(reward_weights) != len(self.rewards):
-            raise ValueError(f"reward_weights has {len(reward_weights)} entries for {len(self.rewards)} rewards")
+        problem = weights_problem(reward_weights, len(self.rewards))
+        if problem:
+            raise InputError(f"data.task.init_args.{problem}")
+        if failure_reward is not None and not (math.isfinite(failure_reward) and abs(failure_reward) <= REWARD_LIMIT):
+            raise InputError(f"data.task.init_args.failure_reward is {failure_reward!r}; give a finite number within "
+                             f"±{REWARD_LIMIT:g} (what a completion scores when a reward fails)")
         self.weights = [1.0] * len(self.rewards) if reward_weights is None else [float(w) for w in reward_weights]
         self.names = unique_names([reward_name(r) for r in self.rewards])
         floors = [getattr(r, "min_value", None) for r in self.rewards]
@@ -94,33 +104,55 @@ class DatasetTask(Task):
 
     def records(self, path: str, split: str) -> list[PromptRecord]:
         """The rows of ``split`` of ``path`` as prompt records (every column kept; ``prompt`` and ``answer`` from the
-        mapped columns)."""
+        mapped columns), each row checked (``lit_grpo.tasks.rows``)."""
+        return [record for _, record in self.located(path, split)]
+
+    def located(self, path: str, split: str) -> list[Located]:
+        """``records`` with where each row is (for messages)."""
         rows = load_rows(path, split)
         if not rows:
             raise InputError(f"data file {path!r} (split {split!r}) is empty: it holds no rows")
-        records = []
-        for where, row in rows:
-            if self.prompt_column not in row:
-                raise InputError(f"{where}: no {self.prompt_column!r} column (it has: {', '.join(map(str, row))}); "
-                                 "set data.task.init_args.prompt_column")
-            prompt = row[self.prompt_column]
-            if not (isinstance(prompt, str) and prompt.strip()) and not (is_conversation(prompt) and prompt):
-                raise InputError(f"{where}: {self.prompt_column!r} must be a non-empty string or a list of chat "
-                                 f"messages, got {prompt!r:.80}")
-            records.append({**row, "prompt": prompt, "answer": row.get(self.answer_column, "")})
-        return records
+        compared = self.answers_compared
+        located = [(where, checked_record(where, row, self.prompt_column, self.answer_column, compared))
+                   for where, row in rows]
+        answerless = [where for where, row in rows if row.get(self.answer_column) is None]
+        check_rows(located, compared, any(not isinstance(r, Reward) for r in self.rewards), answerless)
+        return located
+
+    @property
+    def answers_compared(self) -> bool:
+        """Whether a reward compares completions with the ``answer`` column (exact match, the default)."""
+        return any(isinstance(reward, ExactMatchReward) for reward in self.rewards)
 
     def split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
-        records = self.records(self.path, self.split_name)
+        located = self.located(self.path, self.split_name)
+        records = [record for _, record in located]
         random.Random(self.split_seed).shuffle(records)
         if self.test_split is not None or self.test_path is not None:
-            source = self.test_path or self.path
-            heldout = self.records(source, self.test_split or self.split_name)
-            shared = {prompt_key(r) for r in heldout} & {prompt_key(r) for r in records}
-            if shared:
-                raise InputError(f"the held-out split ({source!r}) shares {len(shared)} prompt(s) with the training "
-                                 f"split (e.g. {sorted(shared)[0]!r:.80}); it must be disjoint from training")
-            return records, heldout
+            train, heldout = records, self.given_heldout(records, located[0])
+        else:
+            train, heldout = self.drawn_heldout(records)
+        if self.answers_compared and not any(str(r["answer"]).strip() for r in [*train, *heldout]):
+            raise InputError(f"data file {self.path!r}: no row has an answer ({self.answer_column!r} column), and the "
+                             "default exact-match reward compares completions with it (only an empty completion "
+                             "would score): set data.task.init_args.answer_column, or give rewards")
+        return train, heldout
+
+    def given_heldout(self, train: Sequence[PromptRecord], first: Located) -> list[PromptRecord]:
+        """The held-out records of ``test_path`` / ``test_split``: in the form of the training rows (``first``: the
+        first of them, where it is), sharing no prompt with ``train``."""
+        source = self.test_path or self.path
+        held = self.located(source, self.test_split or self.split_name)
+        check_rows([first, held[0]], False, False)  # one prompt form in both splits
+        heldout = [record for _, record in held]
+        shared = {prompt_key(r) for r in heldout} & {prompt_key(r) for r in train}
+        if shared:
+            raise InputError(f"the held-out split ({source!r}) shares {len(shared)} prompt(s) with the training "
+                             f"split (e.g. {min(shared)!r:.80}); it must be disjoint from training")
+        return heldout
+
+    def drawn_heldout(self, records: list[PromptRecord]) -> tuple[list[PromptRecord], list[PromptRecord]]:
+        """``(training, held-out)``: ``heldout_fraction`` of the distinct prompts of ``records`` held out."""
         keys = list(dict.fromkeys(prompt_key(r) for r in records))  # distinct prompts, in shuffled order
         count = max(1, round(len(keys) * self.heldout_fraction))
         if count >= len(keys):
@@ -130,11 +162,10 @@ class DatasetTask(Task):
         return ([r for r in records if prompt_key(r) not in heldout_keys],
                 [r for r in records if prompt_key(r) in heldout_keys])
 
-    @property
-    def batched_rewards(self) -> bool:
-        return any(is_batched(reward) for reward in self.rewards)
-
     def use_device(self, device: Any) -> None:
+        """Called at setup, before the model loads: the rows load and are checked now, and a reward model moves to
+        ``device``."""
+        self.train_records()
         for reward in self.rewards:
             if hasattr(reward, "use_device"):
                 reward.use_device(device)
@@ -142,40 +173,39 @@ class DatasetTask(Task):
     def score(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> ScoredCompletion:
         return self.score_group([prompt_record], [completion_text], [completion_ids])[0]
 
-    def score_group(self, records: Sequence[PromptRecord], texts: Sequence[str],
-                    ids: Sequence[Sequence[int]]) -> list[ScoredCompletion]:
-        """Every reward on the whole batch, then each completion's weighted sum of the rewards that apply."""
+    def score_group(self, records: Sequence[PromptRecord], texts: Sequence[str], ids: Sequence[Sequence[int]],
+                    column: ColumnCall | None = None) -> list[ScoredCompletion]:
+        """Every reward on the whole batch (``column``: how one reward's calls are made, by default ``self.column``;
+        a reward worker bounds each call in time), then each completion's weighted sum of the rewards that apply."""
         batch = Completions(records, texts, ids, conversational=is_conversation(records[0]["prompt"]))
-        columns, errors = [], [None] * len(texts)
-        for name, reward in zip(self.names, self.rewards):
-            values, failures = self.reward_column(reward, name, batch)
-            columns.append(values)
-            errors = [e or f for e, f in zip(errors, failures)]
+        columns = [(column or self.column)(index, batch) for index in range(len(self.rewards))]
+        return self.combined(batch, columns)
+
+    def column(self, index: int, batch: Completions) -> Column:
+        """Reward ``index``'s values and errors on ``batch``: a ``Reward`` is called per completion and fails alone;
+        a batched function is called once."""
+        reward, name = self.rewards[index], self.names[index]
+        if is_batched(reward):
+            return reward_column(reward, name, batch)
+        singles = [reward_column(reward, name, batch.one(i)) for i in range(len(batch.texts))]
+        return [values[0] for values, _ in singles], [errors[0] for _, errors in singles]
+
+    def combined(self, batch: Completions, columns: Sequence[Column]) -> list[ScoredCompletion]:
+        """Each completion's score from every reward's column: the weighted sum of the values that apply, or
+        ``failure_reward`` when a reward failed on it (its errors joined), none applies, or the sum is out of
+        range. The other completions, and the other rewards' values in ``parts``, are unaffected."""
         scored = []
-        for index, (record, text) in enumerate(zip(records, texts)):
-            parts = {name: values[index] for name, values in zip(self.names, columns)}
+        for index, (record, text) in enumerate(zip(batch.records, batch.texts)):
+            parts = {name: values[index] for name, (values, _) in zip(self.names, columns)}
+            errors = [e for _, failures in columns if (e := failures[index]) is not None]
             total = weighted_total(list(parts.values()), self.weights)
-            error = errors[index] or (None if total is not None else "ValueError: no reward applies to it (all None)")
-            reward = self._failure_reward if error else total
-            scored.append(ScoredCompletion(reward, self.is_correct(record, text), error, parts))
+            if not errors and total is None:
+                errors = ["no reward applies to it (each gave None or NaN)"]
+            elif not errors and not abs(total) <= REWARD_LIMIT:
+                errors = [f"the weighted sum {total!r} is not within ±{REWARD_LIMIT:g}"]
+            reward = self._failure_reward if errors else total
+            scored.append(ScoredCompletion(reward, self.is_correct(record, text), "; ".join(errors) or None, parts))
         return scored
-
-    @staticmethod
-    def reward_column(reward: Any, name: str, batch: Completions) -> tuple[list[float | None], list[str | None]]:
-        """One reward's values for the batch and each completion's failure: a ``Reward`` is called per completion
-        and fails alone; a batched function fails for the whole batch."""
-        if not is_batched(reward):
-            pairs = [checked_values(reward, name, batch.one(i)) for i in range(len(batch.texts))]
-            return [values[0] for values, _ in pairs], [failures[0] for _, failures in pairs]
-        return checked_values(reward, name, batch)
-
-
-def checked_values(reward: Any, name: str, batch: Completions) -> tuple[list[float | None], list[str | None]]:
-    """``reward_values``, with whatever the reward raises (``sys.exit`` included) as every completion's failure."""
-    try:
-        return reward_values(reward, batch), [None] * len(batch.texts)
-    except (Exception, SystemExit) as error:  # noqa: BLE001 - any failure of user code must not kill the run
-        return [None] * len(batch.texts), [f"{name}: {type(error).__name__}: {error}"] * len(batch.texts)
 
 
 def prompt_key(record: PromptRecord) -> str:

@@ -1,13 +1,13 @@
 """Rewards as users write them: a ``Reward`` subclass called per completion, or a plain function with TRL's
 batched signature ``f(prompts, completions, completion_ids, **columns) -> list[float | None]``, several of them with
-weights. ``None`` means "does not apply to this sample": the weighted sum skips it (TRL's NaN-aware sum); a sample
-no reward applies to is a reward error."""
+weights. ``None`` or NaN means "does not apply to this sample": the weighted sum skips it (TRL's NaN-aware sum); a
+sample no reward applies to is a reward error. What else an answer may hold, and what it costs whom:
+``lit_grpo.tasks.reward_answers``. Reward code gets copies of the records: it never changes the task's own."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import math
 import types
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
@@ -17,7 +17,13 @@ from typing import Any
 
 from lit_grpo.errors import InputError
 from lit_grpo.run.model_files import shipped_path
-from lit_grpo.tasks.base import REWARD_LIMIT, PromptRecord, Reward, is_conversation
+from lit_grpo.tasks.base import PromptRecord, Reward, is_conversation
+from lit_grpo.tasks.reward_answers import (
+    AnswerError,
+    Column,
+    checked_answer,
+    plain_copy,
+)
 
 RewardLike = Reward | Callable[..., Sequence[float | None]]
 
@@ -76,6 +82,12 @@ class Completions:
         """The batch of completion ``index`` alone."""
         return Completions([self.records[index]], [self.texts[index]], [self.ids[index]], self.conversational)
 
+    def copied(self) -> Completions:
+        """The batch with copies of its records (one per completion, as TRL's rows are) and of its id lists: what
+        reward code is given."""
+        return Completions([plain_copy(r) for r in self.records], list(self.texts), [list(i) for i in self.ids],
+                           self.conversational)
+
     def trl_arguments(self) -> dict[str, Any]:
         """TRL's keyword arguments: prompts, completions, completion ids, and every other column as a list."""
         completions: list[Any] = list(self.texts)
@@ -108,26 +120,24 @@ def is_batched(reward: RewardLike) -> bool:
     return isinstance(reward, BatchedReward) or not isinstance(reward, Reward)
 
 
-def reward_values(reward: RewardLike, batch: Completions) -> list[float | None]:
-    """One reward's value for each completion (``None`` where it does not apply); raises what the reward raises,
-    and on a result that is not one finite number (or None) within ``±REWARD_LIMIT`` per completion."""
-    if isinstance(reward, BatchedReward):
-        values: Sequence[Any] = reward.score_batch(batch)
-    elif isinstance(reward, Reward):
-        values = [reward(r, t, i) for r, t, i in zip(batch.records, batch.texts, batch.ids)]
-    else:
-        values = reward(**batch.trl_arguments())
-    if is_batched(reward) and (not isinstance(values, Sequence) or len(values) != len(batch.texts)):
-        raise ValueError(f"{reward_name(reward)} returned {type(values).__name__} of length "
-                         f"{len(values) if isinstance(values, Sequence) else '?'} for {len(batch.texts)} completions")
-    checked = []
-    for value in values:
-        if value is not None:
-            value = float(value)
-            if not math.isfinite(value) or abs(value) > REWARD_LIMIT:
-                raise ValueError(f"{reward_name(reward)} gave {value!r}, not a finite number within ±{REWARD_LIMIT:g}")
-        checked.append(value)
-    return checked
+def reward_column(reward: RewardLike, name: str, batch: Completions) -> Column:
+    """One call of ``reward`` (named ``name``) on copies of ``batch``: each completion's value (``None``: does not
+    apply) and error. A ``Reward`` is called once per completion of the batch; whatever the call raises
+    (``sys.exit`` included), or an answer that is not one value per completion, is every completion's error."""
+    given, count = batch.copied(), len(batch.texts)
+    try:
+        if isinstance(reward, BatchedReward):
+            answer: Any = reward.score_batch(given)
+        elif isinstance(reward, Reward):
+            answer = [reward(r, t, i) for r, t, i in zip(given.records, given.texts, given.ids)]
+        else:
+            answer = reward(**given.trl_arguments())
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - any failure of user code must not kill the run
+        return [None] * count, [f"{name}: {type(error).__name__}: {error}"] * count
+    try:
+        return checked_answer(answer, count, name)
+    except AnswerError as error:
+        return [None] * count, [f"{name}: {error}"] * count
 
 
 def weighted_total(parts: Sequence[float | None], weights: Sequence[float]) -> float | None:
