@@ -6,12 +6,17 @@ import statistics
 
 import pytest
 
+from lit_grpo.buffers.tree_layout import (
+    policy_nodes,
+    tree_buffer,
+    tree_row_advantages,
+    tree_rows,
+)
 from lit_grpo.engines import Completion, SamplingSpec
-from lit_grpo.tasks import ClarifyTask
-from lit_grpo.run.tiny_models import build_char_tokenizer
-from lit_grpo.tree import assign_advantages
 from lit_grpo.rollout.trees import expand_trees
-from lit_grpo.buffers.tree_layout import policy_nodes, tree_buffer, tree_row_advantages, tree_rows
+from lit_grpo.run.tiny_models import build_char_tokenizer
+from lit_grpo.tasks import ClarifyTask
+from lit_grpo.tree import assign_advantages
 
 TOKENIZER = build_char_tokenizer()
 EOS = TOKENIZER.eos_token_id
@@ -107,3 +112,22 @@ def test_sampler_logprobs_only_when_the_engine_reported_them(engine_class, repor
         return
     counted = rows["sampler_logp"][rows["completion_mask"]]
     assert counted.tolist() == [-0.5] * 10 and not rows["sampler_logp"][~rows["completion_mask"]].any()
+
+
+def test_an_environment_that_edits_its_record_changes_nothing_of_the_run():
+    # issue 34: user code gets copies; a step() that edits the record it is given must not change the prompt records
+    # (held-out prompts of later validations, the nodes' records)
+    class EditingClarifyTask(ClarifyTask):
+        def step(self, prompt_record, round_index, segment_text):
+            step = super().step(prompt_record, round_index, segment_text)
+            prompt_record["b"], prompt_record["prompt"] = -1, "edited"
+            return step
+
+    record = ClarifyTask.record(37, 25, hidden=True)
+    kept = dict(record)
+    script = {"<s>37+?=": ["?", "61"], "<s>37+?=?</s>b=25;": ["62", "?"]}
+    (root,) = expand_trees(EditingClarifyTask(), ScriptedEngine(script), TOKENIZER, [record], branching=[2, 2],
+                           sampling=SamplingSpec(max_new_tokens=4, stop_token_ids=(EOS,)))
+    assert record == kept and root.record is record
+    asked = next(child for child in root.children if child.kind == "ask")
+    assert TOKENIZER.decode(list(asked.reply)) == "b=25;"  # both rounds saw the record as it was

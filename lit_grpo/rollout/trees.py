@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -66,7 +67,7 @@ def segment_child(
 ) -> SegmentNode:
     """The node for one generated segment, scored by the environment."""
     text = tokenizer.decode(list(completion.token_ids), skip_special_tokens=True)
-    step = task.step(record, depth, text)
+    step = task.step(copy.deepcopy(record), depth, text)  # the environment is user code: it gets a copy
     reply = tuple(tokenizer(step.reply, add_special_tokens=False)["input_ids"]) if not step.terminal else ()
     return SegmentNode(
         reward=step.reward, terminal=step.terminal, context=tuple(context), segment=tuple(completion.token_ids),
