@@ -11,29 +11,33 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-
 from lit_grpo.callbacks import RiskThreshold, RolloutMetrics
-from lit_grpo.rollout.datamodule import RolloutDataModule
+
+from lit_grpo.buffers.tree_layout import policy_nodes
 from lit_grpo.engines import HFEngine
 from lit_grpo.errors import InputError
 from lit_grpo.policy.module import PolicyModule
-from lit_grpo.risk.head import RiskHeadSpec
 from lit_grpo.policy.risk_features import context_error_probability
+from lit_grpo.risk.head import RiskHeadSpec
+from lit_grpo.risk.rule import RiskRule
+from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.rollout.rule_outcomes import rule_outcome
 from lit_grpo.tasks import ClarifyTask
 from lit_grpo.tasks.multiround import MultiRoundTask
-from lit_grpo.buffers.tree_layout import policy_nodes
 
 CLARIFY_MODEL = "data/tiny-llama-clarify"
 
 
 class CheckRule(pl.Callback):
-    """At the start of each epoch (no update yet) the buffer's restrictions must match the rule at tau."""
+    """At each epoch's first batch (the module has prepared the buffer; no update yet) the buffer's restrictions must
+    match the rule at tau."""
 
     def __init__(self, tau: float) -> None:
         self.tau, self.forced_rows, self.free_rows = tau, 0, 0
 
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx:
+            return
         buffer, tokenizer = trainer.datamodule.buffer, pl_module.tokenizer
         nodes = [node for root in buffer.trees for node in policy_nodes(root)]
         p_error = context_error_probability(pl_module.policy, pl_module.risk_head, [list(n.context) for n in nodes],
@@ -74,6 +78,7 @@ def trainer_for(tmp_path, callbacks: list[Any], epochs: int, validate: bool) -> 
                       enable_progress_bar=False, enable_model_summary=False)
 
 
+@pytest.mark.slow
 def test_the_rule_restricts_exactly_the_risky_contexts_and_the_head_trains(tmp_path):
     module, datamodule, _ = build()
     module.configure_model()
@@ -98,6 +103,7 @@ def adapter_state(module: Any) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.policy.named_parameters() if v.requires_grad}
 
 
+@pytest.mark.slow
 def test_the_detached_head_learns_from_probes_and_leaves_the_policy_exactly_as_without_it(tmp_path):
     # the rule off in training (every tree explores), so a run with the detached head and one without any head
     # sample the same trees: their adapters must be equal to the bit
@@ -117,6 +123,7 @@ def test_the_detached_head_learns_from_probes_and_leaves_the_policy_exactly_as_w
     assert datamodule.timings["risk_head_fit"] > 0  # its own phase time, not counted as the no-grad passes
 
 
+@pytest.mark.slow
 def test_calibration_in_the_loop_and_tau_in_the_checkpoint(tmp_path):
     module, datamodule, threshold = build(tau_mode="calibrated", alpha=0.3, delta=0.2, candidates=[0.0, 0.3, 0.5, 1.0])
     trainer = trainer_for(tmp_path, [threshold], epochs=1, validate=True)
@@ -149,6 +156,7 @@ def test_calibration_in_the_loop_and_tau_in_the_checkpoint(tmp_path):
     assert any(k.startswith("risk_head.") for k in saved["state_dict"])  # the head is checkpointed with the adapter
 
 
+@pytest.mark.slow
 def test_the_replay_is_in_the_checkpoint(tmp_path):
     module, datamodule, threshold = build(risk=RiskHeadSpec(probe_prompts=8, fit_steps=5), explore_fraction=1.0)
     trainer = trainer_for(tmp_path, [threshold], epochs=1, validate=False)
@@ -174,7 +182,7 @@ def test_the_value_rule_forces_an_answer_or_a_question_by_the_heads_two_values(t
         with torch.no_grad():
             module.risk_head.linear.bias.zero_()
             module.risk_head.linear.bias[favoured * atoms + atoms - 1] = 10.0
-        rule = RiskThreshold(decision="value").rule(module, task, tau=None)
+        rule = RiskRule.for_task(module.context_risk(), None, task, tokenizer, decision="value")
         assert rule([list(c) for c in contexts], 1) == (expected,) * len(contexts)
     # answers forced everywhere: every greedy episode ends at round 1 in an answer the rule let through
     with torch.no_grad():

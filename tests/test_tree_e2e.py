@@ -9,10 +9,10 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.policy.module import PolicyModule
-from lit_grpo.tasks import ClarifyTask, EnvStep
 from lit_grpo.buffers.tree_layout import policy_nodes
+from lit_grpo.policy.module import PolicyModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.tasks import ClarifyTask, EnvStep
 
 
 class AskingClarifyTask(ClarifyTask):
@@ -31,7 +31,9 @@ class InspectTrees(pl.Callback):
         self.checked_replies = 0
         self.losses: list[float] = []
 
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx:  # once an epoch, once the module has prepared the buffer (its on_train_epoch_start)
+            return
         buffer = trainer.datamodule.buffer
         tokenizer = pl_module.tokenizer
         nodes = [node for root in buffer.trees for node in policy_nodes(root)]
@@ -57,6 +59,7 @@ class InspectTrees(pl.Callback):
         assert batch["advantages"].dim() == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rollout, value_mode", [("tree", "mean"), ("tree", "optimal_stopping"), ("chains", "mean")])
 @pytest.mark.parametrize("task_class", [ClarifyTask, AskingClarifyTask])
 def test_tree_rollouts_train(rollout, value_mode, task_class, tmp_path):
