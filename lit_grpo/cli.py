@@ -87,7 +87,8 @@ class LitGRPOCLI(LightningCLI):
         if path is not None and path != "last":
             if not Path(path).is_file():
                 raise InputError(f"ckpt_path: {path!r} is not a file; pass a .ckpt this program wrote, or 'last'")
-            for note in check_resume(path, dict(self.model.hparams)):
+            # the task is compared when training goes on from the checkpoint's cursor (validate/test may use another)
+            for note in check_resume(path, dict(self.model.hparams), self.datamodule if subcommand == "fit" else None):
                 print(f"lit-grpo: resuming {path}: {note}", file=sys.stderr)
         return kwargs
 
@@ -139,13 +140,14 @@ def report_core_share(processes: int) -> None:
 
 
 def fixed_dir_last(trainer: Any) -> str:
-    """``last`` when a fixed checkpoint directory holds a ``last.ckpt`` (Lightning resolves it there); else an
-    error: ``--ckpt_path last`` with nothing to resume must not quietly train from scratch."""
+    """The newest ``last*.ckpt`` when a fixed checkpoint directory holds a ``last.ckpt`` (the file Lightning would
+    pick for ``last``, named so that ``check_resume`` sees it); else an error: ``--ckpt_path last`` with nothing to
+    resume must not quietly train from scratch."""
     dirs = [c.dirpath for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.dirpath is not None]
     if not dirs and not trainer.loggers:  # Lightning's own default without a logger
         dirs = [str(Path(trainer.default_root_dir) / "checkpoints")]
     if any((Path(d) / "last.ckpt").is_file() for d in dirs):
-        return "last"
+        return str(max((p for d in dirs for p in Path(d).glob("last*.ckpt")), key=lambda p: p.stat().st_mtime))
     where = ", ".join(map(str, dirs)) or "the run's log directory (<save_dir>/<name>/version_*/checkpoints)"
     raise InputError(f"ckpt_path: 'last' found no last.ckpt in {where}; start without --ckpt_path, or pass a "
                      "checkpoint file")

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import copy
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import AutoModelForCausalLM
+from peft import (
+    LoraConfig,
+    NoMatchingPeftModuleError,
+    PeftModel,
+    get_peft_model,
+    get_peft_model_state_dict,
+)
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from lit_grpo.errors import InputError
 from lit_grpo.run.input_check import lora_target_problem
@@ -44,6 +52,95 @@ def init_adapter_problems(policy: Any, lora_rank: int, targets: str | list[str],
     if bad:
         problems.append(f"init_adapter {init_adapter!r} holds non-finite weights ({len(bad)} tensors, e.g. {bad[0]})")
     return problems
+
+
+Shapes = dict[str, tuple[int, ...]]
+
+
+def expected_adapter_shapes(model_path: str, config: LoraConfig,
+                            trust_remote_code: bool = False) -> tuple[Shapes, Shapes] | None:
+    """The LoRA tensors the model at ``model_path`` would carry with ``config``, with their shapes: by the names the
+    live PEFT model gives them (``named_parameters``, as a checkpoint holds them under ``policy.``) and by the names
+    PEFT saves them under (``adapter_model.safetensors``). Built from config.json on the meta device: no weights are
+    read. Empty when none of ``config``'s target modules is in the model. None when it cannot be told (not a local
+    directory, an architecture that does not build so): the load then names a misfit itself."""
+    if not Path(model_path).is_dir():
+        return None
+    config = copy.copy(config)
+    config.base_model_name_or_path, config.inference_mode = None, False  # trainable; no rename warning from PEFT
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a pre-check says nothing of its own
+            base = AutoModelForCausalLM.from_config(
+                AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code),
+                trust_remote_code=trust_remote_code)
+            model = get_peft_model(base, config)
+        live = {name: tuple(p.shape) for name, p in model.named_parameters() if p.requires_grad}
+        saved = {name: tuple(t.shape) for name, t in get_peft_model_state_dict(model).items()}
+    except NoMatchingPeftModuleError:
+        return {}, {}
+    except Exception:  # noqa: BLE001 - only a pre-check: the load names what does not fit
+        return None
+    return live, saved
+
+
+def misfit(found: Shapes, expected: Shapes, source: str) -> str | None:
+    """How the tensors ``found`` in ``source`` (``the adapter``, ``the checkpoint``) fail to fit the names and shapes
+    a model ``expected`` (the first one that differs, and how many), or None when they fit."""
+    shape = [name for name in expected if name in found and tuple(found[name]) != tuple(expected[name])]
+    if shape:
+        name = shape[0]
+        return (f"{name} is {list(found[name])} in {source}, {list(expected[name])} in this model ({len(shape)} of "
+                f"{len(expected)} tensors differ)")
+    extra = [name for name in found if name not in expected]
+    if extra:
+        return f"{source} holds {len(extra)} tensor(s) this model has no place for (e.g. {extra[0]})"
+    missing = [name for name in expected if name not in found]
+    if missing:
+        return f"{source} lacks {len(missing)} of the {len(expected)} tensors this model needs (e.g. {missing[0]})"
+    return None
+
+
+def adapter_shapes(adapter: str) -> Shapes:
+    """The tensor shapes in an adapter's ``adapter_model.safetensors``, read from its header (no weights load)."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(adapter).expanduser() / "adapter_model.safetensors"), "pt") as handle:
+        return {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}  # noqa: SIM118
+
+
+def adapter_base(adapter: str) -> str | None:
+    """The base model an adapter names (its adapter_config.json's ``base_model_name_or_path``), if any."""
+    import json
+
+    try:
+        base = json.loads((Path(adapter).expanduser() / "adapter_config.json").read_text(encoding="utf-8")).get(
+            "base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return base if isinstance(base, str) else None
+
+
+def adapter_misfit_message(adapter: str, model: str, detail: str) -> str:
+    """``init_adapter`` from another base model: the adapter, the base it names, this run's model and what to do."""
+    base = adapter_base(adapter)
+    trained = f" was trained on {base!r} (its adapter_config.json's base_model_name_or_path) and" if base else ""
+    return (f"init_adapter: {adapter!r}{trained} does not fit model.model_name_or_path {model!r}: {detail}; set "
+            "model.model_name_or_path to the model the adapter was trained on, or give an adapter trained on "
+            f"{model!r}")
+
+
+def init_adapter_misfit(adapter: str, model_path: str, model: str, trust_remote_code: bool = False) -> str | None:
+    """Before any weights load: whether the adapter's tensors (safetensors header) fit the LoRA shapes of ``model``
+    (config.json, on the meta device); the message naming both, or None (fits, or cannot be told before loading)."""
+    try:
+        config = LoraConfig.from_pretrained(str(Path(adapter).expanduser()))
+        found = adapter_shapes(adapter)
+    except Exception:  # noqa: BLE001 - an unreadable adapter is named by the load
+        return None
+    expected = expected_adapter_shapes(model_path, config, trust_remote_code)
+    detail = None if expected is None else misfit(found, expected[1], "the adapter")
+    return None if detail is None else adapter_misfit_message(adapter, model, detail)
 
 
 def completion_stop_ids(tokenizer: Any, model: Any) -> tuple[int, ...]:
@@ -98,7 +195,16 @@ def load_policy(
     if gradient_checkpointing:  # reentrant checkpointing with frozen embeddings leaves LoRA without gradients
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if init_adapter is not None:
-        policy = PeftModel.from_pretrained(base, init_adapter, is_trainable=True, autocast_adapter_dtype=True)
+        try:
+            policy = PeftModel.from_pretrained(base, init_adapter, is_trainable=True, autocast_adapter_dtype=True)
+        except NoMatchingPeftModuleError:  # the pre-check could not tell (objective.adapter_config_problems)
+            raise InputError(adapter_misfit_message(init_adapter, model_path, "none of the modules it adapts is in "
+                                                    "this model")) from None
+        except RuntimeError as error:
+            lines = [line.strip() for line in str(error).splitlines() if "size mismatch" in line]
+            if not lines:
+                raise
+            raise InputError(adapter_misfit_message(init_adapter, model_path, lines[0])) from None
         problems = init_adapter_problems(policy, lora_rank, lora_target_modules, init_adapter)
         if problems:
             raise InputError("; ".join(problems))

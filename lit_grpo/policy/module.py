@@ -46,6 +46,7 @@ from lit_grpo.risk.fit import RiskReplay
 from lit_grpo.risk.head import RiskHead, RiskHeadSpec
 from lit_grpo.run.distributed import global_step_denominators
 from lit_grpo.run.model_files import BaseDtype, load_tokenizer, resolve_model_path
+from lit_grpo.run.resume import checkpoint_misfit_message
 from lit_grpo.run.rules import choice_problems
 from lit_grpo.run.run_dir import unused_directory
 from lit_grpo.tree import StdScope, ValueMode
@@ -400,10 +401,13 @@ class PolicyModule(pl.LightningModule):
             checkpoint["risk_replay"] = self.risk_replay.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        trainable = self.trainable_keys()
-        missing = sorted(trainable - set(checkpoint["state_dict"]))
-        if missing:
-            raise InputError(f"checkpoint lacks {len(missing)} adapter tensors (e.g. {missing[0]}): another model?")
+        trainable = {name: tuple(p.shape) for name, p in self.named_parameters() if p.requires_grad}
+        other_base = checkpoint_misfit_message(  # check_resume could not tell before the model loaded
+            getattr(self._trainer, "ckpt_path", None), checkpoint["state_dict"], trainable,
+            (checkpoint.get("hyper_parameters") or {}).get("model_name_or_path"), self.hparams.model_name_or_path)
+        missing = sorted(set(trainable) - set(checkpoint["state_dict"]))
+        if other_base or missing:
+            raise InputError(other_base or f"checkpoint lacks {len(missing)} trained tensors (e.g. {missing[0]})")
         if self.risk_replay is not None and "risk_replay" in checkpoint:
             self.risk_replay.load_state_dict(checkpoint["risk_replay"])
 

@@ -64,14 +64,18 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
     problems += risk_spec_problems(args.get("risk"))
     if args.get("head_lr") is not None and args["head_lr"] <= 0:
         problems.append(f"head_lr: must be positive or None, got {args['head_lr']}")
-    problems += adapter_config_problems(args["init_adapter"], args["lora_rank"], args["lora_target_modules"])
+    problems += adapter_config_problems(args["init_adapter"], args["lora_rank"], args["lora_target_modules"],
+                                        None if path_problem else args["model_name_or_path"],
+                                        args["trust_remote_code"])
     return problems
 
 
-def adapter_config_problems(adapter: str | None, lora_rank: int, targets: Any) -> list[str]:
+def adapter_config_problems(adapter: str | None, lora_rank: int, targets: Any, model: str | None = None,
+                            trust_remote_code: bool = False) -> list[str]:
     """What an ``init_adapter``'s adapter_config.json shows before any weights load: it exists, is JSON, and has
     the configured rank and (when given as a list) target modules; ``all-linear`` is compared once the model is
-    loaded (``model_loading.init_adapter_problems``)."""
+    loaded (``model_loading.init_adapter_problems``). With the ``model`` it is for, its tensors' shapes (the
+    safetensors header) must fit that model's (its config.json): an adapter of another base model is named here."""
     if adapter is None:
         return []
     path = Path(adapter).expanduser() / "adapter_config.json"
@@ -89,6 +93,12 @@ def adapter_config_problems(adapter: str | None, lora_rank: int, targets: Any) -
     if isinstance(targets, list) and isinstance(saved, list) and sorted(saved) != sorted(targets):
         problems.append(f"init_adapter: {adapter!r} adapts {sorted(saved)}, model.lora_target_modules is "
                         f"{sorted(targets)}; set model.lora_target_modules to the adapter's")
+    if model is not None and not problems and (Path(adapter).expanduser() / "adapter_model.safetensors").is_file():
+        # torch and transformers are imported only when an adapter is to be compared
+        from lit_grpo.policy.model_loading import init_adapter_misfit
+
+        other_base = init_adapter_misfit(adapter, resolve_model_path(model), model, trust_remote_code)
+        problems += [other_base] if other_base else []
     return problems
 
 

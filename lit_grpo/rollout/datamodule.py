@@ -46,6 +46,7 @@ from lit_grpo.run.distributed import (
     rank_and_world,
     rank_share,
 )
+from lit_grpo.run.resume import task_record
 from lit_grpo.run.rules import choice_problems, cross_knob_problems
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks import ArithmeticTask, MultiRoundTask, PromptRecord, Task
@@ -148,6 +149,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.val_max_prompts, self.val_batch_size, self.seed = val_max_prompts, val_batch_size, seed
         self.long_prompts = long_prompts
         self.cursor = 0  # index of the next training prompt; carried by checkpoints
+        self._task_record: dict[str, Any] | None = None  # what the cursor indexes (task_identity)
         self.prompts_checked = False  # against the loaded tokenizer and context, at the first loader
         self.share_start = 0  # this rank's first prompt within the last draw
         self.buffer: RolloutBuffer | None = None
@@ -172,6 +174,7 @@ class RolloutDataModule(pl.LightningDataModule):
                             "epoch's rollouts would be trained on forever")
         refuse("the module and the data do not fit together", problems)
         self.task.use_device(self.trainer.strategy.root_device)  # a reward model runs beside the policy
+        self.task_identity()  # before the first loader may drop long prompts
 
     # --- the epoch's buffer (docs/guide.md#layout) -------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
@@ -404,7 +407,15 @@ class RolloutDataModule(pl.LightningDataModule):
         """The loop state; with a draw ahead pending, as it stood before that draw, with its adapter
         (``async_rollouts``): a resumed run draws it again."""
         pending = self.prefetch.pending
-        return {**(pending.loop_state if pending is not None else self.loop_state()), **self.prefetch.state_dict()}
+        return {**(pending.loop_state if pending is not None else self.loop_state()), **self.prefetch.state_dict(),
+                "task": self.task_identity()}
+
+    def task_identity(self) -> dict[str, Any]:
+        """What the cursor indexes (``run.resume.task_record``: strings and ints), taken once, before any prompt is
+        dropped; a resume onto another task is refused by it (``run.resume.check_resume``)."""
+        if self._task_record is None:
+            self._task_record = task_record(self.task)
+        return self._task_record
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.cursor = int(state_dict["cursor"])

@@ -56,6 +56,13 @@ def readable_neighbour(path: str) -> Path | None:
 
 def checkpoint_hyperparameters(path: str) -> dict[str, Any]:
     """The module hyper-parameters a checkpoint recorded (read as tensors and plain containers only)."""
+    saved = read_checkpoint(path).get("hyper_parameters") or {}
+    return dict(saved) if isinstance(saved, dict) else {}
+
+
+def read_checkpoint(path: str) -> dict[str, Any]:
+    """The checkpoint at ``path`` (tensors and plain containers only, memory-mapped), or an ``InputError`` naming
+    what it is instead."""
     import pickle
 
     try:
@@ -72,8 +79,7 @@ def checkpoint_hyperparameters(path: str) -> dict[str, Any]:
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise InputError(f"ckpt_path: {path!r} is not a Lightning checkpoint (no state_dict); pass a .ckpt this "
                          "program wrote")
-    saved = checkpoint.get("hyper_parameters") or {}
-    return dict(saved) if isinstance(saved, dict) else {}
+    return checkpoint
 
 
 def resume_differences(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -94,11 +100,116 @@ def resume_differences(saved: dict[str, Any], current: dict[str, Any]) -> tuple[
     return refusals, notes
 
 
-def check_resume(path: str, current: dict[str, Any]) -> list[str]:
-    """Raise ``InputError`` when the checkpoint at ``path`` cannot continue under ``current`` hyper-parameters;
-    otherwise the notes on what differs."""
-    refusals, notes = resume_differences(checkpoint_hyperparameters(path), current)
+def check_resume(path: str, current: dict[str, Any], datamodule: Any = None) -> list[str]:
+    """Raise ``InputError`` when the checkpoint at ``path`` cannot continue under ``current`` hyper-parameters (a
+    shape-changing knob; an adapter of another base model) or, given the ``datamodule`` of a run that trains on,
+    under its task (the checkpoint's prompt cursor indexes another task's prompts); otherwise the notes on what
+    differs. Nothing here loads the model's weights."""
+    checkpoint = read_checkpoint(path)
+    saved = checkpoint.get("hyper_parameters")
+    saved = dict(saved) if isinstance(saved, dict) else {}
+    refusals, notes = resume_differences(saved, current)
     if refusals:
         raise InputError(f"cannot resume {path!r}: " + "; ".join(refusals) + ". Resume with the checkpoint's "
                          "values, or start a new run (model.init_adapter can start from a saved adapter)")
+    other_base = checkpoint_misfit(path, checkpoint.get("state_dict"), saved.get("model_name_or_path"), current)
+    if other_base:
+        raise InputError(other_base)
+    if datamodule is not None:
+        notes += task_notes(path, checkpoint.get(type(datamodule).__qualname__), datamodule)
     return notes
+
+
+# --- another base model: the checkpoint's adapter tensors against this run's model --------------------------------
+def checkpoint_misfit(path: str, state: Any, saved_model: Any, current: dict[str, Any]) -> str | None:
+    """Before any weights load: the message refusing a checkpoint whose adapter tensors do not fit the LoRA shapes
+    of this run's model (from its config.json, on the meta device), or None (they fit, or it cannot be told; the
+    module's ``on_load_checkpoint`` then compares them with the loaded model's)."""
+    if not isinstance(state, dict) or not {"model_name_or_path", "lora_rank", "lora_target_modules"} <= set(current):
+        return None
+    from peft import LoraConfig
+
+    from lit_grpo.policy.model_loading import expected_adapter_shapes
+    from lit_grpo.run.model_files import resolve_model_path
+
+    try:  # the adapter the run builds: init_adapter's own config (a rank_pattern, say), else the configured LoRA
+        config = (LoraConfig.from_pretrained(str(Path(current["init_adapter"]).expanduser()))
+                  if current.get("init_adapter") else
+                  LoraConfig(r=current["lora_rank"], target_modules=current["lora_target_modules"],
+                             task_type="CAUSAL_LM"))
+    except Exception:  # noqa: BLE001 - an unreadable init_adapter is named by the configuration check
+        return None
+    expected = expected_adapter_shapes(resolve_model_path(current["model_name_or_path"]), config,
+                                       bool(current.get("trust_remote_code")))
+    if not expected or not expected[0]:  # cannot be told, or this run's targets are not in its model (refused later)
+        return None
+    return checkpoint_misfit_message(path, state, {f"policy.{name}": shape for name, shape in expected[0].items()},
+                                     saved_model, current["model_name_or_path"])
+
+
+def checkpoint_misfit_message(path: Any, state: dict[str, Any], expected: dict[str, tuple[int, ...]],
+                              saved_model: Any, model: str) -> str | None:
+    """Whether a checkpoint's ``state`` fits the trainable tensors a model ``expected`` (``policy.*`` names compared:
+    the adapter; the heads are the hyper-parameters' to refuse): the message naming the checkpoint, the model it
+    was trained on and this run's, or None."""
+    from lit_grpo.policy.model_loading import misfit
+
+    found = {name: tuple(t.shape) for name, t in state.items() if name.startswith("policy.") and hasattr(t, "shape")}
+    detail = misfit(found, {name: s for name, s in expected.items() if name.startswith("policy.")}, "the checkpoint")
+    if detail is None:
+        return None
+    if saved_model is not None and saved_model != model:
+        return (f"cannot resume {str(path)!r}: it was trained on {saved_model!r} and its adapter does not fit this "
+                f"run's model.model_name_or_path {model!r}: {detail}. Resume with --model.model_name_or_path "
+                f"{saved_model}, or start a new run on {model!r} without --ckpt_path")
+    same = " of that name, since changed" if saved_model == model else ""
+    return (f"cannot resume {str(path)!r}: its adapter does not fit this run's model.model_name_or_path {model!r} "
+            f"(it was trained on another model{same}): {detail}. Resume on the model it was trained on, or start "
+            f"a new run on {model!r} without --ckpt_path")
+
+
+# --- the task: what the prompt cursor indexes -------------------------------------------------------------------
+FINGERPRINT_PROMPTS = 16  # the first training prompts hashed into a task's record
+
+
+def task_record(task: Any) -> dict[str, Any]:
+    """What a checkpoint's prompt cursor indexes: the task's class, its training split's size and a hash of its first
+    prompts (strings and ints: checkpoints load with ``weights_only=True``), and, to name it, the first prompt and
+    the data file, if any. Taken before any prompt is dropped for length."""
+    import hashlib
+
+    from lit_grpo.tasks.base import prompt_text
+
+    train = task.train_records()
+    first = [prompt_text(train[i]) for i in range(min(len(train), FINGERPRINT_PROMPTS))]
+    record = {"class": f"{type(task).__module__}.{type(task).__qualname__}", "train_prompts": len(train),
+              "fingerprint": hashlib.sha256("\x1e".join(first).encode("utf-8")).hexdigest()[:16],
+              "first_prompt": first[0][:60] if first else ""}
+    if isinstance(getattr(task, "path", None), str):
+        record["data"] = task.path
+    return record
+
+
+def task_name(record: dict[str, Any]) -> str:
+    """A task's record (``task_record``) in words."""
+    data = f" from {record['data']!r}" if record.get("data") else ""
+    return (f"{str(record.get('class')).rsplit('.', 1)[-1]} ({record.get('class')}{data}: "
+            f"{record.get('train_prompts')} training prompts, the first {record.get('first_prompt')!r})")
+
+
+def task_notes(path: str, state: Any, datamodule: Any) -> list[str]:
+    """Refuse a checkpoint whose prompt cursor indexes another task's training split than this run's (its class,
+    size or first prompts differ); a checkpoint written before tasks were recorded is resumed with a note."""
+    if not isinstance(state, dict) or "cursor" not in state or not hasattr(datamodule, "task_identity"):
+        return []  # no cursor to continue, or a datamodule of the user's own
+    current = datamodule.task_identity()
+    saved = state.get("task")
+    if not isinstance(saved, dict):
+        return [(f"the checkpoint does not record its task (an older lit-grpo wrote it): its prompt cursor "
+                 f"({int(state['cursor'])}) continues in this run's task, {task_name(current)}")]
+    if all(saved.get(key) == current[key] for key in ("class", "train_prompts", "fingerprint")):
+        return []
+    raise InputError(f"cannot resume {path!r}: its prompt cursor ({int(state['cursor'])}) counts the training "
+                     f"prompts of {task_name(saved)}; this run's data.task is {task_name(current)}. Resume with the "
+                     "checkpoint's task (data.task as the run was started with it), or start a new run without "
+                     "--ckpt_path (model.init_adapter can start it from the run's saved adapter)")
