@@ -120,7 +120,8 @@ def test_the_detached_head_learns_from_probes_and_leaves_the_policy_exactly_as_w
     assert len(rows.contexts) >= 12  # every probe prompt labels at least its first state, over two epochs
     assert not rows.infer_returns.isnan().all() and not rows.defer_returns.isnan().all()
     assert detached.risk_fit_stats["replay_rows"] == len(rows.contexts)
-    assert datamodule.timings["risk_head_fit"] > 0  # its own phase time, not counted as the no-grad passes
+    assert detached.preparation_timings["risk_head_fit"] > 0  # its own phase time, not counted as the no-grad passes
+    assert datamodule.timings["risk_probes"] > 0  # drawing the probes is the DataModule's, timed apart
 
 
 @pytest.mark.slow
