@@ -13,6 +13,7 @@ from typing import Any
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lit_grpo.callbacks import NonFiniteGuard, RngState, RolloutMetrics
 from lit_grpo.callbacks.nonfinite import NonFiniteTrainingError
@@ -31,6 +32,7 @@ from lit_grpo.run.run_dir import (
     claim_version,
     default_run_dir,
 )
+from lit_grpo.run.signals import exits_on_sigterm, take_over_from_lightning
 
 DEBUG_ENV = "LIT_GRPO_DEBUG"  # set to 1 to see the traceback behind a one-line input error
 
@@ -63,13 +65,18 @@ class LitGRPOCLI(LightningCLI):
         # the always-on checkpoint callback steps aside when the user turns checkpointing off
         if config.get("enable_checkpointing") is False:
             callbacks = [c for c in callbacks if not isinstance(c, ModelCheckpoint)]
-        if config.get("logger") is False and config.get("default_root_dir") is None:
+        # fast_dev_run turns the logger off too: without a directory of its own the run would write into the cwd
+        if (config.get("logger") is False or config.get("fast_dev_run")) and config.get("default_root_dir") is None:
             config = {**config, "default_root_dir": default_run_dir()}  # not the current directory
             print(f"lit-grpo: no logger; this run writes to {config['default_root_dir']}", file=sys.stderr)
         # the command always skips non-finite steps and checkpoints the RNGs (a config may set its own of either)
         given = [*callbacks, *(config.get("callbacks") or [])]
         always = [c for c in (NonFiniteGuard(), RngState()) if not any(isinstance(t, type(c)) for t in given)]
-        trainer = super()._instantiate_trainer(config, [*callbacks, *always, SaveOnInterrupt()])
+        try:
+            trainer = super()._instantiate_trainer(config, [*callbacks, *always, SaveOnInterrupt()])
+        except MisconfigurationException as error:  # Lightning's own refusal of a trainer value, before any work
+            raise InputError(f"trainer: {error}") from None
+        take_over_from_lightning(trainer)  # SIGTERM stops the run now, as Ctrl-C does (run/signals.py)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's own plugin is kept
             trainer.strategy.checkpoint_io = BesideTargetCheckpointIO()
         check_writable(trainer)  # before any weights load
@@ -184,6 +191,7 @@ def quiet_third_parties() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
+@exits_on_sigterm  # exit code 143 when SIGTERM stopped the run (1 after Ctrl-C; 2 for a bad input; 0: finished)
 def main(args: list[str] | None = None) -> None:
     quiet_third_parties()
     return_freed_memory()  # before the model loads: its weights and every step's activations use the setting

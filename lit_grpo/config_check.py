@@ -250,6 +250,28 @@ def config_problems(config: dict[str, Any]) -> list[str]:
         problems.append(f"trainer.max_epochs: must be >= 0 (or -1 for no limit), got {max_epochs}")
     if trainer_cfg.get("reload_dataloaders_every_n_epochs", 1) != 1:
         problems.append("trainer.reload_dataloaders_every_n_epochs: must be 1 (rollouts are regenerated each epoch)")
+    problems += trainer_value_problems(trainer_cfg)
+    return problems
+
+
+# trainer values Lightning accepts at construction that crash after the first rollouts (a division by zero) or
+# silently corrupt training: (key, bad, what to give instead)
+TRAINER_VALUES = (
+    ("accumulate_grad_batches", lambda v: v < 1, "must be >= 1 (one optimizer step every N minibatches)"),
+    ("check_val_every_n_epoch", lambda v: v < 1, "must be >= 1 (validate every N epochs), or null"),
+    ("val_check_interval", lambda v: v <= 0, "must be > 0 (a fraction of an epoch, or a number of minibatches)"),
+    ("gradient_clip_val", lambda v: v < 0, ("must be >= 0 (0 or null: no clipping; a negative bound would reverse "
+                                            "every gradient)")),
+)
+
+
+def trainer_value_problems(trainer_cfg: dict[str, Any]) -> list[str]:
+    """``TRAINER_VALUES`` checked on the numbers given (a value of the wrong type is reported by its type)."""
+    problems = []
+    for key, bad, rule in TRAINER_VALUES:
+        value = trainer_cfg.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and bad(value):
+            problems.append(f"trainer.{key}: {rule}, got {value}")
     return problems
 
 

@@ -1,5 +1,6 @@
 """Where a run writes, settled before any weights load: a run directory of its own (never the current directory,
-never another run's version), writable, and a Ctrl-C that keeps the adapter."""
+never another run's version), writable, an adapter directory never written over, and a Ctrl-C or a SIGTERM that
+keeps the adapter."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_grpo.errors import InputError
+from lit_grpo.run import signals
 
 NO_LOGGER_ROOT = "lightning_logs"
 
@@ -21,6 +23,22 @@ NO_LOGGER_ROOT = "lightning_logs"
 def default_run_dir() -> str:
     """A fresh directory for a run without a logger (which would otherwise write into the current directory)."""
     return str(Path(NO_LOGGER_ROOT) / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+
+
+def unused_directory(target: str | Path) -> Path:
+    """``target`` if it does not exist yet, else the first of ``<target>-1``, ``<target>-2``, ... that does not;
+    claimed by creating it (``mkdir`` is atomic), so a run never writes into a directory holding another run's files
+    (or a user's), and two runs cannot pick the same name."""
+    target = Path(target)
+    candidate, number = target, 0
+    while True:
+        try:
+            candidate.mkdir(parents=True)
+            return candidate
+        except FileExistsError:
+            pass
+        number += 1
+        candidate = target.with_name(f"{target.name}-{number}")
 
 
 def writable_problem(directory: str | Path, what: str) -> str | None:
@@ -72,18 +90,31 @@ def claim_version(trainer: pl.Trainer) -> None:
 
 
 class SaveOnInterrupt(pl.Callback):
-    """On Ctrl-C, save the adapter as it is (``adapter-interrupted`` in the run directory) and print how to resume
-    from the last epoch's checkpoint."""
+    """On Ctrl-C or SIGTERM (``signals.Terminated``), save the adapter as it is (``adapter-interrupted`` in the run
+    directory) and print how to resume from the last epoch's checkpoint. Nothing here is collective: under DDP a
+    rank that stops waits for no other."""
+
+    def __init__(self) -> None:
+        self.run_dir: Path | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
+        # read now, while every rank runs the same hook: ``trainer.log_dir`` is a broadcast under DDP
+        self.run_dir = Path(trainer.log_dir or trainer.default_root_dir)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: Any, exception: BaseException) -> None:
-        if not isinstance(exception, KeyboardInterrupt) or pl_module.policy is None:
+        if not isinstance(exception, KeyboardInterrupt):
             return
-        run_dir = Path(trainer.log_dir or trainer.default_root_dir)
-        pl_module.save_adapter(run_dir / "adapter-interrupted")
+        signals.hold()  # a SIGTERM arriving now must not cut the save short
+        run_dir = self.run_dir or Path(trainer.default_root_dir)
+        saved = (pl_module.save_adapter(run_dir / "adapter-interrupted")
+                 if getattr(pl_module, "policy", None) is not None else None)
         if trainer.global_rank != 0:
             return
-        last = getattr(trainer.checkpoint_callback, "last_model_path", "")
+        # a resumed run that stops before its first epoch ends resumes again from the checkpoint it started from
+        last = getattr(trainer.checkpoint_callback, "last_model_path", "") or trainer.ckpt_path
         resume = (f"resume from the last epoch's checkpoint with: lit-grpo fit --config {run_dir / 'config.yaml'} "
                   f"--ckpt_path {last}" if last else "no epoch had ended, so there is no checkpoint to resume")
-        print(f"lit-grpo: interrupted; the adapter as it was is in {run_dir / 'adapter-interrupted'}; {resume}",
-              file=sys.stderr, flush=True)
+        what = (f"stopped by SIGTERM (exit code {signals.SIGTERM_EXIT})" if isinstance(exception, signals.Terminated)
+                else "interrupted")
+        kept = f"the adapter as it was is in {saved}" if saved else "the model had not loaded, so no adapter was saved"
+        print(f"lit-grpo: {what}; {kept}; {resume}", file=sys.stderr, flush=True)

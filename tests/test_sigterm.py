@@ -1,0 +1,273 @@
+"""SIGTERM, what a scheduler sends some seconds before SIGKILL, stops a run as Ctrl-C does (issue 34): within
+seconds wherever the run stands (generating, scoring, waiting for a draw ahead, training), the last epoch's
+checkpoint kept as the resume point, the resume command printed, no traceback, and exit code 143 (not 0, which a
+scheduler reads as a finished job). ``--ckpt_path last`` then resumes from the last finished epoch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from reliability_doc import documented
+
+from lit_grpo.run import signals
+from lit_grpo.run.signals import SIGTERM_EXIT, Terminated, deferred, exits_on_sigterm
+
+TESTS = Path(__file__).resolve().parent
+RELEASE_TOKENIZER = TESTS.parent / "data" / "tiny-qwen2-chat"
+STOP_WITHIN = 5.0  # seconds from SIGTERM to the process's end
+
+
+def build_width_model(out: Path) -> Path:
+    """A random model of Qwen2.5-0.5B's width (hidden 896, intermediate 4,864, a 151,936-token vocabulary, tied
+    embeddings, bf16) with one layer: one decode step costs what the release model's head and sampler cost."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=1,
+                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
+                         tie_word_embeddings=True, eos_token_id=2, pad_token_id=0, dtype="bfloat16")
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(RELEASE_TOKENIZER / name, out / name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def width_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_width_model(tmp_path_factory.mktemp("qwen-width"))
+
+
+def launch(cwd: Path, log_name: str, *args: str) -> subprocess.Popen:
+    """``lit-grpo fit *args`` in ``cwd``, its output to the file ``log_name`` (read while it runs)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "PYTHONFAULTHANDLER": "1"}
+    with open(cwd / log_name, "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "lit_grpo.cli", "fit", *args], cwd=cwd, env=env,
+                                   stdout=log, stderr=subprocess.STDOUT)
+    process.log_path = cwd / log_name
+    return process
+
+
+def wait_until(process: subprocess.Popen, ready, what: str, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert process.poll() is None, f"the run ended before {what}:\n" + process.log_path.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"the run never reached {what}"
+        time.sleep(0.1)
+
+
+def terminate(process: subprocess.Popen) -> float:
+    """Send SIGTERM; the seconds until the process ended (SIGABRT after 60 s, to see where it stood)."""
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        process.wait(timeout=60)
+        pytest.fail("no exit within 60 s of SIGTERM; where it stood:\n" + process.log_path.read_text()[-6000:])
+    return time.monotonic() - sent
+
+
+def stopped_message(version: Path, last: Path) -> str:
+    return (f"lit-grpo: stopped by SIGTERM (exit code {SIGTERM_EXIT}); the adapter as it was is in "
+            f"{version / 'adapter-interrupted'}; resume from the last epoch's checkpoint with: lit-grpo fit --config "
+            f"{version / 'config.yaml'} --ckpt_path {last}")
+
+
+def generate_seconds(output: str, epoch: int) -> float:
+    """The generation time the run logged for ``epoch`` (``epoch N: ... (push .., generate X.XXs, ...)``)."""
+    line = next(line for line in output.splitlines() if line.startswith(f"epoch {epoch}: "))
+    return float(line.split("generate ")[1].split("s")[0])
+
+
+@pytest.mark.slow
+def test_sigterm_mid_generation_stops_within_5_s_and_resumes_from_the_last_finished_epoch(width_model_dir, tmp_path):
+    args = ["--model.model_name_or_path", str(width_model_dir), "--data.prompts_per_epoch", "1",
+            "--data.group_size", "4", "--data.minibatch_size", "4", "--data.max_new_tokens", "256",
+            "--trainer.max_epochs", "2", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
+            "--trainer.enable_model_summary", "false", "--trainer.default_root_dir", str(tmp_path)]
+    version = tmp_path / "lightning_logs" / "version_0"
+    last = version / "checkpoints" / "last.ckpt"
+    run = launch(tmp_path, "run.log", *args)
+    try:
+        wait_until(run, last.is_file, "the end of epoch 0")
+        time.sleep(1.0)  # epoch 1's generation has begun: it follows the checkpoint at once
+        seconds = terminate(run)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    output = run.log_path.read_text()
+    print(f"SIGTERM to exit: {seconds:.2f} s (exit code {run.returncode})")
+    assert run.returncode == SIGTERM_EXIT, output[-3000:]
+    assert seconds < STOP_WITHIN, output[-3000:]
+    # stopped inside epoch 1's 256-token generation: it never ended, and epoch 0's took longer than the wait above
+    assert "epoch 1: " not in output and generate_seconds(output, 0) > 2.0, output[-3000:]
+    assert stopped_message(version, last) in output
+    assert "Traceback" not in output and "Received SIGTERM" not in output
+    assert (version / "adapter-interrupted" / "adapter_model.safetensors").is_file()
+    assert torch.load(last, weights_only=True, map_location="cpu")["epoch"] == 0  # the last finished epoch
+
+    resumed = launch(tmp_path, "resumed.log", *args, "--ckpt_path", "last")
+    resumed.wait(timeout=900)
+    again = resumed.log_path.read_text()
+    assert resumed.returncode == 0, again[-3000:]
+    assert f"Restoring states from the checkpoint path at {last}" in again
+    assert "epoch 0: " not in again and "epoch 1: " in again  # only the epoch that had not finished
+    final = torch.load(tmp_path / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt", weights_only=True,
+                       map_location="cpu")
+    assert (final["epoch"], final["global_step"]) == (1, 2)
+    documented("SIGTERM in the middle of epoch 1's generation (Qwen2.5-0.5B width, 1 x 4 x 256 tokens)",
+               f"exit {run.returncode} within {STOP_WITHIN:.0f} s, no traceback; the adapter as it was saved in "
+               "adapter-interrupted/; the resume command printed with epoch 0's last.ckpt; `--ckpt_path last` "
+               "trained epoch 1 only and finished (exit 0)", "test_sigterm.py")
+
+
+TINY = ["--data.prompts_per_epoch", "2", "--data.group_size", "2", "--data.minibatch_size", "4",
+        "--data.max_new_tokens", "3", "--trainer.max_epochs", "3", "--trainer.limit_val_batches", "0",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+
+
+def hanging_reward(calls: Path) -> list[str]:
+    """The 5th reward call (epoch 1's first: 2 prompts x 2 completions per epoch) sleeps for an hour."""
+    task = {"class_path": "support.FaultyDigitTask", "init_args": {"calls_file": str(calls), "hang_on_call": 5}}
+    return ["--data.task", json.dumps(task)]
+
+
+def phase_args(phase: str, tmp_path: Path) -> tuple[list[str], Callable[[], bool]]:
+    """The run's extra arguments and the condition after which it stands in ``phase`` (within epoch 1)."""
+    calls, marker = tmp_path / "calls.txt", tmp_path / "paused"
+
+    def hung() -> bool:
+        return calls.is_file() and len(calls.read_text().splitlines()) >= 5
+    if phase == "training":
+        pause = {"class_path": "support.PauseAt", "init_args": {"marker": str(marker), "epoch": 1, "batch_idx": 0}}
+        return ["--trainer.callbacks+", json.dumps(pause)], marker.is_file
+    if phase == "scoring":
+        return hanging_reward(calls), hung
+    if phase == "scoring in the reward worker":
+        return [*hanging_reward(calls), "--data.reward_timeout", "600"], hung
+    # waiting for the draw ahead: epoch 1's rollouts, drawn on the background thread, hang in their scoring
+    engine = {"class_path": "snapshot_engine.SnapshotHFEngine", "init_args": {"draws": str(tmp_path / "draws")}}
+    return [*hanging_reward(calls), "--data.max_staleness", "1", "--data.engine", json.dumps(engine)], hung
+
+
+PHASES = ["training", "scoring", "scoring in the reward worker", "waiting for a draw ahead"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", PHASES)
+def test_sigterm_stops_the_run_wherever_it_stands(phase, tiny_llama_dir, tmp_path):
+    extra, standing = phase_args(phase, tmp_path)
+    version = tmp_path / "lightning_logs" / "version_0"
+    last = version / "checkpoints" / "last.ckpt"
+    run = launch(tmp_path, "run.log", "--model.model_name_or_path", str(tiny_llama_dir), "--trainer.default_root_dir",
+                 str(tmp_path), *TINY, *extra)
+    try:
+        wait_until(run, lambda: last.is_file() and standing(), f"{phase} in epoch 1", timeout=600)
+        time.sleep(1.0)
+        seconds = terminate(run)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    output = run.log_path.read_text()
+    print(f"{phase}: SIGTERM to exit {seconds:.2f} s (exit code {run.returncode})")
+    assert run.returncode == SIGTERM_EXIT and seconds < STOP_WITHIN, output[-3000:]
+    assert stopped_message(version, last) in output and "Traceback" not in output
+    assert torch.load(last, weights_only=True, map_location="cpu")["epoch"] == 0
+    documented(f"SIGTERM in epoch 1, {phase}", f"exit {run.returncode} within {STOP_WITHIN:.0f} s, no traceback; "
+               "the resume command printed with epoch 0's last.ckpt", "test_sigterm.py")
+
+
+def processes_running(marker: str) -> list[int]:
+    """The ids of the processes whose command line holds ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_first_of_two_ddp_ranks_waiting_in_a_collective_stops_both(tiny_llama_dir, tmp_path):
+    # rank 1 is held in epoch 1 (as a rank still generating would be); rank 0 goes on into the epoch's first update
+    # and waits for it inside a collective, where Python cannot run a signal handler; only rank 0 gets SIGTERM, as
+    # from a container runtime
+    marker = tmp_path / "held"
+    hold = {"class_path": "signal_support.HoldRank", "init_args": {"marker": str(marker), "rank": 1}}
+    version = tmp_path / "lightning_logs" / "version_0"
+    last = version / "checkpoints" / "last.ckpt"
+    run = launch(tmp_path, "run.log", "--model.model_name_or_path", str(tiny_llama_dir), "--trainer.default_root_dir",
+                 str(tmp_path), *TINY, "--trainer.strategy", "ddp", "--trainer.devices", "2",
+                 "--trainer.accelerator", "cpu", "--trainer.callbacks+", json.dumps(hold))
+    try:
+        wait_until(run, lambda: last.is_file() and marker.is_file(), "rank 1 held in epoch 1", timeout=600)
+        time.sleep(2.0)
+        seconds = terminate(run)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    output = run.log_path.read_text()
+    print(f"DDP: SIGTERM to exit {seconds:.2f} s (exit code {run.returncode})")
+    assert run.returncode == SIGTERM_EXIT and seconds < STOP_WITHIN, output[-3000:]
+    assert stopped_message(version, last) in output and "Traceback" not in output
+    deadline = time.monotonic() + 10
+    while processes_running(str(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not processes_running(str(tmp_path))  # rank 1 stopped too
+    documented("SIGTERM to rank 0 of 2 DDP ranks, waiting in a collective for rank 1 (held in epoch 1)",
+               f"exit {run.returncode} within {STOP_WITHIN:.0f} s, no traceback, both ranks ended (rank 0 forwards the "
+               "signal from a thread); the resume command printed with epoch 0's last.ckpt", "test_sigterm.py")
+
+
+def test_a_sigterm_while_a_checkpoint_is_written_waits_for_the_write():
+    @exits_on_sigterm
+    def main(args: list[str]) -> None:
+        with deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)  # the handler has run: the signal is held, not raised
+            finished.append(True)
+        raise AssertionError("the held SIGTERM was not raised when the write ended")
+
+    finished: list[bool] = []
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as info:
+        main(["fit"])  # with arguments: called from Python, so it raises SystemExit instead of ending the process
+    assert info.value.code == SIGTERM_EXIT and finished == [True]
+    assert signal.getsignal(signal.SIGTERM) is previous  # restored
+
+
+def test_a_sigterm_before_training_ends_the_command_with_143(capsys):
+    @exits_on_sigterm
+    def main(args: list[str]) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        raise AssertionError("not stopped")
+
+    with pytest.raises(SystemExit) as info:
+        main(["fit"])
+    assert info.value.code == SIGTERM_EXIT
+    assert "lit-grpo: stopped by SIGTERM before training began" in capsys.readouterr().err
+
+
+def test_a_second_sigterm_while_stopping_raises_nothing():
+    signals.state.terminated = signals.state.stopping = False
+    handler = signals.stop_now()
+    with pytest.raises(Terminated):
+        handler(signal.SIGTERM, None)
+    handler(signal.SIGTERM, None)  # the stop under way goes on
+    signals.state.terminated = signals.state.stopping = False
