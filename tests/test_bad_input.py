@@ -161,6 +161,7 @@ def test_unknown_task_and_reward_class_paths():
     ]
 
 
+@pytest.mark.slow
 def test_cli_prints_a_bad_input_without_traceback(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")

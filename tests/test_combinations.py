@@ -269,8 +269,10 @@ def test_the_table_names_every_rollout_kind_and_a_setting_for_every_feature():
     assert set(ON) == {f.knob for f in FEATURES}
 
 
-@pytest.mark.parametrize("rollout", ROLLOUTS)
-@pytest.mark.parametrize("feature", FEATURES, ids=[f.knob for f in FEATURES])
+@pytest.mark.parametrize("feature, rollout", [  # a run (one epoch) is slow; a refusal is not
+    pytest.param(feature, rollout, id=f"{feature.knob}-{rollout}",
+                 marks=pytest.mark.slow if rollout in feature.rollouts else ())
+    for feature in FEATURES for rollout in ROLLOUTS])
 def test_each_feature_with_each_rollout_kind_runs_or_is_refused_up_front(feature, rollout, tmp_path, capsys,
                                                                         monkeypatch):
     knob = feature.knob

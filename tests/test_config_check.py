@@ -194,6 +194,7 @@ def test_override_inside_a_class_given_by_name(model_dir):
 
 
 # --- the command ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cli_reports_all_problems_in_one_message_and_exits_2(tmp_path):
     script = Path(sys.executable).parent / "lit-grpo"
     command = [str(script)] if script.exists() else [sys.executable, "-m", "lit_grpo.cli"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
 import torch
 
 from lit_grpo.callbacks import RolloutMetrics
@@ -35,6 +36,7 @@ def fit(tmp_path, **data_kwargs: Any) -> tuple[Buffers, pl.Trainer]:
     return buffers, trainer
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_keeps_only_informative_groups(tmp_path):
     buffers, trainer = fit(tmp_path, dynamic_sampling=True, max_sampling_rounds=12)
     previous_cursor = 0

@@ -137,6 +137,7 @@ def test_held_out_prompts_are_disjoint_by_conversation_and_a_test_split_is_used_
         DatasetTask(str(CHAT_DATA / "missing.parquet")).split()
 
 
+@pytest.mark.slow
 def test_a_trl_style_setup_trains_through_the_command_and_logs_each_reward(tmp_path):
     # the shipped config as a TRL user writes it: Parquet with system + user prompts and a solution column, two
     # TRL reward functions weighted 1.0 and 0.5, one of them None for the samples it does not judge

@@ -131,6 +131,7 @@ RELEASE_MODEL = Path(__file__).resolve().parents[1] / "data" / "tiny-qwen2-chat"
 # and GRPO with the batch's std, whose statistics span every rank's rollouts (issue 18, bug 4), on the char model
 @pytest.mark.parametrize("case, model", [("token-mean", "tiny"), ("seq-mean", "release"), ("ppo", "tiny"),
                                          ("batch-std", "tiny")])
+@pytest.mark.slow
 def test_two_ddp_ranks_train_like_one_process_on_the_union(case, model, tiny_llama_dir, tmp_path):
     model_dir = str(tiny_llama_dir if model == "tiny" else RELEASE_MODEL)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

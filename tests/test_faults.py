@@ -127,6 +127,7 @@ def logged(trainer: pl.Trainer, key: str) -> list[float]:
         return [float(row[key]) for row in csv.DictReader(file) if row.get(key)]
 
 
+@pytest.mark.slow
 def test_run_survives_a_raising_reward_a_hanging_reward_and_a_nan_loss(tiny_llama_dir, tmp_path):
     module, trainer, recorder = fit_with_faults(tiny_llama_dir, tmp_path, poison_steps=[1])
     # 2 epochs x 16 completions, 2 optimizer steps per epoch
@@ -149,6 +150,7 @@ def test_run_survives_a_raising_reward_a_hanging_reward_and_a_nan_loss(tiny_llam
                "adapter finite", "test_faults.py")
 
 
+@pytest.mark.slow
 def test_too_many_consecutive_skips_stop_the_run(tiny_llama_dir, tmp_path):
     with pytest.raises(NonFiniteTrainingError) as info:
         fit_with_faults(tiny_llama_dir, tmp_path, poison_steps=[0, 1, 2, 3])

@@ -36,6 +36,7 @@ def held_mib(mode: str) -> float:
     return float(done.stdout.strip())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_freed_activations_leave_the_process_only_with_the_fixed_threshold():
     assert held_mib("dynamic") > 250  # glibc's default keeps the freed 8 MiB blocks in the heap

@@ -192,6 +192,7 @@ def table(seen: dict[str, tuple[int, str, bool]]) -> str:
     return "\n".join(rows)
 
 
+@pytest.mark.slow
 def test_the_reliability_table_is_what_the_tests_saw(tiny_llama_dir, tmp_path, capsys):
     # every case is run here again, each in its own directory and with its own patches: the table depends on no
     # other test having run (``-k`` this test alone checks the whole table)

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from reliability_doc import documented
@@ -78,6 +79,7 @@ def epochs_logged(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "prompts.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_last_equals_an_uninterrupted_run(tiny_llama_dir, tmp_path):
     straight_dir, split_dir = tmp_path / "straight", tmp_path / "split"
     straight_dir.mkdir()

@@ -17,6 +17,7 @@ from lit_grpo.policy.advantages import AdvantageKnobs, gae_advantages
 from lit_grpo.tasks import ArithmeticTask
 
 
+@pytest.mark.slow
 def test_ppo_trains_value_head_and_adapter(tmp_path):
     pl.seed_everything(0)
     module = PolicyModule(advantage_mode="gae", kl_coef=0.04, kl_in="reward", aggregation="token-mean",

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -21,6 +23,7 @@ def block_starting(language: str, first_line: str) -> str:
     return block
 
 
+@pytest.mark.slow
 def test_the_custom_reward_example_trains(tmp_path):
     reward_code = block_starting("python", "# my_package/rewards.py")
     (tmp_path / "my_package").mkdir()
@@ -54,6 +57,7 @@ def package(tmp_path: Path, name: str, first_line: str) -> None:
     (tmp_path / "my_package" / name).write_text(block_starting("python", first_line))
 
 
+@pytest.mark.slow
 def test_the_multi_round_environment_example_trains_as_trees(tmp_path):
     package(tmp_path, "hint_game.py", "# my_package/hint_game.py")
     result = run_cli(tmp_path, "--model.model_name_or_path", str(ROOT / "data" / "tiny-llama-clarify"),
@@ -66,6 +70,7 @@ def test_the_multi_round_environment_example_trains_as_trees(tmp_path):
     assert "val/return" in result.stderr or "val/reward" in result.stderr
 
 
+@pytest.mark.slow
 def test_the_callback_example_logs_its_metric(tmp_path):
     package(tmp_path, "callbacks.py", "# my_package/callbacks.py")
     (tmp_path / "callbacks.yaml").write_text(block_starting("yaml", "trainer:\n  callbacks:"))

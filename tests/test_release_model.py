@@ -13,6 +13,7 @@ import unicodedata
 from pathlib import Path
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
@@ -115,6 +116,7 @@ def test_a_tasks_chat_prompt_is_the_chatml_turn():
     assert (tokens.count("<|im_start|>"), tokens.count("<|im_end|>")) == (2, 1)  # each marker is one special token
 
 
+@pytest.mark.slow
 def test_the_build_is_reproducible(tmp_path):
     # as a user runs it: a fresh process, so the builder's one-thread setting precedes the tokenizers import
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_release_model.py"), "--out",

@@ -81,6 +81,7 @@ def refused(done: subprocess.CompletedProcess, tmp_path: Path) -> str:
     return (messages[0] + rest.rstrip()).replace(str(tmp_path), "<tmp>").replace(f"{PROJECT_ROOT}/", "<checkout>/")
 
 
+@pytest.mark.slow
 def test_a_config_edited_to_another_task_is_refused_before_training(run_copy, tmp_path):
     version = run_copy / "lightning_logs" / "version_0"
     config = yaml.safe_load((version / "config.yaml").read_text())
@@ -101,6 +102,7 @@ def test_a_config_edited_to_another_task_is_refused_before_training(run_copy, tm
                "test_resume_adapters.py")
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_base_model_is_refused_before_weights_load(run_copy, tmp_path):
     version = run_copy / "lightning_logs" / "version_0"
     before = digest(version / "checkpoints" / "last.ckpt")
@@ -119,6 +121,7 @@ def test_a_checkpoint_of_another_base_model_is_refused_before_weights_load(run_c
                "test_resume_adapters.py")
 
 
+@pytest.mark.slow
 def test_an_init_adapter_of_another_base_model_is_refused_before_weights_load(run_copy, tmp_path):
     adapter = run_copy / "lightning_logs" / "version_0" / "adapter"
     before = digest(adapter / "adapter_model.safetensors")
@@ -139,6 +142,7 @@ def test_an_init_adapter_of_another_base_model_is_refused_before_weights_load(ru
                "test_resume_adapters.py")
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_a_task_record_resumes_with_a_note(first_run, tmp_path, capsys):
     checkpoint = torch.load(first_run / "lightning_logs/version_0/checkpoints/last.ckpt", weights_only=True)
     del checkpoint["RolloutDataModule"]["task"]  # as written before tasks were recorded
@@ -158,6 +162,7 @@ def test_a_checkpoint_without_a_task_record_resumes_with_a_note(first_run, tmp_p
                + note.strip().replace(str(tmp_path), "<tmp>"), "test_resume_adapters.py")
 
 
+@pytest.mark.slow
 def test_a_misfit_found_only_at_load_is_one_message(first_run, tmp_path, capsys, monkeypatch):
     """Where config.json cannot tell the shapes before loading (``expected_adapter_shapes`` gives None), the load
     names the misfit itself: the checkpoint's in ``on_load_checkpoint``, the adapter's in ``load_policy``."""

@@ -248,6 +248,7 @@ def csv_metrics(root: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(file))
 
 
+@pytest.mark.slow
 def test_through_the_command_the_run_goes_on_with_the_right_numbers_and_untouched_prompts(tmp_path):
     (tmp_path / "rewards.py").write_text(f"LOG = {str(tmp_path / 'seen.txt')!r}\n" + REWARDS)
     rows = [{"prompt": [{"role": "user", "content": f"{n}+1="}], "solution": str(n + 1)} for n in range(10, 18)]

@@ -100,6 +100,7 @@ def test_a_causal_lm_or_a_missing_directory_is_refused_before_work(reward_model_
         RewardModel(str(reward_model_dir), label_index=1)
 
 
+@pytest.mark.slow
 def test_a_reward_model_beside_a_trl_function_trains_through_the_command_in_a_reward_worker(reward_model_dir, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

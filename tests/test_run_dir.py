@@ -67,6 +67,7 @@ def test_two_runs_in_one_directory_get_their_own_versions(tiny_llama_dir, tmp_pa
                "test_run_dir.py")
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_the_adapter_and_prints_the_resume_command(tiny_llama_dir, tmp_path):
     marker = tmp_path / "paused"
     pause = f'{{"class_path": "support.PauseAt", "init_args": {{"marker": "{marker}", "epoch": 1, "batch_idx": 0}}}}'

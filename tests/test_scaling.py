@@ -135,12 +135,14 @@ def largest_difference(adapter: dict[str, torch.Tensor], reference: dict[str, to
     return max((adapter[name] - reference[name]).abs().max().item() for name in reference)
 
 
+@pytest.mark.slow
 def test_one_node_with_two_devices_trains_the_one_process_adapter(one_node, one_process):
     difference = largest_difference(one_node[0], one_process)
     print(f"max |one node, two devices - one process| adapter difference: {difference:.2e}")
     assert difference <= 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["Lightning's launcher", "torchrun"])
 def test_two_nodes_on_loopback_train_the_one_node_adapter(launcher, one_node, one_process, tmp_path):
     reference, reference_rewards = one_node

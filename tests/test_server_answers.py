@@ -274,6 +274,7 @@ def lit_grpo_fit(cwd: Path, urls: list[str], *args: str) -> subprocess.Completed
                           env={**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", COMMAND_KINDS)
 def test_the_command_with_only_a_malformed_server_ends_in_one_paragraph(servers, tmp_path, kind):
     bad = servers("--malformed", kind)
@@ -290,6 +291,7 @@ def test_the_command_with_only_a_malformed_server_ends_in_one_paragraph(servers,
                    "test_server_answers.py")
 
 
+@pytest.mark.slow
 def test_the_command_finishes_its_epochs_on_the_good_server(servers, tmp_path):
     bad, good = servers("--malformed", "one-logprob-for-all"), servers("--delay", "0.2")
     scored_file = tmp_path / "scored.jsonl"

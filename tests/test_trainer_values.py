@@ -53,6 +53,7 @@ def command(model: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProc
                           cwd=tmp_path, check=False, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.slow
 def test_trainer_values_that_fail_after_the_first_rollouts_are_refused_first(tiny_llama_dir, tmp_path):
     result = command(tiny_llama_dir, tmp_path, *(a for knob, (value, _) in LATE.items()
                                                  for a in (f"--trainer.{knob}", value)))
@@ -66,6 +67,7 @@ def test_trainer_values_that_fail_after_the_first_rollouts_are_refused_first(tin
                    f"other problem of the configuration: trainer.{knob}: {rule}", "test_trainer_values.py")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("knob, value, message", AT_CONSTRUCTION, ids=[k for k, _, _ in AT_CONSTRUCTION])
 def test_a_trainer_value_lightning_refuses_gets_one_message(knob, value, message, tiny_llama_dir, tmp_path):
     result = command(tiny_llama_dir, tmp_path, f"--trainer.{knob}", value)

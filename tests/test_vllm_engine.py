@@ -65,6 +65,7 @@ def test_bad_knobs_fail_at_construction():
 # merged weights on the release-shaped model (byte-level BPE, GQA, q/k/v bias, tied embeddings, two EOS ids), the
 # adapter strategy on the char model; either way a copy whose generation_config.json sets every sampling option a
 # checkpoint can carry
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy, model", [("merged", "tiny-qwen2-chat"), ("adapter", "tiny-llama")])
 def test_real_vllm_engine_stays_in_sync(strategy, model, tmp_path):
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -100,6 +101,7 @@ except RuntimeError as error:
 """
 
 
+@pytest.mark.slow
 def test_impossible_memory_fails_at_start_naming_the_knob():
     model = str(Path(__file__).resolve().parents[1] / "data" / "tiny-llama")
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}

@@ -93,6 +93,7 @@ def test_unreachable_server_is_named_in_the_error(tiny_llama_dir):
         VLLMServerEngine(url=url).push_policy(load_policy(str(tiny_llama_dir), 4, 8, 0.0, "all-linear"))
 
 
+@pytest.mark.slow
 def test_real_vllm_server_trains_two_epochs_in_sync(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(CHECK.parent)}
     result = subprocess.run([sys.executable, str(CHECK), str(tmp_path)], capture_output=True, text=True, env=env,
@@ -128,6 +129,7 @@ def test_a_started_server_that_died_is_reported_with_its_exit_code_and_log(tmp_p
         engine.generate([[1, 2]], 1, SamplingSpec(max_new_tokens=2))
 
 
+@pytest.mark.slow
 def test_a_server_that_cannot_start_is_reported_with_its_log(tiny_llama_dir, tmp_path):
     from lit_grpo.policy.model_loading import load_policy
 

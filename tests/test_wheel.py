@@ -9,9 +9,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_wheel_holds_and_imports_every_module(tmp_path: Path) -> None:
     sources = sorted(
         p.relative_to(PROJECT_ROOT).as_posix() for folder in ("lit_grpo", "callbacks")
