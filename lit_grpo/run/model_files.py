@@ -5,6 +5,7 @@ Shared by the policy and by rewards that load a model of their own (``lit_grpo.t
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import platform
@@ -15,7 +16,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from transformers import AutoTokenizer, PretrainedConfig
+from peft import (
+    LoraConfig,
+    NoMatchingPeftModuleError,
+    get_peft_model,
+    get_peft_model_state_dict,
+)
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+)
 
 from lit_grpo.errors import InputError
 
@@ -220,3 +232,50 @@ def remote_code_problem(model_path: str, trust_remote_code: bool) -> str | None:
                 f"trust that code and set {REMOTE_CODE_FLAG}=true"
             )
     return None
+
+
+def expected_adapter_shapes(model_path: str, config: LoraConfig,
+                            trust_remote_code: bool = False) -> tuple[Shapes, Shapes] | None:
+    """The LoRA tensors the model at ``model_path`` would carry with ``config``, with their shapes: by the names the
+    live PEFT model gives them (``named_parameters``, as a checkpoint holds them under ``policy.``) and by the names
+    PEFT saves them under (``adapter_model.safetensors``). Built from config.json on the meta device: no weights are
+    read. Empty when none of ``config``'s target modules is in the model. None when it cannot be told (not a local
+    directory, an architecture that does not build so): the load then names a misfit itself."""
+    if not Path(model_path).is_dir():
+        return None
+    config = copy.copy(config)
+    config.base_model_name_or_path, config.inference_mode = None, False  # trainable; no rename warning from PEFT
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a pre-check says nothing of its own
+            base = AutoModelForCausalLM.from_config(
+                AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code),
+                trust_remote_code=trust_remote_code)
+            model = get_peft_model(base, config)
+        live = {name: tuple(p.shape) for name, p in model.named_parameters() if p.requires_grad}
+        saved = {name: tuple(t.shape) for name, t in get_peft_model_state_dict(model).items()}
+    except NoMatchingPeftModuleError:
+        return {}, {}
+    except Exception:  # noqa: BLE001 - only a pre-check: the load names what does not fit
+        return None
+    return live, saved
+
+
+def misfit(found: Shapes, expected: Shapes, source: str) -> str | None:
+    """How the tensors ``found`` in ``source`` (``the adapter``, ``the checkpoint``) fail to fit the names and shapes
+    a model ``expected`` (the first one that differs, and how many), or None when they fit."""
+    shape = [name for name in expected if name in found and tuple(found[name]) != tuple(expected[name])]
+    if shape:
+        name = shape[0]
+        return (f"{name} is {list(found[name])} in {source}, {list(expected[name])} in this model ({len(shape)} of "
+                f"{len(expected)} tensors differ)")
+    extra = [name for name in found if name not in expected]
+    if extra:
+        return f"{source} holds {len(extra)} tensor(s) this model has no place for (e.g. {extra[0]})"
+    missing = [name for name in expected if name not in found]
+    if missing:
+        return f"{source} lacks {len(missing)} of the {len(expected)} tensors this model needs (e.g. {missing[0]})"
+    return None
+
+
+Shapes = dict[str, tuple[int, ...]]

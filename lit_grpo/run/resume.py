@@ -129,8 +129,7 @@ def checkpoint_misfit(path: str, state: Any, saved_model: Any, current: dict[str
         return None
     from peft import LoraConfig
 
-    from lit_grpo.policy.model_loading import expected_adapter_shapes
-    from lit_grpo.run.model_files import resolve_model_path
+    from lit_grpo.run.model_files import expected_adapter_shapes, resolve_model_path
 
     try:  # the adapter the run builds: init_adapter's own config (a rank_pattern, say), else the configured LoRA
         config = (LoraConfig.from_pretrained(str(Path(current["init_adapter"]).expanduser()))
@@ -152,7 +151,7 @@ def checkpoint_misfit_message(path: Any, state: dict[str, Any], expected: dict[s
     """Whether a checkpoint's ``state`` fits the trainable tensors a model ``expected`` (``policy.*`` names compared:
     the adapter; the heads are the hyper-parameters' to refuse): the message naming the checkpoint, the model it
     was trained on and this run's, or None."""
-    from lit_grpo.policy.model_loading import misfit
+    from lit_grpo.run.model_files import misfit
 
     found = {name: tuple(t.shape) for name, t in state.items() if name.startswith("policy.") and hasattr(t, "shape")}
     detail = misfit(found, {name: s for name, s in expected.items() if name.startswith("policy.")}, "the checkpoint")
