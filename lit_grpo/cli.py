@@ -22,8 +22,9 @@ from lit_grpo.engines.server_pool import Refused, ServersUnavailable
 from lit_grpo.errors import InputError
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.run.checkpoint_io import BesideTargetCheckpointIO
+from lit_grpo.run.checkpoint_io import BackgroundCheckpointIO
 from lit_grpo.run.distributed import share_cores
+from lit_grpo.run.epoch_checkpoint import EpochCheckpoint
 from lit_grpo.run.host_memory import return_freed_memory
 from lit_grpo.run.resume import check_resume, find_last_checkpoint
 from lit_grpo.run.run_dir import (
@@ -56,10 +57,10 @@ class LitGRPOCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: Any) -> None:
         # always-on callbacks, configured in their own sections; a user's trainer.callbacks adds to them
         parser.add_lightning_class_args(RolloutMetrics, "metrics")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        # last.ckpt at every epoch's end, validated or not: the shipped configs validate every 10 epochs, and a
-        # kill before the first validation lost the run
-        parser.set_defaults({"checkpoint.save_last": True, "checkpoint.save_on_train_epoch_end": True})
+        parser.add_lightning_class_args(EpochCheckpoint, "checkpoint")
+        # a checkpoint at every epoch's end, validated or not (the shipped configs validate every 10 epochs, and a
+        # kill before the first validation lost the run): one file, written in the background; last.ckpt links to it
+        parser.set_defaults({"checkpoint.save_last": "link", "checkpoint.save_on_train_epoch_end": True})
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
         # the always-on checkpoint callback steps aside when the user turns checkpointing off
@@ -78,7 +79,7 @@ class LitGRPOCLI(LightningCLI):
             raise InputError(f"trainer: {error}") from None
         take_over_from_lightning(trainer)  # SIGTERM stops the run now, as Ctrl-C does (run/signals.py)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's own plugin is kept
-            trainer.strategy.checkpoint_io = BesideTargetCheckpointIO()
+            trainer.strategy.checkpoint_io = BackgroundCheckpointIO()
         check_writable(trainer)  # before any weights load
         claim_version(trainer)
         report_core_share(share_cores(trainer))  # before Lightning's launcher, which would count one node only

@@ -1,17 +1,38 @@
-"""Checkpoints written beside their target and renamed into place.
+"""Checkpoints written beside their target and renamed into place, in the background.
 
 Lightning's ``TorchCheckpointIO`` writes through an fsspec transaction whose temporary file lives in the system
 temp directory: a kill during the write left a partial file there, outside the run, and the rename across file
 systems is a copy. Here the bytes go to ``.<name>.partial-<pid>`` in the checkpoint's own directory, are flushed to
 disk and then replace the target in one ``os.replace``: the target is the old checkpoint or the new one, never a
 part; a failed write removes its partial file, and a killed one leaves it beside the checkpoints, where it is seen.
+
+``BackgroundCheckpointIO`` (the command's) takes the write off the training thread: ``save_checkpoint`` serializes
+the checkpoint into memory (``torch.save`` to a buffer: the bytes are the state at that moment, whatever the next
+step updates in place) and returns; one worker thread writes the bytes beside the target, fsyncs and renames them
+into place, then does the links (``link_checkpoint``) and removals asked for after it, in order, skipping the rest
+once one has failed (a failed write is never linked to). Each save first waits for everything asked before it, so
+at most one write is in flight, and an error is raised on the training thread at the next save, load or teardown
+(the end of ``fit``); the worker is also joined when the interpreter exits. Serializing on the training thread
+costs what pickling costs anywhere (the pickler holds the GIL, so a background pickler would slow this thread as
+much) and saves the copy of every tensor a background pickler would need; the file write and its fsync, the slow
+part, run in the background. Remote paths are written by Lightning, on the training thread.
+
+Test-only: ``LIT_GRPO_TEST_CHECKPOINT_WRITE_DELAY=<seconds>`` sleeps after a checkpoint's bytes are written and
+before its rename, so that a test can kill a run while its partial file is beside the target.
 """
 
 from __future__ import annotations
 
+import atexit
+import io
 import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from fsspec.implementations.local import LocalFileSystem
@@ -19,27 +40,148 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.fabric.utilities.types import _PATH
 
+WRITE_DELAY_ENV = "LIT_GRPO_TEST_CHECKPOINT_WRITE_DELAY"
+
 
 def partial_path(target: Path) -> Path:
     """Where the bytes of ``target`` are written before they replace it."""
     return target.with_name(f".{target.name}.partial-{os.getpid()}")
 
 
+def is_local(path: _PATH) -> bool:
+    return isinstance(get_filesystem(path), LocalFileSystem)
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (where the platform can open a directory)."""
+    try:
+        handle = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass
+    finally:
+        os.close(handle)
+
+
+def write_beside(target: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """``write`` the bytes of ``target`` into its partial file, fsync them and rename them into place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = partial_path(target)
+    try:
+        with open(partial, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        delay = float(os.environ.get(WRITE_DELAY_ENV) or 0)
+        if delay > 0:
+            time.sleep(delay)
+        os.replace(partial, target)
+        fsync_directory(target.parent)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 class BesideTargetCheckpointIO(TorchCheckpointIO):
     """``TorchCheckpointIO`` whose local writes are atomic in the checkpoint's directory (remote paths unchanged)."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
-        if storage_options is not None or not isinstance(get_filesystem(path), LocalFileSystem):
+        if storage_options is not None or not is_local(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = partial_path(target)
-        try:
-            with open(partial, "wb") as handle:
-                torch.save(checkpoint, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(partial, target)
-        finally:
-            partial.unlink(missing_ok=True)
+        write_beside(Path(path), lambda handle: torch.save(checkpoint, handle))
         return None
+
+
+def link_atomically(target: _PATH, link: _PATH) -> None:
+    """Make ``link`` a relative symlink to ``target`` in one ``os.replace`` of a link made beside it: ``link`` is
+    the old one or the new one at every moment. Where symlinks are refused (Windows without the right), a copy
+    renamed into place."""
+    target, link = Path(target), Path(link)
+    temporary = link.with_name(f".{link.name}.link-{os.getpid()}")
+    temporary.unlink(missing_ok=True)
+    try:
+        os.symlink(os.path.relpath(target, link.parent), temporary)
+    except OSError:
+        if target.is_dir():
+            raise
+        shutil.copyfile(target, temporary)
+        with open(temporary, "rb+") as handle:
+            os.fsync(handle.fileno())
+    if link.is_dir() and not link.is_symlink():  # a checkpoint directory (DeepSpeed) saved there before
+        shutil.rmtree(link)
+    try:
+        os.replace(temporary, link)
+    finally:
+        temporary.unlink(missing_ok=True)
+    fsync_directory(link.parent)
+
+
+class BackgroundCheckpointIO(BesideTargetCheckpointIO):
+    """``BesideTargetCheckpointIO`` whose writes, links and removals run in order on one worker thread (module
+    docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: list[Future] = []
+        self._error: BaseException | None = None
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        self.wait()  # the previous write (and its link and removals) is finished before the next begins
+        if storage_options is not None or not is_local(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)  # the state now: the next step may update any of its tensors in place
+        self._submit(write_beside, Path(path), lambda handle: handle.write(buffer.getbuffer()))
+        return None
+
+    def link_checkpoint(self, target: _PATH, link: _PATH) -> None:
+        """Point ``link`` at ``target`` once ``target`` is written."""
+        self._submit(link_atomically, target, link)
+
+    def remove_checkpoint(self, path: _PATH) -> None:
+        self._submit(super().remove_checkpoint, path)
+
+    def load_checkpoint(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.wait()
+        return super().load_checkpoint(*args, **kwargs)
+
+    def wait(self) -> None:
+        """Block until every write, link and removal asked for is done; raise the first error among them."""
+        for future in list(self._pending):  # kept until all are done: a wait cut short by a signal is resumed
+            future.result()
+        self._pending.clear()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def teardown(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)  # also when the wait above was cut short
+                self._executor = None
+                atexit.unregister(self._report_at_exit)
+
+    def _submit(self, work: Callable[..., None], *args: Any) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lit-grpo-checkpoint")
+            atexit.register(self._report_at_exit)  # runs after the interpreter has joined the worker
+
+        def run() -> None:
+            if self._error is not None:
+                return  # a failed write is neither linked to nor followed by the removal of its predecessor
+            try:
+                work(*args)
+            except BaseException as error:  # noqa: BLE001 - raised on the training thread by wait()
+                self._error = error
+
+        self._pending.append(self._executor.submit(run))
+
+    def _report_at_exit(self) -> None:
+        if self._error is not None:  # the process ended without a teardown that would have raised it
+            print(f"lit-grpo: a checkpoint write failed: {type(self._error).__name__}: {self._error}",
+                  file=sys.stderr, flush=True)

@@ -25,7 +25,8 @@ def find_last_checkpoint(trainer: Any) -> str | None:
     save_dir = getattr(logger, "save_dir", None)
     if save_dir is None:
         return None
-    found = list((Path(save_dir) / (logger.name or "")).glob("*/checkpoints/last*.ckpt"))
+    found = [path for path in (Path(save_dir) / (logger.name or "")).glob("*/checkpoints/last*.ckpt")
+             if path.exists()]  # a link naming nothing is skipped
     return str(max(found, key=lambda path: path.stat().st_mtime)) if found else None
 
 

@@ -1,0 +1,78 @@
+"""A run SIGKILLed while a checkpoint is being written in the background (issue 34): the previous epoch's checkpoint
+is whole and ``last.ckpt`` names it, and ``--ckpt_path last`` resumes from it to the uninterrupted run's adapter.
+
+The write is made slow with the test-only ``LIT_GRPO_TEST_CHECKPOINT_WRITE_DELAY`` (seconds slept between writing a
+checkpoint's bytes to ``.<name>.partial-<pid>`` and renaming it into place, ``lit_grpo/run/checkpoint_io.py``); the
+test kills the run once epoch 1's partial file is beside the checkpoints."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+from reliability_doc import documented
+from safetensors.torch import load_file
+from test_kill_resume import EPOCHS, config, epochs_logged, finish, launch
+
+from lit_grpo.run.checkpoint_io import WRITE_DELAY_ENV
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_background_write_keeps_the_previous_checkpoint(tiny_llama_dir, tmp_path, monkeypatch):
+    straight_dir, split_dir = tmp_path / "straight", tmp_path / "split"
+    straight_dir.mkdir()
+    split_dir.mkdir()
+    checkpoints = split_dir / "lightning_logs" / "version_0" / "checkpoints"
+    processes = []
+    try:
+        straight = launch(straight_dir, config(tiny_llama_dir, straight_dir, None), "fit.log")
+        processes.append(straight)
+        monkeypatch.setenv(WRITE_DELAY_ENV, "3")  # the killed run only
+        killed = launch(split_dir, config(tiny_llama_dir, split_dir, None), "killed.log")
+        monkeypatch.delenv(WRITE_DELAY_ENV)
+        processes.append(killed)
+        deadline = time.monotonic() + 300
+        while not (partial := sorted(checkpoints.glob(".epoch=1-step=*.ckpt.partial-*"))):
+            assert killed.poll() is None, killed.log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "epoch 1's checkpoint was never written"
+            time.sleep(0.02)
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.wait(timeout=60)
+        assert killed.returncode == -signal.SIGKILL
+
+        last = checkpoints / "last.ckpt"
+        assert os.readlink(last) == "epoch=0-step=2.ckpt"  # the link never moved to the file being written
+        checkpoint = torch.load(last, weights_only=True)  # whole: epoch 0's
+        assert checkpoint["epoch"] == 0 and checkpoint["global_step"] == 2
+        left = sorted(p.name for p in checkpoints.iterdir())
+        assert left == [partial[0].name, "epoch=0-step=2.ckpt", "last.ckpt"]
+
+        resumed = launch(split_dir, split_dir / "config.yaml", "resumed.log", "--ckpt_path", "last")
+        processes.append(resumed)
+        assert f"Restoring states from the checkpoint path at {last}" in finish(resumed)
+        finish(straight)
+        expected = load_file(straight_dir / "lightning_logs" / "version_0" / "adapter" / "adapter_model.safetensors")
+        got = load_file(split_dir / "lightning_logs" / "version_1" / "adapter" / "adapter_model.safetensors")
+        assert got.keys() == expected.keys() and len(got) > 0
+        for name, value in expected.items():
+            torch.testing.assert_close(got[name], value, rtol=0, atol=1e-6)
+        resumed_epochs = epochs_logged(split_dir)[-(EPOCHS - 1):]
+        assert [e["epoch"] for e in resumed_epochs] == list(range(1, EPOCHS))
+        assert resumed_epochs == epochs_logged(straight_dir)[1:]  # same prompts, same order
+        version_1 = split_dir / "lightning_logs" / "version_1" / "checkpoints"
+        assert sorted(p.name for p in version_1.iterdir()) == [f"epoch={EPOCHS - 1}-step={2 * EPOCHS}.ckpt",
+                                                                "last.ckpt"]
+        documented("kill -9 while epoch 1's checkpoint is written in the background, then `--ckpt_path last`",
+                   f"exit {killed.returncode} (killed) with `{partial[0].name.rsplit('-', 1)[0]}-<pid>` beside the "
+                   f"checkpoints; last.ckpt still linked to the whole `{os.readlink(last)}` (epoch "
+                   f"{checkpoint['epoch']}, step {checkpoint['global_step']}, loaded weights-only); the resumed run "
+                   f"trained epochs {[e['epoch'] for e in resumed_epochs]} and ended with the uninterrupted run's "
+                   "adapter (every tensor within 1e-6)", "test_kill_during_save.py")
+    finally:  # a failed assertion must not leave a run behind
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
