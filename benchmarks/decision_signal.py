@@ -32,12 +32,21 @@ from lit_grpo.tree import leaf_counts
 from lit_grpo.rollout.trees import expand_trees
 from lit_grpo.buffers.tree_layout import policy_nodes, tree_row_advantages
 
-SHAPES = {  # variant: (rollout kind, widths per round, value mode, std scope)
+SHAPES = {  # variant: (rollout kind, widths per round for 3 rounds, value mode, std scope)
     "tree-mean": ("tree", [4, 2, 2], "mean", "tree"),
     "tree-optimal-stopping": ("tree", [4, 2, 2], "optimal_stopping", "tree"),
     "tree-os-sibling-std": ("tree", [4, 2, 2], "optimal_stopping", "siblings"),
+    "tree-wide-answers": ("tree", [2, 2, 8], "optimal_stopping", "tree"),
     "chains-grpo": ("chains", [8, 1, 1], "mean", "tree"),
 }
+
+
+def widths_for(widths: list[int], rounds: int) -> list[int]:
+    """A shape's widths for a game of ``rounds`` rounds: the first round's width, then the middle rounds' width
+    repeated, then the last round's (``[4, 2, 2]`` -> ``[4, 2, 2, 2]``, ``[2, 2, 8]`` -> ``[2, 2, 2, 8]``)."""
+    if rounds <= 1:
+        return widths[:1]
+    return [widths[0], *[widths[1]] * (rounds - 2), widths[-1]]
 
 
 def first_decision(root: Any) -> float | None:
@@ -51,9 +60,11 @@ def first_decision(root: Any) -> float | None:
     return statistics.fmean(by_kind["ask"]) - statistics.fmean(by_kind["answer"])
 
 
-def decision_signal(model: str, task: Any, variant: str, prompts: int = 40, reps: int = 8) -> dict[str, float]:
-    """The figures above for one variant on the first ``prompts`` held-out prompts."""
+def decision_signal(model: str, task: Any, variant: str, prompts: int = 40, reps: int = 8,
+                    rounds: int = 3) -> dict[str, float]:
+    """The figures above for one variant on the first ``prompts`` held-out prompts of a ``rounds``-round game."""
     kind, widths, value_mode, std_scope = SHAPES[variant]
+    widths = widths_for(widths, rounds)
     tokenizer = load_tokenizer(model)
     engine = HFEngine()
     engine.push_policy(load_policy(model, 16, 32, 0.0, "all-linear", dtype="float32"))

@@ -2,7 +2,7 @@
 
 Each run trains through the ``lit-grpo`` command from the game's warm-start model until ``--budget`` policy segments
 (every round's completion counted, ``data.completion_budget``) are spent, then plays the held-out prompts greedily
-(up to 3 rounds) with the saved adapter: mean return, accuracy, questions per episode. Per game, every variant first
+(the game's rounds: 3, or 4 for the decision-hard stale-digits game) with the saved adapter: mean return, accuracy, questions per episode. Per game, every variant first
 gets the same learning-rate sweep (``SWEEP_LRS``) on ``--sweep-seed``; the best held-out return there fixes its rate
 for ``--seeds``. Each finished run is appended to ``--results`` (JSON lines, tagged with the warm start's hash) and
 skipped when found there, so the table can be built over several sittings or extended with other seeds. The decision
@@ -41,31 +41,53 @@ from lit_grpo.engines import HFEngine, SamplingSpec  # noqa: E402
 from lit_grpo.policy.model_loading import load_policy
 from lit_grpo.run.model_files import load_tokenizer
 from lit_grpo.tasks.games import CalculatorTask, HiddenOperandsTask  # noqa: E402
+from lit_grpo.tasks.stale_digits import StaleDigitsTask  # noqa: E402
 from lit_grpo.rollout.trees import greedy_trees  # noqa: E402
 from lit_grpo.tree import depth_first  # noqa: E402
-from decision_signal import SHAPES, decision_signal  # noqa: E402
+from decision_signal import SHAPES, decision_signal, widths_for  # noqa: E402
 
 GAMES = {"hidden-operands": ("data/tiny-llama-hidden", "lit_grpo.tasks.games.HiddenOperandsTask", HiddenOperandsTask),
-         "calculator": ("data/tiny-llama-calculator", "lit_grpo.tasks.games.CalculatorTask", CalculatorTask)}
+         "calculator": ("data/tiny-llama-calculator", "lit_grpo.tasks.games.CalculatorTask", CalculatorTask),
+         "stale-digits": ("data/tiny-llama-stale", "lit_grpo.tasks.stale_digits.StaleDigitsTask",
+                            StaleDigitsTask)}
+GAME_ROUNDS = {"hidden-operands": 3, "calculator": 3, "stale-digits": 4}  # rollout depth and evaluation rounds
+# the variants each game's table compares (the decision-hard game: the ones issue 35 names)
+GAME_VARIANTS = {"stale-digits": ["tree-mean", "tree-optimal-stopping", "tree-wide-answers", "chains-grpo",
+                                    "chains-ppo"]}
 COMMON = ["--model.loss_variant", "clip", "--model.aggregation", "seq-mean", "--model.kl_coef", "0.04",
           "--data.prompts_per_epoch", "16", "--data.minibatch_size", "64", "--data.max_new_tokens", "5",
           "--data.val_max_prompts", "100"]
-VARIANTS = {
-    "tree-mean": ["--data.rollout", "tree", "--data.branching", "[4, 2, 2]", "--model.tree_value_mode", "mean"],
-    "tree-optimal-stopping": ["--data.rollout", "tree", "--data.branching", "[4, 2, 2]",
+VARIANTS = {  # the arguments of each variant; BRANCHING is the widths of a 3-round game (widths_for stretches them)
+    "tree-mean": ["--data.rollout", "tree", "--data.branching", "BRANCHING", "--model.tree_value_mode", "mean"],
+    "tree-optimal-stopping": ["--data.rollout", "tree", "--data.branching", "BRANCHING",
                               "--model.tree_value_mode", "optimal_stopping"],
-    "tree-os-sibling-std": ["--data.rollout", "tree", "--data.branching", "[4, 2, 2]",
+    "tree-os-sibling-std": ["--data.rollout", "tree", "--data.branching", "BRANCHING",
                             "--model.tree_value_mode", "optimal_stopping", "--model.tree_std_scope", "siblings"],
-    "chains-grpo": ["--data.rollout", "chains", "--data.group_size", "8", "--data.branching", "[8, 1, 1]",
+    # the last round's answers compared 8 at a time, as a chain group compares its 8 episodes
+    "tree-wide-answers": ["--data.rollout", "tree", "--data.branching", "BRANCHING",
+                          "--model.tree_value_mode", "optimal_stopping"],
+    "chains-grpo": ["--data.rollout", "chains", "--data.group_size", "8", "--data.branching", "BRANCHING",
                     "--model.advantage_mode", "grpo"],
-    "chains-ppo": ["--data.rollout", "chains", "--data.group_size", "8", "--data.branching", "[8, 1, 1]",
+    "chains-ppo": ["--data.rollout", "chains", "--data.group_size", "8", "--data.branching", "BRANCHING",
                    "--model.advantage_mode", "gae", "--model.gamma", "1.0", "--model.gae_lambda", "0.95"],
 }
+WIDTHS = {"tree-mean": [4, 2, 2], "tree-optimal-stopping": [4, 2, 2], "tree-os-sibling-std": [4, 2, 2],
+          "tree-wide-answers": [2, 2, 8], "chains-grpo": [8, 1, 1], "chains-ppo": [8, 1, 1]}
+
+
+def variants_of(args: argparse.Namespace, game: str) -> list[str]:
+    """The variants compared on ``game``: ``--variants``, else the game's own list, else the first five."""
+    return args.variants or GAME_VARIANTS.get(game, [v for v in VARIANTS if v != "tree-wide-answers"])
+
+
+def variant_arguments(variant: str, game: str) -> list[str]:
+    """``VARIANTS[variant]`` with its widths stretched to the game's rounds."""
+    widths = str(widths_for(WIDTHS[variant], GAME_ROUNDS[game]))
+    return [widths if argument == "BRANCHING" else argument for argument in VARIANTS[variant]]
 SWEEP_LRS = (2.5e-4, 5e-4, 1e-3)  # every variant's learning rates on the sweep seed
 HELDOUT = 500
 # Student's t 0.975 quantiles by degrees of freedom (no SciPy dependency for eleven numbers)
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-ROUNDS = 3
 
 
 def train(game: str, variant: str, seed: int, lr: float, budget: int, work: Path) -> tuple[Path, dict]:
@@ -73,7 +95,7 @@ def train(game: str, variant: str, seed: int, lr: float, budget: int, work: Path
     generated and wall seconds."""
     model, task_path, _ = GAMES[game]
     command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--seed_everything", str(seed), "--data.seed", str(seed),
-               "--model.model_name_or_path", model, "--data.task", task_path, *COMMON, *VARIANTS[variant],
+               "--model.model_name_or_path", model, "--data.task", task_path, *COMMON, *variant_arguments(variant, game),
                "--model.optimizer", "torch.optim.AdamW", "--model.optimizer.lr", str(lr),
                "--model.optimizer.weight_decay", "0.0", "--data.completion_budget", str(budget),
                "--trainer.max_epochs", "100000", "--trainer.check_val_every_n_epoch", "100000",
@@ -112,7 +134,7 @@ def evaluate(game: str, adapter: Path | None) -> dict[str, float]:
     spec = SamplingSpec(max_new_tokens=5, stop_token_ids=(tokenizer.eos_token_id,))
     records = list(task.heldout_records())[:HELDOUT]
     with torch.no_grad():
-        roots = greedy_trees(task, engine, tokenizer, records, ROUNDS, spec)
+        roots = greedy_trees(task, engine, tokenizer, records, GAME_ROUNDS[game], spec)
     returns, correct, questions = [], [], []
     for root in roots:
         path = depth_first(root)[1:]
@@ -136,7 +158,7 @@ def model_id(game: str) -> str:
 def chosen_lrs(rows: list[dict], game: str, args: argparse.Namespace) -> dict[str, float]:
     """Each variant's learning rate: the best held-out return on the sweep seed (ties: the smaller rate)."""
     chosen = {}
-    for variant in args.variants:
+    for variant in variants_of(args, game):
         sweep = [r for r in rows if r["game"] == game and r["variant"] == variant and r["seed"] == args.sweep_seed]
         if {r["lr"] for r in sweep} >= set(SWEEP_LRS):
             chosen[variant] = max(sweep, key=lambda r: (r["return"], -r["lr"]))["lr"]
@@ -177,13 +199,14 @@ def run_missing(args: argparse.Namespace) -> None:
         for variant in SHAPES:
             if not any(r["variant"] == f"signal:{variant}" for r in rows):
                 append(args.results, {"game": game, "model": model_id(game), "variant": f"signal:{variant}",
-                                      **decision_signal(str(ROOT / model), task_class(), variant)})
+                                      **decision_signal(str(ROOT / model), task_class(), variant,
+                                                        rounds=GAME_ROUNDS[game])})
         for lr in SWEEP_LRS:
-            for variant in args.variants:
+            for variant in variants_of(args, game):
                 run_one(args, game, variant, args.sweep_seed, lr)
         chosen = chosen_lrs(current(args, game), game, args)
         for seed in args.seeds:
-            for variant in args.variants:
+            for variant in variants_of(args, game):
                 run_one(args, game, variant, seed, chosen[variant])
 
 
@@ -216,7 +239,7 @@ def report(args: argparse.Namespace) -> None:
         print(f"\nlearning-rate sweep, seed {args.sweep_seed}, held-out return:")
         print("| variant | " + " | ".join(f"lr {lr:g}" for lr in SWEEP_LRS) + " | chosen |")
         print("|---|" + "---|" * (len(SWEEP_LRS) + 1))
-        for variant in args.variants:
+        for variant in variants_of(args, game):
             cells = [next((f"{r['return']:.3f}" for r in rows if r["variant"] == variant and r["lr"] == lr
                            and r["seed"] == args.sweep_seed), "-") for lr in SWEEP_LRS]
             print(f"| {variant} | " + " | ".join(cells) + f" | {chosen.get(variant, '-')} |")
@@ -224,7 +247,7 @@ def report(args: argparse.Namespace) -> None:
         print("| variant | seeds | held-out return | accuracy | questions / episode | gap closed | policy tokens | wall s |")
         print("|---|---|---|---|---|---|---|---|")
         finals = {}
-        for variant in args.variants:
+        for variant in variants_of(args, game):
             runs = [r for r in rows if r["variant"] == variant and r["seed"] in args.seeds
                     and r["lr"] == chosen.get(variant)]
             if not runs:
@@ -271,8 +294,10 @@ def plot(game: str, finals: dict[str, list[dict]], args: argparse.Namespace) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--games", nargs="+", default=list(GAMES), choices=list(GAMES))
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--games", nargs="+", default=["stale-digits"], choices=list(GAMES),
+                        help="default: the decision-hard game (issue 35); the earlier games' rows are kept")
+    parser.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS),
+                        help="default: the game's variants (GAME_VARIANTS), else all but tree-wide-answers")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
     parser.add_argument("--sweep-seed", type=int, default=0, help="the seed of every variant's learning-rate sweep")
     parser.add_argument("--budget", type=int, default=4000, help="policy segments generated per run")

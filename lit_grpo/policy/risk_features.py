@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from lit_grpo.buffers.positions import padded_positions
-from lit_grpo.policy.logprobs import body_and_head, chunked_eval, last_hidden_states
+from lit_grpo.policy.logprobs import body_and_head, chunked_eval, last_hidden_states, logprobs_and_hidden
+from lit_grpo.risk.draft import draft_confidences
 from lit_grpo.risk.fit import RiskReplay, fit_head
 from lit_grpo.risk.head import (
     INFER,
@@ -125,3 +126,32 @@ class HeadOnContexts:
     def branch_probs(self, contexts: Sequence[Sequence[int]]) -> torch.Tensor:
         features = context_features(self.policy, contexts, self.pad_id).to(self.head.atoms.device)  # [B, H + 2]
         return self.head(features).softmax(-1)  # [B, 2, K]
+
+
+@torch.no_grad()
+def draft_features(policy: Any, contexts: Sequence[Sequence[int]], drafts: Sequence[Sequence[int]], pad_id: int,
+                   batch_size: int = 256) -> torch.Tensor:
+    """The draft-reading head's input (``risk/draft.py``): the hidden state at each draft's last token and the
+    draft's confidences (``draft_confidences``) from the policy's log-probs of its own tokens ``-> [B, H + 3]``
+    (float32, on the CPU). ``drafts`` are non-empty and exclude the stop token."""
+    device = next(policy.parameters()).device
+
+    def forward(rows: slice) -> torch.Tensor:
+        part = [list(c) + list(d) for c, d in zip(contexts[rows], drafts[rows])]
+        lengths = torch.tensor([len(r) for r in part])
+        starts = torch.tensor([len(c) for c in contexts[rows]])
+        # one padding column more than the longest row: every row has a column after its last token
+        ids = torch.full((len(part), int(lengths.max()) + 1), pad_id, dtype=torch.long)
+        for row, tokens in enumerate(part):
+            ids[row, : len(tokens)] = torch.tensor(tokens)
+        columns = torch.arange(ids.shape[1])
+        mask = columns < lengths.unsqueeze(1)  # [B, L + 1]
+        in_draft = mask & (columns >= starts.unsqueeze(1))  # [B, L + 1]
+        logp, aligned = logprobs_and_hidden(policy, ids.to(device), mask.to(device), token_mask=in_draft.to(device))
+        # aligned[:, t] is the state that predicts token t: at column `length`, the state at the draft's last token
+        hidden = aligned[torch.arange(len(part), device=device), lengths.to(device)].float().cpu()  # [B, H]
+        logp = logp.cpu()
+        token_logprobs = [logp[row, int(starts[row]) : int(lengths[row])] for row in range(len(part))]
+        return torch.cat([hidden, draft_confidences(token_logprobs)], dim=-1)
+
+    return chunked_eval(policy, len(contexts), batch_size, forward)

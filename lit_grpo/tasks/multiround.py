@@ -89,6 +89,10 @@ class AskOrAnswerTask(MultiRoundTask):
     def oracle_questions(record: PromptRecord) -> int:
         """How many questions the oracle policy asks on ``record`` before it answers."""
 
+    def informed_questions(self, record: PromptRecord) -> int:
+        """Questions after which the answer depends on skill only (everything hidden is revealed)."""
+        return self.oracle_questions(record)
+
     def oracle_return(self, records: Sequence[PromptRecord]) -> float:
         """Mean return on ``records`` of the oracle: ``oracle_questions(record)`` questions, then the right answer."""
         return sum(self.correct_reward - self.ask_cost * self.oracle_questions(r) for r in records) / len(records)
