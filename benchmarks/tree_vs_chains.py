@@ -10,10 +10,14 @@ signal of each rollout shape (``decision_signal.py``) is measured once per game 
 prints the tables (mean and 95% t-interval over seeds, the share of the warm-start-to-oracle gap closed) and draws
 each game's learning curves (training return per epoch) into ``docs/``.
 
+The decision-hard game (issue 35, ``stale-digits``, 4 rounds) is the default; its variants are the two tree
+value modes at ``[4, 2, 2, 2]``, a tree whose last-round answers are sampled 8 wide (``[2, 2, 2, 8]``), and chains
+(8 episodes) with GRPO and with PPO, at 10,000 segments per run.
+
 Usage:
     .venv/bin/python benchmarks/tree_vs_chains.py                  # runs what is missing, then reports
     .venv/bin/python benchmarks/tree_vs_chains.py --report         # the tables from what is there
-    .venv/bin/python benchmarks/tree_vs_chains.py --games calculator --seeds 6 7
+    .venv/bin/python benchmarks/tree_vs_chains.py --games calculator --seeds 6 7   # an earlier game
 
 Run it alone on the machine: runs take the 2 cores, and wall time is reported.
 """
@@ -73,6 +77,15 @@ VARIANTS = {  # the arguments of each variant; BRANCHING is the widths of a 3-ro
 }
 WIDTHS = {"tree-mean": [4, 2, 2], "tree-optimal-stopping": [4, 2, 2], "tree-os-sibling-std": [4, 2, 2],
           "tree-wide-answers": [2, 2, 8], "chains-grpo": [8, 1, 1], "chains-ppo": [8, 1, 1]}
+
+
+GAME_BUDGET = {"stale-digits": 10000}  # four rounds of cue-dependent decisions: 4,000 segments left every variant
+# at "never ask" (return ~0.08 against the oracle's 0.644; seed-0 runs at lr 2.5e-4)
+
+
+def budget_of(args: argparse.Namespace, game: str) -> int:
+    """Policy segments per run: ``--budget``, else the game's (4,000 for the earlier games)."""
+    return args.budget or GAME_BUDGET.get(game, 4000)
 
 
 def variants_of(args: argparse.Namespace, game: str) -> list[str]:
@@ -159,21 +172,22 @@ def chosen_lrs(rows: list[dict], game: str, args: argparse.Namespace) -> dict[st
     """Each variant's learning rate: the best held-out return on the sweep seed (ties: the smaller rate)."""
     chosen = {}
     for variant in variants_of(args, game):
-        sweep = [r for r in rows if r["game"] == game and r["variant"] == variant and r["seed"] == args.sweep_seed]
+        sweep = [r for r in rows if r["game"] == game and r["variant"] == variant and r["seed"] == args.sweep_seed
+                 and r.get("budget") == budget_of(args, game)]
         if {r["lr"] for r in sweep} >= set(SWEEP_LRS):
             chosen[variant] = max(sweep, key=lambda r: (r["return"], -r["lr"]))["lr"]
     return chosen
 
 
 def run_one(args: argparse.Namespace, game: str, variant: str, seed: int, lr: float) -> None:
-    key = (game, variant, seed, lr, args.budget)
+    key = (game, variant, seed, lr, budget_of(args, game))
     if any((r["game"], r["variant"], r.get("seed"), r.get("lr"), r.get("budget")) == key for r in current(args, game)):
         return
     with tempfile.TemporaryDirectory() as work:
-        adapter, run = train(game, variant, seed, lr, args.budget, Path(work))
+        adapter, run = train(game, variant, seed, lr, budget_of(args, game), Path(work))
         scores = evaluate(game, adapter)
     append(args.results, {"game": game, "model": model_id(game), "variant": variant, "seed": seed, "lr": lr,
-                          "budget": args.budget, **scores, **run})
+                          "budget": budget_of(args, game), **scores, **run})
     print(f"{game} {variant} seed {seed} lr {lr}: return {scores['return']:.3f} accuracy {scores['accuracy']:.3f} "
           f"questions {scores['questions']:.2f} ({run['seconds']:.0f} s, {run['policy_tokens']:.0f} policy tokens)",
           flush=True)
@@ -227,14 +241,14 @@ def interval(values: list[float]) -> tuple[float, float]:
 
 def report(args: argparse.Namespace) -> None:
     for game in args.games:
-        rows = [r for r in current(args, game) if r.get("budget") in (args.budget, 0, None)]
+        rows = [r for r in current(args, game) if r.get("budget") in (budget_of(args, game), 0, None)]
         warm = next((r for r in rows if r["variant"] == "warm-start"), None)
         if warm is None:
             continue
         oracle = warm["oracle_return"]
         print(f"\n{game} (warm start {model_id(game)}): warm-start return {warm['return']:.3f} (accuracy "
               f"{warm['accuracy']:.3f}, questions {warm['questions']:.2f}); oracle return {oracle:.3f}; budget "
-              f"{args.budget} segments per run")
+              f"{budget_of(args, game)} segments per run")
         chosen = chosen_lrs(rows, game, args)
         print(f"\nlearning-rate sweep, seed {args.sweep_seed}, held-out return:")
         print("| variant | " + " | ".join(f"lr {lr:g}" for lr in SWEEP_LRS) + " | chosen |")
@@ -285,7 +299,7 @@ def plot(game: str, finals: dict[str, list[dict]], args: argparse.Namespace) -> 
         axes.plot(range(length), mean, label=f"{variant} ({len(curves)} seeds)")
     axes.set_xlabel("epoch (16 prompts each, the same prompts in every run)")
     axes.set_ylabel("training return (mean over seeds)")
-    axes.set_title(f"{game}: {args.budget} segments per run, at each variant's chosen lr")
+    axes.set_title(f"{game}: {budget_of(args, game)} segments per run, at each variant's chosen lr")
     axes.legend()
     out = ROOT / "docs" / f"tree_vs_chains_{game}.png"
     figure.savefig(out, dpi=100, bbox_inches="tight")
@@ -300,7 +314,8 @@ def main() -> None:
                         help="default: the game's variants (GAME_VARIANTS), else all but tree-wide-answers")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
     parser.add_argument("--sweep-seed", type=int, default=0, help="the seed of every variant's learning-rate sweep")
-    parser.add_argument("--budget", type=int, default=4000, help="policy segments generated per run")
+    parser.add_argument("--budget", type=int, default=None, help="policy segments generated per run (default: "
+                        "the game's, GAME_BUDGET, else 4000)")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "tree_vs_chains.jsonl")
     parser.add_argument("--report", action="store_true", help="only print the table from the results file")
     args = parser.parse_args()

@@ -158,11 +158,13 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=None, help="default: the game's recipe (RECIPES)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--heldout", type=int, default=300, help="held-out prompts to measure on")
+    parser.add_argument("--heldout", type=int, default=None, help="held-out prompts to measure on (default 300; "
+                        "500 for stale-digits, its whole held-out split)")
     parser.add_argument("--evaluate-only", action="store_true", help="measure the model at --output, train nothing")
     args = parser.parse_args()
     args.steps = args.steps or RECIPES[args.game][0]
     args.lr = args.lr or RECIPES[args.game][1]
+    args.heldout = args.heldout or (500 if args.game == "stale-digits" else 300)
     started = time.time()
     random.seed(args.seed)
     torch.manual_seed(args.seed)
