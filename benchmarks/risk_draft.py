@@ -77,11 +77,10 @@ class Drafting:
         self.spec = SamplingSpec(max_new_tokens=5, greedy=True, stop_token_ids=(self.tokenizer.eos_token_id,))
 
     def drafts(self, contexts: list[list[int]]) -> list[list[int]]:
-        """Each context's greedy answer, its tokens without the stop token."""
+        """Each context's greedy answer, its tokens without the stop token (never empty: the first is a digit)."""
         spec = replace(self.spec, allowed_token_ids=(self.answer_ids,) * len(contexts))
         stop = set(self.spec.stop_token_ids)
-        return [[t for t in group[0].token_ids if t not in stop] or [self.answer_ids[0]]
-                for group in self.engine.generate(contexts, 1, spec)]
+        return [[t for t in group[0].token_ids if t not in stop] for group in self.engine.generate(contexts, 1, spec)]
 
     def features(self, contexts: list[list[int]]) -> torch.Tensor:
         """The draft head's input at each context ``[B, H + 3]`` (what ``DraftRule`` asks its drafter for)."""

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
 from typing import Any, Literal
 
-import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info
 
 from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.buffers.epoch import EpochBatches
@@ -41,18 +39,17 @@ from lit_grpo.policy.objective import Objective, module_config_problems
 from lit_grpo.policy.online_dpo import online_dpo_loss
 from lit_grpo.policy.packed import TokenLogprobs
 from lit_grpo.policy.risk_features import HeadOnContexts, fit_on_replay
+from lit_grpo.policy.trained_state import TrainedState
 from lit_grpo.policy.value_head import ValueHead, old_values
 from lit_grpo.risk.fit import RiskReplay
 from lit_grpo.risk.head import RiskHead, RiskHeadSpec
 from lit_grpo.run.distributed import global_step_denominators
 from lit_grpo.run.model_files import BaseDtype, load_tokenizer, resolve_model_path
-from lit_grpo.run.resume import checkpoint_misfit_message
 from lit_grpo.run.rules import choice_problems
-from lit_grpo.run.run_dir import unused_directory
 from lit_grpo.tree import StdScope, ValueMode
 
 
-class PolicyModule(pl.LightningModule):
+class PolicyModule(TrainedState):
     """A Hugging Face causal LM with a trainable LoRA adapter, trained with a GRPO-family loss.
 
     Args:
@@ -392,47 +389,3 @@ class PolicyModule(pl.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self.evaluation.log_to(self, "test")
-
-    # --- checkpoints and the final adapter ---------------------------------------------------------------------
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Called bare (as Lightning does for a checkpoint): the trained weights only, the frozen base is in the model
-        files (walking the whole model's state cost a one-step epoch of the quickstart ~5%). Called with arguments
-        (a wrapping module's recursion): ``nn.Module``'s, whole."""
-        if args or kwargs:
-            return super().state_dict(*args, **kwargs)
-        return {name: p.detach() for name, p in self.named_parameters() if p.requires_grad}
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        trainable = self.trainable_keys()
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
-        if self.risk_replay is not None:
-            checkpoint["risk_replay"] = self.risk_replay.state_dict()
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        trainable = {name: tuple(p.shape) for name, p in self.named_parameters() if p.requires_grad}
-        other_base = checkpoint_misfit_message(  # check_resume could not tell before the model loaded
-            getattr(self._trainer, "ckpt_path", None), checkpoint["state_dict"], trainable,
-            (checkpoint.get("hyper_parameters") or {}).get("model_name_or_path"), self.hparams.model_name_or_path)
-        missing = sorted(set(trainable) - set(checkpoint["state_dict"]))
-        if other_base or missing:
-            raise InputError(other_base or f"checkpoint lacks {len(missing)} trained tensors (e.g. {missing[0]})")
-        if self.risk_replay is not None and "risk_replay" in checkpoint:
-            self.risk_replay.load_state_dict(checkpoint["risk_replay"])
-
-    def trainable_keys(self) -> set[str]:
-        """State-dict keys of the trained weights: the adapter, and the value and risk heads if any."""
-        return {name for name, p in self.named_parameters() if p.requires_grad}
-
-    def on_fit_end(self) -> None:
-        # every rank asks for the log dir (a broadcast under DDP); rank 0 writes
-        self.save_adapter(Path(self.trainer.log_dir or self.trainer.default_root_dir) / "adapter")
-
-    @rank_zero_only
-    def save_adapter(self, target: Path) -> Path:
-        """The trained adapter in PEFT format under ``target`` (``<log dir>/adapter``), or beside it under a fresh
-        name if ``target`` holds files already (never written over); returns where it went."""
-        target = unused_directory(target)
-        self.policy.save_pretrained(str(target), selected_adapters=[self.policy.active_adapter])
-        self.tokenizer.save_pretrained(str(target))
-        rank_zero_info(f"adapter saved to {target}")
-        return target
