@@ -199,3 +199,18 @@ def test_the_callback_keeps_the_state_key_of_checkpoints_written_by_model_checkp
     kwargs = {"dirpath": tmp_path, "save_last": True, "save_on_train_epoch_end": True, "every_n_epochs": 2}
     assert EpochCheckpoint(**kwargs).state_key == pl.callbacks.ModelCheckpoint(**kwargs).state_key
     assert EpochCheckpoint(**kwargs).state_key.startswith("ModelCheckpoint{")
+
+
+def test_a_snapshot_keeps_container_types_and_owns_its_values():
+    from collections import defaultdict
+
+    from lit_grpo.run.checkpoint_io import snapshot
+
+    counts, shared = defaultdict(list, seen=[1]), torch.ones(3)
+    state = {"counts": counts, "pair": (shared, shared[1:]), "note": "x"}
+    copied = snapshot(state)
+    counts["seen"].append(2), counts["new"].append(3), shared.fill_(5)
+    assert type(copied["counts"]) is defaultdict and copied["counts"].default_factory is list
+    assert copied["counts"] == {"seen": [1]} and copied["note"] == "x"
+    assert copied["pair"][0].tolist() == [1.0, 1.0, 1.0] and copied["pair"][1].tolist() == [1.0, 1.0]
+    assert copied["pair"][1].untyped_storage().data_ptr() == copied["pair"][0].untyped_storage().data_ptr()

@@ -126,10 +126,11 @@ def snapshot(value: Any, storages: dict[int, torch.UntypedStorage] | None = None
     if isinstance(value, torch.Tensor):
         return tensor_snapshot(value, storages)
     if isinstance(value, dict):
-        copied = type(value)((key, snapshot(item, storages)) for key, item in value.items())
-        attributes = getattr(value, "__dict__", None)  # a state dict's _metadata (plain dicts have none)
-        if attributes:
-            vars(copied).update(copy.deepcopy(attributes))
+        copied = copy.copy(value)  # its type, a default factory, attributes such as a state dict's _metadata
+        for key, item in value.items():
+            copied[key] = snapshot(item, storages)
+        if getattr(value, "__dict__", None):
+            vars(copied).update(copy.deepcopy(vars(value)))
         return copied
     if isinstance(value, list) and type(value) is list:
         return [snapshot(item, storages) for item in value]
