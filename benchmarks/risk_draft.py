@@ -48,11 +48,16 @@ from lit_grpo.engines import HFEngine, SamplingSpec  # noqa: E402
 from lit_grpo.policy.model_loading import load_policy  # noqa: E402
 from lit_grpo.policy.risk_features import context_features, draft_features  # noqa: E402
 from lit_grpo.risk.draft import DraftRule, LogisticHead  # noqa: E402
-from lit_grpo.rollout.trees import greedy_trees  # noqa: E402
 from lit_grpo.run.model_files import load_tokenizer  # noqa: E402
 from lit_grpo.tasks.games import CalculatorTask, HiddenOperandsTask  # noqa: E402
-from lit_grpo.tree import depth_first  # noqa: E402
-from risk_report import SIGNALS, calibration, ltt_resplits, mean_ci, paired_auroc_gap, signal_table  # noqa: E402
+from risk_report import (  # noqa: E402
+    SIGNALS,
+    calibration,
+    ltt_resplits,
+    mean_ci,
+    paired_auroc_gap,
+    print_signal_table,
+)
 from risk_signals import agreement, play  # noqa: E402
 
 GAMES = {"hidden-operands": (ROOT / "data" / "tiny-llama-hidden", HiddenOperandsTask),
@@ -202,11 +207,7 @@ def report(rows: list[dict], alpha: float, delta: float) -> None:
           f"({errors_informed[0] / max(sum(rows[0]['informed']), 1):.1%}); training states per seed "
           f"{[r['train_states'] for r in rows]} with errors {[r['train_errors'] for r in rows]}")
     for subset in ("all", "informed"):
-        table = signal_table(rows, subset)
-        print(f"\n### {subset} states (mean ± 95% t over seeds)\n")
-        print("| signal | AUROC | AURC | E-AURC | sel. error @0.8 | sel. error @0.9 |\n|---|---|---|---|---|---|")
-        for name in SIGNALS:
-            print(f"| {name} | " + " | ".join(mean_ci(table[name][m]) for m in table[name]) + " |")
+        table = print_signal_table(rows, subset, "states")
         rivals = [n for n in SIGNALS if n != "head"]
         best = max(rivals, key=lambda n: statistics.mean(table[n]["AUROC"]))
         gap = statistics.mean(table["head"]["AUROC"]) - statistics.mean(table[best]["AUROC"])

@@ -50,6 +50,16 @@ def signal_table(rows: list[dict], subset: str) -> dict[str, dict[str, list[floa
     return table
 
 
+def print_signal_table(rows: list[dict], subset: str, what: str) -> dict[str, dict[str, list[float]]]:
+    """Print every signal's metrics over seeds in ``subset`` ("all" or "informed") of the ``what``; return them."""
+    table = signal_table(rows, subset)
+    print(f"\n### {subset} {what} (mean ± 95% t over seeds)\n")
+    print("| signal | AUROC | AURC | E-AURC | sel. error @0.8 | sel. error @0.9 |\n|---|---|---|---|---|---|")
+    for name in SIGNALS:
+        print(f"| {name} | " + " | ".join(mean_ci(table[name][m]) for m in table[name]) + " |")
+    return table
+
+
 def paired_auroc_gap(rows: list[dict], rival: str, seed: int = 0) -> tuple[float, float, float]:
     """Mean over seeds of AUROC(head) - AUROC(rival) in informed states, and its 95% stratified paired bootstrap
     interval (decisions resampled within each seed, the same resample for both signals)."""
@@ -100,11 +110,7 @@ def report(rows: list[dict], alpha: float, delta: float, docs: Path) -> None:
           f"{[sum(e and i for e, i in zip(r['errors'], r['informed'])) for r in rows]}")
     best = {}
     for subset in ("all", "informed"):
-        table = signal_table(rows, subset)
-        print(f"\n### {subset} answer decisions (mean ± 95% t over seeds)\n")
-        print("| signal | AUROC | AURC | E-AURC | sel. error @0.8 | sel. error @0.9 |\n|---|---|---|---|---|---|")
-        for name in SIGNALS:
-            print(f"| {name} | " + " | ".join(mean_ci(table[name][m]) for m in table[name]) + " |")
+        table = print_signal_table(rows, subset, "answer decisions")
         rivals = [n for n in SIGNALS if n != "head"]
         best[subset] = max(rivals, key=lambda n: statistics.mean(v for v in table[n]["AUROC"] if v == v)
                            if any(v == v for v in table[n]["AUROC"]) else -1)
