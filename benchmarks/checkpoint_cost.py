@@ -9,13 +9,15 @@ start to the next's (the checkpoint written in between), is printed too: on a sh
 stretches a few epochs of one run and moves its wall time by more than the checkpoint costs, and the median of 59
 epochs is not moved by it. The 1-minute load average is printed before, after and with each round.
 
-``--with-sync`` adds a third run to each round, S: the checkpointing before issue 34 (``--checkpoint.save_last true``,
-two files per epoch, each written and fsynced on the training thread). ``--with-guard-what-if`` adds G: A with
-NonFiniteGuard checking only the trainable tensors before a save (the ones the checkpoint keeps) instead of the whole
-model's state dict.
+``--with-sync`` adds a third run to each round, S: checkpointing as before issue 34 (``--checkpoint.save_last true``,
+two files per epoch, each written and fsynced on the training thread; packed, as every local checkpoint now is).
+``--with-unpacked`` adds U: A with the tensors pickled one by one (the background writer before
+``checkpoint_file.pack``: each storage copied, the checkpoint pickled as ``torch.save`` does). ``--with-guard-what-if``
+adds G: A with NonFiniteGuard checking only the trainable tensors before a save (the ones the checkpoint keeps)
+instead of the whole model's state dict.
 
     flock /tmp/heavy.lock .venv/bin/python benchmarks/checkpoint_cost.py [--pairs 3] [--epochs 60] [--with-sync]
-        [--with-guard-what-if]
+        [--with-unpacked] [--with-guard-what-if]
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ SYNC = """
 from lit_grpo.run.checkpoint_io import BesideTargetCheckpointIO
 lit_grpo.cli.BackgroundCheckpointIO = BesideTargetCheckpointIO  # written on the training thread
 """
+UNPACKED = """
+from lit_grpo.run import checkpoint_io
+from lit_grpo.run.checkpoint_file import snapshot
+checkpoint_io.pack = snapshot  # a copy of the checkpoint as it is, tensor by tensor
+"""
 GUARD_TRAINABLE_ONLY = """
 from lit_grpo.callbacks import nonfinite
 def on_save_checkpoint(self, trainer, pl_module, checkpoint):
@@ -65,9 +72,9 @@ nonfinite.NonFiniteGuard.on_save_checkpoint = on_save_checkpoint
 
 
 def command(epochs: int, arm: str) -> list[str]:
-    """``arm``: "A" default checkpointing, "B" none, "S" synchronous with two files per epoch, "G" A with the guard
-    checking the trainable tensors only."""
-    patch = EPOCH_CLOCK + {"S": SYNC, "G": GUARD_TRAINABLE_ONLY}.get(arm, "")
+    """``arm``: "A" default checkpointing, "B" none, "S" synchronous with two files per epoch, "U" A unpacked, "G" A
+    with the guard checking the trainable tensors only."""
+    patch = EPOCH_CLOCK + {"S": SYNC, "U": UNPACKED, "G": GUARD_TRAINABLE_ONLY}.get(arm, "")
     return [sys.executable, "-c", patch + "lit_grpo.cli.main()", "fit",
             "--config", str(ROOT / "configs" / "quickstart.yaml"), "--trainer.max_epochs", str(epochs),
             "--data.prompts_per_epoch", "8", "--data.minibatch_size", "64", "--trainer.limit_val_batches", "0",
@@ -104,12 +111,14 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--with-sync", action="store_true", help="add S, the synchronous two-file checkpointing")
+    parser.add_argument("--with-unpacked", action="store_true", help="add U: A with the tensors pickled one by one")
     parser.add_argument("--with-guard-what-if", action="store_true", help="add G: A with the guard checking the "
                         "trainable tensors only")
     args = parser.parse_args()
-    arms = ["A", "B", *(["S"] if args.with_sync else []), *(["G"] if args.with_guard_what_if else [])]
+    arms = ["A", "B", *(["S"] if args.with_sync else []), *(["U"] if args.with_unpacked else []), *(["G"] if args.with_guard_what_if else [])]
     print(f"load average (1 min) {load()}; A = default checkpointing, B = --trainer.enable_checkpointing false"
           + (", S = synchronous, two files" if args.with_sync else "")
+          + (", U = A with the tensors pickled one by one" if args.with_unpacked else "")
           + (", G = A with the guard checking trainable tensors only" if args.with_guard_what_if else "")
           + f"; {args.epochs} one-step epochs, validation off", flush=True)
     timed_run(1, "A")  # warm-up: file caches, imports; not counted

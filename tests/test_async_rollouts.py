@@ -28,6 +28,7 @@ from lit_grpo.rollout.ahead import next_version
 from lit_grpo.run.rules import staleness_problems
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.run.seeds import derived_seed
+from lit_grpo.run.checkpoint_file import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,7 +150,7 @@ def test_killed_with_a_draw_pending_resumes_exactly(tiny_llama_dir, tmp_path):
                                     "fit.log"))
         straight, killed = processes
         kill_at_pause(killed, split_dir / "paused")  # in epoch 2, epoch 3's draw started at its beginning
-        checkpoint = torch.load(split_dir / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt",
+        checkpoint = load_checkpoint(split_dir / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt")
                                 weights_only=True)
         state = checkpoint["RolloutDataModule"]
         assert checkpoint["epoch"] == 1  # saved at epoch 1's end, epoch 2's draw (from version 1) in flight

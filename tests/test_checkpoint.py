@@ -8,10 +8,11 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-
-from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.policy.module import PolicyModule
 from support import DigitShareTask
+
+from lit_grpo.policy.module import PolicyModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.run.checkpoint_file import load_checkpoint
 
 PROMPTS_PER_EPOCH = 4
 
@@ -40,7 +41,7 @@ def adapter(module: PolicyModule) -> dict[str, torch.Tensor]:
 
 def test_checkpoint_holds_adapter_cursor_and_loads_weights_only(tiny_llama_dir, tmp_path):
     module, _ = run(tiny_llama_dir, tmp_path, epochs=2)
-    checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
+    checkpoint = load_checkpoint(tmp_path / "ckpt" / "last.ckpt")
     state = checkpoint["state_dict"]
     assert state and all("lora_" in key for key in state)
     assert set(state) == {f"policy.{name}" for name in adapter(module)}

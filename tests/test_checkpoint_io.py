@@ -20,6 +20,7 @@ from reliability_doc import documented
 
 from lit_grpo.cli import LitGRPOCLI
 from lit_grpo.run import checkpoint_io
+from lit_grpo.run.checkpoint_file import load_checkpoint
 from lit_grpo.run.checkpoint_io import (
     WRITE_DELAY_ENV,
     BackgroundCheckpointIO,
@@ -43,7 +44,7 @@ def test_a_checkpoint_is_renamed_into_place_from_its_own_directory(tmp_path, emp
     monkeypatch.setattr(checkpoint_io.os, "replace", lambda a, b: (renames.append((a, b)), real_replace(a, b)))
     BesideTargetCheckpointIO().save_checkpoint({"epoch": 3, "w": torch.arange(4.0)}, target)
     assert renames == [(target.parent / f".last.ckpt.partial-{os.getpid()}", target)]
-    assert torch.equal(torch.load(target, weights_only=True)["w"], torch.tensor([0.0, 1.0, 2.0, 3.0]))
+    assert torch.equal(load_checkpoint(target)["w"], torch.tensor([0.0, 1.0, 2.0, 3.0]))
     assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]
     assert list(empty_system_temp.iterdir()) == []
 
@@ -59,7 +60,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint_and_no_partial_file(tmp_pa
     monkeypatch.setattr(checkpoint_io.torch, "save", half_written)
     with pytest.raises(OSError, match="No space left"):
         BesideTargetCheckpointIO().save_checkpoint({"epoch": 2}, target)
-    assert torch.load(target, weights_only=True) == {"epoch": 1}
+    assert load_checkpoint(target) == {"epoch": 1}
     assert [p.name for p in tmp_path.iterdir() if p.name != "system-temp"] == ["last.ckpt"]
     assert list(empty_system_temp.iterdir()) == []
     documented("a checkpoint write that fails half-way (disk full)", "the error raised; the previous last.ckpt "
@@ -94,7 +95,7 @@ def test_a_background_save_returns_at_once_and_writes_the_state_at_save_time(tmp
     checkpoint["optimizer_states"][0]["param_groups"][0]["lr"] = 9.0
     checkpoint["callbacks"]["Seen"]["prompts"].append(3)
     writer.teardown()
-    saved = torch.load(target, weights_only=True)
+    saved = load_checkpoint(target)
     assert saved["epoch"] == 3 and saved["callbacks"] == {"Seen": {"prompts": [1, 2]}}
     assert torch.equal(saved["state_dict"]["weight"], torch.arange(4.0))
     assert torch.equal(saved["state_dict"]["tied"], torch.tensor([1.0, 2.0]))
@@ -108,7 +109,7 @@ def test_a_background_save_returns_at_once_and_writes_the_state_at_save_time(tmp
 
 def whole(path) -> bool:
     try:
-        return isinstance(torch.load(path, weights_only=True), dict)
+        return isinstance(load_checkpoint(path), dict)
     except Exception:  # noqa: BLE001 - missing, dangling, partial
         return False
 
@@ -123,7 +124,7 @@ def test_last_names_a_whole_checkpoint_at_every_moment(tmp_path, monkeypatch):
 
     def watch() -> None:
         while not done.is_set():
-            seen.append(torch.load(last, weights_only=True)["epoch"] if whole(last) else None)
+            seen.append(load_checkpoint(last)["epoch"] if whole(last) else None)
 
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -156,7 +157,7 @@ def test_a_failed_background_write_is_raised_on_the_training_thread_and_never_li
     writer.remove_checkpoint(tmp_path / "epoch=0.ckpt")
     with pytest.raises(OSError, match="No space left"):
         writer.save_checkpoint({"epoch": 2}, tmp_path / "epoch=2.ckpt")  # the next save raises it, writes nothing
-    assert torch.load(last, weights_only=True) == {"epoch": 0} and os.readlink(last) == "epoch=0.ckpt"
+    assert load_checkpoint(last) == {"epoch": 0} and os.readlink(last) == "epoch=0.ckpt"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=0.ckpt", "last.ckpt"]
     writer.teardown()  # raised once
 
@@ -191,7 +192,7 @@ def test_the_callback_removes_an_epoch_file_only_after_last_links_past_it(tmp_pa
                       ("link", "epoch=2-step=3.ckpt"), ("remove", "epoch=1-step=2.ckpt")]
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["epoch=2-step=3.ckpt", "last.ckpt"]
     assert os.readlink(tmp_path / "ckpt" / "last.ckpt") == "epoch=2-step=3.ckpt"
-    assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)["epoch"] == 2
+    assert load_checkpoint(tmp_path / "ckpt" / "last.ckpt")["epoch"] == 2
 
 
 def test_the_callback_keeps_the_state_key_of_checkpoints_written_by_model_checkpoint(tmp_path):
@@ -199,18 +200,3 @@ def test_the_callback_keeps_the_state_key_of_checkpoints_written_by_model_checkp
     kwargs = {"dirpath": tmp_path, "save_last": True, "save_on_train_epoch_end": True, "every_n_epochs": 2}
     assert EpochCheckpoint(**kwargs).state_key == pl.callbacks.ModelCheckpoint(**kwargs).state_key
     assert EpochCheckpoint(**kwargs).state_key.startswith("ModelCheckpoint{")
-
-
-def test_a_snapshot_keeps_container_types_and_owns_its_values():
-    from collections import defaultdict
-
-    from lit_grpo.run.checkpoint_io import snapshot
-
-    counts, shared = defaultdict(list, seen=[1]), torch.ones(3)
-    state = {"counts": counts, "pair": (shared, shared[1:]), "note": "x"}
-    copied = snapshot(state)
-    counts["seen"].append(2), counts["new"].append(3), shared.fill_(5)
-    assert type(copied["counts"]) is defaultdict and copied["counts"].default_factory is list
-    assert copied["counts"] == {"seen": [1]} and copied["note"] == "x"
-    assert copied["pair"][0].tolist() == [1.0, 1.0, 1.0] and copied["pair"][1].tolist() == [1.0, 1.0]
-    assert copied["pair"][1].untyped_storage().data_ptr() == copied["pair"][0].untyped_storage().data_ptr()

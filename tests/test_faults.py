@@ -11,20 +11,21 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
-from reliability_doc import documented
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
-from safetensors.torch import load_file
-
 from lit_grpo.callbacks import NonFiniteGuard, RolloutMetrics
 from lit_grpo.callbacks.nonfinite import NonFiniteTrainingError, agreed_skip
-from lit_grpo.rollout.datamodule import RolloutDataModule
+from reliability_doc import documented
+from safetensors.torch import load_file
+from support import FaultyDigitTask, PoisonAdvantages
+
 from lit_grpo.engines import HFEngine
 from lit_grpo.policy.module import PolicyModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.rollout.reward_worker import RewardWorker
+from lit_grpo.run.checkpoint_file import load_checkpoint
 from lit_grpo.tasks import ArithmeticTask
-from support import FaultyDigitTask, PoisonAdvantages
 
 
 class Flaky(ArithmeticTask):
@@ -191,7 +192,7 @@ def test_engine_death_fails_the_run_with_its_cause_and_keeps_the_last_checkpoint
     )
     with pytest.raises(ConnectionError, match="engine process exited with code -9"):
         trainer.fit(module, datamodule)
-    checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
+    checkpoint = load_checkpoint(tmp_path / "ckpt" / "last.ckpt")
     assert checkpoint["epoch"] == 1 and checkpoint["RolloutDataModule"]["cursor"] == 8  # epochs 0 and 1, intact
     assert not list(tmp_path.rglob("adapter_model.safetensors"))
     documented("the generation engine dies in epoch 2", "the run fails with the engine's own error; last.ckpt of "

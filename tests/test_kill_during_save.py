@@ -14,8 +14,16 @@ import time
 import pytest
 import torch
 from reliability_doc import documented
-from test_kill_resume import EPOCHS, assert_same_adapter, config, epochs_logged, finish, launch
+from test_kill_resume import (
+    EPOCHS,
+    assert_same_adapter,
+    config,
+    epochs_logged,
+    finish,
+    launch,
+)
 
+from lit_grpo.run.checkpoint_file import load_checkpoint
 from lit_grpo.run.checkpoint_io import WRITE_DELAY_ENV
 
 
@@ -44,7 +52,7 @@ def test_sigkill_during_a_background_write_keeps_the_previous_checkpoint(tiny_ll
 
         last = checkpoints / "last.ckpt"
         assert os.readlink(last) == "epoch=0-step=2.ckpt"  # the link never moved to the file being written
-        checkpoint = torch.load(last, weights_only=True)  # whole: epoch 0's
+        checkpoint = load_checkpoint(last)  # whole: epoch 0's
         assert checkpoint["epoch"] == 0 and checkpoint["global_step"] == 2
         left = sorted(p.name for p in checkpoints.iterdir())
         assert left == [partial[0].name, "epoch=0-step=2.ckpt", "last.ckpt"]

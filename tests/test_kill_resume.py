@@ -17,6 +17,8 @@ import yaml
 from reliability_doc import documented
 from safetensors.torch import load_file
 
+from lit_grpo.run.checkpoint_file import load_checkpoint
+
 TESTS = Path(__file__).resolve().parent
 EPOCHS, PROMPTS_PER_EPOCH = 4, 4
 
@@ -92,7 +94,7 @@ def test_sigkill_mid_epoch_then_resume_last_equals_an_uninterrupted_run(tiny_lla
         processes += [straight, killed]
         kill_at_pause(killed, marker)
         last = split_dir / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
-        checkpoint = torch.load(last, weights_only=True)  # tensors, ints and plain containers only
+        checkpoint = load_checkpoint(last)  # tensors, ints and plain containers only
         assert checkpoint["epoch"] == 1 and checkpoint["global_step"] == 4  # the last epoch boundary
         assert checkpoint["RolloutDataModule"]["cursor"] == 2 * PROMPTS_PER_EPOCH
         rng = checkpoint["callbacks"]["RngState"]
@@ -139,7 +141,6 @@ def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
     import random
 
     import numpy as np
-
     from lit_grpo.callbacks import RngState
 
     random.seed(1), np.random.seed(2), torch.manual_seed(3)

@@ -9,11 +9,12 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-
 from lit_grpo.callbacks import RolloutMetrics
-from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.policy.module import PolicyModule
+
 from lit_grpo.policy.advantages import AdvantageKnobs, gae_advantages
+from lit_grpo.policy.module import PolicyModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.run.checkpoint_file import load_checkpoint
 from lit_grpo.tasks import ArithmeticTask
 
 
@@ -36,7 +37,7 @@ def test_ppo_trains_value_head_and_adapter(tmp_path):
     assert torch.equal(buffer.advantages[~buffer.completion_mask], torch.zeros_like(buffer.advantages[~buffer.completion_mask]))
     for key in ("train/value_loss", "train/explained_variance", "train/value_mean"):
         assert math.isfinite(float(trainer.callback_metrics[key]))
-    checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
+    checkpoint = load_checkpoint(tmp_path / "ckpt" / "last.ckpt")
     assert {"value_head.linear.weight", "value_head.linear.bias"} <= set(checkpoint["state_dict"])
 
 
@@ -71,10 +72,10 @@ def test_kl_in_the_loss_leaves_the_rewards_unshaped():
 
 
 def test_ppo_on_chains_runs_gae_along_each_episode_with_a_closing_reward_on_the_question_before_it():
-    from lit_grpo.policy.advantages import assign_advantages
-    from lit_grpo.tree import Node
-    from lit_grpo.rollout.trees import SegmentNode
     from lit_grpo.buffers.tree_layout import chain_rows
+    from lit_grpo.policy.advantages import assign_advantages
+    from lit_grpo.rollout.trees import SegmentNode
+    from lit_grpo.tree import Node
 
     def seg(reward, *children, terminal=False):
         return SegmentNode(reward=reward, terminal=terminal, segment=(5,), children=list(children))

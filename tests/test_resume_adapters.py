@@ -23,6 +23,7 @@ from reliability_doc import documented
 
 from lit_grpo.cli import main
 from lit_grpo.errors import InputError
+from lit_grpo.run.checkpoint_file import load_checkpoint
 from lit_grpo.run.model_files import PROJECT_ROOT
 from lit_grpo.run.resume import task_notes, task_record
 from lit_grpo.tasks import JsonlTask
@@ -52,7 +53,7 @@ def first_run(tmp_path_factory) -> Path:
     (run_dir / "run.yaml").write_text(yaml.safe_dump(RUN))
     done = lit_grpo(run_dir, "fit", "--config", "run.yaml")
     assert done.returncode == 0, done.stderr[-3000:]
-    checkpoint = torch.load(run_dir / "lightning_logs/version_0/checkpoints/last.ckpt", weights_only=True)
+    checkpoint = load_checkpoint(run_dir / "lightning_logs/version_0/checkpoints/last.ckpt")
     assert checkpoint["RolloutDataModule"]["task"]["class"] == "lit_grpo.tasks.arithmetic.ArithmeticTask"
     return run_dir
 
@@ -144,7 +145,7 @@ def test_an_init_adapter_of_another_base_model_is_refused_before_weights_load(ru
 
 @pytest.mark.slow
 def test_a_checkpoint_without_a_task_record_resumes_with_a_note(first_run, tmp_path, capsys):
-    checkpoint = torch.load(first_run / "lightning_logs/version_0/checkpoints/last.ckpt", weights_only=True)
+    checkpoint = load_checkpoint(first_run / "lightning_logs/version_0/checkpoints/last.ckpt")
     del checkpoint["RolloutDataModule"]["task"]  # as written before tasks were recorded
     torch.save(checkpoint, tmp_path / "old.ckpt")
     config = first_run / "lightning_logs" / "version_0" / "config.yaml"
@@ -153,10 +154,10 @@ def test_a_checkpoint_without_a_task_record_resumes_with_a_note(first_run, tmp_p
     err = capsys.readouterr().err
     note = next(line for line in err.splitlines() if "does not record its task" in line)
     assert "its prompt cursor (2) continues in this run's task, ArithmeticTask" in note
-    resumed = torch.load(tmp_path / "resumed" / "checkpoints" / "last.ckpt", weights_only=True)
+    resumed = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
     assert resumed["epoch"] == 1 and resumed["RolloutDataModule"]["cursor"] == 4  # trained on from prompt 2
-    assert resumed["RolloutDataModule"]["task"] == torch.load(
-        first_run / "lightning_logs/version_0/checkpoints/last.ckpt", weights_only=True)["RolloutDataModule"]["task"]
+    assert resumed["RolloutDataModule"]["task"] == load_checkpoint(
+        first_run / "lightning_logs/version_0/checkpoints/last.ckpt")["RolloutDataModule"]["task"]
     documented("resume of a checkpoint written before tasks were recorded",
                "trained on from its cursor; the next checkpoint records the task; noted: "
                + note.strip().replace(str(tmp_path), "<tmp>"), "test_resume_adapters.py")

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from lit_grpo.cli import main
 from reliability_doc import documented
 from support import remote_code_copy
+
+from lit_grpo.cli import main
+from lit_grpo.run.checkpoint_file import load_checkpoint
 
 
 def fit_args(model: Path, root: Path, epochs: int, *extra: str) -> list[str]:
@@ -44,7 +45,7 @@ def trained(tiny_llama_dir, tmp_path_factory) -> Path:
 def test_a_checkpoint_cannot_switch_remote_code_on(tiny_llama_dir, trained, tmp_path, capsys, command_line):
     marker = tmp_path / "pwned.txt"
     evil = remote_code_copy(Path(tiny_llama_dir), tmp_path / "evil-model", marker)
-    checkpoint = torch.load(trained, weights_only=True)
+    checkpoint = load_checkpoint(trained)
     checkpoint["hyper_parameters"].update(trust_remote_code=True, model_name_or_path=str(evil))
     torch.save(checkpoint, tmp_path / "crafted.ckpt")  # plain tensors and containers: weights-only safe
     main(fit_args(tiny_llama_dir, tmp_path, 2, "--ckpt_path", str(tmp_path / "crafted.ckpt"), *command_line))
@@ -64,7 +65,7 @@ def test_a_changed_kl_coef_is_reported_and_this_runs_value_used(tiny_llama_dir, 
     main(fit_args(tiny_llama_dir, tmp_path, 2, "--ckpt_path", str(tmp_path / "start.ckpt"), "--model.kl_coef", "0.5"))
     err = capsys.readouterr().err
     assert "model.kl_coef: 0.04 in the checkpoint, 0.5 now (this run's value is used)" in err
-    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    saved = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
     assert saved["hyper_parameters"]["kl_coef"] == 0.5 and saved["epoch"] == 1
     documented("resume with another `kl_coef`", "trained on with the new value, saved in the next checkpoint; "
                "reported: " + next(line for line in err.splitlines() if "kl_coef" in line).strip().replace(
@@ -104,6 +105,21 @@ def test_a_file_that_is_no_checkpoint_is_named(tiny_llama_dir, trained, tmp_path
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert f"lit-grpo: ckpt_path: {str(bad)!r} is not a readable checkpoint" in err and "Traceback" not in err
+
+
+def test_a_packed_checkpoint_whose_table_reaches_outside_its_data_is_named(tiny_llama_dir, trained, tmp_path,
+                                                                            capsys):
+    packed = torch.load(trained, weights_only=True)  # the file as written: tensors packed into one byte buffer
+    packed["tensors"][0, 2] = 10**9  # the first tensor's offset, far past its storage
+    torch.save(packed, tmp_path / "damaged.ckpt")
+    with pytest.raises(SystemExit) as info:
+        main(fit_args(tiny_llama_dir, tmp_path, 1, "--ckpt_path", str(tmp_path / "damaged.ckpt")))
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert (f"lit-grpo: ckpt_path: {str(tmp_path / 'damaged.ckpt')!r} is not a readable checkpoint (ValueError: "
+            "packed checkpoint: tensor 0") in err and "lies outside its storage" in err and "Traceback" not in err
+    documented("a packed checkpoint whose tensor table reaches outside its data", f"exit {info.value.code}: "
+               + err.strip().replace(str(tmp_path), "<tmp>"), "test_resume_policy.py")
 
 
 def test_a_truncated_last_checkpoint_names_the_readable_one_beside_it(tiny_llama_dir, trained, tmp_path, capsys):

@@ -22,6 +22,7 @@ from lit_grpo.risk.head import RiskHeadSpec
 from lit_grpo.risk.rule import RiskRule
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.rollout.rule_outcomes import rule_outcome
+from lit_grpo.run.checkpoint_file import load_checkpoint
 from lit_grpo.tasks import ClarifyTask
 from lit_grpo.tasks.multiround import MultiRoundTask
 
@@ -149,7 +150,7 @@ def test_calibration_in_the_loop_and_tau_in_the_checkpoint(tmp_path):
         assert metrics["risk/coverage"].item() == outcomes[expected].coverage
     path = tmp_path / "risk.ckpt"
     trainer.save_checkpoint(path)
-    saved = torch.load(path, weights_only=True)
+    saved = load_checkpoint(path)
     restored = RiskThreshold(mode="calibrated")
     (state,) = [v for k, v in saved["callbacks"].items() if k.startswith("RiskThreshold")]
     restored.load_state_dict(state)
@@ -162,7 +163,7 @@ def test_the_replay_is_in_the_checkpoint(tmp_path):
     trainer = trainer_for(tmp_path, [threshold], epochs=1, validate=False)
     trainer.fit(module, datamodule)
     trainer.save_checkpoint(tmp_path / "risk.ckpt")
-    saved = torch.load(tmp_path / "risk.ckpt", weights_only=True)
+    saved = load_checkpoint(tmp_path / "risk.ckpt")
     fresh, _, _ = build(risk=RiskHeadSpec(probe_prompts=8, fit_steps=5))
     fresh.configure_model()
     fresh.on_load_checkpoint(saved)

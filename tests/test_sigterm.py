@@ -20,6 +20,7 @@ import torch
 from reliability_doc import documented
 
 from lit_grpo.run import signals
+from lit_grpo.run.checkpoint_file import load_checkpoint
 from lit_grpo.run.signals import SIGTERM_EXIT, Terminated, deferred, exits_on_sigterm
 
 TESTS = Path(__file__).resolve().parent
@@ -116,7 +117,7 @@ def test_sigterm_mid_generation_stops_within_5_s_and_resumes_from_the_last_finis
     assert stopped_message(version, last) in output
     assert "Traceback" not in output and "Received SIGTERM" not in output
     assert (version / "adapter-interrupted" / "adapter_model.safetensors").is_file()
-    assert torch.load(last, weights_only=True, map_location="cpu")["epoch"] == 0  # the last finished epoch
+    assert load_checkpoint(last)["epoch"] == 0  # the last finished epoch
 
     resumed = launch(tmp_path, "resumed.log", *args, "--ckpt_path", "last")
     resumed.wait(timeout=900)
@@ -124,8 +125,7 @@ def test_sigterm_mid_generation_stops_within_5_s_and_resumes_from_the_last_finis
     assert resumed.returncode == 0, again[-3000:]
     assert f"Restoring states from the checkpoint path at {last}" in again
     assert "epoch 0: " not in again and "epoch 1: " in again  # only the epoch that had not finished
-    final = torch.load(tmp_path / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt", weights_only=True,
-                       map_location="cpu")
+    final = load_checkpoint(tmp_path / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt")
     assert (final["epoch"], final["global_step"]) == (1, 2)
     documented("SIGTERM in the middle of epoch 1's generation (Qwen2.5-0.5B width, 1 x 4 x 256 tokens)",
                f"exit {run.returncode} within {STOP_WITHIN:.0f} s, no traceback; the adapter as it was saved in "
@@ -184,7 +184,7 @@ def test_sigterm_stops_the_run_wherever_it_stands(phase, tiny_llama_dir, tmp_pat
     print(f"{phase}: SIGTERM to exit {seconds:.2f} s (exit code {run.returncode})")
     assert run.returncode == SIGTERM_EXIT and seconds < STOP_WITHIN, output[-3000:]
     assert stopped_message(version, last) in output and "Traceback" not in output
-    assert torch.load(last, weights_only=True, map_location="cpu")["epoch"] == 0
+    assert load_checkpoint(last)["epoch"] == 0
     documented(f"SIGTERM in epoch 1, {phase}", f"exit {run.returncode} within {STOP_WITHIN:.0f} s, no traceback; "
                "the resume command printed with epoch 0's last.ckpt", "test_sigterm.py")
 

@@ -35,10 +35,10 @@ STATE_SHAPING = ("lora_rank", "lora_target_modules", "risk")
 
 
 def load_checkpoint(path: str | Path) -> Any:
-    """A checkpoint file read as tensors and plain containers only (memory-mapped: nothing is copied yet)."""
-    import torch
+    """A checkpoint file read as tensors and plain containers only (memory-mapped, packed or not)."""
+    from lit_grpo.run.checkpoint_file import load_checkpoint as load_file
 
-    return torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+    return load_file(path, mmap=True)
 
 
 def readable_neighbour(path: str) -> Path | None:

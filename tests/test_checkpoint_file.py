@@ -1,0 +1,95 @@
+"""A checkpoint file packs its tensors into one byte buffer (issue 34: pickling ~230 small tensors one by one was
+most of what a save cost): the layout by hand, the round trip, the state at save time, files written before packing,
+and a packed file that does not add up."""
+
+from __future__ import annotations
+
+from collections import OrderedDict, defaultdict
+
+import pytest
+import torch
+
+from lit_grpo.run.checkpoint_file import MARK, load_checkpoint, pack, snapshot, unpack
+
+
+def small_checkpoint() -> dict:
+    weight = torch.arange(6.0).view(2, 3)
+    state_dict = OrderedDict(weight=weight, column=weight[:, 1])  # a view: offset 1, stride 3
+    state_dict._metadata = {"": {"version": 1}}  # what nn.Module.state_dict carries
+    return {"epoch": 3, "state_dict": state_dict, "steps": [torch.tensor([7]), torch.tensor([1.5], dtype=torch.bfloat16)],
+            "head": torch.nn.Parameter(torch.ones(2)), "note": ("x", 2)}
+
+
+def test_the_layout_by_hand():
+    packed = pack(small_checkpoint())
+    assert packed["lit_grpo_packed_checkpoint"] == 1
+    assert packed["storage_bytes"].tolist() == [24, 8, 2]  # six float32, one int64, one bfloat16
+    # storage, dtype code (float32 0, int64 4, bfloat16 3), offset, dims, sizes, strides, zero-padded to 2 dims
+    assert packed["tensors"].tolist() == [[0, 0, 0, 2, 2, 3, 3, 1],
+                                          [0, 0, 1, 1, 2, 3, 0, 0],
+                                          [1, 4, 0, 1, 1, 1, 0, 0],
+                                          [2, 3, 0, 1, 1, 1, 0, 0]]
+    expected = (torch.arange(6.0).numpy().tobytes() + torch.tensor([7]).numpy().tobytes()
+                + bytes.fromhex("c03f"))  # 1.5 in bfloat16, little-endian
+    assert bytes(packed["data"].tolist()) == expected
+    tree = packed["tree"]
+    assert tree["state_dict"] == {"weight": MARK + "0", "column": MARK + "1"} and tree["steps"] == [MARK + "2", MARK + "3"]
+    assert tree["state_dict"]._metadata == {"": {"version": 1}} and tree["epoch"] == 3 and tree["note"] == ("x", 2)
+    assert type(tree["head"]) is torch.nn.Parameter  # not packed: pickled as torch.save pickles it
+
+
+def test_a_packed_file_reads_back_as_the_checkpoint(tmp_path):
+    torch.save(pack(small_checkpoint()), tmp_path / "x.ckpt")
+    loaded = load_checkpoint(tmp_path / "x.ckpt")
+    state_dict = loaded["state_dict"]
+    assert type(state_dict) is OrderedDict and state_dict._metadata == {"": {"version": 1}}
+    assert state_dict["weight"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and state_dict["column"].tolist() == [1.0, 4.0]
+    assert state_dict["column"].stride() == (3,) and state_dict["column"].storage_offset() == 1
+    assert state_dict["column"].untyped_storage().data_ptr() == state_dict["weight"].untyped_storage().data_ptr()
+    assert loaded["steps"][0].dtype == torch.int64 and loaded["steps"][0].tolist() == [7]
+    assert loaded["steps"][1].dtype == torch.bfloat16 and loaded["steps"][1].tolist() == [1.5]
+    assert loaded["head"].tolist() == [1.0, 1.0] and loaded["epoch"] == 3 and loaded["note"] == ("x", 2)
+
+
+def test_a_pack_holds_the_state_at_that_moment():
+    checkpoint = small_checkpoint()
+    packed = pack(checkpoint)
+    checkpoint["state_dict"]["weight"].add_(100), checkpoint["steps"][0].fill_(0), checkpoint["head"].data.fill_(9)
+    checkpoint["epoch"] = 4
+    loaded = unpack(packed)
+    assert loaded["state_dict"]["weight"][0].tolist() == [0.0, 1.0, 2.0] and loaded["steps"][0].tolist() == [7]
+    assert loaded["head"].tolist() == [1.0, 1.0] and loaded["epoch"] == 3
+
+
+def test_a_file_written_before_packing_reads_as_it_was(tmp_path):
+    torch.save({"epoch": 1, "state_dict": {"w": torch.tensor([2.0, 3.0])}}, tmp_path / "old.ckpt")
+    loaded = load_checkpoint(tmp_path / "old.ckpt")
+    assert loaded["epoch"] == 1 and loaded["state_dict"]["w"].tolist() == [2.0, 3.0]
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda p: p["tensors"].__setitem__((0, 2), 5), "tensor 0 (sizes [2, 3], strides [3, 1], offset 5) lies outside "
+                                                    "its storage of 24 bytes"),
+    (lambda p: p["tensors"].__setitem__((2, 0), 9), "tensor 2's row [9, 4, 0, 1] names no storage, dtype or shape"),
+    (lambda p: p["tensors"].__setitem__((2, 1), 99), "tensor 2's row [1, 99, 0, 1] names no storage, dtype or shape"),
+    (lambda p: p["storage_bytes"].__setitem__(0, 25), "storages (35 bytes) do not fill its data (34 bytes)"),
+    (lambda p: p["tree"]["steps"].append(MARK + "4"), "names tensor 4 of 4"),
+    (lambda p: p.update(lit_grpo_packed_checkpoint=2), "packed checkpoint version 2; this lit-grpo reads version 1"),
+    (lambda p: p.pop("data"), "packed checkpoint without its data, storage_bytes, tensors or tree"),
+])
+def test_a_packed_file_that_does_not_add_up_says_what(damage, message):
+    packed = pack(small_checkpoint())
+    damage(packed)
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        unpack(packed)
+
+
+def test_a_snapshot_keeps_container_types_and_owns_its_values():
+    counts, shared = defaultdict(list, seen=[1]), torch.ones(3)
+    state = {"counts": counts, "pair": (shared, shared[1:]), "note": "x"}
+    copied = snapshot(state)
+    counts["seen"].append(2), counts["new"].append(3), shared.fill_(5)
+    assert type(copied["counts"]) is defaultdict and copied["counts"].default_factory is list
+    assert copied["counts"] == {"seen": [1]} and copied["note"] == "x"
+    assert copied["pair"][0].tolist() == [1.0, 1.0, 1.0] and copied["pair"][1].tolist() == [1.0, 1.0]
+    assert copied["pair"][1].untyped_storage().data_ptr() == copied["pair"][0].untyped_storage().data_ptr()
