@@ -200,3 +200,18 @@ def test_the_callback_keeps_the_state_key_of_checkpoints_written_by_model_checkp
     kwargs = {"dirpath": tmp_path, "save_last": True, "save_on_train_epoch_end": True, "every_n_epochs": 2}
     assert EpochCheckpoint(**kwargs).state_key == pl.callbacks.ModelCheckpoint(**kwargs).state_key
     assert EpochCheckpoint(**kwargs).state_key.startswith("ModelCheckpoint{")
+
+
+@pytest.mark.parametrize("logged", [{}, {"epoch": torch.tensor(4.0), "step": torch.tensor(9.0)}])
+def test_without_a_monitor_the_file_name_candidates_are_lightnings_without_the_deep_copy(logged):
+    from types import SimpleNamespace
+
+    metrics = {"train/loss": torch.tensor(0.25), **logged}
+    trainer = SimpleNamespace(callback_metrics=metrics, current_epoch=2, global_step=7)
+    ours = EpochCheckpoint()._monitor_candidates(trainer)
+    lightnings = pl.callbacks.ModelCheckpoint._monitor_candidates(EpochCheckpoint(), trainer)
+    assert {k: v.item() for k, v in ours.items()} == {k: v.item() for k, v in lightnings.items()} == {
+        "train/loss": 0.25, "epoch": 4 if logged else 2, "step": 9 if logged else 7}
+    assert ours["train/loss"] is metrics["train/loss"] and set(metrics) == {"train/loss", *logged}  # not copied, not changed
+    assert EpochCheckpoint(filename="{epoch}-{train/loss:.2f}").format_checkpoint_name(ours) == (
+        "epoch=4-train/loss=0.25.ckpt" if logged else "epoch=2-train/loss=0.25.ckpt")

@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lit_grpo.callbacks import NonFiniteGuard, RolloutMetrics
-from lit_grpo.callbacks.nonfinite import NonFiniteTrainingError, agreed_skip
+from lit_grpo.callbacks.nonfinite import NonFiniteTrainingError, agreed_skip, refuse_nonfinite
 from reliability_doc import documented
 from safetensors.torch import load_file
 from support import FaultyDigitTask, PoisonAdvantages
@@ -129,6 +129,15 @@ def logged(trainer: pl.Trainer, key: str) -> list[float]:
 
 
 @pytest.mark.slow
+def test_a_nonfinite_weight_is_refused_by_name_among_mixed_dtypes():
+    finite = [("a", torch.ones(3)), ("half", torch.tensor([2.0], dtype=torch.bfloat16)), ("step", torch.tensor([7]))]
+    refuse_nonfinite(finite, "checkpoint")  # float32, bfloat16 and an integer tensor: nothing to refuse
+    refuse_nonfinite([], "checkpoint")
+    poisoned = [*finite, ("b", torch.tensor([1.0, float("nan")])), ("c", torch.tensor([float("-inf")], dtype=torch.bfloat16))]
+    with pytest.raises(NonFiniteTrainingError, match=r"refusing to write the checkpoint: 2 tensors are not finite \(e\.g\. b\)"):
+        refuse_nonfinite(poisoned, "checkpoint")
+
+
 def test_run_survives_a_raising_reward_a_hanging_reward_and_a_nan_loss(tiny_llama_dir, tmp_path):
     module, trainer, recorder = fit_with_faults(tiny_llama_dir, tmp_path, poison_steps=[1])
     # 2 epochs x 16 completions, 2 optimizer steps per epoch

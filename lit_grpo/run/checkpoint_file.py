@@ -90,7 +90,7 @@ def tensor_snapshot(tensor: torch.Tensor, storages: dict[int, torch.UntypedStora
 
 def packable(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is a plain dense CPU tensor of a dtype ``DTYPES`` names (the module docstring)."""
-    return (type(tensor) is torch.Tensor and tensor.device.type == "cpu" and tensor.layout == torch.strided
+    return (type(tensor) is torch.Tensor and tensor.is_cpu and tensor.layout == torch.strided
             and not tensor.requires_grad and tensor.dtype in DTYPE_CODES and not tensor.is_quantized
             and not tensor.is_conj() and not tensor.is_neg() and not getattr(tensor, "__dict__", None))
 
