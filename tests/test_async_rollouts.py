@@ -151,7 +151,6 @@ def test_killed_with_a_draw_pending_resumes_exactly(tiny_llama_dir, tmp_path):
         straight, killed = processes
         kill_at_pause(killed, split_dir / "paused")  # in epoch 2, epoch 3's draw started at its beginning
         checkpoint = load_checkpoint(split_dir / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt")
-                                weights_only=True)
         state = checkpoint["RolloutDataModule"]
         assert checkpoint["epoch"] == 1  # saved at epoch 1's end, epoch 2's draw (from version 1) in flight
         assert (state["cursor"], state["pending_epoch"], state["pending_version"]) == (8, 2, 1)
