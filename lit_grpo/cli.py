@@ -165,7 +165,7 @@ def resume_advice(trainer: Any) -> str:
     """How to go on from a run that stopped: from its last checkpoint (this run's, else the one it resumed from)."""
     last = getattr(trainer.checkpoint_callback, "last_model_path", "") or trainer.ckpt_path
     if not last:
-        return "No epoch had ended, so there is no checkpoint to resume from."
+        return "No epoch had ended, so there is no checkpoint to resume from: run the same command again."
     return f"Resume by running the same command with --ckpt_path {last}"
 
 

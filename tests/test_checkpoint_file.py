@@ -75,6 +75,7 @@ def test_a_file_written_before_packing_reads_as_it_was(tmp_path):
     (lambda p: p["storage_bytes"].__setitem__(0, 25), "storages (35 bytes) do not fill its data (34 bytes)"),
     (lambda p: p["tree"]["steps"].append(MARK + "4"), "names tensor 4 of 4"),
     (lambda p: p.update(lit_grpo_packed_checkpoint=2), "packed checkpoint version 2; this lit-grpo reads version 1"),
+    (lambda p: p.update(lit_grpo_packed_checkpoint=torch.ones(2)), "packed checkpoint version tensor"),
     (lambda p: p.pop("data"), "packed checkpoint without its data, storage_bytes, tensors or tree"),
 ])
 def test_a_packed_file_that_does_not_add_up_says_what(damage, message):

@@ -284,7 +284,8 @@ def test_the_command_with_only_a_malformed_server_ends_in_one_paragraph(servers,
     [paragraph] = [line for line in result.stderr.splitlines() if "no vLLM server is left" in line]
     assert paragraph.startswith(f"lit-grpo: no vLLM server is left to generate rollouts (1 configured: {bad.url}: "
                                 f"{gave_up(bad.url, kind)}")
-    assert paragraph.endswith("No epoch had ended, so there is no checkpoint to resume from.")
+    assert paragraph.endswith("Restart the servers (or fix data.engine.init_args.urls). No epoch had ended, so there is "
+                              "no checkpoint to resume from: run the same command again.")
     if kind == "one-logprob-for-all":  # the answer that was broadcast into π_old without a word
         documented(f"`lit-grpo fit` whose only vLLM server answers {MALFORMATIONS[kind][0]}",
                    f"exit {result.returncode} in epoch 0, no traceback: {as_documented(paragraph, bad.url)}",

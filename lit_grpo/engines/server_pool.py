@@ -36,15 +36,15 @@ class Refused(RuntimeError):
 
 class ServersUnavailable(RuntimeError):
     """No server is left to generate. Its message names every server and why it was given up; the ``lit-grpo``
-    command adds the checkpoint to resume from and exits with code 1."""
+    command adds how to go on (the checkpoint to resume from, or to run again if no epoch had ended) and exits
+    with code 1."""
 
 
 def servers_unavailable(reasons: dict[str, str]) -> ServersUnavailable:
     """The error for a pool whose every server failed: one paragraph, each server and why, in the configured order."""
     listing = "; ".join(f"{url}: {one_line(reason)}" for url, reason in reasons.items())
     return ServersUnavailable(f"no vLLM server is left to generate rollouts ({len(reasons)} configured: {listing}). "
-                              "Restart the servers (or fix data.engine.init_args.urls), then resume the run from its "
-                              "last checkpoint.")
+                              "Restart the servers (or fix data.engine.init_args.urls).")
 
 
 def one_line(text: str, limit: int = 600) -> str:

@@ -15,7 +15,7 @@ A packed file (version 1) is a dict that ``torch.load(weights_only=True)`` reads
   offset in elements, number of dimensions d, then d sizes and d strides (zero-padded to the widest tensor's D)
 - ``"data"``: uint8 ``[sum(storage_bytes)]``
 
-Views and tensors sharing a storage share it again once unpacked, as ``torch.load`` keeps them. A tensor that is not
+Packed views and tensors sharing a storage share it again once unpacked, as ``torch.load`` keeps them. A tensor that is not
 a plain dense CPU tensor (a ``Parameter``, one that requires grad, on another device, quantized, of a dtype outside
 ``DTYPES``) stays in the tree as a tensor, copied by ``snapshot``, and is pickled as ``torch.save`` pickles it.
 ``load_checkpoint`` reads a packed file and one written before packing (returned as it was saved).
@@ -136,7 +136,7 @@ def unpack(loaded: Any) -> Any:
     A packed dict that does not add up raises ``ValueError`` saying what is wrong."""
     if not is_packed(loaded):
         return loaded
-    if loaded[FORMAT_KEY] != VERSION:
+    if type(loaded[FORMAT_KEY]) is not int or loaded[FORMAT_KEY] != VERSION:
         raise ValueError(f"packed checkpoint version {loaded[FORMAT_KEY]!r}; this lit-grpo reads version {VERSION}")
     data, lengths, rows = (loaded.get(key) for key in ("data", "storage_bytes", "tensors"))
     if not (isinstance(data, torch.Tensor) and data.dtype == torch.uint8 and data.dim() == 1

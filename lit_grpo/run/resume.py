@@ -9,6 +9,7 @@ from typing import Any
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_grpo.errors import InputError
+from lit_grpo.run.checkpoint_file import load_checkpoint
 
 
 def find_last_checkpoint(trainer: Any) -> str | None:
@@ -34,13 +35,6 @@ def find_last_checkpoint(trainer: Any) -> str | None:
 STATE_SHAPING = ("lora_rank", "lora_target_modules", "risk")
 
 
-def load_checkpoint(path: str | Path) -> Any:
-    """A checkpoint file read as tensors and plain containers only (memory-mapped, packed or not)."""
-    from lit_grpo.run.checkpoint_file import load_checkpoint as load_file
-
-    return load_file(path, mmap=True)
-
-
 def readable_neighbour(path: str) -> Path | None:
     """The newest other ``.ckpt`` beside ``path`` that loads, to offer when ``path`` does not."""
     target = Path(path).resolve()
@@ -48,7 +42,7 @@ def readable_neighbour(path: str) -> Path | None:
                     key=lambda p: p.stat().st_mtime, reverse=True)
     for other in others:
         try:
-            if isinstance(load_checkpoint(other), dict):
+            if isinstance(load_checkpoint(other, mmap=True), dict):
                 return other
         except Exception:  # noqa: BLE001 - any unreadable neighbour is simply not offered
             continue
@@ -67,7 +61,7 @@ def read_checkpoint(path: str) -> dict[str, Any]:
     import pickle
 
     try:
-        checkpoint = load_checkpoint(path)
+        checkpoint = load_checkpoint(path, mmap=True)  # memory-mapped: only what is read is copied
     except pickle.UnpicklingError:
         raise  # the CLI names what the weights-only loader refused
     except Exception as error:  # truncated, empty, not a checkpoint at all
