@@ -22,13 +22,16 @@ def grads_finite(parameters: list[torch.nn.Parameter]) -> bool:
 
 
 def refuse_nonfinite(named_tensors: Any, what: str) -> None:
-    """Raise rather than write a NaN or inf weight to disk. One check over all the floating-point tensors (each
-    ``isfinite`` costs a few kernels: per tensor, ~1 ms per checkpoint of the quickstart); by name only if it fails."""
-    named = [(name, tensor) for name, tensor in named_tensors if tensor.is_floating_point()]
-    if not named or bool(torch.cat([tensor.detach().reshape(-1) for _, tensor in named]).isfinite().all()):
+    """Raise rather than write a NaN or inf weight to disk. First one sum per floating-point tensor, checked at
+    once (a NaN or inf element makes its tensor's sum NaN or inf; ~0.15 ms a checkpoint of the quickstart, where an
+    ``isfinite`` per tensor, a few kernels each, cost ~1 ms); only if a sum is not finite (or overflowed), the exact
+    check by name."""
+    named = [(name, tensor.detach()) for name, tensor in named_tensors if tensor.is_floating_point()]
+    if not named or bool(torch.stack([tensor.sum(dtype=torch.float32) for _, tensor in named]).isfinite().all()):
         return
     bad = [name for name, tensor in named if not torch.isfinite(tensor).all()]
-    raise NonFiniteTrainingError(f"refusing to write the {what}: {len(bad)} tensors are not finite (e.g. {bad[0]})")
+    if bad:
+        raise NonFiniteTrainingError(f"refusing to write the {what}: {len(bad)} tensors are not finite (e.g. {bad[0]})")
 
 
 def agreed_skip(trainer: pl.Trainer, local_nonfinite: bool) -> bool:

@@ -215,3 +215,19 @@ def test_without_a_monitor_the_file_name_candidates_are_lightnings_without_the_d
     assert ours["train/loss"] is metrics["train/loss"] and set(metrics) == {"train/loss", *logged}  # not copied, not changed
     assert EpochCheckpoint(filename="{epoch}-{train/loss:.2f}").format_checkpoint_name(ours) == (
         "epoch=4-train/loss=0.25.ckpt" if logged else "epoch=2-train/loss=0.25.ckpt")
+
+
+@pytest.mark.parametrize("writer_class", [BesideTargetCheckpointIO, BackgroundCheckpointIO])
+def test_a_small_pack_buffer_is_reused_once_written_and_a_large_one_not_kept(tmp_path, monkeypatch, writer_class):
+    writer, weight = writer_class(), torch.arange(4.0)
+    writer.save_checkpoint({"w": weight}, tmp_path / "a.ckpt")
+    first = writer._spare.data_ptr()
+    weight.add_(10)
+    writer.save_checkpoint({"w": weight}, tmp_path / "b.ckpt")  # waits for a.ckpt's write, then packs into its bytes
+    assert writer._spare.data_ptr() == first
+    monkeypatch.setattr(checkpoint_io, "KEEP_PACK_BUFFER_BYTES", 15)  # the 16 bytes of four float32 are too many
+    writer.save_checkpoint({"w": weight}, tmp_path / "c.ckpt")
+    assert writer._spare is None
+    getattr(writer, "teardown", lambda: None)()
+    assert [load_checkpoint(tmp_path / f"{name}.ckpt")["w"].tolist() for name in "abc"] == [
+        [0.0, 1.0, 2.0, 3.0], [10.0, 11.0, 12.0, 13.0], [10.0, 11.0, 12.0, 13.0]]

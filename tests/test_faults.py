@@ -133,6 +133,7 @@ def test_a_nonfinite_weight_is_refused_by_name_among_mixed_dtypes():
     finite = [("a", torch.ones(3)), ("half", torch.tensor([2.0], dtype=torch.bfloat16)), ("step", torch.tensor([7]))]
     refuse_nonfinite(finite, "checkpoint")  # float32, bfloat16 and an integer tensor: nothing to refuse
     refuse_nonfinite([], "checkpoint")
+    refuse_nonfinite([("large", torch.full((4,), 3e38))], "checkpoint")  # finite, though its sum overflows
     poisoned = [*finite, ("b", torch.tensor([1.0, float("nan")])), ("c", torch.tensor([float("-inf")], dtype=torch.bfloat16))]
     with pytest.raises(NonFiniteTrainingError, match=r"refusing to write the checkpoint: 2 tensors are not finite \(e\.g\. b\)"):
         refuse_nonfinite(poisoned, "checkpoint")

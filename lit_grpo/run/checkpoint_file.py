@@ -95,9 +95,10 @@ def packable(tensor: torch.Tensor) -> bool:
             and not tensor.is_conj() and not tensor.is_neg() and not getattr(tensor, "__dict__", None))
 
 
-def pack(checkpoint: Any) -> dict[str, Any]:
+def pack(checkpoint: Any, out: torch.Tensor | None = None) -> dict[str, Any]:
     """``checkpoint`` as a packed file's dict (module docstring): its tensors' bytes copied now, so the result
-    holds the state at this moment whatever is updated in place afterwards."""
+    holds the state at this moment whatever is updated in place afterwards. ``out``: a uint8 buffer to copy them
+    into if it has the right size (the last pack's ``"data"``, once written), else a new one is allocated."""
     storage_index: dict[int, int] = {}
     storages: list[torch.Tensor] = []  # each a uint8 view of a whole storage  # [bytes]
     rows: list[tuple[int, ...]] = []
@@ -118,12 +119,17 @@ def pack(checkpoint: Any) -> dict[str, Any]:
 
     tree = rebuild(checkpoint, leaf)
     width = max((len(row) for row in rows), default=4)
+    total = sum(s.numel() for s in storages)
+    data = out if out is not None and out.dtype == torch.uint8 and out.shape == (total,) else (
+        torch.empty(total, dtype=torch.uint8))  # [bytes]
+    if storages:
+        torch.cat(storages, out=data)  # the copy
     return {
         FORMAT_KEY: VERSION,
         "tree": tree,
         "storage_bytes": torch.tensor([s.numel() for s in storages], dtype=torch.int64),
         "tensors": torch.tensor([row + (0,) * (width - len(row)) for row in rows], dtype=torch.int64).view(-1, width),
-        "data": torch.cat(storages) if storages else torch.empty(0, dtype=torch.uint8),  # the copy  # [bytes]
+        "data": data,
     }
 
 
