@@ -7,17 +7,20 @@ prints each wall time, each round's ratio A / B and their median.
 Each run also records when each epoch starts (a callback added to the trainer); the median epoch, from one epoch's
 start to the next's (the checkpoint written in between), is printed too: on a shared machine a burst of other work
 stretches a few epochs of one run and moves its wall time by more than the checkpoint costs, and the median of 59
-epochs is not moved by it. The 1-minute load average is printed before, after and with each round.
+epochs is not moved by it. The 1-minute load average is printed before, after and with each round. The order of the
+arms is reversed every other round, so that a drift of the machine's speed over the sitting favours none.
 
 ``--with-sync`` adds a third run to each round, S: checkpointing as before issue 34 (``--checkpoint.save_last true``,
 two files per epoch, each written and fsynced on the training thread; packed, as every local checkpoint now is).
 ``--with-unpacked`` adds U: A with the tensors pickled one by one (the background writer before
 ``checkpoint_file.pack``: each storage copied, the checkpoint pickled as ``torch.save`` does). ``--with-guard-what-if``
 adds G: A with NonFiniteGuard checking only the trainable tensors before a save (the ones the checkpoint keeps)
-instead of the whole model's state dict.
+instead of the whole model's state dict. ``--within-run`` adds W: twice the epochs with a save after every other
+one; the median epoch that ends with a save minus the median that does not, within each run, is what a save costs,
+free of the drift between runs that moves each wall time by more than the checkpoint costs (±10% here).
 
     flock /tmp/heavy.lock .venv/bin/python benchmarks/checkpoint_cost.py [--pairs 3] [--epochs 60] [--with-sync]
-        [--with-unpacked] [--with-guard-what-if]
+        [--with-unpacked] [--with-guard-what-if] [--within-run]
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ lit_grpo.cli.BackgroundCheckpointIO = BesideTargetCheckpointIO  # written on the
 UNPACKED = """
 from lit_grpo.run import checkpoint_io
 from lit_grpo.run.checkpoint_file import snapshot
-checkpoint_io.pack = snapshot  # a copy of the checkpoint as it is, tensor by tensor
+checkpoint_io.BesideTargetCheckpointIO.pack = lambda self, checkpoint: snapshot(checkpoint)  # tensor by tensor
 """
 GUARD_TRAINABLE_ONLY = """
 from lit_grpo.callbacks import nonfinite
@@ -73,18 +76,19 @@ nonfinite.NonFiniteGuard.on_save_checkpoint = on_save_checkpoint
 
 def command(epochs: int, arm: str) -> list[str]:
     """``arm``: "A" default checkpointing, "B" none, "S" synchronous with two files per epoch, "U" A unpacked, "G" A
-    with the guard checking the trainable tensors only."""
+    with the guard checking the trainable tensors only, "W" A saving after every other epoch."""
     patch = EPOCH_CLOCK + {"S": SYNC, "U": UNPACKED, "G": GUARD_TRAINABLE_ONLY}.get(arm, "")
     return [sys.executable, "-c", patch + "lit_grpo.cli.main()", "fit",
             "--config", str(ROOT / "configs" / "quickstart.yaml"), "--trainer.max_epochs", str(epochs),
             "--data.prompts_per_epoch", "8", "--data.minibatch_size", "64", "--trainer.limit_val_batches", "0",
             "--trainer.enable_progress_bar", "false",
-            *{"B": ["--trainer.enable_checkpointing", "false"], "S": ["--checkpoint.save_last", "true"]}.get(arm, [])]
+            *{"B": ["--trainer.enable_checkpointing", "false"], "S": ["--checkpoint.save_last", "true"],
+              "W": ["--checkpoint.every_n_epochs", "2"]}.get(arm, [])]
 
 
-def timed_run(epochs: int, arm: str) -> tuple[float, float]:
-    """Wall seconds of one whole ``lit-grpo fit`` process in a fresh directory and its median epoch in seconds;
-    checks what it left there."""
+def timed_run(epochs: int, arm: str) -> tuple[float, list[float]]:
+    """Wall seconds of one whole ``lit-grpo fit`` process in a fresh directory and its epochs' seconds (from one
+    epoch's start to the next's, the checkpoint written in between); checks what it left there."""
     with tempfile.TemporaryDirectory(prefix="checkpoint-cost-") as run_dir:
         clock = Path(run_dir) / "clock.json"
         started = time.perf_counter()
@@ -99,7 +103,15 @@ def timed_run(epochs: int, arm: str) -> tuple[float, float]:
         if written != expected:
             sys.exit(f"expected checkpoints {expected}, found {written}")
         starts = json.loads(clock.read_text())
-    return elapsed, statistics.median(b - a for a, b in itertools.pairwise(starts))
+    return elapsed, [b - a for a, b in itertools.pairwise(starts)]
+
+
+def cost_per_save(epoch_seconds: list[float]) -> float:
+    """Seconds a save adds to an epoch, within one "W" run (a save after every other epoch): the median epoch that
+    ends with one minus the median that does not, the first two epochs (warm-up) left out."""
+    saving = [s for i, s in enumerate(epoch_seconds) if i >= 2 and i % 2 == 1]
+    plain = [s for i, s in enumerate(epoch_seconds) if i >= 2 and i % 2 == 0]
+    return statistics.median(saving) - statistics.median(plain)
 
 
 def load() -> str:
@@ -114,30 +126,44 @@ def main() -> None:
     parser.add_argument("--with-unpacked", action="store_true", help="add U: A with the tensors pickled one by one")
     parser.add_argument("--with-guard-what-if", action="store_true", help="add G: A with the guard checking the "
                         "trainable tensors only")
+    parser.add_argument("--within-run", action="store_true", help="add W: 2 x epochs, a save after every other "
+                        "epoch; what a save costs an epoch, measured within each run")
     args = parser.parse_args()
-    arms = ["A", "B", *(["S"] if args.with_sync else []), *(["U"] if args.with_unpacked else []), *(["G"] if args.with_guard_what_if else [])]
+    arms = ["A", "B", *(["S"] if args.with_sync else []), *(["U"] if args.with_unpacked else []),
+            *(["G"] if args.with_guard_what_if else []), *(["W"] if args.within_run else [])]
     print(f"load average (1 min) {load()}; A = default checkpointing, B = --trainer.enable_checkpointing false"
           + (", S = synchronous, two files" if args.with_sync else "")
           + (", U = A with the tensors pickled one by one" if args.with_unpacked else "")
           + (", G = A with the guard checking trainable tensors only" if args.with_guard_what_if else "")
-          + f"; {args.epochs} one-step epochs, validation off", flush=True)
+          + (", W = a save after every other epoch" if args.within_run else "")
+          + f"; {args.epochs} one-step epochs, validation off; rounds alternate the order (A B .. then .. B A)",
+          flush=True)
     timed_run(1, "A")  # warm-up: file caches, imports; not counted
     walls: dict[str, list[float]] = {arm: [] for arm in arms}
     epochs: dict[str, list[float]] = {arm: [] for arm in arms}
+    saves: list[float] = []
     for pair in range(1, args.pairs + 1):
-        for arm in arms:
-            wall, epoch = timed_run(args.epochs, arm)
+        for arm in arms if pair % 2 else arms[::-1]:  # a drift over the sitting favours no arm
+            wall, seconds = timed_run(2 * args.epochs if arm == "W" else args.epochs, arm)
             walls[arm].append(wall)
-            epochs[arm].append(epoch)
+            epochs[arm].append(statistics.median(seconds))
+            if arm == "W":
+                saves.append(cost_per_save(seconds))
         print(f"round {pair}: " + ", ".join(f"{arm} {walls[arm][-1]:.2f} s (median epoch {1000 * epochs[arm][-1]:.1f} "
-                                            "ms)" for arm in arms)
-              + "; " + ", ".join(f"{arm}/B {walls[arm][-1] / walls['B'][-1]:.3f}" for arm in arms if arm != "B")
+                                            "ms)" for arm in arms if arm != "W")
+              + "; " + ", ".join(f"{arm}/B {walls[arm][-1] / walls['B'][-1]:.3f}" for arm in arms if arm not in "BW")
+              + (f"; W: a save adds {1000 * saves[-1]:+.1f} ms to its epoch" if saves else "")
               + f" (load {load()})", flush=True)
-    for arm in (arm for arm in arms if arm != "B"):
+    for arm in (arm for arm in arms if arm not in "BW"):
         ratios = [a / b for a, b in zip(walls[arm], walls["B"])]
         epoch, base = statistics.median(epochs[arm]), statistics.median(epochs["B"])
         print(f"{arm}/B: median wall ratio {statistics.median(ratios):.3f}; median epoch {1000 * epoch:.1f} ms vs "
               f"{1000 * base:.1f} ms ({epoch / base:.3f}x, {1000 * (epoch - base):+.1f} ms per epoch)")
+    if saves:
+        cost, base_wall = statistics.median(saves), statistics.median(walls["B"])
+        print(f"W: a save adds {1000 * cost:.1f} ms to its epoch (median of {len(saves)} runs: "
+              + ", ".join(f"{1000 * s:.1f}" for s in saves) + f"); {args.epochs} saves over B's median wall "
+              f"{base_wall:.2f} s: a ratio of {1 + args.epochs * cost / base_wall:.3f}")
     print(f"load average (1 min) {load()}")
 
 
