@@ -16,7 +16,8 @@ def small_checkpoint() -> dict:
     weight = torch.arange(6.0).view(2, 3)
     state_dict = OrderedDict(weight=weight, column=weight[:, 1])  # a view: offset 1, stride 3
     state_dict._metadata = {"": {"version": 1}}  # what nn.Module.state_dict carries
-    return {"epoch": 3, "state_dict": state_dict, "steps": [torch.tensor([7]), torch.tensor([1.5], dtype=torch.bfloat16)],
+    return {"epoch": 3, "state_dict": state_dict,
+            "steps": [torch.tensor([7]), torch.tensor([1.5], dtype=torch.bfloat16)],
             "head": torch.nn.Parameter(torch.ones(2)), "note": ("x", 2)}
 
 
@@ -33,7 +34,8 @@ def test_the_layout_by_hand():
                 + bytes.fromhex("c03f"))  # 1.5 in bfloat16, little-endian
     assert bytes(packed["data"].tolist()) == expected
     tree = packed["tree"]
-    assert tree["state_dict"] == {"weight": MARK + "0", "column": MARK + "1"} and tree["steps"] == [MARK + "2", MARK + "3"]
+    assert tree["state_dict"] == {"weight": MARK + "0", "column": MARK + "1"}
+    assert tree["steps"] == [MARK + "2", MARK + "3"]
     assert tree["state_dict"]._metadata == {"": {"version": 1}} and tree["epoch"] == 3 and tree["note"] == ("x", 2)
     assert type(tree["head"]) is torch.nn.Parameter  # not packed: pickled as torch.save pickles it
 
@@ -43,7 +45,8 @@ def test_a_packed_file_reads_back_as_the_checkpoint(tmp_path):
     loaded = load_checkpoint(tmp_path / "x.ckpt")
     state_dict = loaded["state_dict"]
     assert type(state_dict) is OrderedDict and state_dict._metadata == {"": {"version": 1}}
-    assert state_dict["weight"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and state_dict["column"].tolist() == [1.0, 4.0]
+    assert state_dict["weight"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert state_dict["column"].tolist() == [1.0, 4.0]
     assert state_dict["column"].stride() == (3,) and state_dict["column"].storage_offset() == 1
     assert state_dict["column"].untyped_storage().data_ptr() == state_dict["weight"].untyped_storage().data_ptr()
     assert loaded["steps"][0].dtype == torch.int64 and loaded["steps"][0].tolist() == [7]

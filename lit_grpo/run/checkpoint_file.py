@@ -15,9 +15,10 @@ A packed file (version 1) is a dict that ``torch.load(weights_only=True)`` reads
   offset in elements, number of dimensions d, then d sizes and d strides (zero-padded to the widest tensor's D)
 - ``"data"``: uint8 ``[sum(storage_bytes)]``
 
-Packed views and tensors sharing a storage share it again once unpacked, as ``torch.load`` keeps them. A tensor that is not
-a plain dense CPU tensor (a ``Parameter``, one that requires grad, on another device, quantized, of a dtype outside
-``DTYPES``) stays in the tree as a tensor, copied by ``snapshot``, and is pickled as ``torch.save`` pickles it.
+Packed views and tensors sharing a storage share it again once unpacked, as ``torch.load`` keeps them. A tensor
+that is not a plain dense CPU tensor (a ``Parameter``, one that requires grad, on another device, quantized, of a
+dtype outside ``DTYPES``) stays in the tree as a tensor, copied by ``snapshot``, and is pickled as ``torch.save``
+pickles it.
 ``load_checkpoint`` reads a packed file and one written before packing (returned as it was saved).
 """
 
@@ -178,7 +179,7 @@ def tensor_from_row(i: int, row: list[int], storages: list[torch.UntypedStorage]
         raise ValueError(f"packed checkpoint: tensor {i}'s row {row[:4]} names no storage, dtype or shape")
     sizes, strides = row[4:4 + dims], row[4 + dims:4 + 2 * dims]
     dtype = DTYPES[code]
-    itemsize = torch.empty(0, dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     last = offset + sum((size - 1) * stride for size, stride in zip(sizes, strides))
     if min(sizes, default=1) < 0 or min(strides, default=0) < 0 or (
             min(sizes, default=1) > 0 and (last + 1) * itemsize > storages[index].nbytes()):
