@@ -27,7 +27,8 @@ def refuse_nonfinite(named_tensors: Any, what: str) -> None:
     ``isfinite`` per tensor, a few kernels each, cost ~1 ms); only if a sum is not finite (or overflowed), the exact
     check by name."""
     named = [(name, tensor.detach()) for name, tensor in named_tensors if tensor.is_floating_point()]
-    if not named or bool(torch.stack([tensor.sum(dtype=torch.float32) for _, tensor in named]).isfinite().all()):
+    device = named[0][1].device if named else None
+    if not named or bool(torch.stack([t.sum(dtype=torch.float32).to(device) for _, t in named]).isfinite().all()):
         return
     bad = [name for name, tensor in named if not torch.isfinite(tensor).all()]
     if bad:

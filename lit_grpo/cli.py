@@ -22,7 +22,7 @@ from lit_grpo.engines.server_pool import Refused, ServersUnavailable
 from lit_grpo.errors import InputError
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.run.checkpoint_io import BackgroundCheckpointIO
+from lit_grpo.run.checkpoint_io import BackgroundCheckpointIO, BesideTargetCheckpointIO, reads_packed_files
 from lit_grpo.run.distributed import share_cores
 from lit_grpo.run.epoch_checkpoint import EpochCheckpoint
 from lit_grpo.run.host_memory import return_freed_memory
@@ -78,8 +78,11 @@ class LitGRPOCLI(LightningCLI):
         except MisconfigurationException as error:  # Lightning's own refusal of a trainer value, before any work
             raise InputError(f"trainer: {error}") from None
         take_over_from_lightning(trainer)  # SIGTERM stops the run now, as Ctrl-C does (run/signals.py)
-        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # a user's own plugin is kept
+        writer = trainer.strategy.checkpoint_io
+        if type(writer) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = BackgroundCheckpointIO()
+        elif not isinstance(writer, BesideTargetCheckpointIO):  # a user's own plugin is kept
+            reads_packed_files(writer)  # and resumes a run the default writer checkpointed
         check_writable(trainer)  # before any weights load
         claim_version(trainer)
         report_core_share(share_cores(trainer))  # before Lightning's launcher, which would count one node only

@@ -70,6 +70,34 @@ def test_a_file_written_before_packing_reads_as_it_was(tmp_path):
     assert loaded["epoch"] == 1 and loaded["state_dict"]["w"].tolist() == [2.0, 3.0]
 
 
+def test_shapes_only_reads_no_data_and_still_checks_the_table(tmp_path):
+    torch.save(pack(small_checkpoint()), tmp_path / "x.ckpt")
+    loaded = load_checkpoint(tmp_path / "x.ckpt", shapes_only=True, mmap=True)
+    column = loaded["state_dict"]["column"]
+    assert column.device.type == "meta" and column.shape == (2,) and column.stride() == (3,)
+    assert loaded["steps"][1].dtype == torch.bfloat16 and loaded["epoch"] == 3
+    damaged = pack(small_checkpoint())
+    damaged["tensors"][0, 4] = 3  # the weight's rows: 3 x 3 floats in a storage of six
+    with pytest.raises(ValueError, match=r"tensor 0 \(sizes \[3, 3\], strides \[3, 1\], offset 0\) lies outside"):
+        unpack(damaged, shapes_only=True)
+
+
+def test_a_zero_stride_expansion_is_pickled_as_torch_save_does_and_a_forged_one_refused():
+    expanded = torch.tensor([2.0]).expand(1000)  # 1000 elements over 4 bytes
+    packed = pack({"e": expanded})
+    assert packed["tensors"].shape[0] == 0 and isinstance(packed["tree"]["e"], torch.Tensor)
+    assert unpack(packed)["e"].tolist() == [2.0] * 1000
+    forged = pack({"w": torch.tensor([2.0])})
+    forged["tensors"] = torch.tensor([[0, 0, 0, 1, 2**40, 0]])  # 2^40 elements of stride 0 over one float
+    with pytest.raises(ValueError, match="lies outside its storage of 4 bytes"):
+        unpack(forged)
+    forged = pack({"w": torch.tensor([2.0])})
+    forged["data"] = torch.zeros(1, dtype=torch.uint8).expand(2**34)  # a few bytes of file, 16 GiB once copied
+    forged["storage_bytes"] = torch.tensor([2**34])
+    with pytest.raises(ValueError, match="each a contiguous tensor of its dtype and rank"):
+        unpack(forged)
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda p: p["tensors"].__setitem__((0, 2), 5), "tensor 0 (sizes [2, 3], strides [3, 1], offset 5) lies outside "
                                                     "its storage of 24 bytes"),
@@ -86,6 +114,11 @@ def test_a_packed_file_that_does_not_add_up_says_what(damage, message):
     damage(packed)
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         unpack(packed)
+
+
+def test_a_string_that_begins_like_a_packed_tensor_is_refused_when_packing():
+    with pytest.raises(ValueError, match="it begins with the marker of a packed tensor"):
+        pack({"note": MARK + "0"})
 
 
 def test_a_snapshot_keeps_container_types_and_owns_its_values():

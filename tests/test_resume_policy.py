@@ -73,6 +73,15 @@ def test_a_changed_kl_coef_is_reported_and_this_runs_value_used(tiny_llama_dir, 
                "test_resume_policy.py")
 
 
+def test_a_users_own_checkpoint_plugin_resumes_a_packed_checkpoint(tiny_llama_dir, trained, tmp_path):
+    shutil.copy(trained, tmp_path / "start.ckpt")  # packed, by the command's default writer
+    main(fit_args(tiny_llama_dir, tmp_path, 2, "--ckpt_path", str(tmp_path / "start.ckpt"), "--trainer.plugins",
+                  '{"class_path": "lightning.pytorch.plugins.io.AsyncCheckpointIO"}'))
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)  # the user's plugin's own format
+    assert "lit_grpo_packed_checkpoint" not in saved and (saved["epoch"], saved["global_step"]) == (1, 2)
+    assert saved["RolloutDataModule"]["cursor"] == 4  # epoch 0's two prompts came from the packed checkpoint
+
+
 @pytest.mark.parametrize("knob, value, old", [("lora_rank", "4", "16"), ("advantage_mode", "gae", "'grpo'")])
 def test_a_shape_changing_knob_is_refused_by_name(tiny_llama_dir, trained, tmp_path, capsys, knob, value, old):
     shutil.copy(trained, tmp_path / "start.ckpt")

@@ -17,15 +17,19 @@ A packed file (version 1) is a dict that ``torch.load(weights_only=True)`` reads
 
 Packed views and tensors sharing a storage share it again once unpacked, as ``torch.load`` keeps them. A tensor
 that is not a plain dense CPU tensor (a ``Parameter``, one that requires grad, on another device, quantized, of a
-dtype outside ``DTYPES``) stays in the tree as a tensor, copied by ``snapshot``, and is pickled as ``torch.save``
-pickles it.
-``load_checkpoint`` reads a packed file and one written before packing (returned as it was saved).
+dtype outside ``DTYPES``, expanded by a zero stride) stays in the tree as a tensor, copied by ``snapshot``, and is
+pickled as ``torch.save`` pickles it. Such a tensor and a packed one sharing a storage no longer share it once
+unpacked (none does in the checkpoints Lightning builds here).
+
+``load_checkpoint`` reads a packed file and one written before packing (returned as it was saved), or only what a
+packed one holds (``shapes_only``: meta tensors, no byte of data read), as the resume check does.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -90,10 +94,13 @@ def tensor_snapshot(tensor: torch.Tensor, storages: dict[int, torch.UntypedStora
 
 
 def packable(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is a plain dense CPU tensor of a dtype ``DTYPES`` names (the module docstring)."""
+    """Whether ``tensor`` is a plain dense CPU tensor of a dtype ``DTYPES`` names (the module docstring), with no
+    more elements than its storage holds (``unpack`` refuses a zero-stride expansion: in a hostile file it would
+    make a few bytes into any number of elements)."""
     return (type(tensor) is torch.Tensor and tensor.is_cpu and tensor.layout == torch.strided
             and not tensor.requires_grad and tensor.dtype in DTYPE_CODES and not tensor.is_quantized
-            and not tensor.is_conj() and not tensor.is_neg() and not getattr(tensor, "__dict__", None))
+            and not tensor.is_conj() and not tensor.is_neg() and not getattr(tensor, "__dict__", None)
+            and tensor.numel() * tensor.element_size() <= tensor.untyped_storage().nbytes())
 
 
 def pack(checkpoint: Any, out: torch.Tensor | None = None) -> dict[str, Any]:
@@ -107,6 +114,9 @@ def pack(checkpoint: Any, out: torch.Tensor | None = None) -> dict[str, Any]:
 
     def leaf(item: Any) -> Any:
         if not isinstance(item, torch.Tensor):
+            if isinstance(item, str) and item.startswith(MARK):  # would come back as a tensor
+                raise ValueError(f"cannot pack a checkpoint holding the string {item!r}: it begins with the marker "
+                                 "of a packed tensor")
             return plain_copy(item)
         if not packable(item):
             return tensor_snapshot(item, copies)
@@ -138,26 +148,28 @@ def is_packed(loaded: Any) -> bool:
     return isinstance(loaded, dict) and FORMAT_KEY in loaded
 
 
-def unpack(loaded: Any) -> Any:
-    """The checkpoint a packed file's dict holds (each storage copied out of ``"data"``); anything else as it is.
-    A packed dict that does not add up raises ``ValueError`` saying what is wrong."""
+def unpack(loaded: Any, shapes_only: bool = False) -> Any:
+    """The checkpoint a packed file's dict holds (each storage copied out of ``"data"``, on its device); anything
+    else as it is. ``shapes_only``: the tensors on the meta device (dtype, shape and strides; no byte is read or
+    copied), for a check of what a checkpoint holds. A packed dict that does not add up raises ``ValueError`` saying
+    what is wrong, before anything is allocated for it."""
     if not is_packed(loaded):
         return loaded
     if type(loaded[FORMAT_KEY]) is not int or loaded[FORMAT_KEY] != VERSION:
         raise ValueError(f"packed checkpoint version {loaded[FORMAT_KEY]!r}; this lit-grpo reads version {VERSION}")
     data, lengths, rows = (loaded.get(key) for key in ("data", "storage_bytes", "tensors"))
-    if not (isinstance(data, torch.Tensor) and data.dtype == torch.uint8 and data.dim() == 1
-            and isinstance(lengths, torch.Tensor) and lengths.dtype == torch.int64 and lengths.dim() == 1
-            and isinstance(rows, torch.Tensor) and rows.dtype == torch.int64 and rows.dim() == 2
-            and rows.shape[1] >= 4 and "tree" in loaded):
-        raise ValueError("packed checkpoint without its data, storage_bytes, tensors or tree")
+    if not (plain_tensor(data, torch.uint8, 1) and plain_tensor(lengths, torch.int64, 1)
+            and plain_tensor(rows, torch.int64, 2) and rows.shape[1] >= 4 and "tree" in loaded):
+        raise ValueError("packed checkpoint without its data, storage_bytes, tensors or tree (each a contiguous "
+                         "tensor of its dtype and rank)")
     bytes_each = lengths.tolist()
     if min(bytes_each, default=0) < 0 or sum(bytes_each) != data.numel():
         raise ValueError(f"packed checkpoint whose storages ({sum(bytes_each)} bytes) do not fill its data "
                          f"({data.numel()} bytes)")
     starts = [0, *itertools.accumulate(bytes_each)][:-1]
-    storages = [data[start:start + n].clone().untyped_storage() for start, n in zip(starts, bytes_each)]
-    tensors = [tensor_from_row(i, row, storages) for i, row in enumerate(rows.tolist())]
+    storages = None if shapes_only else [data[start:start + n].clone().untyped_storage()
+                                         for start, n in zip(starts, bytes_each)]
+    tensors = [tensor_from_row(i, row, bytes_each, storages) for i, row in enumerate(rows.tolist())]
 
     def leaf(item: Any) -> Any:
         found = MARKED.fullmatch(item) if isinstance(item, str) else None
@@ -170,27 +182,40 @@ def unpack(loaded: Any) -> Any:
     return rebuild(loaded["tree"], leaf)
 
 
-def tensor_from_row(i: int, row: list[int], storages: list[torch.UntypedStorage]) -> torch.Tensor:
-    """Tensor ``i`` of a packed file from its row of ``"tensors"``, over its storage in ``storages``; ``ValueError``
-    if the row names no storage or dtype, or reaches outside its storage."""
+def plain_tensor(value: Any, dtype: torch.dtype, dims: int) -> bool:
+    """Whether ``value`` is a contiguous tensor of ``dtype`` and rank ``dims`` (a tensor expanded by zero strides
+    would make a few bytes of file into any number of elements)."""
+    return (isinstance(value, torch.Tensor) and value.dtype == dtype and value.dim() == dims
+            and value.is_contiguous())
+
+
+def tensor_from_row(i: int, row: list[int], bytes_each: list[int],
+                    storages: list[torch.UntypedStorage] | None) -> torch.Tensor:
+    """Tensor ``i`` of a packed file from its row of ``"tensors"``: over its storage in ``storages``, or on the meta
+    device when ``storages`` is None; ``ValueError`` if the row names no storage or dtype, reaches outside its
+    storage (of ``bytes_each[index]`` bytes), or has more elements than its storage has room for."""
     index, code, offset, dims = row[:4]
-    if not (0 <= index < len(storages) and 0 <= code < len(DTYPES) and 0 <= dims <= (len(row) - 4) // 2
+    if not (0 <= index < len(bytes_each) and 0 <= code < len(DTYPES) and 0 <= dims <= (len(row) - 4) // 2
             and offset >= 0):
         raise ValueError(f"packed checkpoint: tensor {i}'s row {row[:4]} names no storage, dtype or shape")
     sizes, strides = row[4:4 + dims], row[4 + dims:4 + 2 * dims]
-    dtype = DTYPES[code]
-    itemsize = dtype.itemsize
+    dtype, room = DTYPES[code], bytes_each[index]
     last = offset + sum((size - 1) * stride for size, stride in zip(sizes, strides))
-    if min(sizes, default=1) < 0 or min(strides, default=0) < 0 or (
-            min(sizes, default=1) > 0 and (last + 1) * itemsize > storages[index].nbytes()):
+    if min(sizes, default=1) < 0 or min(strides, default=0) < 0 or offset * dtype.itemsize > room or (
+            min(sizes, default=1) > 0 and ((last + 1) * dtype.itemsize > room
+                                           or math.prod(sizes) * dtype.itemsize > room)):
         raise ValueError(f"packed checkpoint: tensor {i} (sizes {sizes}, strides {strides}, offset {offset}) lies "
-                         f"outside its storage of {storages[index].nbytes()} bytes")
-    return torch.empty(0, dtype=dtype).set_(storages[index], offset, sizes, strides)
+                         f"outside its storage of {room} bytes")
+    if storages is None:
+        return torch.empty_strided(sizes, strides, dtype=dtype, device="meta")
+    storage = storages[index]
+    return torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, sizes, strides)
 
 
-def load_checkpoint(path: str | Path, **torch_load: Any) -> Any:
+def load_checkpoint(path: str | Path, shapes_only: bool = False, **torch_load: Any) -> Any:
     """The checkpoint in the file at ``path``, packed or not, read as tensors and plain containers only (on the CPU
-    unless ``map_location`` says otherwise; other keywords go to ``torch.load``). How to read a checkpoint of this
-    program outside it."""
+    unless ``map_location`` says otherwise; other keywords go to ``torch.load``); ``shapes_only``: see ``unpack``
+    (with ``mmap=True``, nothing but the tree and the table is read). How to read a checkpoint of this program
+    outside it."""
     torch_load = {"map_location": "cpu", **torch_load, "weights_only": True}
-    return unpack(torch.load(path, **torch_load))
+    return unpack(torch.load(path, **torch_load), shapes_only)

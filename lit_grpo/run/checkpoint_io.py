@@ -117,6 +117,14 @@ class BesideTargetCheckpointIO(TorchCheckpointIO):
         return unpack(super().load_checkpoint(*args, **kwargs))
 
 
+def reads_packed_files(writer: Any) -> None:
+    """Make a user's checkpoint plugin read the packed files this program writes (``unpack`` after its own
+    ``load_checkpoint``; a file it wrote itself passes unchanged), so that it can resume a run the default writer
+    checkpointed."""
+    load = writer.load_checkpoint
+    writer.load_checkpoint = lambda *args, **kwargs: unpack(load(*args, **kwargs))
+
+
 def link_atomically(target: _PATH, link: _PATH) -> None:
     """Make ``link`` a relative symlink to ``target`` in one ``os.replace`` of a link made beside it: ``link`` is
     the old one or the new one at every moment. Where symlinks are refused (Windows without the right), a copy

@@ -42,26 +42,20 @@ def readable_neighbour(path: str) -> Path | None:
                     key=lambda p: p.stat().st_mtime, reverse=True)
     for other in others:
         try:
-            if isinstance(load_checkpoint(other, mmap=True), dict):
+            if isinstance(load_checkpoint(other, shapes_only=True, mmap=True), dict):
                 return other
         except Exception:  # noqa: BLE001 - any unreadable neighbour is simply not offered
             continue
     return None
 
 
-def checkpoint_hyperparameters(path: str) -> dict[str, Any]:
-    """The module hyper-parameters a checkpoint recorded (read as tensors and plain containers only)."""
-    saved = read_checkpoint(path).get("hyper_parameters") or {}
-    return dict(saved) if isinstance(saved, dict) else {}
-
-
 def read_checkpoint(path: str) -> dict[str, Any]:
-    """The checkpoint at ``path`` (tensors and plain containers only, memory-mapped), or an ``InputError`` naming
-    what it is instead."""
+    """What the checkpoint at ``path`` holds (tensors and plain containers only; its tensors' dtypes and shapes on the
+    meta device, for a packed file), or an ``InputError`` naming what it is instead."""
     import pickle
 
     try:
-        checkpoint = load_checkpoint(path, mmap=True)  # memory-mapped: only what is read is copied
+        checkpoint = load_checkpoint(path, shapes_only=True, mmap=True)  # tensors on the meta device: none read
     except pickle.UnpicklingError:
         raise  # the CLI names what the weights-only loader refused
     except Exception as error:  # truncated, empty, not a checkpoint at all
