@@ -61,9 +61,13 @@ from lit_grpo.run.checkpoint_io import BesideTargetCheckpointIO
 lit_grpo.cli.BackgroundCheckpointIO = BesideTargetCheckpointIO  # written on the training thread
 """
 UNPACKED = """
+import torch
 from lit_grpo.run import checkpoint_io
-from lit_grpo.run.checkpoint_file import snapshot
-checkpoint_io.BesideTargetCheckpointIO.pack = lambda self, checkpoint: snapshot(checkpoint)  # tensor by tensor
+from lit_grpo.run.checkpoint_file import plain_copy, rebuild, tensor_snapshot
+def snapshot(self, checkpoint):  # each storage copied; the copy is pickled tensor by tensor, as torch.save does
+    storages = {}
+    return rebuild(checkpoint, lambda x: tensor_snapshot(x, storages) if isinstance(x, torch.Tensor) else plain_copy(x))
+checkpoint_io.BesideTargetCheckpointIO.pack = snapshot
 """
 GUARD_TRAINABLE_ONLY = """
 from lit_grpo.callbacks import nonfinite

@@ -9,7 +9,7 @@ from collections import OrderedDict, defaultdict
 import pytest
 import torch
 
-from lit_grpo.run.checkpoint_file import MARK, load_checkpoint, pack, snapshot, unpack
+from lit_grpo.run.checkpoint_file import MARK, load_checkpoint, pack, unpack
 
 
 def small_checkpoint() -> dict:
@@ -121,12 +121,13 @@ def test_a_string_that_begins_like_a_packed_tensor_is_refused_when_packing():
         pack({"note": MARK + "0"})
 
 
-def test_a_snapshot_keeps_container_types_and_owns_its_values():
+def test_a_pack_keeps_container_types_and_owns_its_values():
     counts, shared = defaultdict(list, seen=[1]), torch.ones(3)
-    state = {"counts": counts, "pair": (shared, shared[1:]), "note": "x"}
-    copied = snapshot(state)
-    counts["seen"].append(2), counts["new"].append(3), shared.fill_(5)
-    assert type(copied["counts"]) is defaultdict and copied["counts"].default_factory is list
-    assert copied["counts"] == {"seen": [1]} and copied["note"] == "x"
+    state = {"counts": counts, "pair": (shared, shared[1:]), "note": "x", "head": torch.nn.Parameter(torch.ones(2))}
+    packed = pack(state)
+    counts["seen"].append(2), counts["new"].append(3), shared.fill_(5), state["head"].data.fill_(9)
+    assert type(packed["tree"]["counts"]) is defaultdict and packed["tree"]["counts"].default_factory is list
+    copied = unpack(packed)
+    assert copied["counts"] == {"seen": [1]} and copied["note"] == "x" and copied["head"].tolist() == [1.0, 1.0]
     assert copied["pair"][0].tolist() == [1.0, 1.0, 1.0] and copied["pair"][1].tolist() == [1.0, 1.0]
     assert copied["pair"][1].untyped_storage().data_ptr() == copied["pair"][0].untyped_storage().data_ptr()

@@ -17,8 +17,8 @@ A packed file (version 1) is a dict that ``torch.load(weights_only=True)`` reads
 
 Packed views and tensors sharing a storage share it again once unpacked, as ``torch.load`` keeps them. A tensor
 that is not a plain dense CPU tensor (a ``Parameter``, one that requires grad, on another device, quantized, of a
-dtype outside ``DTYPES``, expanded by a zero stride) stays in the tree as a tensor, copied by ``snapshot``, and is
-pickled as ``torch.save`` pickles it. Such a tensor and a packed one sharing a storage no longer share it once
+dtype outside ``DTYPES``, expanded by a zero stride) stays in the tree as a tensor, copied (``tensor_snapshot``),
+and is pickled as ``torch.save`` pickles it. Such a tensor and a packed one sharing a storage no longer share it once
 unpacked (none does in the checkpoints Lightning builds here).
 
 ``load_checkpoint`` reads a packed file and one written before packing (returned as it was saved), or only what a
@@ -61,15 +61,6 @@ def rebuild(value: Any, leaf: Any) -> Any:
     if type(value) is tuple:
         return tuple(rebuild(item, leaf) for item in value)
     return leaf(value)
-
-
-def snapshot(value: Any, storages: dict[int, torch.UntypedStorage] | None = None) -> Any:
-    """A copy of ``value`` that nothing done to ``value`` afterwards changes: containers rebuilt, each tensor storage
-    copied once (views and tensors sharing a storage share its copy), immutable scalars and strings kept, anything
-    else deep-copied."""
-    storages = {} if storages is None else storages
-    return rebuild(value, lambda item: tensor_snapshot(item, storages) if isinstance(item, torch.Tensor) else (
-        plain_copy(item)))
 
 
 def plain_copy(item: Any) -> Any:
