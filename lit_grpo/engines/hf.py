@@ -31,8 +31,9 @@ class HFEngine:
         shared: see ``RolloutEngine.shared``.
         share_prompt_prefill: compute each prompt's prefill once for its ``n`` samples.
         pack_cpu_weights: on a CPU, decode with the frozen linear weights in oneDNN's packed layout (2x faster
-            bf16 and 4x faster fp32 output heads here; holds a second copy of those weights while generating;
-            see ``lit_grpo.engines.cpu_weights``).
+            bf16 and 4x faster fp32 output heads on a CPU with AVX-512; holds a second copy of those weights while
+            generating). Where the CPU cannot pack the model's dtype (bf16 without AVX-512 or avx_ne_convert), the
+            weights decode unpacked and one line says so; see ``lit_grpo.engines.cpu_weights``.
     """
 
     def __init__(self, batch_size: int = 64, shared: bool = False, share_prompt_prefill: bool = True,
