@@ -128,9 +128,10 @@ def test_a_conversation_is_tokenised_as_the_chat_template_renders_it_never_as_a_
 
 def test_held_out_prompts_are_disjoint_by_conversation_and_a_test_split_is_used_as_given():
     scoring = DatasetTask(str(CHAT_DATA / "train.parquet"), answer_column="solution", heldout_fraction=0.1)
-    train, heldout = scoring.split()
-    assert len(heldout) == 24 and len(train) == 216
-    assert not {repr(r["prompt"]) for r in train} & {repr(r["prompt"]) for r in heldout}
+    train, validation, test = scoring.split()
+    assert (len(train), len(validation), len(test)) == (216, 12, 12)
+    keys = lambda records: {repr(r["prompt"]) for r in records}  # noqa: E731
+    assert not keys(train) & keys(validation + test) and not keys(validation) & keys(test)
     with pytest.raises(InputError, match="row 0: no 'question' column \\(it has: prompt, solution, task_id\\)"):
         DatasetTask(str(CHAT_DATA / "train.parquet"), prompt_column="question").split()
     with pytest.raises(InputError, match="data file '.*missing.parquet' does not exist"):

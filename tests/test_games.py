@@ -25,9 +25,11 @@ def test_each_question_reveals_the_next_hidden_operand_and_an_answer_is_scored()
 
 def test_split_is_disjoint_hides_each_operand_about_half_the_time_and_the_oracle_pays_per_question():
     task = HiddenOperandsTask(heldout_size=500)
-    train, heldout = task.split()
-    assert len(train) + len(heldout) == 8100 and len(heldout) == 500
-    assert not {(r["a"], r["b"]) for r in train} & {(r["a"], r["b"]) for r in heldout}
+    train, validation, test = task.split()
+    heldout = validation + test
+    assert len(train) + len(heldout) == 8100 and len(validation) == len(test) == 250
+    pairs = lambda records: {(r["a"], r["b"]) for r in records}  # noqa: E731
+    assert not pairs(train) & pairs(heldout) and not pairs(validation) & pairs(test)
     counts = [sum(len(r["hidden"]) == k for r in train) / len(train) for k in (0, 1, 2)]
     assert counts == pytest.approx([0.25, 0.5, 0.25], abs=0.02)
     records = [HiddenOperandsTask.record(10, 12, hidden) for hidden in ([], ["a"], ["a", "b"], ["b"])]
@@ -54,9 +56,11 @@ def test_calculator_replaces_the_first_two_operands_by_their_sum_and_the_oracle_
 
 
 def test_calculator_split_is_disjoint_with_an_equal_share_of_each_operand_count():
-    train, heldout = CalculatorTask().split()
-    assert len(train) == 900 and len(heldout) == 300
-    assert not {tuple(r["operands"]) for r in train} & {tuple(r["operands"]) for r in heldout}
+    train, validation, test = CalculatorTask().split()
+    heldout = validation + test
+    assert len(train) == 900 and len(validation) == len(test) == 150
+    operands = lambda records: {tuple(r["operands"]) for r in records}  # noqa: E731
+    assert not operands(train) & operands(heldout) and not operands(validation) & operands(test)
     assert [sum(len(r["operands"]) == k for r in train + heldout) for k in (2, 3, 4)] == [400, 400, 400]
     assert all(10 <= x <= 30 for r in heldout for x in r["operands"])
     with pytest.raises(ValueError, match="operand_counts"):

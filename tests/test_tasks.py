@@ -122,12 +122,16 @@ def test_sort_task_rejects_bad_reward_config():
 
 
 def test_sort_task_split_disjoint():
-    task = SortTask(num_train=200, heldout_size=50, split_seed=3)
+    task = SortTask(num_train=200, heldout_size=50, split_seed=3, test_size=30)
     train = {tuple(r["items"]) for r in task.train_records()}
-    heldout = {tuple(r["items"]) for r in task.heldout_records()}
-    assert len(train) == 200 and len(heldout) == 50
-    assert not train & heldout
-    assert all(3 <= len(items) <= 5 for items in train | heldout)
+    validation = {tuple(r["items"]) for r in task.validation_records()}
+    test = {tuple(r["items"]) for r in task.test_records()}
+    assert (len(train), len(validation), len(test)) == (200, 50, 30)
+    assert not train & validation and not train & test and not validation & test
+    assert all(3 <= len(items) <= 5 for items in train | validation | test)
+    without_test = SortTask(num_train=200, heldout_size=50, split_seed=3, test_size=1)  # test drawn last
+    assert without_test.train_records() == task.train_records()
+    assert without_test.validation_records() == task.validation_records()
 
 
 # --- arithmetic --------------------------------------------------------------------------------------------------

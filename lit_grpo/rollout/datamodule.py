@@ -31,7 +31,7 @@ from lit_grpo.losses import overlong_penalty
 from lit_grpo.risk.probes import probe_records
 from lit_grpo.risk.rule import RiskRule
 from lit_grpo.rollout.ahead import RolloutPrefetcher, rollouts_ahead
-from lit_grpo.rollout.evaluation import HeldOutScores, greedy_completion_scores
+from lit_grpo.rollout.evaluation import HeldOutScores, greedy_completion_scores, held_out_loader
 from lit_grpo.rollout.probes import probe_labels
 from lit_grpo.rollout.prompt_check import check_inputs
 from lit_grpo.rollout.reward_worker import RewardWorker
@@ -384,8 +384,9 @@ class RolloutDataModule(pl.LightningDataModule):
 
     # --- held-out prompts --------------------------------------------------------------------------------------
     def val_records(self) -> list[PromptRecord]:
-        """The held-out prompts a validation uses (the first ``val_max_prompts``)."""
-        return list(self.task.heldout_records())[: self.val_max_prompts]
+        """The validation prompts a validation (and a calibration) uses: the first ``val_max_prompts`` of the
+        task's validation split, never its test split."""
+        return list(self.task.validation_records())[: self.val_max_prompts]
 
     def val_dataloader(self) -> DataLoader:
         """Batches of held-out prompts, each scored greedily with the current policy when the loop reaches it."""
@@ -397,7 +398,12 @@ class RolloutDataModule(pl.LightningDataModule):
         return DataLoader(scores, batch_size=None, shuffle=False)
 
     def test_dataloader(self) -> DataLoader:
-        return self.val_dataloader()
+        """The task's test split, every prompt (``Trainer(limit_test_batches=...)`` takes fewer), scored greedily as
+        validation's are; the task refuses when it has none (``Task.test_records``)."""
+        records = list(self.task.test_records())
+        module = self.checked_module()
+        name = "return" if isinstance(self.task, MultiRoundTask) else "reward"
+        return held_out_loader(records, self.val_batch_size, lambda part: self.greedy_scores(module, part), name)
 
     # --- state and teardown ------------------------------------------------------------------------------------
     def loop_state(self) -> dict[str, int]:

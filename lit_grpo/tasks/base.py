@@ -1,4 +1,5 @@
-"""What a task is: prompts with a held-out split, and rewards on completions (docs/guide.md#your-own-task-or-reward)."""
+"""What a task is: training prompts, validation and test prompts held out from them, and rewards on completions
+(docs/guide.md#your-own-task-or-reward)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
+from lit_grpo.errors import InputError
 from lit_grpo.tasks.reward_answers import (
     REWARD_LIMIT,
     AnswerError,
@@ -72,8 +74,19 @@ class ScoredCompletion:
     parts: dict[str, float | None] | None = None
 
 
+class Splits(NamedTuple):
+    """A task's prompts: ``train`` in the order epochs consume them; ``validation`` (what ``validate``, every
+    validation during ``fit`` and the calibrations read) and ``test`` (what ``test`` reads, the split nobody selects
+    on), both disjoint from training and from each other. ``test`` is ``None`` for a task whose ``split()`` gives
+    only ``(training, held-out)``."""
+
+    train: Sequence[PromptRecord]
+    validation: Sequence[PromptRecord]
+    test: Sequence[PromptRecord] | None = None
+
+
 class Task(ABC):
-    """Prompts, a disjoint held-out split, and how completions are scored.
+    """Prompts in three disjoint splits (training, validation, test), and how completions are scored.
 
     Args:
         use_chat_template: render each prompt through the tokenizer's chat template as one user turn (for
@@ -85,25 +98,45 @@ class Task(ABC):
         self.reward_fn: Callable[[PromptRecord, str, Sequence[int]], float] | None = None
 
     @abstractmethod
-    def split(self) -> tuple[Sequence[PromptRecord], Sequence[PromptRecord]]:
-        """``(training records, held-out records)``, disjoint; built once, on first use. Each record has a
-        ``prompt`` text; training records come in the order epochs consume them."""
+    def split(self) -> tuple[Sequence[PromptRecord], ...]:
+        """``(training, validation, test)`` records, pairwise disjoint; built once, on first use. Each record has a
+        ``prompt`` text; training records come in the order epochs consume them.
+
+        A task written before test splits existed returns ``(training, held-out)``: its held-out records are the
+        validation split, and ``test_records`` refuses (``lit-grpo test`` would otherwise report the prompts a
+        validation selected on)."""
 
     @cached_property
-    def _records(self) -> tuple[Sequence[PromptRecord], Sequence[PromptRecord]]:
-        return self.split()
+    def _records(self) -> Splits:
+        return given_splits(type(self).__name__, self.split())
 
     def train_records(self) -> Sequence[PromptRecord]:
         """The training prompts in the order epochs consume them."""
-        return self._records[0]
+        return self._records.train
+
+    def validation_records(self) -> Sequence[PromptRecord]:
+        """The validation prompts: what every validation and calibration reads."""
+        return self._records.validation
+
+    def test_records(self) -> Sequence[PromptRecord]:
+        """The test prompts, disjoint from training and validation; refused (``InputError``) when the task gives
+        none."""
+        test = self._records.test
+        if not test:
+            raise InputError(no_test_split_message(type(self).__name__, test is None))
+        return test
 
     def heldout_records(self) -> Sequence[PromptRecord]:
-        """The held-out prompts, disjoint from the training ones (validation and test)."""
-        return self._records[1]
+        """Every prompt training never sees: the validation prompts, then the test prompts."""
+        return [*self._records.validation, *(self._records.test or [])]
 
     def keep_records(self, train: Sequence[PromptRecord], heldout: Sequence[PromptRecord]) -> None:
-        """Replace the two splits by subsets of them (prompts too long for the model dropped)."""
-        self.__dict__["_records"] = (list(train), list(heldout))
+        """Replace the splits by subsets of them (prompts too long for the model dropped): ``train`` for training,
+        and of validation and test the records that ``heldout`` keeps (the same objects)."""
+        kept = {id(record) for record in heldout}
+        validation, test = self._records.validation, self._records.test
+        self.__dict__["_records"] = Splits(list(train), [r for r in validation if id(r) in kept],
+                                           None if test is None else [r for r in test if id(r) in kept])
 
     def reward(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
         """The reward of one completion: ``reward_fn``'s, unless a subclass scores it itself."""
@@ -170,6 +203,32 @@ class Task(ABC):
         if not isinstance(prompt, str):  # never a list's or dict's repr
             raise TypeError(f"a prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
         return list(tokenizer(prompt)["input_ids"])
+
+
+def halves(records: Sequence[PromptRecord]) -> tuple[list[PromptRecord], list[PromptRecord]]:
+    """``(validation, test)`` of a game's held-out records: the first half (rounded up) and the rest. Validation
+    keeps the first records, so a validation of at most half of them reads the prompts it read before test
+    splits existed."""
+    cut = -(-len(records) // 2)
+    return list(records[:cut]), list(records[cut:])
+
+
+def given_splits(task_name: str, splits: Sequence[Sequence[PromptRecord]]) -> Splits:
+    """``split()``'s answer as ``Splits``: three sequences, or the two of a task that predates test splits."""
+    if len(splits) not in (2, 3):
+        raise TypeError(f"{task_name}.split() must return (training, validation, test) records, got "
+                        f"{len(splits)} sequences")
+    return Splits(*splits)
+
+
+def no_test_split_message(task_name: str, legacy: bool) -> str:
+    """Why ``test`` cannot run on a task: it gives no test split, or an empty one."""
+    if legacy:
+        return (f"data.task: {task_name} gives no test split (its split() returns (training, held-out), and the "
+                "held-out prompts are the validation split, which validations select on): return (training, "
+                "validation, test) from split() to run lit-grpo test, or use lit-grpo validate")
+    return (f"data.task: {task_name}'s test split is empty (too few held-out prompts to divide between validation "
+            "and test): give more prompts, or a test split of their own")
 
 
 class WeightedRewards:

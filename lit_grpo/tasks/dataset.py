@@ -33,17 +33,22 @@ ColumnCall = Callable[[int, Completions], Column]  # (reward index, batch) -> th
 
 
 class DatasetTask(Task):
-    """Prompts from ``path`` with a held-out split, scored by ``rewards``.
+    """Prompts from ``path`` in training, validation and test splits, scored by ``rewards``.
+
+    The training split is always the whole of ``split`` less what is drawn from it; the held-out prompts are:
+    - validation and test both named (``validation_split``/``validation_path`` and ``test_split``/``test_path``):
+      each used whole, refused if they share a prompt with each other or with training;
+    - only one of them named: that split divided by distinct prompt, the first half (rounded up, in file order)
+      validating and the rest testing (training unchanged);
+    - neither: ``heldout_fraction`` of the distinct prompts of ``split`` drawn and divided the same way.
 
     Args:
         path: a data file (``.jsonl``, ``.json``, ``.parquet``, ``.csv``, ``.arrow``), a ``save_to_disk``
             directory, a folder of data files, or a hub id already in the local cache (nothing is downloaded).
         split: the training split (a single file holds one split, whatever it is called).
-        test_split: a held-out split of the same source (or of ``test_path``).
-        test_path: a separate source of held-out prompts (its ``test_split``, else its ``split``). Without
-            ``test_split`` and ``test_path``, ``heldout_fraction`` of the distinct prompts of ``split`` are held out.
-            A given held-out split must share no prompt with training.
-        heldout_fraction: see ``test_path``.
+        test_split: the test split of the same source (or of ``test_path``).
+        test_path: a separate source of test prompts (its ``test_split``, else its ``split``).
+        heldout_fraction: the share of the distinct prompts of ``split`` held out when no held-out split is named.
         prompt_column: the prompt: a string, or a conversation (a list of ``{"role", "content"}`` messages, which
             always goes through the tokenizer's chat template with the generation prompt added).
         answer_column: the reference answer that ``accuracy`` and the default exact-match reward compare with.
@@ -57,6 +62,8 @@ class DatasetTask(Task):
             rewards, which then must all declare one.
         split_seed: seed of the held-out draw and the training order.
         use_chat_template: render string prompts through the chat template as one user turn.
+        validation_split: the validation split of the same source (or of ``validation_path``).
+        validation_path: a separate source of validation prompts (its ``validation_split``, else its ``split``).
     """
 
     def __init__(
@@ -73,9 +80,12 @@ class DatasetTask(Task):
         failure_reward: float | None = None,
         split_seed: int = 0,
         use_chat_template: bool = False,
+        validation_split: str | None = None,
+        validation_path: str | None = None,
     ) -> None:
         super().__init__(use_chat_template)
-        if test_split is None and test_path is None and not 0 < heldout_fraction < 1:
+        named = (test_split, test_path, validation_split, validation_path)
+        if all(source is None for source in named) and not 0 < heldout_fraction < 1:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
         self.rewards = [import_reward(r) for r in (rewards or [ExactMatchReward()])]
         problem = weights_problem(reward_weights, len(self.rewards))
@@ -93,6 +103,7 @@ class DatasetTask(Task):
                              "lowest score (what a completion gets when a reward raises or none applies)")
         self._failure_reward = min(floors) if failure_reward is None else failure_reward
         self.path, self.split_name, self.test_split, self.test_path = path, split, test_split, test_path
+        self.validation_split, self.validation_path = validation_split, validation_path
         self.heldout_fraction, self.split_seed = heldout_fraction, split_seed
         self.prompt_column, self.answer_column = prompt_column, answer_column
 
@@ -124,32 +135,39 @@ class DatasetTask(Task):
         """Whether a reward compares completions with the ``answer`` column (exact match, the default)."""
         return any(isinstance(reward, ExactMatchReward) for reward in self.rewards)
 
-    def split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
+    def split(self) -> tuple[list[PromptRecord], list[PromptRecord], list[PromptRecord]]:
         located = self.located(self.path, self.split_name)
-        records = [record for _, record in located]
-        random.Random(self.split_seed).shuffle(records)
-        if self.test_split is not None or self.test_path is not None:
-            train, heldout = records, self.given_heldout(records, located[0])
+        train = [record for _, record in located]
+        random.Random(self.split_seed).shuffle(train)
+        validation = self.named_split("validation", self.validation_path, self.validation_split, train, located[0])
+        test = self.named_split("test", self.test_path, self.test_split, train, located[0])
+        if validation is None and test is None:
+            train, heldout = self.drawn_heldout(train)
+            validation, test = divided_by_prompt(heldout)
+        elif validation is None or test is None:  # the one held-out source is divided: training stays whole
+            validation, test = divided_by_prompt(validation or test or [])
         else:
-            train, heldout = self.drawn_heldout(records)
-        if self.answers_compared and not any(str(r["answer"]).strip() for r in [*train, *heldout]):
+            refuse_shared(validation, test, f"the validation split ({self.validation_path or self.path!r})",
+                          f"the test split ({self.test_path or self.path!r})")
+        if self.answers_compared and not any(str(r["answer"]).strip() for r in [*train, *validation, *test]):
             raise InputError(f"data file {self.path!r}: no row has an answer ({self.answer_column!r} column), and the "
                              "default exact-match reward compares completions with it (only an empty completion "
                              "would score): set data.task.init_args.answer_column, or give rewards")
-        return train, heldout
+        return train, validation, test
 
-    def given_heldout(self, train: Sequence[PromptRecord], first: Located) -> list[PromptRecord]:
-        """The held-out records of ``test_path`` / ``test_split``: in the form of the training rows (``first``: the
-        first of them, where it is), sharing no prompt with ``train``."""
-        source = self.test_path or self.path
-        held = self.located(source, self.test_split or self.split_name)
-        check_rows([first, held[0]], False, False)  # one prompt form in both splits
-        heldout = [record for _, record in held]
-        shared = {prompt_key(r) for r in heldout} & {prompt_key(r) for r in train}
-        if shared:
-            raise InputError(f"the held-out split ({source!r}) shares {len(shared)} prompt(s) with the training "
-                             f"split (e.g. {min(shared)!r:.80}); it must be disjoint from training")
-        return heldout
+    def named_split(self, name: str, path: str | None, split: str | None, train: Sequence[PromptRecord],
+                    first: Located) -> list[PromptRecord] | None:
+        """The records of a named held-out split (``path``'s ``split``; ``None`` when neither is given), in file
+        order and in the form of the training rows (``first``: the first of them, where it is), sharing no prompt
+        with ``train``."""
+        if path is None and split is None:
+            return None
+        source = path or self.path
+        held = self.located(source, split or self.split_name)
+        check_rows([first, held[0]], False, False)  # one prompt form in every split
+        records = [record for _, record in held]
+        refuse_shared(records, train, f"the {name} split ({source!r})", "the training split")
+        return records
 
     def drawn_heldout(self, records: list[PromptRecord]) -> tuple[list[PromptRecord], list[PromptRecord]]:
         """``(training, held-out)``: ``heldout_fraction`` of the distinct prompts of ``records`` held out."""
@@ -206,6 +224,22 @@ class DatasetTask(Task):
             reward = self._failure_reward if errors else total
             scored.append(ScoredCompletion(reward, self.is_correct(record, text), "; ".join(errors) or None, parts))
         return scored
+
+
+def divided_by_prompt(records: Sequence[PromptRecord]) -> tuple[list[PromptRecord], list[PromptRecord]]:
+    """``(validation, test)``: the records of the first half of the distinct prompts (rounded up, in order) and
+    those of the rest, so that a prompt given twice stays on one side."""
+    keys = list(dict.fromkeys(prompt_key(r) for r in records))
+    first = set(keys[: -(-len(keys) // 2)])
+    return [r for r in records if prompt_key(r) in first], [r for r in records if prompt_key(r) not in first]
+
+
+def refuse_shared(records: Sequence[PromptRecord], others: Sequence[PromptRecord], name: str, other_name: str) -> None:
+    """Refuse two splits that share a prompt."""
+    shared = {prompt_key(r) for r in records} & {prompt_key(r) for r in others}
+    if shared:
+        raise InputError(f"{name} shares {len(shared)} prompt(s) with {other_name} (e.g. {min(shared)!r:.80}); "
+                         "held-out splits must be disjoint from training and from each other")
 
 
 def prompt_key(record: PromptRecord) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from lit_grpo.tasks.base import PromptRecord
+from lit_grpo.tasks.base import PromptRecord, halves
 from lit_grpo.tasks.multiround import AskOrAnswerTask
 
 HIDDEN = ("a", "b")  # the operands that may be hidden, revealed in this order
@@ -31,7 +31,8 @@ class HiddenOperandsTask(AskOrAnswerTask):
         ask_cost: cost of one question (its reward is ``-ask_cost``).
         malformed_reward: reward of a segment that is neither an answer nor ``?``.
         no_answer_reward: reward of an episode closed at ``max_depth`` without an answer.
-        heldout_size: held-out prompts, disjoint (by operand pair) from the training ones.
+        heldout_size: held-out prompts, disjoint (by operand pair) from the training ones: half validation, half
+            test.
         split_seed: seed of the split, of which operands are hidden, and of the training order.
         use_chat_template: see ``Task``.
     """
@@ -54,12 +55,14 @@ class HiddenOperandsTask(AskOrAnswerTask):
                          split_seed, use_chat_template)
         self.hidden_probability = hidden_probability
 
-    def split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
+    def split(self) -> tuple[list[PromptRecord], list[PromptRecord], list[PromptRecord]]:
+        """Every operand pair, shuffled; the first ``heldout_size`` held out, their first half validating and the
+        rest testing (``halves``)."""
         rng = random.Random(self.split_seed)
         pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
         rng.shuffle(pairs)
         records = [self.record(a, b, [n for n in HIDDEN if rng.random() < self.hidden_probability]) for a, b in pairs]
-        return records[self.heldout_size:], records[: self.heldout_size]
+        return (records[self.heldout_size:], *halves(records[: self.heldout_size]))
 
     @staticmethod
     def record(a: int, b: int, hidden: list[str]) -> PromptRecord:
@@ -102,7 +105,8 @@ class CalculatorTask(AskOrAnswerTask):
         ask_cost: cost of one calculator call (its reward is ``-ask_cost``).
         malformed_reward: reward of a segment that is neither an answer nor ``?``.
         no_answer_reward: reward of an episode closed at ``max_depth`` without an answer.
-        heldout_size: held-out prompts, disjoint (by operand tuple) from the training ones.
+        heldout_size: held-out prompts, disjoint (by operand tuple) from the training ones: half validation, half
+            test.
         split_seed: seed of the prompts, the split and the training order.
         use_chat_template: see ``Task``.
     """
@@ -128,9 +132,9 @@ class CalculatorTask(AskOrAnswerTask):
                          split_seed, use_chat_template)
         self.operand_counts = tuple(operand_counts)
 
-    def split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
+    def split(self) -> tuple[list[PromptRecord], list[PromptRecord], list[PromptRecord]]:
         """``PROMPTS`` distinct operand tuples, an equal share for each operand count, shuffled; the first
-        ``heldout_size`` are held out."""
+        ``heldout_size`` are held out, their first half validating and the rest testing (``halves``)."""
         rng = random.Random(self.split_seed)
         records = []
         for count in self.operand_counts:
@@ -139,7 +143,7 @@ class CalculatorTask(AskOrAnswerTask):
                 tuples.add(tuple(rng.randint(self.LOW, self.HIGH) for _ in range(count)))
             records.extend(self.record(list(t)) for t in sorted(tuples))
         rng.shuffle(records)
-        return records[self.heldout_size:], records[: self.heldout_size]
+        return (records[self.heldout_size:], *halves(records[: self.heldout_size]))
 
     @staticmethod
     def record(operands: list[int]) -> PromptRecord:

@@ -12,7 +12,8 @@ class JsonlTask(DatasetTask):
 
     Args:
         path: the training prompts' JSON-lines file.
-        heldout_path: a separate held-out file; without it, ``heldout_fraction`` of ``path`` is held out.
+        heldout_path: a separate held-out file, divided between validation (its first half of distinct prompts,
+            rounded up) and test; without it, ``heldout_fraction`` of ``path`` is held out and divided the same way.
         heldout_fraction: share of ``path``'s distinct prompts held out (drawn with ``split_seed``) when there is no
             ``heldout_path``.
         prompt_key: the key of the prompt (a string, or a list of chat messages) in each object.

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from lit_grpo.tasks.base import PromptRecord, Task
+from lit_grpo.tasks.base import PromptRecord, Task, halves
 
 SegmentKind = Literal["answer", "ask", "malformed"]
 
@@ -142,7 +142,8 @@ class ClarifyTask(AskOrAnswerTask):
         ask_cost: cost of one question (its reward is ``-ask_cost``).
         malformed_reward: reward of a segment that is neither an answer nor ``?``.
         no_answer_reward: reward of an episode closed at ``max_depth`` without an answer.
-        heldout_size: held-out prompts, disjoint (by operand pair) from the training ones.
+        heldout_size: held-out prompts, disjoint (by operand pair) from the training ones: half validation, half
+            test.
         split_seed: seed of the split, of which prompts hide b, and of the training order.
         use_chat_template: see ``Task``.
     """
@@ -165,12 +166,14 @@ class ClarifyTask(AskOrAnswerTask):
                          split_seed, use_chat_template)
         self.hidden_fraction = hidden_fraction
 
-    def split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
+    def split(self) -> tuple[list[PromptRecord], list[PromptRecord], list[PromptRecord]]:
+        """Every operand pair, shuffled; the first ``heldout_size`` held out, their first half validating and the
+        rest testing (``halves``)."""
         rng = random.Random(self.split_seed)
         pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
         rng.shuffle(pairs)
         records = [self.record(a, b, rng.random() < self.hidden_fraction) for a, b in pairs]
-        return records[self.heldout_size :], records[: self.heldout_size]
+        return (records[self.heldout_size :], *halves(records[: self.heldout_size]))
 
     @staticmethod
     def record(a: int, b: int, hidden: bool) -> PromptRecord:

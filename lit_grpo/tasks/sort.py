@@ -63,7 +63,9 @@ class SortTask(Task):
         min_len: shortest list.
         max_len: longest list (at most 10 distinct digits).
         num_train: number of training lists.
-        heldout_size: number of held-out lists, disjoint from the training ones.
+        heldout_size: number of validation lists, disjoint from the training ones.
+        test_size: number of test lists, disjoint from both: drawn after the others, so the training and validation
+            lists are those of a task without them.
         split_seed: seed of the lists.
         rewards: which partial-credit rewards to use (summed with ``reward_weights``).
         reward_weights: one weight per reward; 1 each by default.
@@ -80,6 +82,7 @@ class SortTask(Task):
         rewards: list[Literal["sort_distance", "inclusion_ordering"]] = ["sort_distance"],  # noqa: B006
         reward_weights: list[float] | None = None,
         use_chat_template: bool = False,
+        test_size: int = 500,
     ) -> None:
         super().__init__(use_chat_template)
         if not 1 <= min_len <= max_len <= 10:
@@ -88,14 +91,18 @@ class SortTask(Task):
         if unknown:
             raise ValueError(f"unknown sort rewards {unknown}; valid choices: {', '.join(SORT_REWARDS)}")
         self.min_len, self.max_len, self.split_seed = min_len, max_len, split_seed
-        self.num_train, self.heldout_size = num_train, heldout_size
+        if test_size < 1:
+            raise ValueError(f"SortTask: test_size must be at least 1, got {test_size}")
+        self.num_train, self.heldout_size, self.test_size = num_train, heldout_size, test_size
         self.reward_fn = WeightedRewards([SORT_REWARDS[name]() for name in rewards], reward_weights)
 
-    def split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
+    def split(self) -> tuple[list[PromptRecord], list[PromptRecord], list[PromptRecord]]:
+        """Distinct lists in the order drawn: ``heldout_size`` validating, ``num_train`` training, then
+        ``test_size`` testing."""
         rng = random.Random(self.split_seed)
         seen: set[tuple[int, ...]] = set()
         records: list[PromptRecord] = []
-        wanted = self.num_train + self.heldout_size
+        wanted = self.num_train + self.heldout_size + self.test_size
         for _ in range(50 * wanted):
             if len(records) == wanted:
                 break
@@ -104,8 +111,10 @@ class SortTask(Task):
                 seen.add(items)
                 records.append(self.record(list(items)))
         if len(records) < wanted:
-            raise ValueError(f"only {len(records)} distinct lists exist for these lengths; lower num_train")
-        return records[self.heldout_size :], records[: self.heldout_size]
+            raise ValueError(f"only {len(records)} distinct lists exist for these lengths; lower num_train, heldout_size "
+                             "or test_size")
+        train_end = self.heldout_size + self.num_train
+        return records[self.heldout_size : train_end], records[: self.heldout_size], records[train_end:]
 
     @staticmethod
     def record(items: list[int]) -> PromptRecord:

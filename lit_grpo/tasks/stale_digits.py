@@ -72,7 +72,9 @@ class StaleDigitsTask(AskOrAnswerTask):
         idle_ask_cost: cost of a question answered ``none;`` (nothing stale was left).
         malformed_reward: reward of a segment that is neither an answer nor ``?``.
         no_answer_reward: reward of an episode closed at ``max_depth`` without an answer.
-        heldout_size: held-out prompts; their codes never occur in training.
+        heldout_size: held-out prompts; their codes never occur in training. The codes are divided: the records of
+            the first half of the held-out codes (rounded up) validate, the rest test (less the few whose shown
+            text a validation prompt also shows).
         split_seed: seed of the split, of which digits are stale and of the stale values.
         use_chat_template: see ``Task``.
     """
@@ -99,8 +101,9 @@ class StaleDigitsTask(AskOrAnswerTask):
         self.stale_probabilities = tuple(stale_probabilities)
         self.rules = Rules(correct_reward, wrong_reward, ask_cost, idle_ask_cost)
 
-    def split(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
-        """Every code of digits 1..9 under every cue, staleness drawn per record; held out by code."""
+    def split(self) -> tuple[list[PromptRecord], list[PromptRecord], list[PromptRecord]]:
+        """Every code of digits 1..9 under every cue, staleness drawn per record; held out by code, and the held-out
+        codes divided between validation and test (a code's four cues on one side)."""
         rng = random.Random(self.split_seed)
         triples = list(itertools.product(range(1, 10), repeat=len(NAMES)))
         rng.shuffle(triples)
@@ -110,7 +113,13 @@ class StaleDigitsTask(AskOrAnswerTask):
         train = [r for group in records[heldout_triples:] for r in group]
         rng.shuffle(heldout)
         rng.shuffle(train)
-        return train, heldout
+        validation_codes = set(triples[: -(-heldout_triples // 2)])
+        validation = [r for r in heldout if tuple(r["digits"]) in validation_codes]
+        # a stale code can show the same text as another code: such test prompts are left out, so that validation
+        # and test never read the same prompt
+        shown = {r["prompt"] for r in validation}
+        test = [r for r in heldout if tuple(r["digits"]) not in validation_codes and r["prompt"] not in shown]
+        return train, validation, test
 
     def draw(self, digits: list[int], cue: str, rng: random.Random) -> PromptRecord:
         p = self.stale_probabilities[CUES.index(cue)]
