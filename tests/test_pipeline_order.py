@@ -143,12 +143,12 @@ def test_fit_then_test_in_one_process_pushes_the_policy_again(tmp_path):
                              max_new_tokens=3, val_max_prompts=20, val_batch_size=8)  # batches of 8, 8, 4
     trainer = pl.Trainer(max_epochs=1, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,
                          default_root_dir=tmp_path, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)
+                         enable_progress_bar=False, enable_model_summary=False, limit_test_batches=3)
     trainer.fit(module, data)
     (results,) = trainer.test(module, data)
     # the figure test() reports is the trained policy's: its greedy answers, computed here apart from the engine
     # and the evaluation loop (a plain forward per token, one prompt at a time), scored by exact match
-    records = data.val_records()
+    records = list(data.task.test_records())[:24]  # the test split's first 3 batches, never validation's prompts
     answers = [greedy_text(module, data.task.prompt_ids(record, module.tokenizer), 3) for record in records]
     right = sum(answer == record["answer"] for answer, record in zip(answers, records))
     assert 0 < right < len(records)  # a figure that tells policies apart: neither all right nor all wrong
