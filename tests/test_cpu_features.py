@@ -41,6 +41,8 @@ MODEL = ROOT / "data" / "tiny-qwen2-chat"  # release-shaped, bf16 on disk, 4 MB
 AVX2_ONLY = {"architecture": "x86_64", "avx": True, "avx2": True, "fma3": True, "f16c": True, "avx512_f": False,
              "avx512_bw": False, "avx512_vl": False, "avx512_dq": False, "avx512_bf16": False, "amx_bf16": False,
              "avx_ne_convert": False}
+# and on the AVX-512 CPU of this project's measurements (no bf16 arithmetic, packs bf16)
+AVX512 = {**AVX2_ONLY, "avx512_f": True, "avx512_bw": True, "avx512_vl": True, "avx512_dq": True}
 UNPACKED_BF16 = "decoding bfloat16 weights unpacked"
 PROMPTS = [[5, 17, 99, 3], [8, 1000, 42]]
 SPEC = SamplingSpec(max_new_tokens=8, seed=3)
@@ -118,13 +120,26 @@ def test_an_avx2_only_cpu_packs_float32_and_not_bfloat16(fresh_probe, caplog):
                        "decodes faster")
 
 
+def on_a_cpu(probe: pytest.MonkeyPatch, capabilities: dict[str, object]) -> None:
+    """What the packing probe reads, faked: an x86 CPU with ``capabilities``, a build with oneDNN's prepacking, and
+    a trial reorder that works wherever the capabilities say it does (the test never reads the real CPU)."""
+    probe.setattr(cpu_weights, "on_x86", lambda: True)
+    probe.setattr(cpu_weights, "packing_available", lambda: True)
+    probe.setattr(cpu_weights, "cpu_capabilities", lambda: dict(capabilities))
+    probe.setattr(cpu_weights, "trial_refusal", lambda dtype: None)
+
+
 def test_the_environment_variable_forces_the_unsupported_branch(fresh_probe):
+    on_a_cpu(fresh_probe, AVX512)  # a CPU that packs bf16: only the variable can refuse
     fresh_probe.setenv(NO_BF16_PACKING, "1")
-    assert packing_refusal(torch.bfloat16).startswith(f"{NO_BF16_PACKING} is set")
-    assert torch.bfloat16 not in packable_dtypes()
+    assert packing_refusal(torch.bfloat16) == (f"{NO_BF16_PACKING} is set (as on a CPU without avx512bw, avx512vl "
+                                               "and avx512dq, or avx_ne_convert)")
+    assert packable_dtypes() == (torch.float32,)
     fresh_probe.setenv(NO_BF16_PACKING, "0")  # 0 is off
-    if cpu_weights.packing_available():
-        assert packing_refusal(torch.bfloat16) == trial_refusal(torch.bfloat16)
+    assert packing_refusal(torch.bfloat16) is None and packable_dtypes() == (torch.float32, torch.bfloat16)
+    on_a_cpu(fresh_probe, AVX2_ONLY)  # with the variable off, an AVX2-only CPU refuses for itself
+    assert packing_refusal(torch.bfloat16) == ("this CPU has no bf16 packing support (needs avx512bw, avx512vl and "
+                                               "avx512dq, or avx_ne_convert)")
 
 
 # --- (a) forced fallback: nothing bf16 packed, the same tokens as unpacked, one message ---------------------------
