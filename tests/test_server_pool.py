@@ -158,7 +158,8 @@ def test_a_push_gives_a_server_that_does_not_answer_health_a_short_probe(servers
         started = time.monotonic()
         with pytest.warns(RuntimeWarning, match=rf"{silent_url} does not answer.*\(GET /health\).*timed out"):
             engine.push_policy(FakePolicy())
-        assert time.monotonic() - started < 5.0  # the probe's timeout, not the request's 60 s
+        # the probe's 0.5 s timeout, not the request's 60 s: a bound far from both, so that no load can reach it
+        assert time.monotonic() - started < 30.0
     assert engine.metrics == {"servers_alive": 1.0} and len(healthy.stats()["loads"]) == 1
 
 

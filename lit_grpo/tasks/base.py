@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import Any
 
 from lit_grpo.errors import InputError
 from lit_grpo.tasks.reward_answers import (
@@ -74,7 +74,8 @@ class ScoredCompletion:
     parts: dict[str, float | None] | None = None
 
 
-class Splits(NamedTuple):
+@dataclass(frozen=True)
+class Splits:
     """A task's prompts: ``train`` in the order epochs consume them; ``validation`` (what ``validate``, every
     validation during ``fit`` and the calibrations read) and ``test`` (what ``test`` reads, the split nobody selects
     on), both disjoint from training and from each other. ``test`` is ``None`` for a task whose ``split()`` gives

@@ -84,8 +84,7 @@ class DatasetTask(Task):
         validation_path: str | None = None,
     ) -> None:
         super().__init__(use_chat_template)
-        named = (test_split, test_path, validation_split, validation_path)
-        if all(source is None for source in named) and not 0 < heldout_fraction < 1:
+        if test_split is None and test_path is None and not 0 < heldout_fraction < 1:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
         self.rewards = [import_reward(r) for r in (rewards or [ExactMatchReward()])]
         problem = weights_problem(reward_weights, len(self.rewards))

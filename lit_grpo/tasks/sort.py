@@ -6,6 +6,7 @@ import random
 from collections.abc import Sequence
 from typing import Literal
 
+from lit_grpo.errors import InputError
 from lit_grpo.tasks.base import PromptRecord, Reward, Task, WeightedRewards
 
 
@@ -92,7 +93,7 @@ class SortTask(Task):
             raise ValueError(f"unknown sort rewards {unknown}; valid choices: {', '.join(SORT_REWARDS)}")
         self.min_len, self.max_len, self.split_seed = min_len, max_len, split_seed
         if test_size < 1:
-            raise ValueError(f"SortTask: test_size must be at least 1, got {test_size}")
+            raise InputError(f"SortTask: test_size must be at least 1, got {test_size}")
         self.num_train, self.heldout_size, self.test_size = num_train, heldout_size, test_size
         self.reward_fn = WeightedRewards([SORT_REWARDS[name]() for name in rewards], reward_weights)
 
@@ -111,8 +112,7 @@ class SortTask(Task):
                 seen.add(items)
                 records.append(self.record(list(items)))
         if len(records) < wanted:
-            raise ValueError(f"only {len(records)} distinct lists exist for these lengths; lower num_train, heldout_size "
-                             "or test_size")
+            raise ValueError(f"only {len(records)} distinct lists exist for these lengths; lower num_train")
         train_end = self.heldout_size + self.num_train
         return records[self.heldout_size : train_end], records[: self.heldout_size], records[train_end:]
 
