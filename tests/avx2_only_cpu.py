@@ -9,8 +9,11 @@ plugin is imported before it). Child processes see the real CPU."""
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
+if "torch" in sys.modules:  # its kernels' ISA is read once, when it loads
+    raise RuntimeError("avx2_only_cpu must load before torch: pass it to pytest with -p avx2_only_cpu")
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
 
