@@ -1,7 +1,9 @@
 """Issue 34: the hf engine runs on any CPU it installs on. oneDNN packs bf16 weights only on x86 CPUs with avx512bw,
 avx512vl and avx512dq, or avx_ne_convert; elsewhere the engine decodes bf16 unpacked and says so once. This machine
 may pack bf16, so the tests force the other CPU: with ``LIT_GRPO_CPU_NO_BF16_PACKING=1``, with torch's cpuinfo
-answering as an AVX2-only CPU does, and with the reorder op raising as it does there. ``model.dtype: auto`` says
+answering as an AVX2-only CPU does, and with the reorder op raising as it does there. No verdict depends on the
+machine's CPU (issue 40): a test that needs one fakes what the probe reads, and the real path (c) is skipped where the
+CPU cannot take it (``-p avx2_only_cpu`` runs the file as on an AVX2-only CPU, CONTRIBUTING.md). ``model.dtype: auto`` says
 what it chose and, on a CPU without bf16 arithmetic, that float32 is faster there."""
 
 from __future__ import annotations
