@@ -221,3 +221,12 @@ def test_test_dataloader_refuses_a_task_without_a_test_split(monkeypatch):
     assert scored.asked == []
     list(data.val_dataloader())
     assert scored.asked == ["0+0=", "1+0=", "2+0=", "3+0="]
+
+
+def test_prompts_dropped_for_length_leave_validation_and_test_apart():
+    task = ArithmeticTask(heldout_size=10)
+    validation, test = list(task.validation_records()), list(task.test_records())
+    kept = validation[1:] + test[:-2]  # what the prompt check keeps (the same record objects)
+    task.keep_records(task.train_records()[:5], kept)
+    assert task.validation_records() == validation[1:] and task.test_records() == test[:-2]
+    assert len(task.train_records()) == 5

@@ -31,7 +31,7 @@ from lit_grpo.losses import overlong_penalty
 from lit_grpo.risk.probes import probe_records
 from lit_grpo.risk.rule import RiskRule
 from lit_grpo.rollout.ahead import RolloutPrefetcher, rollouts_ahead
-from lit_grpo.rollout.evaluation import HeldOutScores, greedy_completion_scores, held_out_loader
+from lit_grpo.rollout.evaluation import HeldOutScores, greedy_completion_scores
 from lit_grpo.rollout.probes import probe_labels
 from lit_grpo.rollout.prompt_check import check_inputs
 from lit_grpo.rollout.reward_worker import RewardWorker
@@ -398,12 +398,14 @@ class RolloutDataModule(pl.LightningDataModule):
         return DataLoader(scores, batch_size=None, shuffle=False)
 
     def test_dataloader(self) -> DataLoader:
-        """The task's test split, every prompt (``Trainer(limit_test_batches=...)`` takes fewer), scored greedily as
-        validation's are; the task refuses when it has none (``Task.test_records``)."""
+        """The task's test split, every prompt (``Trainer(limit_test_batches=...)`` takes fewer), in batches scored
+        greedily as validation's are; the task refuses when it has none (``Task.test_records``)."""
+        module = self.checked_module()  # first: the prompt check may drop prompts too long for the model
         records = list(self.task.test_records())
-        module = self.checked_module()
+        batches = [records[i : i + self.val_batch_size] for i in range(0, len(records), self.val_batch_size)]
         name = "return" if isinstance(self.task, MultiRoundTask) else "reward"
-        return held_out_loader(records, self.val_batch_size, lambda part: self.greedy_scores(module, part), name)
+        scores = HeldOutScores(batches, lambda part: self.greedy_scores(module, part), name)
+        return DataLoader(scores, batch_size=None, shuffle=False)
 
     # --- state and teardown ------------------------------------------------------------------------------------
     def loop_state(self) -> dict[str, int]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from lit_grpo.tasks import PromptRecord
 
@@ -25,12 +25,6 @@ class HeldOutScores(Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         rewards, correct = self.score(self.batches[index])
         return {self.reward_name: rewards, "correct": correct}
-
-
-def held_out_loader(records: list[PromptRecord], batch_size: int, score: Any, reward_name: str) -> DataLoader:
-    """A loader of ``HeldOutScores`` over ``records`` in batches of ``batch_size``, in order."""
-    batches = [records[i : i + batch_size] for i in range(0, len(records), batch_size)]
-    return DataLoader(HeldOutScores(batches, score, reward_name), batch_size=None, shuffle=False)
 
 
 def greedy_completion_scores(task: Any, engine: Any, scorer: Any, tokenizer: Any, records: list[PromptRecord],

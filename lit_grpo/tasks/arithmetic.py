@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-from lit_grpo.tasks.base import ExactMatchReward, PromptRecord, Task, halves
+from lit_grpo.tasks.base import ExactMatchReward, PromptRecord, Task
+from lit_grpo.tasks.splits import halves
 
 
 class ArithmeticTask(Task):

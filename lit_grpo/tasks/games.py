@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import random
 
-from lit_grpo.tasks.base import PromptRecord, halves
+from lit_grpo.tasks.base import PromptRecord
 from lit_grpo.tasks.multiround import AskOrAnswerTask
+from lit_grpo.tasks.splits import halves
 
 HIDDEN = ("a", "b")  # the operands that may be hidden, revealed in this order
 

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from lit_grpo.tasks.base import PromptRecord, Task, halves
+from lit_grpo.tasks.base import PromptRecord, Task
+from lit_grpo.tasks.splits import halves
 
 SegmentKind = Literal["answer", "ask", "malformed"]
 

@@ -100,6 +100,11 @@ class SortTask(Task):
     def split(self) -> tuple[list[PromptRecord], list[PromptRecord], list[PromptRecord]]:
         """Distinct lists in the order drawn: ``heldout_size`` validating, ``num_train`` training, then
         ``test_size`` testing."""
+        after_validation, validation = self.drawn_lists()
+        return after_validation[: self.num_train], validation, after_validation[self.num_train :]
+
+    def drawn_lists(self) -> tuple[list[PromptRecord], list[PromptRecord]]:
+        """``(the lists drawn after the validation ones, the validation lists)``."""
         rng = random.Random(self.split_seed)
         seen: set[tuple[int, ...]] = set()
         records: list[PromptRecord] = []
@@ -113,8 +118,7 @@ class SortTask(Task):
                 records.append(self.record(list(items)))
         if len(records) < wanted:
             raise ValueError(f"only {len(records)} distinct lists exist for these lengths; lower num_train")
-        train_end = self.heldout_size + self.num_train
-        return records[self.heldout_size : train_end], records[: self.heldout_size], records[train_end:]
+        return records[self.heldout_size :], records[: self.heldout_size]
 
     @staticmethod
     def record(items: list[int]) -> PromptRecord:
