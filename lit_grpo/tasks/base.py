@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from lit_grpo.errors import InputError
 from lit_grpo.tasks.reward_answers import (
     REWARD_LIMIT,
     AnswerError,
@@ -168,7 +169,7 @@ class Task(ABC):
             return list(tokenizer(text, add_special_tokens=False)["input_ids"])
         prompt = prompt_record["prompt"]
         if not isinstance(prompt, str):  # never a list's or dict's repr
-            raise TypeError(f"a prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
+            raise InputError(f"a prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
         return list(tokenizer(prompt)["input_ids"])
 
 
@@ -177,10 +178,10 @@ class WeightedRewards:
 
     def __init__(self, rewards: Sequence[Reward], weights: Sequence[float] | None = None) -> None:
         if not rewards:
-            raise ValueError("at least one reward is needed")
+            raise InputError("at least one reward is needed")
         problem = weights_problem(weights, len(rewards))
         if problem:
-            raise ValueError(problem)
+            raise InputError(problem)
         self.rewards = list(rewards)
         self.weights = [1.0] * len(rewards) if weights is None else [float(w) for w in weights]
 
