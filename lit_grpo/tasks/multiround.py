@@ -67,6 +67,14 @@ class MultiRoundTask(Task):
         return self.step(prompt_record, 1, completion_text).reward
 
 
+
+def names_answer_tokens(task: Any) -> bool:
+    """Whether a task (or its class) says which first tokens answer: a ``MultiRoundTask`` overriding
+    ``answer_token_ids``."""
+    cls = task if isinstance(task, type) else type(task)
+    return issubclass(cls, MultiRoundTask) and cls.answer_token_ids is not MultiRoundTask.answer_token_ids
+
+
 class AskOrAnswerTask(MultiRoundTask):
     """The rules the question games share: a segment ``?`` asks (reward ``-ask_cost``; the environment replies with
     ``reply``), a segment of digits answers (``correct_reward`` if it is the record's answer, else
