@@ -24,6 +24,7 @@ from lit_grpo.run.rules import TrainerFacts, cross_knob_problems, risk_decision_
 from lit_grpo.run.strategy import strategy_problems
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+RISK_CALLBACK = "lit_grpo.callbacks.risk.RiskThreshold"  # by name: only cli.py imports the callbacks
 # weights_only: Lightning writes it into every run's config.yaml, which must come back as the resume command's --config
 TOP_LEVEL_KEYS = {"config", "seed_everything", "trainer", "model", "data", "ckpt_path", "weights_only", "metrics",
                   "checkpoint"}
@@ -258,9 +259,9 @@ def config_problems(config: dict[str, Any]) -> list[str]:
 
 
 def risk_callback_problems(callbacks: Any, task: Any) -> list[str]:
-    """``rules.risk_decision_problems`` for each ``RiskThreshold`` among ``trainer.callbacks`` (``task``: the task's
-    class, None when it does not import)."""
-    from lit_grpo.callbacks import RiskThreshold
+    """``rules.risk_decision_problems`` for each ``RiskThreshold`` (or subclass) among ``trainer.callbacks``
+    (``task``: the task's class, None when it does not import). The callback is known by name: only cli.py imports
+    the callbacks."""
     from lit_grpo.tasks.multiround import names_answer_tokens
 
     problems = []
@@ -270,7 +271,8 @@ def risk_callback_problems(callbacks: Any, task: Any) -> list[str]:
             cls = import_object(path) if isinstance(path, str) else None
         except Exception:  # noqa: BLE001 - reported when the callbacks are built
             cls = None
-        if isinstance(cls, type) and issubclass(cls, RiskThreshold):
+        names = {f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__} if isinstance(cls, type) else set()
+        if RISK_CALLBACK in names:
             decision = {**spec, **(spec.get("init_args") or {})}.get("decision", "threshold")
             problems += risk_decision_problems(decision, task.__name__, names_answer_tokens(task))
     return problems
