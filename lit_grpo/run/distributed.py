@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 
-
 def rank_and_world(trainer: Any) -> tuple[int, int]:
     """``(global rank, world size)`` of a trainer; ``(0, 1)`` without one."""
     if trainer is None:

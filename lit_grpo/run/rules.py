@@ -146,7 +146,7 @@ class TrainerFacts:
     reload_dataloaders_every_n_epochs: int | None = None
 
 
-def trainer_problems(trainer: TrainerFacts, data_args: dict[str, Any] | None) -> list[str]:
+def trainer_problems(trainer: TrainerFacts, data_args: dict[str, Any]) -> list[str]:
     """The trainer settings the rollouts depend on, and the data options that would let ranks draw different numbers
     of minibatches (a rank that stepped fewer times would leave the others waiting in an all-reduce forever)."""
     problems = []
@@ -158,13 +158,13 @@ def trainer_problems(trainer: TrainerFacts, data_args: dict[str, Any] | None) ->
     world = trainer.world_size
     if world is None or world == 1:
         return problems
-    if data_args is not None and data_args["prompts_per_epoch"] % world:
+    if data_args["prompts_per_epoch"] % world:
         problems.append(f"data.prompts_per_epoch: {data_args['prompts_per_epoch']} is not a multiple of the {world} "
                         "ranks; every rank trains on an equal share of the epoch's prompts")
-    if data_args is not None and data_args["dynamic_sampling"]:
+    if data_args["dynamic_sampling"]:
         problems.append(f"data.dynamic_sampling: not supported with {world} ranks (ranks would keep different numbers "
                         "of groups)")
-    if data_args is not None and data_args["completion_budget"] is not None:
+    if data_args["completion_budget"] is not None:
         problems.append(f"data.completion_budget: not supported with {world} ranks (counted per process)")
     if trainer.use_distributed_sampler:
         problems.append("trainer.use_distributed_sampler: must be false; each rank's buffer is already its share")
