@@ -40,7 +40,7 @@ class HFEngine:
     def __init__(self, batch_size: int = 64, shared: bool = False, share_prompt_prefill: bool = True,
                  pack_cpu_weights: bool = True) -> None:
         if batch_size < 1:
-            raise InputError(f"batch_size must be >= 1, got {batch_size}")
+            raise InputError(f"HFEngine batch_size: must be >= 1, got {batch_size}")
         self.batch_size = batch_size
         self.shared = shared
         self.share_prompt_prefill = share_prompt_prefill

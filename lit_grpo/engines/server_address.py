@@ -77,5 +77,5 @@ def server_address(host: str = LOOPBACK, port: int | None = None, api_key: str |
             f"api_key (or keep the default host {LOOPBACK})"
         )
     if port is not None and not 0 <= port < 65536:
-        raise InputError(f"server port must be in [0, 65535], got {port}")
+        raise InputError(f"server port must be in [0, 65535] (unset or 0: a free port), got {port}")
     return ServerAddress(host, free_port(host) if not port else port, api_key)

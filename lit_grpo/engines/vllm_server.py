@@ -107,11 +107,11 @@ class VLLMServerEngine:
         shared: bool = False,
     ) -> None:
         if max_model_len is not None and max_model_len < 2:
-            raise InputError(f"max_model_len must be >= 2 or None, got {max_model_len}")
+            raise InputError(f"VLLMServerEngine max_model_len must be >= 2 or None, got {max_model_len}")
         if kv_cache_gib <= 0:
-            raise InputError(f"kv_cache_gib must be positive, got {kv_cache_gib}")
+            raise InputError(f"VLLMServerEngine kv_cache_gib must be positive, got {kv_cache_gib}")
         if max_parallel_requests < 1:
-            raise InputError(f"max_parallel_requests must be >= 1, got {max_parallel_requests}")
+            raise InputError(f"VLLMServerEngine max_parallel_requests must be >= 1, got {max_parallel_requests}")
         self.urls = server_urls(url, urls)  # empty: the engine starts a server of its own
         self.api_key = api_key if api_key is not None else os.environ.get("VLLM_API_KEY")
         self.adapter_dir, self.server_adapter_dir = adapter_dir, server_adapter_dir
@@ -268,7 +268,8 @@ class VLLMServerEngine:
         if self._adapter_name is None or self._pool is None:
             raise RuntimeError("VLLMServerEngine has no policy: call push_policy(model) first")
         if sampling.allowed_token_ids is not None:
-            raise InputError("VLLMServerEngine does not take per-request token constraints; use the hf engine for them")
+            raise InputError("VLLMServerEngine does not take per-request token constraints (the risk rule's "
+                             "forced first tokens); use the hf or vllm engine for them")
         pool, name = self._pool, self._adapter_name
         bodies = [completion_request(name, prompt, n, sampling, index) for index, prompt in enumerate(prompts)]
         with ThreadPoolExecutor(max_workers=min(self.max_parallel_requests, max(len(bodies), 1))) as threads:
@@ -300,14 +301,14 @@ def server_urls(url: str | None, urls: list[str] | None) -> list[str]:
     if url is not None and urls is not None:
         raise InputError("give the vllm_server engine url (one server) or urls (several), not both")
     if urls is not None and not urls:
-        raise InputError("urls must name at least one server (or leave it unset to start one)")
+        raise InputError("VLLMServerEngine urls must name at least one server (or leave it unset to start one)")
     given = [url] if url is not None else list(urls or [])
     for each in given:
         if not each.startswith(("http://", "https://")):
-            raise InputError(f"url must start with http:// or https://, got {each!r}")
+            raise InputError(f"VLLMServerEngine url must start with http:// or https://, got {each!r}")
     cleaned = [each.rstrip("/") for each in given]
     if len(set(cleaned)) != len(cleaned):
-        raise InputError(f"urls names a server twice: {cleaned}")
+        raise InputError(f"VLLMServerEngine urls names a server twice: {cleaned}; name each once")
     return cleaned
 
 

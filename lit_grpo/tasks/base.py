@@ -169,7 +169,8 @@ class Task(ABC):
             return list(tokenizer(text, add_special_tokens=False)["input_ids"])
         prompt = prompt_record["prompt"]
         if not isinstance(prompt, str):  # never a list's or dict's repr
-            raise InputError(f"a prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
+            raise InputError(f"{type(self).__name__}: a prompt must be a string or a list of chat messages, got "
+                             f"{type(prompt).__name__}")
         return list(tokenizer(prompt)["input_ids"])
 
 
@@ -178,7 +179,7 @@ class WeightedRewards:
 
     def __init__(self, rewards: Sequence[Reward], weights: Sequence[float] | None = None) -> None:
         if not rewards:
-            raise InputError("at least one reward is needed")
+            raise InputError("WeightedRewards: at least one reward is needed")
         problem = weights_problem(weights, len(rewards))
         if problem:
             raise InputError(problem)

@@ -76,7 +76,7 @@ class DatasetTask(Task):
     ) -> None:
         super().__init__(use_chat_template)
         if test_split is None and test_path is None and not 0 < heldout_fraction < 1:
-            raise InputError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+            raise InputError(f"data.task.init_args.heldout_fraction must be in (0, 1), got {heldout_fraction}")
         self.rewards = [import_reward(r) for r in (rewards or [ExactMatchReward()])]
         problem = weights_problem(reward_weights, len(self.rewards))
         if problem:

@@ -84,7 +84,8 @@ class AskOrAnswerTask(MultiRoundTask):
                  no_answer_reward: float, heldout_size: int, split_seed: int, use_chat_template: bool) -> None:
         super().__init__(use_chat_template)
         if not wrong_reward < -ask_cost < correct_reward:
-            raise InputError("need wrong_reward < -ask_cost < correct_reward, or asking can never pay or never cost")
+            raise InputError(f"{type(self).__name__}: need wrong_reward < -ask_cost < correct_reward, or asking can "
+                             f"never pay or never cost; got {wrong_reward}, {ask_cost}, {correct_reward}")
         self.correct_reward, self.wrong_reward, self.ask_cost = correct_reward, wrong_reward, ask_cost
         self._malformed, self._no_answer = malformed_reward, no_answer_reward
         self.heldout_size, self.split_seed = heldout_size, split_seed
@@ -169,7 +170,7 @@ class ClarifyTask(AskOrAnswerTask):
         use_chat_template: bool = False,
     ) -> None:
         if not 0 <= hidden_fraction <= 1:
-            raise InputError(f"hidden_fraction must be in [0, 1], got {hidden_fraction}")
+            raise InputError(f"ClarifyTask: hidden_fraction must be in [0, 1], got {hidden_fraction}")
         super().__init__(correct_reward, wrong_reward, ask_cost, malformed_reward, no_answer_reward, heldout_size,
                          split_seed, use_chat_template)
         self.hidden_fraction = hidden_fraction
