@@ -8,10 +8,11 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_grpo.errors import InputError, refuse
+from lit_grpo.errors import refuse
 from lit_grpo.risk.head import expected_calibration_error, learn_then_test
 from lit_grpo.rollout.rule_outcomes import rule_outcome
-from lit_grpo.tasks.multiround import MultiRoundTask
+from lit_grpo.run.rules import risk_decision_problems
+from lit_grpo.tasks.multiround import names_answer_tokens
 
 DEFAULT_CANDIDATES = [0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0]
 
@@ -85,10 +86,8 @@ class RiskThreshold(pl.Callback):
         if trainer.datamodule is None:
             return
         task = getattr(trainer.datamodule, "task", None)
-        if self.decision == "value" and type(task).answer_token_ids is MultiRoundTask.answer_token_ids:
-            raise InputError(f"RiskThreshold decision: value forces answers, but the task {type(task).__name__} does "
-                             "not say which first tokens answer: give it an answer_token_ids(tokenizer) method, or "
-                             "use decision: threshold")
+        refuse("the callbacks and the task do not fit together",
+               risk_decision_problems(self.decision, type(task).__name__, names_answer_tokens(task)))
         trainer.datamodule.risk_threshold = self  # the rollouts' infer/defer rule reads its tau from here
 
     def training_tau(self, epoch: int) -> float | None:

@@ -26,6 +26,7 @@ from lit_grpo.run.checkpoint_io import BackgroundCheckpointIO, BesideTargetCheck
 from lit_grpo.run.distributed import share_cores
 from lit_grpo.run.epoch_checkpoint import EpochCheckpoint
 from lit_grpo.run.host_memory import return_freed_memory
+from lit_grpo.run.refusals import REPORT_BUG, input_refusal
 from lit_grpo.run.resume import check_resume, find_last_checkpoint
 from lit_grpo.run.run_dir import (
     SaveOnInterrupt,
@@ -113,16 +114,18 @@ class LitGRPOCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         # a class refusing its arguments (a task's low > high, a user reward's own check) is a bad input: its
-        # message, before any weights load (the model loads in configure_model, at fit time)
+        # message, before any weights load (the model loads in configure_model, at fit time); anything else raised
+        # here is a bug, shown as one (run/refusals.py)
         try:
             super().instantiate_classes()
-        except InputError:
-            raise  # already names its input
-        except (ValueError, TypeError) as error:
-            if os.environ.get(DEBUG_ENV):
+        except Exception as error:
+            refusal = input_refusal(error)
+            if refusal is None:
+                error.add_note(REPORT_BUG)  # printed below its traceback; the command exits with code 1
                 raise
-            named = input_error_within(error)  # jsonargparse wraps a class's refusal in its union report
-            raise (named or InputError(f"the configuration could not be built: {error}")) from None
+            if refusal is error or os.environ.get(DEBUG_ENV):
+                raise
+            raise refusal from None
 
     def _parse_ckpt_path(self) -> None:
         """Lightning would parse the checkpoint's hyper-parameters over this run's configuration, after our check and
@@ -222,21 +225,6 @@ def main(args: list[str] | None = None) -> None:
     except NonFiniteTrainingError as error:
         print(f"lit-grpo: {error}", file=sys.stderr)
         raise SystemExit(1) from None
-
-
-def input_error_within(error: BaseException) -> InputError | None:
-    """The first ``InputError`` in the chain of exceptions that led to ``error``, if any."""
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [error]
-    while pending:
-        current = pending.pop(0)
-        if current is None or id(current) in seen:
-            continue
-        if isinstance(current, InputError):
-            return current
-        seen.add(id(current))
-        pending += [current.__cause__, current.__context__]
-    return None
 
 
 if __name__ == "__main__":

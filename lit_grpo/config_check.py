@@ -19,10 +19,12 @@ from jsonargparse._util import import_object
 from lit_grpo.errors import InputError
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.run.distributed import distributed_config_problems
-from lit_grpo.run.rules import cross_knob_problems
+from lit_grpo.run.distributed import config_world_size
+from lit_grpo.run.rules import TrainerFacts, cross_knob_problems, risk_decision_problems
+from lit_grpo.run.strategy import strategy_problems
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
+RISK_CALLBACK = "lit_grpo.callbacks.risk.RiskThreshold"  # by name: only cli.py imports the callbacks
 # weights_only: Lightning writes it into every run's config.yaml, which must come back as the resume command's --config
 TOP_LEVEL_KEYS = {"config", "seed_everything", "trainer", "model", "data", "ckpt_path", "weights_only", "metrics",
                   "checkpoint"}
@@ -243,14 +245,36 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     problems += [f"data.{p}" for p in RolloutDataModule.config_problems(data_args)]
     engine = named_class(data_cfg, "engine", HFEngine, "lit_grpo.engines")
     task = named_class(data_cfg, "task", ArithmeticTask, "lit_grpo.tasks")
-    problems += cross_knob_problems(model_args, data_args, engine, task)
-    problems += distributed_config_problems(trainer_cfg, data_args)
+    reload = trainer_cfg.get("reload_dataloaders_every_n_epochs")
+    trainer = TrainerFacts(config_world_size(trainer_cfg), trainer_cfg.get("use_distributed_sampler") is True,
+                           reload if isinstance(reload, int) else None)  # a value of another type: reported above
+    problems += cross_knob_problems(model_args, data_args, engine, task, trainer)
+    problems += risk_callback_problems(trainer_cfg.get("callbacks"), task)
+    problems += strategy_problems(trainer_cfg)  # whatever the world size: FSDP on one CPU process fails too
     max_epochs = trainer_cfg.get("max_epochs")
     if isinstance(max_epochs, int) and max_epochs < -1:
         problems.append(f"trainer.max_epochs: must be >= 0 (or -1 for no limit), got {max_epochs}")
-    if trainer_cfg.get("reload_dataloaders_every_n_epochs", 1) != 1:
-        problems.append("trainer.reload_dataloaders_every_n_epochs: must be 1 (rollouts are regenerated each epoch)")
     problems += trainer_value_problems(trainer_cfg)
+    return problems
+
+
+def risk_callback_problems(callbacks: Any, task: Any) -> list[str]:
+    """``rules.risk_decision_problems`` for each ``RiskThreshold`` (or subclass) among ``trainer.callbacks``
+    (``task``: the task's class, None when it does not import). The callback is known by name: only cli.py imports
+    the callbacks."""
+    from lit_grpo.tasks.multiround import names_answer_tokens
+
+    problems = []
+    for spec in callbacks if isinstance(callbacks, list) and task is not None else []:
+        path = spec.get("class_path") if isinstance(spec, dict) else None
+        try:
+            cls = import_object(path) if isinstance(path, str) else None
+        except Exception:  # noqa: BLE001 - reported when the callbacks are built
+            cls = None
+        names = {f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__} if isinstance(cls, type) else set()
+        if RISK_CALLBACK in names:
+            decision = {**spec, **(spec.get("init_args") or {})}.get("decision", "threshold")
+            problems += risk_decision_problems(decision, task.__name__, names_answer_tokens(task))
     return problems
 
 

@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from lit_grpo.errors import InputError
 from lit_grpo.losses.advantages import check_choice
 
 ValueMode = Literal["mean", "optimal_stopping"]
@@ -115,7 +116,7 @@ def validate_tree(root: Node) -> None:
         raise ValueError("the root is the prompt and cannot be terminal")
     for path, node in walk(root):
         if not math.isfinite(node.reward):
-            raise ValueError(f"node at {_where(path)} has a non-finite reward {node.reward!r}")
+            raise InputError(f"node at {_where(path)} has a non-finite reward {node.reward!r}")
         if node.terminal and node.children:
             raise ValueError(
                 f"terminal node at {_where(path)} has {len(node.children)} children; nothing follows an answer"

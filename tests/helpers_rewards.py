@@ -19,3 +19,13 @@ class SignedReward(Reward):
         if "boom" in completion_text:
             raise ValueError("reward exploded")
         return self.scale if completion_text.strip() == str(prompt_record["answer"]) else -self.scale
+
+
+class StrictReward(SignedReward):
+    """``SignedReward`` that refuses a scale that is not positive with a plain ``ValueError``, as a user's own class
+    refuses its arguments."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        if scale <= 0:
+            raise ValueError(f"scale must be positive, got {scale}")
+        super().__init__(scale)

@@ -5,19 +5,24 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import traceback
 import warnings
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from transformers import AutoTokenizer
 
+from lit_grpo.cli import main
 from lit_grpo.config_check import config_problems
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.errors import InputError
 from lit_grpo.policy.model_loading import load_policy
 from lit_grpo.run.model_files import load_tokenizer
 from lit_grpo.policy.module import PolicyModule
+from lit_grpo.run.refusals import input_refusal
 from lit_grpo.tasks import JsonlTask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,3 +179,72 @@ def test_cli_prints_a_bad_input_without_traceback(tmp_path):
     assert result.returncode == 2, result.stderr[-3000:]
     assert f"lit-grpo: data file '{empty}' (split 'train') is empty: it holds no rows" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def built_by_the_command(args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> pytest.ExceptionInfo:
+    """``lit-grpo fit`` on data/tiny-llama with ``args``, which must stop while its classes are built."""
+    base = ["fit", "--model.model_name_or_path", str(ROOT / "data" / "tiny-llama"), "--trainer.logger", "false",
+            "--trainer.default_root_dir", str(tmp_path), "--trainer.max_epochs", "1"]
+    capsys.readouterr()
+    with pytest.raises(BaseException) as info:
+        main(base + args)
+    return info
+
+
+def test_a_bug_while_the_classes_are_built_is_shown_as_a_bug(tmp_path, capsys, monkeypatch):
+    def called_wrongly(*args: Any) -> None:  # stands for a bug in lit-grpo's own code
+        raise TypeError("refuse() takes 2 positional arguments but 3 were given")
+
+    monkeypatch.setattr("lit_grpo.rollout.datamodule.refuse", called_wrongly)
+    info = built_by_the_command([], tmp_path, capsys)
+    assert type(info.value) is TypeError  # not an InputError, not exit code 2
+    assert "lit-grpo: the configuration" not in capsys.readouterr().err
+    shown = "".join(traceback.format_exception(info.value))
+    assert shown.startswith("Traceback") and "in called_wrongly" in shown
+    assert shown.splitlines()[-2:] == ["TypeError: refuse() takes 2 positional arguments but 3 were given",
+                                       "lit-grpo: this is a bug in lit-grpo, please report it with the traceback above"]
+
+
+def test_a_users_class_refusing_its_arguments_is_named_as_a_bad_input(tmp_path, capsys):
+    # the user's own code refusing the user's own value: a bad input, named by the class that refused it
+    reward = '[{"class_path": "tests.helpers_rewards.StrictReward", "init_args": {"scale": -1}}]'
+    info = built_by_the_command(["--data.task", "lit_grpo.tasks.DatasetTask", "--data.task.path",
+                                 "data/chat-addition/train.parquet", "--data.task.rewards", reward], tmp_path, capsys)
+    assert info.value.args == (2,), info.value
+    err = capsys.readouterr().err
+    assert "lit-grpo: tests.helpers_rewards.StrictReward refused its arguments: scale must be positive, got -1.0\n" in err
+    assert "Traceback" not in err
+
+
+def test_what_counts_as_a_refusal_of_input():
+    # raised while no class was being built, outside jsonargparse's type checks: a bug; Lightning's refusal of a
+    # setting and an InputError wrapped in jsonargparse's union report: inputs
+    error = TypeError("unhashable type: 'list'")
+    try:
+        raise error
+    except TypeError:
+        pass
+    assert input_refusal(error) is None
+    assert str(input_refusal(MisconfigurationException("`every_n_epochs` must be >= 0"))) == (
+        "the configuration could not be built: `every_n_epochs` must be >= 0")
+    wrapped = ValueError("Does not validate against any of the Union subtypes")
+    wrapped.__cause__ = InputError("RewardModel 'x' is not a sequence-classification checkpoint")
+    assert input_refusal(wrapped) is wrapped.__cause__
+
+
+@pytest.mark.slow
+def test_the_command_prints_a_bugs_traceback_and_asks_to_report_it(tmp_path):
+    program = ("import sys, lit_grpo.rollout.datamodule as data\n"
+               "def called_wrongly(*args): raise TypeError('refuse() takes 2 positional arguments but 3 were given')\n"
+               "data.refuse = called_wrongly\n"
+               "from lit_grpo.cli import main\n"
+               "main(sys.argv[1:])\n")
+    args = ["fit", "--model.model_name_or_path", str(ROOT / "data" / "tiny-llama"), "--trainer.logger", "false",
+            "--trainer.max_epochs", "1"]
+    result = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, cwd=tmp_path,
+                            timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback (most recent call last)" in result.stderr
+    assert result.stderr.rstrip().endswith(
+        "TypeError: refuse() takes 2 positional arguments but 3 were given\n"
+        "lit-grpo: this is a bug in lit-grpo, please report it with the traceback above")

@@ -296,3 +296,71 @@ def test_each_feature_with_each_rollout_kind_runs_or_is_refused_up_front(feature
     err = capsys.readouterr().err
     assert info.value.code == 2 and "Traceback" not in err and not reads
     assert f"{knob} " in err and f"with data.rollout {rollout!r}: {feature.why}" in err
+
+
+def knobs(cls: type, **given: Any) -> dict[str, Any]:
+    """A class's arguments: its signature's defaults with ``given`` in place."""
+    from lit_grpo.config_check import signature_defaults
+
+    return {**signature_defaults(cls), **given}
+
+
+# every rule between knobs that is not a row of FEATURES, each made to fire alone, with the message written by hand
+RULES = [
+    ({"loss_variant": "gspo", "aggregation": "token-mean"}, {}, None,
+     "model.aggregation: loss_variant 'gspo' takes 'seq-mean' only, got 'token-mean'"),
+    ({"loss_variant": "gspo", "aggregation": "seq-mean", "tis_cap": 2.0}, {}, None,
+     "model.tis_cap: the per-token correction does not apply to gspo's sequence-level ratio; leave tis_cap unset "
+     "with loss_variant 'gspo'"),
+    ({"loss_variant": "gspo", "aggregation": "seq-mean", "advantage_mode": "gae"}, {}, None,
+     "model.advantage_mode: 'gae' gives per-token advantages, which gspo does not take; use another advantage_mode "
+     "or loss_variant"),
+    ({"advantage_mode": "raw"}, {"group_size": 3, "minibatch_size": 8}, None,
+     "data.minibatch_size: 8 is not a multiple of group_size (3); minibatches hold whole groups"),
+    ({}, {"max_new_tokens": 4, "overlong_cache": 5}, None,
+     "data.overlong_cache: must be in [1, max_new_tokens], got 5 (max_new_tokens 4)"),
+    ({}, {"completion_budget": 4}, None, "data.completion_budget: must be >= group_size (8) or None, got 4"),
+    ({}, {"group_size": 1, "minibatch_size": 8}, None,
+     "data.group_size 1 with model.advantage_mode 'grpo': a group of one has advantage 0, so nothing would be "
+     "learned; use group_size >= 2 (or advantage_mode 'raw')"),
+    ({}, {}, {"reload_dataloaders_every_n_epochs": 0},
+     "trainer.reload_dataloaders_every_n_epochs: must be 1, got 0: RolloutDataModule needs "
+     "Trainer(reload_dataloaders_every_n_epochs=1), else the first epoch's rollouts would be trained on forever"),
+    ({}, {"prompts_per_epoch": 6}, {"world_size": 4},
+     "data.prompts_per_epoch: 6 is not a multiple of the 4 ranks; every rank trains on an equal share of the epoch's "
+     "prompts"),
+    ({}, {"dynamic_sampling": True}, {"world_size": 2},
+     "data.dynamic_sampling: not supported with 2 ranks (ranks would keep different numbers of groups)"),
+    ({}, {"completion_budget": 64}, {"world_size": 2},
+     "data.completion_budget: not supported with 2 ranks (counted per process)"),
+    ({}, {}, {"world_size": 2, "use_distributed_sampler": True},
+     "trainer.use_distributed_sampler: must be false; each rank's buffer is already its share"),
+]
+
+
+@pytest.mark.parametrize(("model", "data", "trainer", "message"), RULES, ids=[rule[3][:40] for rule in RULES])
+def test_each_rule_between_knobs_fires_alone_with_its_message(model, data, trainer, message):
+    from lit_grpo.rollout.datamodule import RolloutDataModule
+    from lit_grpo.run.rules import TrainerFacts, cross_knob_problems
+
+    facts = None if trainer is None else TrainerFacts(**trainer)
+    args = (knobs(PolicyModule, **model), knobs(RolloutDataModule, **data))
+    assert cross_knob_problems(*args, trainer=facts) == [message]
+    assert cross_knob_problems(knobs(PolicyModule), knobs(RolloutDataModule), trainer=TrainerFacts(1, False, 1)) == []
+
+
+def test_the_module_alone_hears_its_own_rules_and_the_risk_callback_hears_the_task():
+    from lit_grpo.errors import InputError
+    from lit_grpo.run.rules import risk_decision_problems
+    from lit_grpo.tasks import ClarifyTask
+    from lit_grpo.tasks.multiround import names_answer_tokens
+
+    with pytest.raises(InputError) as refused:
+        PolicyModule(loss_variant="dpo", advantage_mode="gae")
+    assert str(refused.value).endswith("model.loss_variant 'dpo' learns from preference pairs; it takes no GAE "
+                                       "advantages: use another advantage_mode")
+    assert names_answer_tokens(ClarifyTask) and not names_answer_tokens(ArithmeticTask())
+    assert risk_decision_problems("value", "ArithmeticTask", False) == [
+        "RiskThreshold decision: value forces answers, but the task ArithmeticTask does not say which first tokens "
+        "answer: give it an answer_token_ids(tokenizer) method, or use decision: threshold"]
+    assert risk_decision_problems("threshold", "ArithmeticTask", False) == []

@@ -278,3 +278,38 @@ def test_the_python_api_refuses_a_trainer_that_reuses_the_first_rollouts_before_
     with pytest.raises(InputError, match=r"needs Trainer\(reload_dataloaders_every_n_epochs=1\)"):
         trainer.fit(PolicyModule(model_name_or_path=str(model_dir)), RolloutDataModule())
     assert reads == []  # refused in setup, before configure_model reads any weights
+
+
+# issue 40, item 5: a rule between knobs lives once (lit_grpo.run.rules), worded once, heard both ways
+RELOAD = ("trainer.reload_dataloaders_every_n_epochs: must be 1, got 0: RolloutDataModule needs "
+          "Trainer(reload_dataloaders_every_n_epochs=1), else the first epoch's rollouts would be trained on forever")
+RISK_VALUE = ("RiskThreshold decision: value forces answers, but the task ArithmeticTask does not say which first "
+              "tokens answer: give it an answer_token_ids(tokenizer) method, or use decision: threshold")
+
+
+@pytest.mark.parametrize(("trainer_config", "trainer_arguments", "message"), [
+    ({"reload_dataloaders_every_n_epochs": 0}, {"reload_dataloaders_every_n_epochs": 0}, RELOAD),
+    ({"callbacks": [{"class_path": "lit_grpo.callbacks.RiskThreshold", "init_args": {"decision": "value"}}]},
+     {"callbacks": "RiskThreshold(decision='value')"}, RISK_VALUE),
+], ids=["reload", "risk-decision"])
+def test_a_rule_between_knobs_says_the_same_from_the_command_and_from_python(model_dir, monkeypatch, trainer_config,
+                                                                           trainer_arguments, message):
+    import lightning.pytorch as pl
+    from support import weight_reads
+
+    from lit_grpo.callbacks import RiskThreshold
+    from lit_grpo.errors import InputError
+    from lit_grpo.policy.module import PolicyModule
+    from lit_grpo.rollout.datamodule import RolloutDataModule
+
+    assert config_problems({"model": {"model_name_or_path": model_dir}, "trainer": trainer_config}) == [message]
+    reads = weight_reads(monkeypatch)
+    arguments = dict(trainer_arguments)
+    if "callbacks" in arguments:
+        arguments["callbacks"] = [RiskThreshold(decision="value")]
+    trainer = pl.Trainer(**{"reload_dataloaders_every_n_epochs": 1, **arguments}, max_epochs=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(InputError) as refused:
+        trainer.fit(PolicyModule(model_name_or_path=str(model_dir)), RolloutDataModule())
+    assert str(refused.value).endswith(f"\n  - {message}")
+    assert reads == []  # in setup, before any weights load

@@ -15,7 +15,8 @@ import torch
 
 from ddp_check import run as run_fit
 from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.run.distributed import check_distributed_data, global_moments, global_step_denominators, rank_share
+from lit_grpo.run.distributed import global_moments, global_step_denominators, rank_share
+from lit_grpo.run.rules import TrainerFacts, cross_knob_problems
 from lit_grpo.tasks import ArithmeticTask
 
 CHECK = Path(__file__).with_name("ddp_check.py")
@@ -42,15 +43,16 @@ def test_each_rank_draws_its_share_and_the_cursor_moves_past_all_shares():
 
 
 def test_options_that_would_unbalance_ranks_are_refused_on_every_rank():
+    # the registry's rule, which RolloutDataModule.setup runs on every rank with the trainer's settings
     datamodule = RolloutDataModule(prompts_per_epoch=4, group_size=2, minibatch_size=4, dynamic_sampling=True,
                                    completion_budget=64)
-    trainer = SimpleNamespace(world_size=2, _accelerator_connector=SimpleNamespace(use_distributed_sampler=True))
-    with pytest.raises(ValueError) as refused:
-        check_distributed_data(trainer, datamodule)
-    message = str(refused.value)
-    assert message.startswith("2 ranks: Trainer(use_distributed_sampler=False) is needed")
-    assert "data.dynamic_sampling" in message and "data.completion_budget" in message
-    check_distributed_data(SimpleNamespace(world_size=1), datamodule)  # one process: all of them are fine
+    two_ranks = TrainerFacts(world_size=2, use_distributed_sampler=True)
+    assert cross_knob_problems(None, datamodule.settings, trainer=two_ranks) == [
+        "data.dynamic_sampling: not supported with 2 ranks (ranks would keep different numbers of groups)",
+        "data.completion_budget: not supported with 2 ranks (counted per process)",
+        "trainer.use_distributed_sampler: must be false; each rank's buffer is already its share",
+    ]
+    assert cross_knob_problems(None, datamodule.settings, trainer=TrainerFacts(world_size=1)) == []  # one process
 
 
 class TwoRankStrategy:

@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 from lit_grpo.engines.base import Completion, SamplingSpec
 from lit_grpo.engines.cpu_weights import packed_frozen_linears
 from lit_grpo.engines.hf_decode import Decoding, decode, prompt_uniforms, shared_prefill
+from lit_grpo.errors import InputError
 
 
 class HFEngine:
@@ -39,7 +40,7 @@ class HFEngine:
     def __init__(self, batch_size: int = 64, shared: bool = False, share_prompt_prefill: bool = True,
                  pack_cpu_weights: bool = True) -> None:
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise InputError(f"HFEngine batch_size: must be >= 1, got {batch_size}")
         self.batch_size = batch_size
         self.shared = shared
         self.share_prompt_prefill = share_prompt_prefill

@@ -11,6 +11,8 @@ import ipaddress
 import socket
 from dataclasses import dataclass
 
+from lit_grpo.errors import InputError
+
 LOOPBACK = "127.0.0.1"
 API_KEY_ENV = "VLLM_API_KEY"  # read by `vllm serve`; passing the key in the environment keeps it out of `ps`
 
@@ -70,10 +72,10 @@ def server_address(host: str = LOOPBACK, port: int | None = None, api_key: str |
         api_key: the key clients must present; required off loopback.
     """
     if not is_loopback(host) and not api_key:
-        raise ValueError(
+        raise InputError(
             f"server host {host!r} is not loopback: the server would accept requests from the network; set an "
             f"api_key (or keep the default host {LOOPBACK})"
         )
     if port is not None and not 0 <= port < 65536:
-        raise ValueError(f"server port must be in [0, 65535], got {port}")
+        raise InputError(f"server port must be in [0, 65535] (unset or 0: a free port), got {port}")
     return ServerAddress(host, free_port(host) if not port else port, api_key)

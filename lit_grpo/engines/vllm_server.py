@@ -42,6 +42,7 @@ from lit_grpo.engines.server_pool import (
     distributed_peers,
     http_json,
 )
+from lit_grpo.errors import InputError
 
 PROBE_TIMEOUT = 10.0  # seconds a push waits for a server's /health before skipping it until the next push
 
@@ -106,11 +107,11 @@ class VLLMServerEngine:
         shared: bool = False,
     ) -> None:
         if max_model_len is not None and max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2 or None, got {max_model_len}")
+            raise InputError(f"VLLMServerEngine max_model_len must be >= 2 or None, got {max_model_len}")
         if kv_cache_gib <= 0:
-            raise ValueError(f"kv_cache_gib must be positive, got {kv_cache_gib}")
+            raise InputError(f"VLLMServerEngine kv_cache_gib must be positive, got {kv_cache_gib}")
         if max_parallel_requests < 1:
-            raise ValueError(f"max_parallel_requests must be >= 1, got {max_parallel_requests}")
+            raise InputError(f"VLLMServerEngine max_parallel_requests must be >= 1, got {max_parallel_requests}")
         self.urls = server_urls(url, urls)  # empty: the engine starts a server of its own
         self.api_key = api_key if api_key is not None else os.environ.get("VLLM_API_KEY")
         self.adapter_dir, self.server_adapter_dir = adapter_dir, server_adapter_dir
@@ -145,7 +146,7 @@ class VLLMServerEngine:
     def push_policy(self, model: Any) -> None:
         base_path = model.peft_config[model.active_adapter].base_model_name_or_path
         if self._model_path is not None and base_path != self._model_path:
-            raise ValueError(f"this engine serves {self._model_path!r}, not {base_path!r}: use one engine per model")
+            raise InputError(f"this engine serves {self._model_path!r}, not {base_path!r}: use one engine per model")
         self._model_path, self._vocab_size = base_path, policy_vocab_size(model)
         if not self.urls:  # a server of this process's own: nobody else loads adapters there
             self._start_server(base_path)  # once; afterwards it reports a server that has died since
@@ -267,7 +268,8 @@ class VLLMServerEngine:
         if self._adapter_name is None or self._pool is None:
             raise RuntimeError("VLLMServerEngine has no policy: call push_policy(model) first")
         if sampling.allowed_token_ids is not None:
-            raise ValueError("VLLMServerEngine does not take per-request token constraints; use the hf engine for them")
+            raise InputError("VLLMServerEngine does not take per-request token constraints (the risk rule's "
+                             "forced first tokens); use the hf or vllm engine for them")
         pool, name = self._pool, self._adapter_name
         bodies = [completion_request(name, prompt, n, sampling, index) for index, prompt in enumerate(prompts)]
         with ThreadPoolExecutor(max_workers=min(self.max_parallel_requests, max(len(bodies), 1))) as threads:
@@ -297,16 +299,16 @@ class VLLMServerEngine:
 def server_urls(url: str | None, urls: list[str] | None) -> list[str]:
     """The servers an engine was given, checked: ``url`` or ``urls`` (not both), each http(s), none twice."""
     if url is not None and urls is not None:
-        raise ValueError("give the vllm_server engine url (one server) or urls (several), not both")
+        raise InputError("give the vllm_server engine url (one server) or urls (several), not both")
     if urls is not None and not urls:
-        raise ValueError("urls must name at least one server (or leave it unset to start one)")
+        raise InputError("VLLMServerEngine urls must name at least one server (or leave it unset to start one)")
     given = [url] if url is not None else list(urls or [])
     for each in given:
         if not each.startswith(("http://", "https://")):
-            raise ValueError(f"url must start with http:// or https://, got {each!r}")
+            raise InputError(f"VLLMServerEngine url must start with http:// or https://, got {each!r}")
     cleaned = [each.rstrip("/") for each in given]
     if len(set(cleaned)) != len(cleaned):
-        raise ValueError(f"urls names a server twice: {cleaned}")
+        raise InputError(f"VLLMServerEngine urls names a server twice: {cleaned}; name each once")
     return cleaned
 
 

@@ -43,8 +43,6 @@ def assign_advantages(buffer: RolloutBuffer, objective: Objective, knobs: Advant
     """Set ``buffer.advantages`` (and ``returns`` for PPO): of the trees, by GAE with a value head, as DPO pairs, or
     group advantages of the rewards (less beta * KL when ``kl_in='reward'``). ``ranks``: (strategy, world size)."""
     if buffer.trees is not None:
-        if objective.kl_in == "reward" and objective.kl_coef > 0:
-            raise ValueError("kl_in='reward' is for grouped rollouts; use kl_in='loss' with tree or chain rollouts")
         if knobs.value_head:  # chains only (combinations.py): GAE along each episode's rounds
             buffer.advantages, buffer.returns = gae_advantages(buffer, objective, knobs, ranks,
                                                                chains=chain_rows(buffer.trees))

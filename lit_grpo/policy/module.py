@@ -45,7 +45,7 @@ from lit_grpo.risk.fit import RiskReplay
 from lit_grpo.risk.head import RiskHead, RiskHeadSpec
 from lit_grpo.run.distributed import global_step_denominators
 from lit_grpo.run.model_files import BaseDtype, load_tokenizer, resolve_model_path
-from lit_grpo.run.rules import choice_problems
+from lit_grpo.run.rules import choice_problems, cross_knob_problems
 from lit_grpo.tree import StdScope, ValueMode
 
 
@@ -155,7 +155,9 @@ class PolicyModule(TrainedState):
     ) -> None:
         super().__init__()
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "optimizer", "lr_scheduler")}
-        refuse("invalid PolicyModule configuration", self.config_problems(arguments))
+        # the rules between its own knobs too (the module alone, before it meets a data module)
+        problems = self.config_problems(arguments) + cross_knob_problems(arguments, None)
+        refuse("invalid PolicyModule configuration", problems)
         # hparams go into checkpoints, which load with weights_only=True: keep the risk spec a plain mapping there
         risk = dataclasses.asdict(risk) if isinstance(risk, RiskHeadSpec) else risk
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])

@@ -21,7 +21,7 @@ DEFAULT_CLIP_EPS = 0.2
 def module_config_problems(args: dict[str, Any]) -> list[str]:
     """Every problem with PolicyModule's argument values beyond their choices (``PolicyModule.config_problems``
     adds those, read off the signature's ``Literal`` types), as messages naming the knob (empty when all is
-    well)."""
+    well). Rules between knobs are ``lit_grpo.run.rules``'s."""
     problems = []
     if args["lora_rank"] < 1:
         problems.append(f"lora_rank: must be >= 1, got {args['lora_rank']}")
@@ -34,20 +34,12 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
             problems.append(f"{name}: must be positive, got {args[name]}")
     if args["kl_coef"] < 0:
         problems.append(f"kl_coef: must be >= 0, got {args['kl_coef']}")
-    if args["loss_variant"] == "gspo" and args["aggregation"] != "seq-mean":
-        problems.append(f"aggregation: loss_variant 'gspo' takes 'seq-mean' only, got {args['aggregation']!r}")
     if args["tis_cap"] is not None and args["tis_cap"] <= 0:
         problems.append(f"tis_cap: must be positive or None, got {args['tis_cap']}")
-    if args["tis_cap"] is not None and args["loss_variant"] == "gspo":
-        problems.append("tis_cap: the per-token correction does not apply to gspo's sequence-level ratio")
     if args["vf_clip"] is not None and args["vf_clip"] <= 0:
         problems.append(f"vf_clip: must be positive or None, got {args['vf_clip']}")
     if not 0 <= args["gamma"] <= 1 or not 0 <= args["gae_lambda"] <= 1:
         problems.append(f"gamma and gae_lambda must be in [0, 1], got {args['gamma']} and {args['gae_lambda']}")
-    if args["advantage_mode"] == "gae" and args["loss_variant"] == "gspo":
-        problems.append("advantage_mode: 'gae' gives per-token advantages, which gspo does not take")
-    if args["loss_variant"] == "dpo" and args["advantage_mode"] == "gae":
-        problems.append("loss_variant 'dpo' learns from preference pairs; it takes no GAE advantages")
     if args["dpo_beta"] <= 0:
         problems.append(f"dpo_beta: must be positive, got {args['dpo_beta']}")
     if not isinstance(args["packed_forward"], bool):

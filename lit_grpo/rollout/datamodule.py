@@ -42,12 +42,11 @@ from lit_grpo.rollout.settings import (
 )
 from lit_grpo.rollout.trees import expand_trees, greedy_episodes
 from lit_grpo.run.distributed import (
-    check_distributed_data,
     rank_and_world,
     rank_share,
 )
 from lit_grpo.run.resume import task_record
-from lit_grpo.run.rules import choice_problems, cross_knob_problems
+from lit_grpo.run.rules import TrainerFacts, choice_problems, cross_knob_problems
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks import ArithmeticTask, MultiRoundTask, PromptRecord, Task
 
@@ -166,12 +165,12 @@ class RolloutDataModule(pl.LightningDataModule):
         return choice_problems(cls.__init__, args) + data_config_problems(args)
 
     def setup(self, stage: str) -> None:
-        """Refuse a module feature this rollout kind does not implement (the CLI reported it before loading)."""
-        hparams = dict(self.trainer.lightning_module.hparams)
-        problems = cross_knob_problems(hparams, self.settings, self.engine, self.task)
-        if self.trainer.reload_dataloaders_every_n_epochs != 1:
-            problems.append("RolloutDataModule needs Trainer(reload_dataloaders_every_n_epochs=1): without it the first "
-                            "epoch's rollouts would be trained on forever")
+        """Refuse what the rules between knobs refuse (the module's, the data's, the trainer's; run/rules.py): the CLI
+        reported them before loading, a Python run hears them here, before any weights load."""
+        hparams, trainer = dict(self.trainer.lightning_module.hparams), self.trainer
+        sampler = getattr(trainer._accelerator_connector, "use_distributed_sampler", False)  # no public attribute
+        facts = TrainerFacts(trainer.world_size, sampler, trainer.reload_dataloaders_every_n_epochs)
+        problems = cross_knob_problems(hparams, self.settings, self.engine, self.task, facts)
         refuse("the module and the data do not fit together", problems)
         self.task.use_device(self.trainer.strategy.root_device)  # a reward model runs beside the policy
         self.task_identity()  # before the first loader may drop long prompts
@@ -188,7 +187,6 @@ class RolloutDataModule(pl.LightningDataModule):
             trainer.should_stop = True
             return DataLoader([], batch_size=None)
         module = self.checked_module()
-        check_distributed_data(trainer, self)
         self.buffer = self.collect_rollouts(module, epoch)
         generator = torch.Generator().manual_seed(self.epoch_seed(epoch, "shuffle"))
         plan = minibatch_plan(self.buffer, self.minibatch_size, self.ppo_epochs, generator)

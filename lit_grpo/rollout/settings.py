@@ -9,7 +9,8 @@ import lightning.pytorch as pl
 
 def data_config_problems(args: dict[str, Any]) -> list[str]:
     """Every problem with RolloutDataModule's own argument values beyond their choices
-    (``RolloutDataModule.config_problems`` adds those, read off the signature's ``Literal`` types)."""
+    (``RolloutDataModule.config_problems`` adds those, read off the signature's ``Literal`` types). Rules between
+    knobs are ``lit_grpo.run.rules``'s."""
     problems = []
     for name in ("group_size", "prompts_per_epoch", "minibatch_size", "ppo_epochs", "max_new_tokens", "val_batch_size",
                  "max_sampling_rounds"):
@@ -17,18 +18,8 @@ def data_config_problems(args: dict[str, Any]) -> list[str]:
             problems.append(f"{name}: must be >= 1, got {args[name]}")
     if args["temperature"] <= 0:
         problems.append(f"temperature: must be > 0 for sampled rollouts, got {args['temperature']}")
-    if args["group_size"] >= 1 and args["minibatch_size"] % args["group_size"]:
-        problems.append(
-            f"minibatch_size: {args['minibatch_size']} is not a multiple of group_size ({args['group_size']}); "
-            "minibatches hold whole groups"
-        )
     if not args["branching"] or any(width < 1 for width in args["branching"]):
         problems.append(f"branching: needs one width >= 1 per round, got {args['branching']}")
-    if args["overlong_cache"] is not None and not 0 < args["overlong_cache"] <= args["max_new_tokens"]:
-        problems.append(f"overlong_cache: must be in [1, max_new_tokens], got {args['overlong_cache']}")
-    budget = args["completion_budget"]
-    if budget is not None and args["group_size"] >= 1 and budget < args["group_size"]:
-        problems.append(f"completion_budget: must be >= group_size ({args['group_size']}) or None, got {budget}")
     if args["reward_timeout"] is not None and args["reward_timeout"] <= 0:
         problems.append(f"reward_timeout: must be > 0 seconds or None, got {args['reward_timeout']}")
     if args["val_max_prompts"] is not None and args["val_max_prompts"] < 1:

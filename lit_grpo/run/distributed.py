@@ -13,9 +13,6 @@ from typing import Any
 
 import torch
 
-from lit_grpo.errors import InputError
-from lit_grpo.run.strategy import strategy_problems
-
 
 def rank_and_world(trainer: Any) -> tuple[int, int]:
     """``(global rank, world size)`` of a trainer; ``(0, 1)`` without one."""
@@ -30,30 +27,13 @@ def rank_share(count: int, rank: int, world_size: int) -> tuple[int, int]:
     >>> rank_share(8, 1, 2)
     (4, 4)
     """
-    if count % world_size:
-        raise InputError(
+    if count % world_size:  # a contract: rules.trainer_problems refused such a prompts_per_epoch before training
+        raise ValueError(
             f"data.prompts_per_epoch ({count}) must be a multiple of the number of ranks ({world_size}): "
             "every rank trains on an equal share of the epoch's prompts"
         )
     size = count // world_size
     return rank * size, size
-
-
-def check_distributed_data(trainer: Any, datamodule: Any) -> None:
-    """Options that would let ranks draw different numbers of minibatches, refused with more than one rank."""
-    if trainer.world_size == 1:
-        return
-    problems = []
-    if getattr(trainer._accelerator_connector, "use_distributed_sampler", False):
-        problems.append("Trainer(use_distributed_sampler=False) is needed: each rank's buffer is already its share "
-                        "(the lit-grpo CLI sets it)")
-    if datamodule.dynamic_sampling:
-        problems.append("data.dynamic_sampling: ranks would keep different numbers of groups; not supported with "
-                        "more than one rank")
-    if datamodule.completion_budget is not None:
-        problems.append("data.completion_budget: counted per process; not supported with more than one rank")
-    if problems:
-        raise InputError(f"{trainer.world_size} ranks: " + "; ".join(problems))
 
 
 STEP_COUNTS = ("step_denominator", "step_value_tokens", "step_risk_rows")  # one normaliser per loss
@@ -103,30 +83,16 @@ def global_step_denominators(batches: list[dict[str, torch.Tensor]], strategy: A
         batch.update(zip(STEP_COUNTS, counts))
 
 
-def distributed_config_problems(trainer_cfg: dict[str, Any], data_args: dict[str, Any]) -> list[str]:
-    """A strategy the accelerator cannot run (``strategy_problems``), and the checks of ``check_distributed_data``
-    and ``rank_share`` on a config, when its world size is known (``trainer.devices`` a count, times
-    ``trainer.num_nodes``)."""
-    problems = strategy_problems(trainer_cfg)  # whatever the world size: FSDP on one CPU process fails too
+def config_world_size(trainer_cfg: dict[str, Any]) -> int | None:
+    """The number of ranks a config asks for (``trainer.devices`` a count or a list, times ``trainer.num_nodes``);
+    None when it names none (``auto``), or no valid count, which the trainer's own checks report."""
     devices = trainer_cfg.get("devices", "auto")
     devices = len(devices) if isinstance(devices, list) else devices
     devices = int(devices) if isinstance(devices, str) and devices.isdigit() else devices
-    if not isinstance(devices, int) or devices < 1:
-        return problems
-    world_size = devices * int(trainer_cfg.get("num_nodes", 1))
-    if world_size == 1:
-        return problems
-    if data_args["prompts_per_epoch"] % world_size:
-        problems.append(f"data.prompts_per_epoch: {data_args['prompts_per_epoch']} is not a multiple of the "
-                        f"{world_size} ranks; every rank trains on an equal share of the epoch's prompts")
-    if data_args["dynamic_sampling"]:
-        problems.append(f"data.dynamic_sampling: not supported with {world_size} ranks (ranks would keep different "
-                        "numbers of groups)")
-    if data_args["completion_budget"] is not None:
-        problems.append(f"data.completion_budget: not supported with {world_size} ranks (counted per process)")
-    if trainer_cfg.get("use_distributed_sampler") is True:
-        problems.append("trainer.use_distributed_sampler: must be false; each rank's buffer is already its share")
-    return problems
+    nodes = trainer_cfg.get("num_nodes", 1)
+    if not isinstance(devices, int) or devices < 1 or not isinstance(nodes, int) or nodes < 1:
+        return None
+    return devices * nodes
 
 
 def processes_on_this_machine(num_nodes: int, devices_per_node: int, main_address: str | None) -> int:

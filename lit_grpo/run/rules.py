@@ -1,7 +1,9 @@
 """Every configuration rule in one place: each knob's choices (read off the ``Literal`` types of the typed
 ``__init__`` signatures, where they are spelled once) and every rule that spans knobs, in one registry
 (``cross_knob_problems``), run before any weights load (``lit_grpo.config_check``, from the command line) and again
-in ``RolloutDataModule.setup`` (the Python API).
+in ``RolloutDataModule.setup`` (the Python API), each with one wording. Each knob's own range is checked where it is
+read (``PolicyModule.config_problems``, ``RolloutDataModule.config_problems``); a rule that reads two knobs or more
+(of the module, the data, the trainer, the task, the engine or a callback) lives here only.
 
 Which features work with which rollout kind is data (``FEATURES``). Grouped rollouts (G completions of one prompt)
 carry every loss and sampling feature; tree and chain rollouts (multi-round episodes scored by an environment) carry
@@ -97,6 +99,87 @@ def choice_problems(function: Callable, args: dict[str, Any]) -> list[str]:
     return problems
 
 
+def module_knob_problems(model_args: dict[str, Any]) -> list[str]:
+    """The rules among PolicyModule's own knobs: which loss takes which aggregation, advantages and corrections."""
+    variant, mode = model_args["loss_variant"], model_args["advantage_mode"]
+    problems = []
+    if variant == "gspo" and model_args["aggregation"] != "seq-mean":
+        problems.append(f"model.aggregation: loss_variant 'gspo' takes 'seq-mean' only, got "
+                        f"{model_args['aggregation']!r}")
+    if variant == "gspo" and model_args["tis_cap"] is not None:
+        problems.append("model.tis_cap: the per-token correction does not apply to gspo's sequence-level ratio; "
+                        "leave tis_cap unset with loss_variant 'gspo'")
+    if variant == "gspo" and mode == "gae":
+        problems.append("model.advantage_mode: 'gae' gives per-token advantages, which gspo does not take; use "
+                        "another advantage_mode or loss_variant")
+    if variant == "dpo" and mode == "gae":
+        problems.append("model.loss_variant 'dpo' learns from preference pairs; it takes no GAE advantages: use "
+                        "another advantage_mode")
+    return problems
+
+
+def data_knob_problems(data_args: dict[str, Any]) -> list[str]:
+    """The rules among RolloutDataModule's own knobs: sizes measured in groups and budgets in tokens (a knob out of
+    its own range is reported by that knob alone)."""
+    group_size, max_new_tokens = data_args["group_size"], data_args["max_new_tokens"]
+    problems = []
+    if group_size >= 1 and data_args["minibatch_size"] % group_size:
+        problems.append(f"data.minibatch_size: {data_args['minibatch_size']} is not a multiple of group_size "
+                        f"({group_size}); minibatches hold whole groups")
+    cache = data_args["overlong_cache"]
+    if cache is not None and max_new_tokens >= 1 and not 0 < cache <= max_new_tokens:
+        problems.append(f"data.overlong_cache: must be in [1, max_new_tokens], got {cache} (max_new_tokens "
+                        f"{max_new_tokens})")
+    budget = data_args["completion_budget"]
+    if budget is not None and group_size >= 1 and budget < group_size:
+        problems.append(f"data.completion_budget: must be >= group_size ({group_size}) or None, got {budget}")
+    return problems
+
+
+@dataclass(frozen=True)
+class TrainerFacts:
+    """What the rules read of the trainer: its settings, from a config (None: not given there, the command's
+    default applies) or from a built ``Trainer``."""
+
+    world_size: int | None = None  # None: not known from a config (devices "auto")
+    use_distributed_sampler: bool | None = None
+    reload_dataloaders_every_n_epochs: int | None = None
+
+
+def trainer_problems(trainer: TrainerFacts, data_args: dict[str, Any]) -> list[str]:
+    """The trainer settings the rollouts depend on, and the data options that would let ranks draw different numbers
+    of minibatches (a rank that stepped fewer times would leave the others waiting in an all-reduce forever)."""
+    problems = []
+    if trainer.reload_dataloaders_every_n_epochs not in (None, 1):
+        problems.append(f"trainer.reload_dataloaders_every_n_epochs: must be 1, got "
+                        f"{trainer.reload_dataloaders_every_n_epochs}: RolloutDataModule needs "
+                        "Trainer(reload_dataloaders_every_n_epochs=1), else the first epoch's rollouts would be "
+                        "trained on forever")
+    world = trainer.world_size
+    if world is None or world == 1:
+        return problems
+    if data_args["prompts_per_epoch"] % world:
+        problems.append(f"data.prompts_per_epoch: {data_args['prompts_per_epoch']} is not a multiple of the {world} "
+                        "ranks; every rank trains on an equal share of the epoch's prompts")
+    if data_args["dynamic_sampling"]:
+        problems.append(f"data.dynamic_sampling: not supported with {world} ranks (ranks would keep different numbers "
+                        "of groups)")
+    if data_args["completion_budget"] is not None:
+        problems.append(f"data.completion_budget: not supported with {world} ranks (counted per process)")
+    if trainer.use_distributed_sampler:
+        problems.append("trainer.use_distributed_sampler: must be false; each rank's buffer is already its share")
+    return problems
+
+
+def risk_decision_problems(decision: str, task_name: str, task_names_answer_tokens: bool) -> list[str]:
+    """``RiskThreshold(decision="value")`` forces answers at a round's first tokens: the task must name them."""
+    if decision == "value" and not task_names_answer_tokens:
+        task_name = task_name.removeprefix("LazyInstance_")  # jsonargparse's lazy_instance of the default task
+        return [f"RiskThreshold decision: value forces answers, but the task {task_name} does not say which first "
+                "tokens answer: give it an answer_token_ids(tokenizer) method, or use decision: threshold"]
+    return []
+
+
 def group_of_one_problems(model_args: dict[str, Any], data_args: dict[str, Any]) -> list[str]:
     if data_args["group_size"] == 1 and model_args["advantage_mode"] != "raw":
         return [f"data.group_size 1 with model.advantage_mode {model_args['advantage_mode']!r}: a group of one has "
@@ -140,15 +223,21 @@ def multi_round_problems(data_args: dict[str, Any], task: Any) -> list[str]:
     return []
 
 
-def cross_knob_problems(model_args: dict[str, Any] | None, data_args: dict[str, Any], engine: Any,
-                        task: Any = None) -> list[str]:
-    """The registry: every rule that spans the module's and the data's knobs (and the engine and the task, each given
-    as an object or its class; None when it could not be imported). ``model_args`` None runs the data's own rules
-    only (the DataModule alone, before it meets a module)."""
+def cross_knob_problems(model_args: dict[str, Any] | None, data_args: dict[str, Any] | None, engine: Any = None,
+                        task: Any = None, trainer: TrainerFacts | None = None) -> list[str]:
+    """The registry: every rule that spans knobs, of the module, the data and the trainer (and the engine and the
+    task, each given as an object or its class; None when it could not be imported). ``model_args`` None runs the
+    data's own rules only (the DataModule alone, before it meets a module), ``data_args`` None the module's; the
+    trainer's rules run when its ``TrainerFacts`` are given."""
+    problems = [] if model_args is None else module_knob_problems(model_args)
+    if data_args is None:
+        return problems
     model = model_args or {}
-    problems = [] if model_args is None else group_of_one_problems(model_args, data_args)
+    problems += data_knob_problems(data_args)
+    problems += [] if model_args is None else group_of_one_problems(model_args, data_args)
     problems += multi_round_problems(data_args, task)
     problems += combination_problems(model_args, data_args)
     problems += staleness_problems(data_args.get("max_staleness", 0), data_args["rollout"], engine,
                                    model.get("old_logp_source"), model.get("tis_cap"))
+    problems += [] if trainer is None else trainer_problems(trainer, data_args)
     return problems

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from lit_grpo.errors import InputError
 from lit_grpo.tasks.base import ExactMatchReward, PromptRecord, Task
 from lit_grpo.tasks.splits import halves
 
@@ -37,10 +38,10 @@ class ArithmeticTask(Task):
     ) -> None:
         super().__init__(use_chat_template)
         if high < low:
-            raise ValueError(f"ArithmeticTask: low ({low}) must not exceed high ({high})")
+            raise InputError(f"ArithmeticTask: low ({low}) must not exceed high ({high})")
         num_pairs = (high - low + 1) ** 2
         if not 0 < heldout_size < num_pairs:
-            raise ValueError(f"ArithmeticTask: heldout_size must be in (0, {num_pairs}) for operands {low}..{high}, "
+            raise InputError(f"ArithmeticTask: heldout_size must be in (0, {num_pairs}) for operands {low}..{high}, "
                              f"got {heldout_size}")
         self.low, self.high, self.heldout_size = low, high, heldout_size
         self.split_seed, self.prompt_template = split_seed, prompt_template

@@ -191,7 +191,8 @@ class Task(ABC):
             return list(tokenizer(text, add_special_tokens=False)["input_ids"])
         prompt = prompt_record["prompt"]
         if not isinstance(prompt, str):  # never a list's or dict's repr
-            raise TypeError(f"a prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
+            raise InputError(f"{type(self).__name__}: a prompt must be a string or a list of chat messages, got "
+                             f"{type(prompt).__name__}")
         return list(tokenizer(prompt)["input_ids"])
 
 
@@ -200,10 +201,10 @@ class WeightedRewards:
 
     def __init__(self, rewards: Sequence[Reward], weights: Sequence[float] | None = None) -> None:
         if not rewards:
-            raise ValueError("at least one reward is needed")
+            raise InputError("WeightedRewards: at least one reward is needed")
         problem = weights_problem(weights, len(rewards))
         if problem:
-            raise ValueError(problem)
+            raise InputError(problem)
         self.rewards = list(rewards)
         self.weights = [1.0] * len(rewards) if weights is None else [float(w) for w in weights]
 

@@ -85,7 +85,7 @@ class DatasetTask(Task):
     ) -> None:
         super().__init__(use_chat_template)
         if test_split is None and test_path is None and not 0 < heldout_fraction < 1:
-            raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+            raise InputError(f"data.task.init_args.heldout_fraction must be in (0, 1), got {heldout_fraction}")
         self.rewards = [import_reward(r) for r in (rewards or [ExactMatchReward()])]
         problem = weights_problem(reward_weights, len(self.rewards))
         if problem:
@@ -98,7 +98,7 @@ class DatasetTask(Task):
         floors = [getattr(r, "min_value", None) for r in self.rewards]
         if failure_reward is None and any(f is None for f in floors):
             missing = [n for n, f in zip(self.names, floors) if f is None]
-            raise ValueError(f"rewards {missing} declare no min_value: set data.task.init_args.failure_reward to the "
+            raise InputError(f"rewards {missing} declare no min_value: set data.task.init_args.failure_reward to the "
                              "lowest score (what a completion gets when a reward raises or none applies)")
         self._failure_reward = min(floors) if failure_reward is None else failure_reward
         self.path, self.split_name, self.test_split, self.test_path = path, split, test_split, test_path

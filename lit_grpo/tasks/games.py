@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from lit_grpo.errors import InputError
 from lit_grpo.tasks.base import PromptRecord
 from lit_grpo.tasks.multiround import AskOrAnswerTask
 from lit_grpo.tasks.splits import halves
@@ -51,7 +52,7 @@ class HiddenOperandsTask(AskOrAnswerTask):
         use_chat_template: bool = False,
     ) -> None:
         if not 0 <= hidden_probability <= 1:
-            raise ValueError(f"hidden_probability must be in [0, 1], got {hidden_probability}")
+            raise InputError(f"HiddenOperandsTask: hidden_probability must be in [0, 1], got {hidden_probability}")
         super().__init__(correct_reward, wrong_reward, ask_cost, malformed_reward, no_answer_reward, heldout_size,
                          split_seed, use_chat_template)
         self.hidden_probability = hidden_probability
@@ -128,7 +129,8 @@ class CalculatorTask(AskOrAnswerTask):
         use_chat_template: bool = False,
     ) -> None:
         if not operand_counts or any(k not in (2, 3, 4) for k in operand_counts):
-            raise ValueError(f"operand_counts must be a non-empty list of 2, 3 or 4, got {list(operand_counts)}")
+            raise InputError(f"CalculatorTask: operand_counts must be a non-empty list of 2, 3 or 4, got "
+                             f"{list(operand_counts)}")
         super().__init__(correct_reward, wrong_reward, ask_cost, malformed_reward, no_answer_reward, heldout_size,
                          split_seed, use_chat_template)
         self.operand_counts = tuple(operand_counts)

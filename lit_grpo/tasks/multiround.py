@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from lit_grpo.errors import InputError
 from lit_grpo.tasks.base import PromptRecord, Task
 from lit_grpo.tasks.splits import halves
 
@@ -67,6 +68,14 @@ class MultiRoundTask(Task):
         return self.step(prompt_record, 1, completion_text).reward
 
 
+
+def names_answer_tokens(task: Any) -> bool:
+    """Whether a task (or its class) says which first tokens answer: a ``MultiRoundTask`` overriding
+    ``answer_token_ids``."""
+    cls = task if isinstance(task, type) else type(task)
+    return issubclass(cls, MultiRoundTask) and cls.answer_token_ids is not MultiRoundTask.answer_token_ids
+
+
 class AskOrAnswerTask(MultiRoundTask):
     """The rules the question games share: a segment ``?`` asks (reward ``-ask_cost``; the environment replies with
     ``reply``), a segment of digits answers (``correct_reward`` if it is the record's answer, else
@@ -76,7 +85,8 @@ class AskOrAnswerTask(MultiRoundTask):
                  no_answer_reward: float, heldout_size: int, split_seed: int, use_chat_template: bool) -> None:
         super().__init__(use_chat_template)
         if not wrong_reward < -ask_cost < correct_reward:
-            raise ValueError("need wrong_reward < -ask_cost < correct_reward, or asking can never pay or never cost")
+            raise InputError(f"{type(self).__name__}: need wrong_reward < -ask_cost < correct_reward, or asking can "
+                             f"never pay or never cost; got {wrong_reward}, {ask_cost}, {correct_reward}")
         self.correct_reward, self.wrong_reward, self.ask_cost = correct_reward, wrong_reward, ask_cost
         self._malformed, self._no_answer = malformed_reward, no_answer_reward
         self.heldout_size, self.split_seed = heldout_size, split_seed
@@ -162,7 +172,7 @@ class ClarifyTask(AskOrAnswerTask):
         use_chat_template: bool = False,
     ) -> None:
         if not 0 <= hidden_fraction <= 1:
-            raise ValueError(f"hidden_fraction must be in [0, 1], got {hidden_fraction}")
+            raise InputError(f"ClarifyTask: hidden_fraction must be in [0, 1], got {hidden_fraction}")
         super().__init__(correct_reward, wrong_reward, ask_cost, malformed_reward, no_answer_reward, heldout_size,
                          split_seed, use_chat_template)
         self.hidden_fraction = hidden_fraction

@@ -44,9 +44,9 @@ class RewardModel(BatchedReward):
         from transformers import AutoModelForSequenceClassification
 
         if dtype not in ("auto", *BASE_DTYPES):
-            raise ValueError(f"RewardModel dtype: one of auto, {', '.join(BASE_DTYPES)}; got {dtype!r}")
+            raise InputError(f"RewardModel dtype: one of auto, {', '.join(BASE_DTYPES)}; got {dtype!r}")
         if batch_size < 1:
-            raise ValueError(f"RewardModel batch_size: must be >= 1, got {batch_size}")
+            raise InputError(f"RewardModel batch_size: must be >= 1, got {batch_size}")
         self.path = resolve_model_path(path)
         problem = model_path_problem(path) or ("" if Path(self.path).is_dir() else "not a local directory")
         if problem:

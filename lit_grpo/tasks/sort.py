@@ -87,10 +87,10 @@ class SortTask(Task):
     ) -> None:
         super().__init__(use_chat_template)
         if not 1 <= min_len <= max_len <= 10:
-            raise ValueError(f"need 1 <= min_len <= max_len <= 10, got {min_len}, {max_len}")
+            raise InputError(f"SortTask: need 1 <= min_len <= max_len <= 10, got {min_len}, {max_len}")
         unknown = [name for name in rewards if name not in SORT_REWARDS]
         if unknown:
-            raise ValueError(f"unknown sort rewards {unknown}; valid choices: {', '.join(SORT_REWARDS)}")
+            raise InputError(f"SortTask: unknown sort rewards {unknown}; valid choices: {', '.join(SORT_REWARDS)}")
         self.min_len, self.max_len, self.split_seed = min_len, max_len, split_seed
         if test_size < 1:
             raise InputError(f"SortTask: test_size must be at least 1, got {test_size}")
@@ -117,7 +117,7 @@ class SortTask(Task):
                 seen.add(items)
                 records.append(self.record(list(items)))
         if len(records) < wanted:
-            raise ValueError(f"only {len(records)} distinct lists exist for these lengths; lower num_train")
+            raise InputError(f"SortTask: only {len(records)} distinct lists exist for these lengths; lower num_train")
         return records[self.heldout_size :], records[: self.heldout_size]
 
     @staticmethod

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
+from lit_grpo.errors import InputError
 from lit_grpo.tasks.base import PromptRecord
 from lit_grpo.tasks.multiround import AskOrAnswerTask, EnvStep
 
@@ -92,9 +93,10 @@ class StaleDigitsTask(AskOrAnswerTask):
         use_chat_template: bool = False,
     ) -> None:
         if len(stale_probabilities) != len(CUES) or not all(0 <= p <= 1 for p in stale_probabilities):
-            raise ValueError(f"stale_probabilities must be {len(CUES)} probabilities, got {list(stale_probabilities)}")
+            raise InputError(f"StaleDigitsTask: stale_probabilities must be {len(CUES)} probabilities, got "
+                             f"{list(stale_probabilities)}")
         if idle_ask_cost < ask_cost:
-            raise ValueError(f"idle_ask_cost ({idle_ask_cost}) must be at least ask_cost ({ask_cost})")
+            raise InputError(f"idle_ask_cost ({idle_ask_cost}) must be at least ask_cost ({ask_cost})")
         super().__init__(correct_reward, wrong_reward, ask_cost, malformed_reward, no_answer_reward, heldout_size,
                          split_seed, use_chat_template)
         self.stale_probabilities = tuple(stale_probabilities)
