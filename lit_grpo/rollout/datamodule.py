@@ -173,6 +173,8 @@ class RolloutDataModule(pl.LightningDataModule):
             problems.append("RolloutDataModule needs Trainer(reload_dataloaders_every_n_epochs=1): without it the first "
                             "epoch's rollouts would be trained on forever")
         refuse("the module and the data do not fit together", problems)
+        if stage == "fit":  # before any weights load; the sampler's setting has no public reader (tests pin it)
+            check_distributed_data(self.trainer, self)
         self.task.use_device(self.trainer.strategy.root_device)  # a reward model runs beside the policy
         self.task_identity()  # before the first loader may drop long prompts
 
@@ -188,7 +190,6 @@ class RolloutDataModule(pl.LightningDataModule):
             trainer.should_stop = True
             return DataLoader([], batch_size=None)
         module = self.checked_module()
-        check_distributed_data(trainer, self)
         self.buffer = self.collect_rollouts(module, epoch)
         generator = torch.Generator().manual_seed(self.epoch_seed(epoch, "shuffle"))
         plan = minibatch_plan(self.buffer, self.minibatch_size, self.ppo_epochs, generator)
