@@ -13,6 +13,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from safetensors.torch import load_file
+from support import DigitShareTask
 from test_readme_examples import ROOT, python_example
 
 from lit_grpo.callbacks import NonFiniteGuard, RngState
@@ -129,8 +130,8 @@ def fit_adapter(tiny_llama_dir: Path, root: Path, **trainer_args: object) -> dic
     pl.seed_everything(0)
     module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4,
                           optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2))
-    data = RolloutDataModule(prompts_per_epoch=4, group_size=4, minibatch_size=8, max_new_tokens=4,
-                             val_max_prompts=8, val_batch_size=4)
+    data = RolloutDataModule(task=DigitShareTask(), prompts_per_epoch=4, group_size=4, minibatch_size=8,
+                             max_new_tokens=4, val_max_prompts=8, val_batch_size=4)
     trainer = pl.Trainer(max_epochs=2, reload_dataloaders_every_n_epochs=1, enable_checkpointing=False,
                          default_root_dir=root, **QUIET, **trainer_args)
     trainer.fit(module, datamodule=data)
@@ -142,10 +143,12 @@ def test_a_sanity_check_is_harmless(tiny_llama_dir, tmp_path, caplog):
     # Lightning's default runs 2 validation batches before training, inside isolate_rng, its logs dropped: the
     # adapter is the one trained without it; its line says what it was (not "after epoch 0")
     without = fit_adapter(tiny_llama_dir, tmp_path / "without", num_sanity_val_steps=0)
+    caplog.clear()
     with caplog.at_level("INFO"):
         checked = fit_adapter(tiny_llama_dir, tmp_path / "with", num_sanity_val_steps=2)
     assert without.keys() == checked.keys()
     assert all(torch.equal(without[name], checked[name]) for name in without)
+    assert max(float(t.abs().max()) for name, t in checked.items() if "lora_B" in name) > 0  # it trained
     lines = [r.getMessage() for r in caplog.records if "val/reward" in r.getMessage()]
     assert lines[0].startswith("sanity check (not logged): val/reward")
     assert lines[1].startswith("before training: val/reward")
@@ -162,9 +165,11 @@ def run_command(root: Path, *args: str) -> Path:
     return version
 
 
-def run_python(code: str) -> None:
+def run_python(code: str) -> str:
+    """Runs ``code`` from the checkout root; returns what it wrote to stderr (the run's log)."""
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
+    return result.stderr
 
 
 def adapter_tensors(version: Path) -> dict[str, torch.Tensor]:
@@ -199,6 +204,8 @@ def test_the_readme_example_for_four_epochs_trains_the_commands_adapter(command_
 def test_a_python_run_resumed_from_the_commands_checkpoint_trains_the_commands_adapter(command_four_epochs, tmp_path):
     version = run_command(tmp_path / "command", "--trainer.max_epochs", "2")
     last = version / "checkpoints" / "last.ckpt"
-    run_python(python_example(tmp_path / "python", max_epochs=4, ckpt_path=last))
+    log = run_python(python_example(tmp_path / "python", max_epochs=4, ckpt_path=last))
+    # it did resume: a run from scratch trains the same adapter too (the test above)
+    assert "epoch 0:" not in log and "epoch 2: 32 prompts" in log
     (resumed,) = (tmp_path / "python" / "quickstart").glob("version_*")
     assert largest_difference(adapter_tensors(resumed), command_four_epochs) <= 1e-6
