@@ -70,7 +70,7 @@ def snapshot(self, checkpoint):  # each storage copied; the copy is pickled tens
 checkpoint_io.BesideTargetCheckpointIO.pack = snapshot
 """
 GUARD_TRAINABLE_ONLY = """
-from lit_grpo.callbacks import nonfinite
+from lit_grpo.run import nonfinite
 def on_save_checkpoint(self, trainer, pl_module, checkpoint):
     trainable = {name for name, p in pl_module.named_parameters() if p.requires_grad}
     nonfinite.refuse_nonfinite([(k, v) for k, v in checkpoint["state_dict"].items() if k in trainable], "checkpoint")

@@ -15,8 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from lit_grpo.callbacks import NonFiniteGuard, RngState, RolloutMetrics
-from lit_grpo.callbacks.nonfinite import NonFiniteTrainingError
+from lit_grpo.callbacks import RolloutMetrics
 from lit_grpo.config_check import config_problems, merged_config
 from lit_grpo.engines.server_pool import Refused, ServersUnavailable
 from lit_grpo.errors import InputError
@@ -27,6 +26,7 @@ from lit_grpo.run.distributed import share_cores
 from lit_grpo.run.epoch_checkpoint import EpochCheckpoint
 from lit_grpo.run.host_memory import return_freed_memory
 from lit_grpo.run.refusals import REPORT_BUG, input_refusal
+from lit_grpo.run.nonfinite import NonFiniteTrainingError
 from lit_grpo.run.resume import check_resume, find_last_checkpoint
 from lit_grpo.run.run_dir import (
     SaveOnInterrupt,
@@ -38,11 +38,15 @@ from lit_grpo.run.signals import exits_on_sigterm, take_over_from_lightning
 
 DEBUG_ENV = "LIT_GRPO_DEBUG"  # set to 1 to see the traceback behind a one-line input error
 
+# The command's defaults, so that a config need not spell them. Nothing a run depends on exists only here: the data
+# module refuses a trainer without the reload or (under DDP) with the distributed sampler, in its setup, and the
+# module's configure_callbacks adds NonFiniteGuard and RngState, whoever builds the Trainer.
 TRAINER_DEFAULTS: dict[str, Any] = {
-    "reload_dataloaders_every_n_epochs": 1,  # every epoch trains on fresh rollouts
-    "num_sanity_val_steps": 0,  # the pre-training validation runs from on_train_start, where its logs are kept
+    "reload_dataloaders_every_n_epochs": 1,  # every epoch trains on fresh rollouts (required: refused otherwise)
+    "num_sanity_val_steps": 0,  # the pre-training validation of on_train_start does its job (a sanity check is
+    # harmless but repeats part of it)
     "log_every_n_steps": 1,
-    "use_distributed_sampler": False,  # under DDP each rank's rollout buffer is already its own share
+    "use_distributed_sampler": False,  # under DDP each rank's rollout buffer is already its own share (required)
 }
 
 
@@ -71,11 +75,9 @@ class LitGRPOCLI(LightningCLI):
         if (config.get("logger") is False or config.get("fast_dev_run")) and config.get("default_root_dir") is None:
             config = {**config, "default_root_dir": default_run_dir()}  # not the current directory
             print(f"lit-grpo: no logger; this run writes to {config['default_root_dir']}", file=sys.stderr)
-        # the command always skips non-finite steps and checkpoints the RNGs (a config may set its own of either)
-        given = [*callbacks, *(config.get("callbacks") or [])]
-        always = [c for c in (NonFiniteGuard(), RngState()) if not any(isinstance(t, type(c)) for t in given)]
+        # NonFiniteGuard and RngState come from PolicyModule.configure_callbacks, as under any Trainer
         try:
-            trainer = super()._instantiate_trainer(config, [*callbacks, *always, SaveOnInterrupt()])
+            trainer = super()._instantiate_trainer(config, [*callbacks, SaveOnInterrupt()])
         except MisconfigurationException as error:  # Lightning's own refusal of a trainer value, before any work
             raise InputError(f"trainer: {error}") from None
         take_over_from_lightning(trainer)  # SIGTERM stops the run now, as Ctrl-C does (run/signals.py)

@@ -61,20 +61,6 @@ def test_pi_ref_is_the_base_without_a_callback_and_a_users_reference_callback_ow
     assert references(trainer) == [mine] and module.reference_owner is mine
 
 
-def test_the_command_wires_the_always_on_callbacks_once_and_keeps_a_users_own(tiny_llama_dir, tmp_path):
-    from lit_grpo.callbacks import NonFiniteGuard, RngState
-
-    from lit_grpo.cli import LitGRPOCLI
-
-    base = ["--model.model_name_or_path", str(tiny_llama_dir), "--trainer.default_root_dir", str(tmp_path)]
-    for extra, skips in (([], 3), (["--trainer.callbacks+=lit_grpo.callbacks.NonFiniteGuard",
-                                    "--trainer.callbacks.max_consecutive_skips=7"], 7)):
-        trainer = LitGRPOCLI(args=base + extra, run=False).trainer
-        guards = [c for c in trainer.callbacks if isinstance(c, NonFiniteGuard)]
-        assert [g.max_consecutive_skips for g in guards] == [skips]
-        assert sum(isinstance(c, RngState) for c in trainer.callbacks) == 1
-
-
 def test_base_reference_is_the_model_without_adapter(tiny_llama_dir, tmp_path):
     module, datamodule = make_pair(tiny_llama_dir)
     trainer = make_trainer(tmp_path, 2, [])

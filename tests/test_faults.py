@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lit_grpo.callbacks import NonFiniteGuard, RolloutMetrics
-from lit_grpo.callbacks.nonfinite import NonFiniteTrainingError, agreed_skip, refuse_nonfinite
+from lit_grpo.run.nonfinite import NonFiniteTrainingError, agreed_skip, refuse_nonfinite
 from reliability_doc import documented
 from safetensors.torch import load_file
 from support import FaultyDigitTask, PoisonAdvantages

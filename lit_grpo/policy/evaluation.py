@@ -40,6 +40,7 @@ class GreedyEvaluation:
         summary = ", ".join(f"{prefix}/{name} {value:.4f}" for name, value in metrics.items())
         fn = module.trainer.state.fn
         when = f"after epoch {module.current_epoch}" if fn == "fit" else getattr(fn, "value", str(fn))
+        when = "sanity check (not logged)" if module.trainer.sanity_checking else when  # Lightning drops its logs
         rank_zero_info(f"{when}: {summary}")
 
     def run_standalone(self, batches: Iterable[dict[str, torch.Tensor]]) -> dict[str, float]:

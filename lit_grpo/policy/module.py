@@ -46,6 +46,7 @@ from lit_grpo.risk.head import RiskHead, RiskHeadSpec
 from lit_grpo.run.distributed import global_step_denominators
 from lit_grpo.run.model_files import BaseDtype, load_tokenizer, resolve_model_path
 from lit_grpo.run.rules import choice_problems, cross_knob_problems
+from lit_grpo.run.run_callbacks import missing_run_callbacks
 from lit_grpo.tree import StdScope, ValueMode
 
 
@@ -203,6 +204,11 @@ class PolicyModule(TrainedState):
         if self.risk_spec is not None:
             self.risk_head = RiskHead(self.policy.config.hidden_size, self.risk_spec)
             self.risk_replay = RiskReplay(self.risk_spec.replay_size) if self.risk_spec.detach else None
+
+    def configure_callbacks(self) -> list[Any]:
+        """What every run needs, under the command or any ``Trainer``: ``NonFiniteGuard`` and ``RngState``, each
+        unless the trainer's callbacks hold one already (a user's own keeps its settings)."""
+        return missing_run_callbacks(self.trainer.callbacks)
 
     def configure_optimizers(self) -> Any:
         params: list[Any] = [p for p in self.parameters() if p.requires_grad]

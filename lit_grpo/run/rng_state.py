@@ -41,8 +41,8 @@ class RngState(pl.Callback):
     """Saves the generators' states with each checkpoint and restores them on resume, so a resumed run draws the
     same numbers as an uninterrupted one (model construction before the restore has consumed some). Rollout
     sampling and minibatch order have their own per-epoch seeds; this covers everything else (dropout, user code).
-    The ``lit-grpo`` command adds one unless ``trainer.callbacks`` holds one; add it yourself to a ``Trainer`` you
-    build (exact resume needs it)."""
+    ``PolicyModule.configure_callbacks`` adds one to any ``Trainer`` whose callbacks hold none (exact resume needs
+    it)."""
 
     @property
     def state_key(self) -> str:

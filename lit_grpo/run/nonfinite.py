@@ -54,8 +54,8 @@ class NonFiniteGuard(pl.Callback):
     gradients are dropped before the optimizer sees them, so the adapter and the optimizer's moments stay as they
     were (a learning-rate scheduler still advances). Logs the running count as ``train/skipped_steps``.
 
-    The ``lit-grpo`` command adds one with the defaults unless ``trainer.callbacks`` holds one; add it yourself to a
-    ``Trainer`` you build.
+    ``PolicyModule.configure_callbacks`` adds one with the defaults to any ``Trainer`` whose callbacks hold none (the
+    command's and yours alike); put your own in ``trainer.callbacks`` to change its setting.
 
     Args:
         max_consecutive_skips: stop the run (``NonFiniteTrainingError``, naming the epoch and the likely cause) after
