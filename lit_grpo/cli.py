@@ -27,13 +27,13 @@ from lit_grpo.run.distributed import share_cores
 from lit_grpo.run.epoch_checkpoint import EpochCheckpoint
 from lit_grpo.run.host_memory import return_freed_memory
 from lit_grpo.run.resume import check_resume, find_last_checkpoint
+from lit_grpo.policy.interrupt import SaveOnInterrupt
 from lit_grpo.run.run_dir import (
-    SaveOnInterrupt,
     check_writable,
     claim_version,
     default_run_dir,
 )
-from lit_grpo.run.signals import exits_on_sigterm, take_over_from_lightning
+from lit_grpo.run.signals import StopOnSigterm, exits_on_sigterm
 
 DEBUG_ENV = "LIT_GRPO_DEBUG"  # set to 1 to see the traceback behind a one-line input error
 
@@ -74,10 +74,9 @@ class LitGRPOCLI(LightningCLI):
         given = [*callbacks, *(config.get("callbacks") or [])]
         always = [c for c in (NonFiniteGuard(), RngState()) if not any(isinstance(t, type(c)) for t in given)]
         try:
-            trainer = super()._instantiate_trainer(config, [*callbacks, *always, SaveOnInterrupt()])
+            trainer = super()._instantiate_trainer(config, [*callbacks, *always, SaveOnInterrupt(), StopOnSigterm()])
         except MisconfigurationException as error:  # Lightning's own refusal of a trainer value, before any work
             raise InputError(f"trainer: {error}") from None
-        take_over_from_lightning(trainer)  # SIGTERM stops the run now, as Ctrl-C does (run/signals.py)
         writer = trainer.strategy.checkpoint_io
         if type(writer) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = BackgroundCheckpointIO()
