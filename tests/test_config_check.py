@@ -278,3 +278,14 @@ def test_the_python_api_refuses_a_trainer_that_reuses_the_first_rollouts_before_
     with pytest.raises(InputError, match=r"needs Trainer\(reload_dataloaders_every_n_epochs=1\)"):
         trainer.fit(PolicyModule(model_name_or_path=str(model_dir)), RolloutDataModule())
     assert reads == []  # refused in setup, before configure_model reads any weights
+
+
+def test_class_paths_import_as_jsonargparse_imports_them():
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lit_grpo.config_check import import_object
+
+    assert import_object("lightning.pytorch.callbacks.ModelCheckpoint") is ModelCheckpoint
+    for path in ("ModelCheckpoint", "no.such.module.Task", "lightning.pytorch.callbacks.NoSuchCallback"):
+        with pytest.raises((ValueError, ImportError, AttributeError)):
+            import_object(path)
