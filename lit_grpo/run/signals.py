@@ -147,13 +147,13 @@ def on_main_thread() -> bool:
 
 
 def forward_while_blocked(trainer: pl.Trainer) -> None:
-    """On the process that launched the other ranks, a thread forwards SIGTERM to them as soon as it arrives.
+    """On rank 0, which launched the other ranks (when they were not launched by ``torchrun`` or a scheduler: then
+    its launcher has none to signal), a thread forwards SIGTERM to them as soon as it arrives.
     Python runs a signal handler in the main thread only, between two bytecodes: one waiting inside a collective
     for a rank still generating would not run it before SIGKILL, if only this process was signalled (a container
     runtime signals its first process). Stopped, the other ranks close their connections, the collective fails,
     and this process stops as well."""
-    launcher = getattr(trainer.strategy, "launcher", None)
-    if not getattr(launcher, "procs", None) or not on_main_thread():
+    if trainer.strategy.launcher is None or trainer.world_size == 1 or trainer.global_rank != 0 or not on_main_thread():
         return
     read, write = os.pipe()
     os.set_blocking(write, False)
