@@ -29,7 +29,11 @@ from lit_grpo.run.signals import SIGTERM_EXIT, StopOnSigterm, Terminated, exits_
 
 TESTS = Path(__file__).resolve().parent
 RELEASE_TOKENIZER = TESTS.parent / "data" / "tiny-qwen2-chat"
-STOP_WITHIN = 5.0  # seconds from SIGTERM to the process's end
+# seconds from SIGTERM to the process's end: the grace period a scheduler gives before SIGKILL (Kubernetes' default).
+# Generous on purpose, so that the machine's load does not decide a test; each test prints the time it saw (about
+# 1-2 s on a loaded 2-core machine), and checks the order of events that shows the stop did not wait (a generation
+# that began and never ended, a pause of ten minutes, a reward that hangs for an hour)
+STOP_WITHIN = 30.0
 
 
 def build_width_model(out: Path) -> Path:
@@ -90,24 +94,22 @@ def stopped_message(version: Path, last: Path) -> str:
             f"{version / 'config.yaml'} --ckpt_path {last}")
 
 
-def generate_seconds(output: str, epoch: int) -> float:
-    """The generation time the run logged for ``epoch`` (``epoch N: ... (push .., generate X.XXs, ...)``)."""
-    line = next(line for line in output.splitlines() if line.startswith(f"epoch {epoch}: "))
-    return float(line.split("generate ")[1].split("s")[0])
-
-
 @pytest.mark.slow
-def test_sigterm_mid_generation_stops_within_5_s_and_resumes_from_the_last_finished_epoch(width_model_dir, tmp_path):
+def test_sigterm_mid_generation_stops_at_once_and_resumes_from_the_last_finished_epoch(width_model_dir, tmp_path):
+    marks = tmp_path / "generating"
+    engine = {"class_path": "signal_support.MarksDraws", "init_args": {"marks": str(marks)}}
     args = ["--model.model_name_or_path", str(width_model_dir), "--data.prompts_per_epoch", "1",
             "--data.group_size", "4", "--data.minibatch_size", "4", "--data.max_new_tokens", "256",
             "--trainer.max_epochs", "2", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
             "--trainer.enable_model_summary", "false", "--trainer.default_root_dir", str(tmp_path)]
     version = tmp_path / "lightning_logs" / "version_0"
     last = version / "checkpoints" / "last.ckpt"
-    run = launch(tmp_path, "run.log", *args)
+    run = launch(tmp_path, "run.log", *args, "--data.engine", json.dumps(engine))
+
+    def generating_epoch_1() -> bool:
+        return last.is_file() and marks.is_file() and len(marks.read_text().splitlines()) >= 2
     try:
-        wait_until(run, last.is_file, "the end of epoch 0")
-        time.sleep(1.0)  # epoch 1's generation has begun: it follows the checkpoint at once
+        wait_until(run, generating_epoch_1, "epoch 1's generation")
         seconds = terminate(run)
     finally:
         if run.poll() is None:
@@ -116,14 +118,14 @@ def test_sigterm_mid_generation_stops_within_5_s_and_resumes_from_the_last_finis
     print(f"SIGTERM to exit: {seconds:.2f} s (exit code {run.returncode})")
     assert run.returncode == SIGTERM_EXIT, output[-3000:]
     assert seconds < STOP_WITHIN, output[-3000:]
-    # stopped inside epoch 1's 256-token generation: it never ended, and epoch 0's took longer than the wait above
-    assert "epoch 1: " not in output and generate_seconds(output, 0) > 2.0, output[-3000:]
+    # the order of events: epoch 1's generation began before the SIGTERM (the mark) and never ended (no epoch line)
+    assert "epoch 1: " not in output, output[-3000:]
     assert stopped_message(version, last) in output
     assert "Traceback" not in output
     assert (version / "adapter-interrupted" / "adapter_model.safetensors").is_file()
     assert load_checkpoint(last)["epoch"] == 0  # the last finished epoch
 
-    resumed = launch(tmp_path, "resumed.log", *args, "--ckpt_path", "last")
+    resumed = launch(tmp_path, "resumed.log", *args, "--data.engine", json.dumps(engine), "--ckpt_path", "last")
     resumed.wait(timeout=900)
     again = resumed.log_path.read_text()
     assert resumed.returncode == 0, again[-3000:]
@@ -269,8 +271,9 @@ class Records(pl.Callback):
 def fit_tiny(tmp_path: Path, *callbacks: pl.Callback) -> None:
     from lightning.pytorch.demos.boring_classes import BoringModel
 
+    checkpointing = any(isinstance(c, Checkpoint) for c in callbacks)
     trainer = pl.Trainer(max_epochs=3, limit_train_batches=4, limit_val_batches=0, logger=False,
-                         enable_checkpointing=any(isinstance(c, Checkpoint) for c in callbacks), enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=checkpointing, enable_progress_bar=False, enable_model_summary=False,
                          default_root_dir=tmp_path, callbacks=[*callbacks, StopOnSigterm()])
     trainer.fit(BoringModel())
 

@@ -60,7 +60,7 @@ class Terminated(KeyboardInterrupt):
 
 
 def stopped_by_sigterm(exception: BaseException) -> bool:
-    """Whether ``exception`` is a SIGTERM's stop: ``stop_now``'s or Lightning's own (its loops' ``SIGTERMException``)."""
+    """Whether ``exception`` is a SIGTERM's stop: ``stop_now``'s or Lightning's (its loops' ``SIGTERMException``)."""
     return isinstance(exception, (Terminated, SIGTERMException))
 
 
