@@ -264,6 +264,11 @@ class Records(pl.Callback):
             time.sleep(60)
             self.events.append("slept through")
 
+    def on_train_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        stop = next(c for c in trainer.callbacks if isinstance(c, StopOnSigterm))
+        if self.pause_at_batch is not None and signal.getsignal(signal.SIGTERM) is not stop.handler:
+            self.events.append("Lightning's handler in place at on_train_start")
+
     def on_exception(self, trainer: pl.Trainer, pl_module: Any, exception: BaseException) -> None:
         self.events.append(f"{type(exception).__name__}; received_sigterm={trainer.received_sigterm}")
 
@@ -279,17 +284,19 @@ def fit_tiny(tmp_path: Path, *callbacks: pl.Callback) -> None:
 
 
 def test_lightning_composes_its_sigterm_handler_with_the_one_installed_in_setup(tmp_path):
-    # the one private Lightning behaviour relied on (lightning.pytorch.trainer.connectors.signal_connector): at each
-    # fit, after the callbacks' setup, Lightning installs a SIGTERM handler that runs its own notifier (which sets the
-    # public trainer.received_sigterm) and then calls the handler it found (StopOnSigterm's stop_now); should an
-    # upgrade drop the composition, the SIGTERM below would only set the flag and the run would sleep for a minute
+    # the private Lightning behaviour relied on (lightning.pytorch.trainer.connectors.signal_connector): at each fit,
+    # after the callbacks' setup and before on_train_start (where StopOnSigterm takes SIGTERM alone under DDP),
+    # Lightning installs a SIGTERM handler that runs its own notifier (which sets the public
+    # trainer.received_sigterm) and then calls the handler it found (StopOnSigterm's stop_now); should an upgrade drop
+    # the composition, the SIGTERM below would only set the flag and the run would sleep for a minute
     events: list[str] = []
     previous = signal.getsignal(signal.SIGTERM)
     signals.reset()
     with pytest.raises(SystemExit) as info:  # Lightning's Ctrl-C path ends with sys.exit(1)
         fit_tiny(tmp_path, Records(events, pause_at_batch=1))
     assert info.value.code == 1
-    assert events == ["Terminated; received_sigterm=True"]  # Lightning's notifier ran first, then ours raised
+    # registered before on_train_start; its notifier ran first, then ours raised
+    assert events == ["Lightning's handler in place at on_train_start", "Terminated; received_sigterm=True"]
     assert signal.getsignal(signal.SIGTERM) is not previous  # StopOnSigterm's teardown does not run on an exception
     signal.signal(signal.SIGTERM, previous)
 
