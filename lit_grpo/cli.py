@@ -25,22 +25,22 @@ from lit_grpo.run.checkpoint_io import BackgroundCheckpointIO, BesideTargetCheck
 from lit_grpo.run.distributed import share_cores
 from lit_grpo.run.epoch_checkpoint import EpochCheckpoint
 from lit_grpo.run.host_memory import return_freed_memory
-from lit_grpo.run.refusals import REPORT_BUG, input_refusal
 from lit_grpo.run.nonfinite import NonFiniteTrainingError
+from lit_grpo.run.refusals import REPORT_BUG, input_refusal
 from lit_grpo.run.resume import check_resume, find_last_checkpoint
 from lit_grpo.run.run_dir import (
-    SaveOnInterrupt,
     check_writable,
     claim_version,
     default_run_dir,
 )
-from lit_grpo.run.signals import exits_on_sigterm, take_over_from_lightning
+from lit_grpo.run.signals import exits_on_sigterm
 
 DEBUG_ENV = "LIT_GRPO_DEBUG"  # set to 1 to see the traceback behind a one-line input error
 
 # The command's defaults, so that a config need not spell them. Nothing a run depends on exists only here: the data
 # module refuses a trainer without the reload or (under DDP) with the distributed sampler, in its setup, and the
-# module's configure_callbacks adds NonFiniteGuard and RngState, whoever builds the Trainer.
+# module's configure_callbacks adds NonFiniteGuard, RngState, StopOnSigterm and SaveOnInterrupt, whoever builds
+# the Trainer.
 TRAINER_DEFAULTS: dict[str, Any] = {
     "reload_dataloaders_every_n_epochs": 1,  # every epoch trains on fresh rollouts (required: refused otherwise)
     "num_sanity_val_steps": 0,  # the pre-training validation of on_train_start does its job (a sanity check is
@@ -75,12 +75,12 @@ class LitGRPOCLI(LightningCLI):
         if (config.get("logger") is False or config.get("fast_dev_run")) and config.get("default_root_dir") is None:
             config = {**config, "default_root_dir": default_run_dir()}  # not the current directory
             print(f"lit-grpo: no logger; this run writes to {config['default_root_dir']}", file=sys.stderr)
-        # NonFiniteGuard and RngState come from PolicyModule.configure_callbacks, as under any Trainer
+        # NonFiniteGuard, RngState, StopOnSigterm and SaveOnInterrupt come from PolicyModule.configure_callbacks,
+        # as under any Trainer
         try:
-            trainer = super()._instantiate_trainer(config, [*callbacks, SaveOnInterrupt()])
+            trainer = super()._instantiate_trainer(config, callbacks)
         except MisconfigurationException as error:  # Lightning's own refusal of a trainer value, before any work
             raise InputError(f"trainer: {error}") from None
-        take_over_from_lightning(trainer)  # SIGTERM stops the run now, as Ctrl-C does (run/signals.py)
         writer = trainer.strategy.checkpoint_io
         if type(writer) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = BackgroundCheckpointIO()

@@ -7,14 +7,13 @@ span classes (``group_size`` against the advantage mode), which no single signat
 from __future__ import annotations
 
 import inspect
+import pkgutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonargparse import ArgumentParser
-from jsonargparse._loaders_dumpers import yaml_load
-from jsonargparse._util import import_object
+from jsonargparse import ArgumentParser, get_loader
 
 from lit_grpo.errors import InputError
 from lit_grpo.policy.module import PolicyModule
@@ -95,8 +94,15 @@ def duplicate_keys(text: str) -> list[str]:
 
 
 def load_yaml(text: str) -> Any:
-    """YAML as jsonargparse reads it (``1e-3`` is a float there, a string to plain PyYAML)."""
-    return yaml_load(text)
+    """YAML as jsonargparse reads it (``1e-3`` is a float there, a string to plain PyYAML): its current loader."""
+    return get_loader("yaml")(text)
+
+
+def import_object(path: str) -> Any:
+    """The object at a ``class_path`` (``package.module.Name``), as jsonargparse imports it: a dotted path only."""
+    if not isinstance(path, str) or "." not in path:
+        raise ValueError(f"expected a dotted import path, got {path!r}")
+    return pkgutil.resolve_name(path)
 
 
 def set_dotted(config: dict[str, Any], keys: list[str], value: Any) -> None:

@@ -313,3 +313,14 @@ def test_a_rule_between_knobs_says_the_same_from_the_command_and_from_python(mod
         trainer.fit(PolicyModule(model_name_or_path=str(model_dir)), RolloutDataModule())
     assert str(refused.value).endswith(f"\n  - {message}")
     assert reads == []  # in setup, before any weights load
+
+
+def test_class_paths_import_as_jsonargparse_imports_them():
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lit_grpo.config_check import import_object
+
+    assert import_object("lightning.pytorch.callbacks.ModelCheckpoint") is ModelCheckpoint
+    for path in ("ModelCheckpoint", "no.such.module.Task", "lightning.pytorch.callbacks.NoSuchCallback"):
+        with pytest.raises((ValueError, ImportError, AttributeError)):
+            import_object(path)

@@ -67,6 +67,21 @@ def test_two_runs_in_one_directory_get_their_own_versions(tiny_llama_dir, tmp_pa
                "test_run_dir.py")
 
 
+@pytest.mark.parametrize("kind", ["TensorBoardLogger", "CSVLogger"])
+def test_the_private_logger_members_claim_version_relies_on_are_still_there(kind, tmp_path):
+    # run_dir.claim_version sets a built logger's version through ``_version`` (None until first asked) and
+    # ``_get_next_version()`` (Lightning has no public setter); an upgrade that renames either fails here, not by
+    # two runs quietly sharing a version directory
+    from lightning.pytorch import loggers
+
+    logger = getattr(loggers, kind)(save_dir=tmp_path)
+    (tmp_path / "lightning_logs" / "version_0").mkdir(parents=True)
+    assert logger._version is None
+    assert logger._get_next_version() == 1
+    logger._version = 7
+    assert logger.version == 7 and Path(logger.log_dir).name == "version_7"
+
+
 @pytest.mark.slow
 def test_ctrl_c_keeps_the_adapter_and_prints_the_resume_command(tiny_llama_dir, tmp_path):
     marker = tmp_path / "paused"

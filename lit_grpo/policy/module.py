@@ -27,6 +27,7 @@ from lit_grpo.losses.policy import PolicyVariant
 from lit_grpo.policy.advantages import AdvantageKnobs, assign_advantages
 from lit_grpo.policy.evaluation import GreedyEvaluation
 from lit_grpo.policy.head_losses import head_losses
+from lit_grpo.policy.interrupt import SaveOnInterrupt
 from lit_grpo.policy.logprobs import (
     CHUNK_TOKENS,
     body_and_head,
@@ -46,7 +47,7 @@ from lit_grpo.risk.head import RiskHead, RiskHeadSpec
 from lit_grpo.run.distributed import global_step_denominators
 from lit_grpo.run.model_files import BaseDtype, load_tokenizer, resolve_model_path
 from lit_grpo.run.rules import choice_problems, cross_knob_problems
-from lit_grpo.run.run_callbacks import missing_run_callbacks
+from lit_grpo.run.run_callbacks import EVERY_RUN, missing_run_callbacks
 from lit_grpo.tree import StdScope, ValueMode
 
 
@@ -206,9 +207,10 @@ class PolicyModule(TrainedState):
             self.risk_replay = RiskReplay(self.risk_spec.replay_size) if self.risk_spec.detach else None
 
     def configure_callbacks(self) -> list[Any]:
-        """What every run needs, under the command or any ``Trainer``: ``NonFiniteGuard`` and ``RngState``, each
-        unless the trainer's callbacks hold one already (a user's own keeps its settings)."""
-        return missing_run_callbacks(self.trainer.callbacks)
+        """What every run needs, under the command or any ``Trainer``: ``NonFiniteGuard``, ``RngState``,
+        ``StopOnSigterm`` and the adapter kept on an interrupt (``SaveOnInterrupt``), each unless the trainer's
+        callbacks hold one already (a user's own keeps its settings)."""
+        return missing_run_callbacks(self.trainer.callbacks, (*EVERY_RUN, SaveOnInterrupt))
 
     def configure_optimizers(self) -> Any:
         params: list[Any] = [p for p in self.parameters() if p.requires_grad]

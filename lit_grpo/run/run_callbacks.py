@@ -14,11 +14,13 @@ import lightning.pytorch as pl
 
 from lit_grpo.run.nonfinite import NonFiniteGuard
 from lit_grpo.run.rng_state import RngState
+from lit_grpo.run.signals import StopOnSigterm
 
-EVERY_RUN = (NonFiniteGuard, RngState)  # a non-finite step skipped, never applied; an exact resume's RNG states
+# a non-finite step skipped, never applied; an exact resume's RNG states; SIGTERM stopping the run wherever it stands
+EVERY_RUN = (NonFiniteGuard, RngState, StopOnSigterm)
 
 
-def missing_run_callbacks(present: Iterable[Any]) -> list[pl.Callback]:
-    """A default instance of each of ``EVERY_RUN`` that ``present`` (the trainer's callbacks) has no instance of."""
+def missing_run_callbacks(present: Iterable[Any], kinds: Iterable[type[pl.Callback]] = EVERY_RUN) -> list[pl.Callback]:
+    """A default instance of each of ``kinds`` that ``present`` (the trainer's callbacks) has no instance of."""
     present = list(present)
-    return [kind() for kind in EVERY_RUN if not any(isinstance(callback, kind) for callback in present)]
+    return [kind() for kind in kinds if not any(isinstance(callback, kind) for callback in present)]

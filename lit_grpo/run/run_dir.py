@@ -1,11 +1,9 @@
 """Where a run writes, settled before any weights load: a run directory of its own (never the current directory,
-never another run's version), writable, an adapter directory never written over, and a Ctrl-C or a SIGTERM that
-keeps the adapter."""
+never another run's version), writable, an adapter directory never written over."""
 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -15,7 +13,6 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_grpo.errors import InputError
-from lit_grpo.run import signals
 
 NO_LOGGER_ROOT = "lightning_logs"
 
@@ -71,7 +68,12 @@ def check_writable(trainer: pl.Trainer) -> None:
 
 def claim_version(trainer: pl.Trainer) -> None:
     """Give each versioned logger (TensorBoard, CSV) of rank 0 the next free ``version_N`` by creating it:
-    ``mkdir`` is atomic, so two runs started together in one directory cannot both pick the same version."""
+    ``mkdir`` is atomic, so two runs started together in one directory cannot both pick the same version.
+
+    Lightning offers no public way to set a built logger's version (only its constructor's ``version``, and the
+    default logger is built by the trainer), so this uses the two private members its loggers read the version
+    from: ``_version`` (None until first asked) and ``_get_next_version()``. ``tests/test_run_dir.py`` pins both for
+    ``TensorBoardLogger`` and ``CSVLogger``; a logger without them keeps its own choice."""
     if trainer.global_rank != 0:
         return
     for logger in trainer.loggers:
@@ -87,34 +89,3 @@ def claim_version(trainer: pl.Trainer) -> None:
             except FileExistsError:
                 version += 1
         logger._version = version
-
-
-class SaveOnInterrupt(pl.Callback):
-    """On Ctrl-C or SIGTERM (``signals.Terminated``), save the adapter as it is (``adapter-interrupted`` in the run
-    directory) and print how to resume from the last epoch's checkpoint. Nothing here is collective: under DDP a
-    rank that stops waits for no other."""
-
-    def __init__(self) -> None:
-        self.run_dir: Path | None = None
-
-    def setup(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
-        # read now, while every rank runs the same hook: ``trainer.log_dir`` is a broadcast under DDP
-        self.run_dir = Path(trainer.log_dir or trainer.default_root_dir)
-
-    def on_exception(self, trainer: pl.Trainer, pl_module: Any, exception: BaseException) -> None:
-        if not isinstance(exception, KeyboardInterrupt):
-            return
-        signals.hold()  # a SIGTERM arriving now must not cut the save short
-        run_dir = self.run_dir or Path(trainer.default_root_dir)
-        saved = (pl_module.save_adapter(run_dir / "adapter-interrupted")
-                 if getattr(pl_module, "policy", None) is not None else None)
-        if trainer.global_rank != 0:
-            return
-        # a resumed run that stops before its first epoch ends resumes again from the checkpoint it started from
-        last = getattr(trainer.checkpoint_callback, "last_model_path", "") or trainer.ckpt_path
-        resume = (f"resume from the last epoch's checkpoint with: lit-grpo fit --config {run_dir / 'config.yaml'} "
-                  f"--ckpt_path {last}" if last else "no epoch had ended, so there is no checkpoint to resume")
-        what = (f"stopped by SIGTERM (exit code {signals.SIGTERM_EXIT})" if isinstance(exception, signals.Terminated)
-                else "interrupted")
-        kept = f"the adapter as it was is in {saved}" if saved else "the model had not loaded, so no adapter was saved"
-        print(f"lit-grpo: {what}; {kept}; {resume}", file=sys.stderr, flush=True)

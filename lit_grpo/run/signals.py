@@ -2,139 +2,158 @@
 training), keeping what is finished, and with an exit code a scheduler reads as "did not finish".
 
 A scheduler sends SIGTERM some seconds before SIGKILL (SLURM, Kubernetes: 30 s by default). Lightning's own SIGTERM
-handler only sets a flag that its loops read between training batches, so a run in the middle of a generation went
-on until it was killed, and one that reached the check ended with exit code 0, which reads as success. Here the
-handler raises ``Terminated`` (a ``KeyboardInterrupt``) in the main thread at once: Lightning then runs the same path
-as for Ctrl-C (the callbacks' ``on_exception``: the adapter as it was is saved, the resume command printed; a draw
-ahead is abandoned on its daemon thread), and the command exits with ``SIGTERM_EXIT``.
+handler, registered at the start of every ``fit``/``validate``/``test``, kills the processes its launcher started,
+sets ``trainer.received_sigterm``, and leaves the stop to its loops, which raise ``SIGTERMException`` between two
+batches. That reaches neither a generation (drawn inside ``train_dataloader()``, before the epoch's first batch) nor
+a scoring that hangs nor a hook that waits. So ``StopOnSigterm`` adds the smallest thing, with public APIs only:
+
+* in its ``setup`` hook it installs ``stop_now`` with ``signal.signal``; Lightning, registering its handler after
+  ``setup``, composes the two (its own first, then the one it found: ``tests/test_sigterm.py`` pins this).
+  ``stop_now`` raises ``Terminated`` (a ``KeyboardInterrupt``) in the main thread at once, so Lightning runs its
+  Ctrl-C path: the callbacks' ``on_exception`` (the adapter as it was is saved, the resume command printed), its
+  teardown (a checkpoint still being written in the background is finished), exit code 1, which ``exits_on_sigterm``
+  turns into ``SIGTERM_EXIT``;
+* except while a checkpoint is being written (a ``Checkpoint`` callback's method or ``Trainer.save_checkpoint`` on
+  the stack: cut short, the epoch just trained would lose its checkpoint, or ``last.ckpt`` its link): then the stop
+  waits for the write to end (Lightning's own check after the hook, or ``stop_now``'s retry every ``RETRY_SECONDS``);
+* under DDP Lightning's handler also broadcasts from inside the signal handler. On gloo the source of that broadcast
+  waits until every rank has run the same handler, and a rank already waiting inside another collective never does
+  (measured: both ranks hang until gloo's 30-minute timeout). So from the first hook after Lightning registered
+  (``on_train_start``, ``on_validation_start``, ``on_test_start``, ``on_predict_start``) SIGTERM goes to
+  ``stop_now`` alone; no collective runs on the way out, and no rank waits at a barrier for one that has stopped.
+  Before that hook (the first epoch's generation of a DDP fit) Lightning's handler is in place.
 
 Exit codes of an interrupted run: 143 (128 + SIGTERM, the shell's convention) after SIGTERM, 1 after Ctrl-C. Either
 way the last epoch's checkpoint is the resume point (``--ckpt_path last``), so a scheduler may requeue the job with
-the same command plus ``--ckpt_path last``.
-
-Under DDP each rank stops on its own signal (a launcher or scheduler signals every rank; rank 0 also forwards the
-signal to the ranks it launched), and no collective runs on the way out, so none waits at a barrier for a rank that
-has stopped.
+the same command plus ``--ckpt_path last``. Under DDP each rank stops on its own signal (a launcher or scheduler
+signals every rank; rank 0 also forwards the signal to the ranks it launched, from a thread when its main thread
+waits inside a collective).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
+import gc
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
 SIGTERM_EXIT = 128 + signal.SIGTERM  # 143
+RETRY_SECONDS = 0.05  # how often a stop held back by a checkpoint write looks again whether the write has ended
+
+Handler = Callable[[int, Any], Any] | int | None
 
 
 class Terminated(KeyboardInterrupt):
     """Raised in the main thread by SIGTERM. A ``KeyboardInterrupt``: Lightning handles it as Ctrl-C, and user code
-    that catches ``Exception`` (a reward function, say) does not swallow it."""
+    that catches ``Exception`` (or ``SystemExit``, as a reward function's guard does) does not swallow it."""
 
 
-class _State:
-    terminated = False  # a SIGTERM arrived
-    stopping = False  # the run is already on its way out (a Ctrl-C or a SIGTERM is being handled)
-    deferring = 0  # inside ``deferred()``: a checkpoint is being written
-    pending = False  # a SIGTERM arrived while deferring: raised when the block ends
+def stopped_by_sigterm(exception: BaseException) -> bool:
+    """Whether ``exception`` is a SIGTERM's stop: ``stop_now``'s or Lightning's (its loops' ``SIGTERMException``)."""
+    return isinstance(exception, (Terminated, SIGTERMException))
 
 
-state = _State()
+@dataclass
+class StopState:
+    terminated: bool = False  # a SIGTERM arrived
+    stopping: bool = False  # the run is already on its way out (a Ctrl-C or a SIGTERM is being handled)
+    pending: bool = False  # a SIGTERM arrived during a checkpoint write: raised when the write has ended
+    alarm_handler: Handler = None  # SIGALRM's handler before a retry borrowed it
 
 
-def stop_now(trainer: Any = None) -> Callable[[int, Any], None]:
-    """The SIGTERM handler: the first signal raises ``Terminated`` where the main thread stands (and is forwarded to
-    the processes ``trainer``'s launcher started); one arriving while the run stops is noted, not raised, so it cannot
-    cut the adapter's save short."""
+state = StopState()
 
-    def handler(signum: int, frame: Any) -> None:
-        if state.terminated:
-            return
-        state.terminated = True
-        launcher = getattr(getattr(trainer, "strategy", None), "launcher", None)
-        if launcher is not None:
-            # the ranks it launched stop too (a scheduler may have signalled rank 0 only); one already gone needs none
-            with contextlib.suppress(Exception):
-                launcher.kill(signum)
-        if state.stopping:
-            return
-        if state.deferring:
-            state.pending = True
-            return
-        state.stopping = True
-        raise Terminated(f"received signal {signum} (SIGTERM)")
+
+def reset() -> None:
+    stop_retrying()
+    state.terminated = state.stopping = False
+
+
+def writing_a_checkpoint(frame: FrameType | None) -> bool:
+    """Whether the main thread's stack, from ``frame`` (where a signal found it), holds a checkpoint being written:
+    a ``Checkpoint`` callback's method (its save and its ``last.ckpt`` link) or ``Trainer.save_checkpoint``."""
+    save = pl.Trainer.save_checkpoint.__code__
+    while frame is not None:
+        if frame.f_code is save or isinstance(frame.f_locals.get("self"), Checkpoint):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def forward(trainer: pl.Trainer | None, signum: int) -> None:
+    """The ranks ``trainer``'s launcher started stop too (a scheduler may have signalled this process only)."""
+    launcher = getattr(getattr(trainer, "strategy", None), "launcher", None)
+    if launcher is not None:
+        with contextlib.suppress(Exception):  # one already gone needs no signal
+            launcher.kill(signum)
+
+
+def stop_now(trainer: pl.Trainer | None = None) -> Callable[[int, Any], None]:
+    """The SIGTERM handler: the first signal raises ``Terminated`` where the main thread stands (after a checkpoint
+    write, if one is under way) and is forwarded to the ranks ``trainer``'s launcher started; one arriving while the
+    run stops is noted, not raised, so it cannot cut the adapter's save short."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if not state.terminated:
+            state.terminated = True
+            forward(trainer, signum)
+        raise_unless_writing(frame)
 
     return handler
 
 
-@contextmanager
-def deferred() -> Iterator[None]:
-    """A SIGTERM arriving inside the block stops the run when the block ends: a checkpoint being written is
-    finished first (its temporary file would otherwise be dropped, and with it the epoch just trained)."""
-    state.deferring += 1
-    try:
-        yield
-    finally:
-        state.deferring -= 1
-    if state.pending and not state.deferring and not state.stopping:
-        state.pending, state.stopping = False, True
-        raise Terminated("received SIGTERM while a checkpoint was written")
+def raise_unless_writing(frame: FrameType | None) -> None:
+    """Raise ``Terminated`` now, or, during a checkpoint write, look again in ``RETRY_SECONDS`` (``SIGALRM``)."""
+    if state.stopping:
+        return
+    if writing_a_checkpoint(frame):
+        if not state.pending:
+            state.pending = True
+            state.alarm_handler = signal.signal(signal.SIGALRM, lambda signum, later: raise_unless_writing(later))
+        signal.setitimer(signal.ITIMER_REAL, RETRY_SECONDS)
+        return
+    stop_retrying()
+    state.stopping = True
+    raise Terminated(f"received signal {signal.SIGTERM} (SIGTERM)")
 
 
-def deferring(hook: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(hook)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with deferred():
-            return hook(*args, **kwargs)
-    run.__lit_grpo_deferring__ = True  # type: ignore[attr-defined]
-    return run
-
-
-CHECKPOINT_HOOKS = ("on_train_epoch_end", "on_validation_end", "on_train_batch_end")
-
-
-def checkpoints_finish_first(trainer: Any) -> None:
-    """The hooks in which the trainer's checkpoint callbacks write (``CHECKPOINT_HOOKS``) run to their end before
-    a SIGTERM stops the run: an epoch that ended keeps its checkpoint (``last_model_path`` names a file that is
-    there)."""
-    from lightning.pytorch.callbacks import Checkpoint
-
-    for callback in trainer.callbacks:
-        if not isinstance(callback, Checkpoint):
-            continue
-        for name in CHECKPOINT_HOOKS:
-            hook = getattr(callback, name, None)
-            if callable(hook) and not getattr(hook, "__lit_grpo_deferring__", False):
-                setattr(callback, name, deferring(hook))
+def stop_retrying() -> None:
+    """Cancel a pending retry and give SIGALRM its handler back."""
+    if state.pending:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, state.alarm_handler if state.alarm_handler is not None else signal.SIG_DFL)
+        state.pending, state.alarm_handler = False, None
 
 
 def hold() -> None:
     """The run is stopping (its ``on_exception`` hooks run): a later SIGTERM is noted but raises nothing."""
     state.stopping = True
+    stop_retrying()  # Lightning's own check stopped the run first
 
 
-def install(trainer: Any = None) -> Any:
-    """Point SIGTERM at ``stop_now``; returns the handler it replaced (None off the main thread, where Python cannot
-    set handlers)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, stop_now(trainer))
+def on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
-def forward_while_blocked(trainer: Any) -> None:
-    """On the process that launched the other ranks, a thread forwards SIGTERM to them as soon as it arrives.
+def forward_while_blocked(trainer: pl.Trainer) -> None:
+    """On rank 0, which launched the other ranks (when they were not launched by ``torchrun`` or a scheduler: then
+    its launcher has none to signal), a thread forwards SIGTERM to them as soon as it arrives.
     Python runs a signal handler in the main thread only, between two bytecodes: one waiting inside a collective
     for a rank still generating would not run it before SIGKILL, if only this process was signalled (a container
     runtime signals its first process). Stopped, the other ranks close their connections, the collective fails,
     and this process stops as well."""
-    launcher = getattr(trainer.strategy, "launcher", None)
-    if not getattr(launcher, "procs", None) or threading.current_thread() is not threading.main_thread():
+    if trainer.strategy.launcher is None or trainer.world_size == 1 or trainer.global_rank != 0 or not on_main_thread():
         return
     read, write = os.pipe()
     os.set_blocking(write, False)
@@ -152,75 +171,90 @@ def forward_while_blocked(trainer: Any) -> None:
     def watch() -> None:
         while signal.SIGTERM not in os.read(read, 512):
             pass
-        with contextlib.suppress(Exception):
-            launcher.kill(signal.SIGTERM)
+        forward(trainer, signal.SIGTERM)
 
     threading.Thread(target=watch, name="lit-grpo-sigterm", daemon=True).start()
 
 
-def take_over_from_lightning(trainer: Any) -> None:
-    """Lightning registers its own SIGTERM handler at the start of every ``fit`` (after ``on_fit_start``, before
-    the first epoch's rollouts), composing it with the one in place; its part only sets a flag for its loops and,
-    under DDP, broadcasts from inside the handler. Right after it registers, SIGTERM is ours alone; Lightning's
-    teardown restores the handler it found (``install``'s, from ``main``)."""
-    connector = getattr(trainer, "_signal_connector", None)
-    register = getattr(connector, "register_signal_handlers", None)
-    if register is None:  # another Lightning: its handler calls ours after its own, which still stops the run
-        return
+class StopOnSigterm(pl.Callback):
+    """SIGTERM stops the run at once wherever it stands (see this module's docstring); the handler found at ``setup``
+    is put back at ``teardown``."""
 
-    @functools.wraps(register)
-    def register_then_take_sigterm() -> None:
-        register()
-        install(trainer)
-        checkpoints_finish_first(trainer)
+    def __init__(self) -> None:
+        self.previous: Handler = None
+        self.handler: Callable[[int, Any], None] | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if not on_main_thread():  # Python sets handlers on the main thread only
+            return
+        stop_retrying()
+        state.stopping = False
+        self.handler = stop_now(trainer)
+        self.previous = signal.signal(signal.SIGTERM, self.handler)  # Lightning composes it with its own
         forward_while_blocked(trainer)
 
-    connector.register_signal_handlers = register_then_take_sigterm
+    def take_sigterm_under_ddp(self, trainer: pl.Trainer) -> None:
+        """Under DDP, SIGTERM goes to ``stop_now`` alone from here: Lightning's handler broadcasts (see above)."""
+        if self.handler is not None and trainer.world_size > 1 and on_main_thread():
+            signal.signal(signal.SIGTERM, self.handler)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.take_sigterm_under_ddp(trainer)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.take_sigterm_under_ddp(trainer)
+
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.take_sigterm_under_ddp(trainer)
+
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.take_sigterm_under_ddp(trainer)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.handler is not None and on_main_thread() and self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+        self.handler = None
 
 
-def quick_exit(code: int) -> None:
-    """End the process as the interpreter would, less its last garbage collection and module teardown: those walk
-    every object (torch, transformers, the model), seconds on a loaded machine out of a grace period of some
-    seconds. What an exit must still do runs first: the non-daemon threads are joined (a checkpoint being written)
-    and the exit hooks run (a vLLM server stopped, a temporary directory removed, the logs flushed)."""
-    try:
-        threading._shutdown()  # type: ignore[attr-defined]  # what Py_FinalizeEx runs first
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-    except Exception:  # noqa: BLE001 - another Python: the ordinary exit, slower
-        return
-    os._exit(code)
+def end_process(code: int) -> None:
+    """End the process with ``code`` as the interpreter does (the non-daemon threads joined, the exit hooks run: a
+    vLLM server stopped, a temporary directory removed, the logs flushed), less its last full garbage collection:
+    the objects alive now (torch, transformers, the model) are frozen out of it (``gc.freeze``), since walking them
+    would spend seconds of the grace period a scheduler gives between SIGTERM and SIGKILL."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    gc.freeze()
+    raise SystemExit(code)
 
 
 def exits_on_sigterm(main: Callable[..., Any]) -> Callable[..., Any]:
-    """``main`` with SIGTERM handled by ``stop_now`` from its first line, and the process's exit code
-    ``SIGTERM_EXIT`` whenever a SIGTERM stopped it (Lightning ends an interrupted fit with exit code 1; the run's
-    callbacks have said what was kept and how to resume). Called without arguments, ``main`` is the process (its
-    command line is ``sys.argv``), which then ends at once (``quick_exit``); called with arguments (from Python), it
-    raises ``SystemExit`` as usual. The previous handler is restored on return."""
+    """``main`` with SIGTERM handled by ``stop_now`` from its first line (``StopOnSigterm`` takes over during a
+    run), and the process's exit code ``SIGTERM_EXIT`` whenever a SIGTERM stopped it (Lightning ends an interrupted
+    fit with exit code 1, or none after its own ``SIGTERMException``; the run's callbacks have said what was kept and
+    how to resume). Called without arguments, ``main`` is the process (its command line is ``sys.argv``), which then
+    ends without the interpreter's last garbage collection (``end_process``); called with arguments (from Python),
+    it raises ``SystemExit`` as usual. The previous handler is restored on return."""
 
     @functools.wraps(main)
     def run(*args: Any, **kwargs: Any) -> Any:
-        state.terminated = state.stopping = state.pending = False
-        state.deferring = 0
+        reset()
         the_process = not args and not kwargs
-        previous = install()
+        previous = signal.signal(signal.SIGTERM, stop_now()) if on_main_thread() else None
         try:
             return main(*args, **kwargs)
         except Terminated:  # outside the trainer's own handling: before its fit started, or after it ended
             print("lit-grpo: stopped by SIGTERM before training began; nothing was written to resume from",
                   file=sys.stderr, flush=True)
-            code: Any = SIGTERM_EXIT
-        except SystemExit as exit:
-            if not (state.terminated and exit.code not in (0, None)):
+            code = SIGTERM_EXIT
+        except SystemExit as exit:  # Lightning's: 1 after a Terminated, None after its own SIGTERMException
+            if not state.terminated or exit.code == 0:
                 raise
             code = SIGTERM_EXIT
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
         if the_process:
-            quick_exit(code)
+            end_process(code)
         raise SystemExit(code)
     return run
