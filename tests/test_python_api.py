@@ -18,8 +18,10 @@ from test_readme_examples import ROOT, python_example
 
 from lit_grpo.callbacks import NonFiniteGuard, RngState
 from lit_grpo.errors import InputError
+from lit_grpo.policy.interrupt import SaveOnInterrupt
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.run.signals import StopOnSigterm
 
 QUIET = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False}
 
@@ -52,11 +54,12 @@ def declared(callbacks: list[pl.Callback]) -> list[pl.Callback]:
     return module.configure_callbacks()
 
 
-def test_the_module_declares_the_guard_and_the_rng_state_unless_the_trainer_holds_them():
-    assert [type(c) for c in declared([])] == [NonFiniteGuard, RngState]
+def test_the_module_declares_what_every_run_needs_unless_the_trainer_holds_it():
+    every = [NonFiniteGuard, RngState, StopOnSigterm, SaveOnInterrupt]
+    assert [type(c) for c in declared([])] == every
     assert declared([])[0].max_consecutive_skips == 3  # the defaults
-    assert [type(c) for c in declared([NonFiniteGuard(max_consecutive_skips=7)])] == [RngState]
-    assert [type(c) for c in declared([StricterGuard(), RngState()])] == []  # a subclass counts as one
+    assert [type(c) for c in declared([NonFiniteGuard(max_consecutive_skips=7)])] == every[1:]
+    assert [type(c) for c in declared([StricterGuard(), RngState()])] == every[2:]  # a subclass counts as one
 
 
 @pytest.mark.slow
@@ -82,11 +85,12 @@ def test_the_command_gets_them_from_the_module_and_keeps_a_users_own(tiny_llama_
     from lit_grpo.cli import LitGRPOCLI
 
     base = ["--model.model_name_or_path", str(tiny_llama_dir), "--trainer.default_root_dir", str(tmp_path)]
-    for extra, kinds in (([], [NonFiniteGuard, RngState]),
+    every = [NonFiniteGuard, RngState, StopOnSigterm, SaveOnInterrupt]
+    for extra, kinds in (([], every),
                          (["--trainer.callbacks+=lit_grpo.callbacks.NonFiniteGuard",  # the old name still works
-                           "--trainer.callbacks.max_consecutive_skips=7"], [RngState])):
+                           "--trainer.callbacks.max_consecutive_skips=7"], every[1:])):
         cli = LitGRPOCLI(args=base + extra, run=False)
-        assert not any(isinstance(c, RngState) for c in cli.trainer.callbacks)  # cli.py adds none itself
+        assert not any(isinstance(c, (RngState, StopOnSigterm, SaveOnInterrupt)) for c in cli.trainer.callbacks)  # cli.py adds none itself
         cli.model.trainer = cli.trainer
         assert [type(c) for c in cli.model.configure_callbacks()] == kinds
 
@@ -107,14 +111,14 @@ def set_up(trainer: pl.Trainer, stage: str = "fit") -> RolloutDataModule:
 
 
 def test_setup_refuses_the_distributed_sampler_under_ddp():
-    with pytest.raises(InputError, match=r"^2 ranks: Trainer\(use_distributed_sampler=False\) is needed"):
+    with pytest.raises(InputError, match=r"trainer\.use_distributed_sampler: must be false"):
         set_up(ddp_trainer(use_distributed_sampler=True))  # Trainer's default: each rank would get half its share
     set_up(ddp_trainer(use_distributed_sampler=False))
     set_up(pl.Trainer(reload_dataloaders_every_n_epochs=1, **QUIET))  # one process: the sampler is not wrapped
 
 
 def test_the_private_lightning_attribute_that_setup_reads_still_holds_the_setting():
-    # Lightning 2.6.6 has no public reader of Trainer(use_distributed_sampler=...); run/distributed.py reads
+    # Lightning 2.6.6 has no public reader of Trainer(use_distributed_sampler=...); RolloutDataModule.setup reads
     # trainer._accelerator_connector.use_distributed_sampler. This fails when an upgrade moves or renames it.
     for value in (True, False):
         assert ddp_trainer(value)._accelerator_connector.use_distributed_sampler is value
