@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 from reliability_doc import documented
+from support import load_checkpoint
 from test_kill_resume import (
     EPOCHS,
     assert_same_adapter,
@@ -23,7 +24,6 @@ from test_kill_resume import (
     launch,
 )
 
-from lit_grpo.run.checkpoint_file import load_checkpoint
 from lit_grpo.run.checkpoint_io import WRITE_DELAY_ENV
 
 

@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 from reliability_doc import documented
-from support import remote_code_copy
+from support import load_checkpoint, remote_code_copy
 
 from lit_grpo.cli import main
-from lit_grpo.run.checkpoint_file import load_checkpoint
 
 
 def fit_args(model: Path, root: Path, epochs: int, *extra: str) -> list[str]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_grpo.errors import InputError
-from lit_grpo.run.checkpoint_file import load_checkpoint
 
 
 def find_last_checkpoint(trainer: Any) -> str | None:
@@ -35,6 +35,12 @@ def find_last_checkpoint(trainer: Any) -> str | None:
 STATE_SHAPING = ("lora_rank", "lora_target_modules", "risk")
 
 
+def load_shapes(path: str | Path) -> Any:
+    """What the checkpoint file at ``path`` holds, its tensors memory-mapped (their bytes are read only if
+    touched), unpickled weights-only: tensors and plain containers, nothing that runs code."""
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
 def readable_neighbour(path: str) -> Path | None:
     """The newest other ``.ckpt`` beside ``path`` that loads, to offer when ``path`` does not."""
     target = Path(path).resolve()
@@ -42,29 +48,37 @@ def readable_neighbour(path: str) -> Path | None:
                     key=lambda p: p.stat().st_mtime, reverse=True)
     for other in others:
         try:
-            if isinstance(load_checkpoint(other, shapes_only=True, mmap=True), dict):
+            if isinstance(load_shapes(other), dict):
                 return other
         except Exception:  # noqa: BLE001 - any unreadable neighbour is simply not offered
             continue
     return None
 
 
+# The key of the packed files lit-grpo wrote between issues 34 and 40 (tensors in one byte buffer), no longer read.
+PACKED_MARKER = "lit_grpo_packed_checkpoint"
+
+
 def read_checkpoint(path: str) -> dict[str, Any]:
-    """What the checkpoint at ``path`` holds (tensors and plain containers only; its tensors' dtypes and shapes on the
-    meta device, for a packed file), or an ``InputError`` naming what it is instead."""
+    """What the Lightning checkpoint at ``path`` holds (tensors and plain containers only; the tensors
+    memory-mapped, not read), or an ``InputError`` naming what it is instead."""
     import pickle
 
     try:
-        checkpoint = load_checkpoint(path, shapes_only=True, mmap=True)  # tensors on the meta device: none read
+        checkpoint = load_shapes(path)
     except pickle.UnpicklingError:
         raise  # the CLI names what the weights-only loader refused
-    except Exception as error:  # truncated, empty, not a checkpoint at all
+    except Exception as error:  # truncated, empty, a tensor beyond its storage, not a checkpoint at all
         detail = str(error).splitlines()[0].split(". ")[0] if str(error) else "no detail"
         neighbour = readable_neighbour(path)
         instead = f"resume from {str(neighbour)!r} (the newest readable checkpoint beside it)" if neighbour else (
             "pass another file")
         raise InputError(f"ckpt_path: {path!r} is not a readable checkpoint ({type(error).__name__}: {detail}); "
                          f"{instead}, or start without --ckpt_path") from None
+    if isinstance(checkpoint, dict) and PACKED_MARKER in checkpoint:
+        raise InputError(f"ckpt_path: {path!r} is in the packed format of lit-grpo before issue 40, which is no "
+                         "longer read; resume it with that version, or start a new run (model.init_adapter can "
+                         "start it from the run's saved adapter/)")
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise InputError(f"ckpt_path: {path!r} is not a Lightning checkpoint (no state_dict); pass a .ckpt this "
                          "program wrote")
