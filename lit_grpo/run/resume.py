@@ -3,6 +3,7 @@ directory), and what a checkpoint may and may not decide about the run it contin
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +36,14 @@ def find_last_checkpoint(trainer: Any) -> str | None:
 STATE_SHAPING = ("lora_rank", "lora_target_modules", "risk")
 
 
-def load_shapes(path: str | Path) -> Any:
-    """What the checkpoint file at ``path`` holds, its tensors memory-mapped (their bytes are read only if
-    touched), unpickled weights-only: tensors and plain containers, nothing that runs code."""
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+def load_checkpoint_file(path: str | Path) -> Any:
+    """What the checkpoint file at ``path`` holds, unpickled weights-only (tensors and plain containers, nothing that
+    runs code), read as Lightning will read it. Not memory-mapped: ``mmap=True`` does not compare a storage's record
+    with the bytes its pickle claims (a truncated record maps the bytes after it), which a read refuses; a
+    checkpoint holds the trained weights and their optimizer state only, and the resume reads it next anyway."""
+    if not zipfile.is_zipfile(path):  # torch.save's archive; else torch would unpickle the bytes as its legacy format
+        raise ValueError("not the zip archive torch.save writes: empty, truncated or another kind of file")
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def readable_neighbour(path: str) -> Path | None:
@@ -48,7 +53,7 @@ def readable_neighbour(path: str) -> Path | None:
                     key=lambda p: p.stat().st_mtime, reverse=True)
     for other in others:
         try:
-            if isinstance(load_shapes(other), dict):
+            if isinstance(load_checkpoint_file(other), dict):
                 return other
         except Exception:  # noqa: BLE001 - any unreadable neighbour is simply not offered
             continue
@@ -60,12 +65,12 @@ PACKED_MARKER = "lit_grpo_packed_checkpoint"
 
 
 def read_checkpoint(path: str) -> dict[str, Any]:
-    """What the Lightning checkpoint at ``path`` holds (tensors and plain containers only; the tensors
-    memory-mapped, not read), or an ``InputError`` naming what it is instead."""
+    """What the Lightning checkpoint at ``path`` holds (tensors and plain containers only), or an ``InputError``
+    naming what it is instead."""
     import pickle
 
     try:
-        checkpoint = load_shapes(path)
+        checkpoint = load_checkpoint_file(path)
     except pickle.UnpicklingError:
         raise  # the CLI names what the weights-only loader refused
     except Exception as error:  # truncated, empty, a tensor beyond its storage, not a checkpoint at all
