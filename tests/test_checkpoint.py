@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from support import DigitShareTask
@@ -113,6 +114,9 @@ def test_load_from_checkpoint_gives_the_trained_policy_back(tiny_llama_dir, tmp_
     assert set(lora) == set(saved) and lora
     for name, value in saved.items():
         assert torch.equal(lora[name], value), name
+    assert loaded.load_state_dict(saved, strict=True).missing_keys == []  # the frozen base is not missing
+    with pytest.raises(RuntimeError, match="missing trained weights"):
+        loaded.load_state_dict({k: v for k, v in saved.items() if ".lora_B." not in k}, strict=True)
     untrained = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4)
     untrained.configure_model()
     assert any(not torch.equal(p, lora[f"policy.{n}"]) for n, p in untrained.policy.named_parameters() if "lora_" in n)

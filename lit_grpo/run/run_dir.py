@@ -111,7 +111,9 @@ class SaveOnInterrupt(pl.Callback):
         if trainer.global_rank != 0:
             return
         # a resumed run that stops before its first epoch ends resumes again from the checkpoint it started from
-        last = getattr(trainer.checkpoint_callback, "last_model_path", "") or trainer.ckpt_path
+        callback = trainer.checkpoint_callback  # the command's writes last.ckpt as its best_model_path (cli.py)
+        last = (getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", "")
+                or trainer.ckpt_path)
         resume = (f"resume from the last epoch's checkpoint with: lit-grpo fit --config {run_dir / 'config.yaml'} "
                   f"--ckpt_path {last}" if last else "no epoch had ended, so there is no checkpoint to resume")
         what = (f"stopped by SIGTERM (exit code {signals.SIGTERM_EXIT})" if isinstance(exception, signals.Terminated)
