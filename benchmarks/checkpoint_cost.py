@@ -1,8 +1,9 @@
-"""What the per-epoch checkpoint costs a run (issue 34): the quickstart cut to one optimizer step per epoch
+"""What the per-epoch checkpoint costs a run (issues 34, 40): the quickstart cut to one optimizer step per epoch
 (8 prompts x 8 completions = one minibatch of 64), 60 epochs, validation off, with the command's default
-checkpointing (A) and with ``--trainer.enable_checkpointing false`` (B). Each run is a whole ``lit-grpo fit`` process
-in its own temporary directory, the two alternate (A B A B A B after one uncounted warm-up run), and the script
-prints each wall time, each round's ratio A / B and their median.
+checkpointing (A: Lightning's checkpoint file, last.ckpt, written through AsyncCheckpointIO beside its target and
+renamed) and with ``--trainer.enable_checkpointing false`` (B). Each run is a whole ``lit-grpo fit`` process in its
+own temporary directory, the two alternate (A B A B A B after one uncounted warm-up run), and the script prints each
+wall time, each round's ratio A / B and their median.
 
 Each run also records when each epoch starts (a callback added to the trainer); the median epoch, from one epoch's
 start to the next's (the checkpoint written in between), is printed too: on a shared machine a burst of other work
@@ -10,17 +11,23 @@ stretches a few epochs of one run and moves its wall time by more than the check
 epochs is not moved by it. The 1-minute load average is printed before, after and with each round. The order of the
 arms is reversed every other round, so that a drift of the machine's speed over the sitting favours none.
 
-``--with-sync`` adds a third run to each round, S: checkpointing as before issue 34 (``--checkpoint.save_last true``,
-two files per epoch, each written and fsynced on the training thread; packed, as every local checkpoint now is).
-``--with-unpacked`` adds U: A with the tensors pickled one by one (the background writer before
-``checkpoint_file.pack``: each storage copied, the checkpoint pickled as ``torch.save`` does). ``--with-guard-what-if``
-adds G: A with NonFiniteGuard checking only the trainable tensors before a save (the ones the checkpoint keeps)
-instead of the whole model's state dict. ``--within-run`` adds W: twice the epochs with a save after every other
-one; the median epoch that ends with a save minus the median that does not, within each run, is what a save costs,
-free of the drift between runs that moves each wall time by more than the checkpoint costs (±10% here).
+``--with-sync`` adds a third run to each round, S: Lightning's plain ``TorchCheckpointIO`` (written on the training
+thread through an fsspec transaction). ``--within-run`` adds W: twice the epochs with a save after every other one;
+the median epoch that ends with a save minus the median that does not, within each run, is what a save costs, free
+of the drift between runs that moves each wall time by more than the checkpoint costs (±10% here).
+
+``--release-width`` measures instead what a save costs at release width against one training step there: the
+random 2-layer Qwen2 of Qwen2.5-0.5B's width (hidden 896, vocabulary 151,936; ``benchmarks/memory.py`` builds it
+once under ``--model-dir``), LoRA r 16, alpha 32 on every linear layer as the release configs have it, a bf16 base,
+``--release-tokens`` completion tokens x 8 rows, AdamW; a step is ``memory.py``'s configuration d. The checkpoint
+is what Lightning writes for it (the adapter, AdamW's two moments of each of its tensors, the loop counters). It
+prints the median step, the time the training thread spends in a background save (the clone) and a whole
+synchronous write, each as a share of a step.
 
     flock /tmp/heavy.lock .venv/bin/python benchmarks/checkpoint_cost.py [--pairs 3] [--epochs 60] [--with-sync]
-        [--with-unpacked] [--with-guard-what-if] [--within-run]
+        [--within-run]
+    flock /tmp/heavy.lock .venv/bin/python benchmarks/checkpoint_cost.py --release-width [--release-tokens 512]
+        [--release-steps 5] [--release-saves 5] [--model-dir DIR]
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 CLOCK_ENV = "CHECKPOINT_COST_CLOCK"
@@ -57,36 +65,20 @@ lit_grpo.cli.LitGRPOCLI._instantiate_trainer = lambda self, config, callbacks: _
     self, config, [*callbacks, EpochClock()])
 """
 SYNC = """
-from lit_grpo.run.checkpoint_io import BesideTargetCheckpointIO
-lit_grpo.cli.BackgroundCheckpointIO = BesideTargetCheckpointIO  # written on the training thread
-"""
-UNPACKED = """
-import torch
-from lit_grpo.run import checkpoint_io
-from lit_grpo.run.checkpoint_file import plain_copy, rebuild, tensor_snapshot
-def snapshot(self, checkpoint):  # each storage copied; the copy is pickled tensor by tensor, as torch.save does
-    storages = {}
-    return rebuild(checkpoint, lambda x: tensor_snapshot(x, storages) if isinstance(x, torch.Tensor) else plain_copy(x))
-checkpoint_io.BesideTargetCheckpointIO.pack = snapshot
-"""
-GUARD_TRAINABLE_ONLY = """
-from lit_grpo.run import nonfinite
-def on_save_checkpoint(self, trainer, pl_module, checkpoint):
-    trainable = {name for name, p in pl_module.named_parameters() if p.requires_grad}
-    nonfinite.refuse_nonfinite([(k, v) for k, v in checkpoint["state_dict"].items() if k in trainable], "checkpoint")
-nonfinite.NonFiniteGuard.on_save_checkpoint = on_save_checkpoint
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+lit_grpo.cli.BackgroundCheckpointIO = TorchCheckpointIO  # Lightning's own, on the training thread
 """
 
 
 def command(epochs: int, arm: str) -> list[str]:
-    """``arm``: "A" default checkpointing, "B" none, "S" synchronous with two files per epoch, "U" A unpacked, "G" A
-    with the guard checking the trainable tensors only, "W" A saving after every other epoch."""
-    patch = EPOCH_CLOCK + {"S": SYNC, "U": UNPACKED, "G": GUARD_TRAINABLE_ONLY}.get(arm, "")
+    """``arm``: "A" default checkpointing, "B" none, "S" Lightning's synchronous TorchCheckpointIO, "W" A saving
+    after every other epoch."""
+    patch = EPOCH_CLOCK + {"S": SYNC}.get(arm, "")
     return [sys.executable, "-c", patch + "lit_grpo.cli.main()", "fit",
             "--config", str(ROOT / "configs" / "quickstart.yaml"), "--trainer.max_epochs", str(epochs),
             "--data.prompts_per_epoch", "8", "--data.minibatch_size", "64", "--trainer.limit_val_batches", "0",
             "--trainer.enable_progress_bar", "false",
-            *{"B": ["--trainer.enable_checkpointing", "false"], "S": ["--checkpoint.save_last", "true"],
+            *{"B": ["--trainer.enable_checkpointing", "false"],
               "W": ["--checkpoint.every_n_epochs", "2"]}.get(arm, [])]
 
 
@@ -103,7 +95,7 @@ def timed_run(epochs: int, arm: str) -> tuple[float, list[float]]:
         if done.returncode != 0:
             sys.exit(f"lit-grpo fit failed ({done.returncode}):\n{done.stdout[-3000:]}")
         written = sorted(p.name for p in Path(run_dir).rglob("*.ckpt"))
-        expected = [] if arm == "B" else [f"epoch={epochs - 1}-step={epochs}.ckpt", "last.ckpt"]
+        expected = [] if arm == "B" else ["last.ckpt"]
         if written != expected:
             sys.exit(f"expected checkpoints {expected}, found {written}")
         starts = json.loads(clock.read_text())
@@ -118,6 +110,59 @@ def cost_per_save(epoch_seconds: list[float]) -> float:
     return statistics.median(saving) - statistics.median(plain)
 
 
+def release_checkpoint(policy: Any) -> dict[str, Any]:
+    """What ``Trainer.save_checkpoint`` holds for a PolicyModule of ``policy``: the trained weights, AdamW's state of
+    each (step, two moments), the loop counters."""
+    import lightning.pytorch as pl
+    import torch
+
+    trained = {f"policy.{name}": p.detach() for name, p in policy.named_parameters() if p.requires_grad}
+    state = {i: {"step": torch.tensor(1.0), "exp_avg": torch.randn_like(p), "exp_avg_sq": torch.rand_like(p)}
+             for i, p in enumerate(trained.values())}
+    groups = [{"lr": 1e-5, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "params": list(state)}]
+    return {"epoch": 0, "global_step": 1, "pytorch-lightning_version": pl.__version__, "state_dict": trained,
+            "optimizer_states": [{"state": state, "param_groups": groups}], "lr_schedulers": [], "loops": {},
+            "callbacks": {}, "hyper_parameters": {"lora_rank": 16}}
+
+
+def release_width(model_dir: Path, tokens: int, steps: int, saves: int) -> None:
+    """A save against a step at release width (module docstring)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import memory
+
+    from lit_grpo.run.checkpoint_io import BackgroundCheckpointIO, BesideTargetCheckpointIO
+    from lit_grpo.run.host_memory import return_freed_memory
+
+    return_freed_memory()  # as the command does
+    step, policy = memory.lit_step("d", memory.model_path(model_dir, 2), tokens)
+    step()  # the first step allocates the optimizer state
+    step_seconds = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        step()
+        step_seconds.append(time.perf_counter() - started)
+    checkpoint = release_checkpoint(policy)
+    on_thread, synchronous = [], []
+    with tempfile.TemporaryDirectory(prefix="checkpoint-cost-release-") as directory:
+        target = Path(directory) / "last.ckpt"
+        background, plain = BackgroundCheckpointIO(), BesideTargetCheckpointIO()
+        for _ in range(saves):
+            started = time.perf_counter()
+            background.save_checkpoint(checkpoint, target)  # what the training thread waits for
+            on_thread.append(time.perf_counter() - started)
+            background.wait()
+            started = time.perf_counter()
+            plain.save_checkpoint(checkpoint, target)
+            synchronous.append(time.perf_counter() - started)
+        size = target.stat().st_size
+    step_s, thread_s, sync_s = (statistics.median(x) for x in (step_seconds, on_thread, synchronous))
+    print(f"release width (2 layers, hidden 896, vocabulary 151,936; LoRA r 16 on every linear layer, bf16 base, "
+          f"{tokens} tokens x 8 rows); checkpoint {size / 2**20:.1f} MB; load average (1 min) {load()}")
+    print(f"one step {step_s:.3f} s (median of {steps}); a background save on the training thread "
+          f"{1000 * thread_s:.1f} ms = {thread_s / step_s:.2%} of a step; a synchronous write {1000 * sync_s:.1f} ms "
+          f"= {sync_s / step_s:.2%} of a step (medians of {saves})")
+
+
 def load() -> str:
     return f"{os.getloadavg()[0]:.2f}"
 
@@ -126,19 +171,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=60)
-    parser.add_argument("--with-sync", action="store_true", help="add S, the synchronous two-file checkpointing")
-    parser.add_argument("--with-unpacked", action="store_true", help="add U: A with the tensors pickled one by one")
-    parser.add_argument("--with-guard-what-if", action="store_true", help="add G: A with the guard checking the "
-                        "trainable tensors only")
+    parser.add_argument("--with-sync", action="store_true", help="add S, Lightning's synchronous TorchCheckpointIO")
     parser.add_argument("--within-run", action="store_true", help="add W: 2 x epochs, a save after every other "
                         "epoch; what a save costs an epoch, measured within each run")
+    parser.add_argument("--release-width", action="store_true", help="a save against a step at release width")
+    parser.add_argument("--release-tokens", type=int, default=512)
+    parser.add_argument("--release-steps", type=int, default=5)
+    parser.add_argument("--release-saves", type=int, default=5)
+    parser.add_argument("--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "lit-grpo-memory-models")
     args = parser.parse_args()
-    arms = ["A", "B", *(["S"] if args.with_sync else []), *(["U"] if args.with_unpacked else []),
-            *(["G"] if args.with_guard_what_if else []), *(["W"] if args.within_run else [])]
+    if args.release_width:
+        return release_width(args.model_dir, args.release_tokens, args.release_steps, args.release_saves)
+    arms = ["A", "B", *(["S"] if args.with_sync else []), *(["W"] if args.within_run else [])]
     print(f"load average (1 min) {load()}; A = default checkpointing, B = --trainer.enable_checkpointing false"
-          + (", S = synchronous, two files" if args.with_sync else "")
-          + (", U = A with the tensors pickled one by one" if args.with_unpacked else "")
-          + (", G = A with the guard checking trainable tensors only" if args.with_guard_what_if else "")
+          + (", S = Lightning's synchronous TorchCheckpointIO" if args.with_sync else "")
           + (", W = a save after every other epoch" if args.within_run else "")
           + f"; {args.epochs} one-step epochs, validation off; rounds alternate the order (A B .. then .. B A)",
           flush=True)

@@ -21,13 +21,12 @@ from lit_grpo.engines.server_pool import Refused, ServersUnavailable
 from lit_grpo.errors import InputError
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.run.checkpoint_io import BackgroundCheckpointIO, BesideTargetCheckpointIO, reads_packed_files
+from lit_grpo.run.checkpoint_io import BackgroundCheckpointIO
 from lit_grpo.run.distributed import share_cores
-from lit_grpo.run.epoch_checkpoint import EpochCheckpoint
 from lit_grpo.run.host_memory import return_freed_memory
 from lit_grpo.run.nonfinite import NonFiniteTrainingError
 from lit_grpo.run.refusals import REPORT_BUG, input_refusal
-from lit_grpo.run.resume import check_resume, find_last_checkpoint
+from lit_grpo.run.resume import check_resume, find_last_checkpoint, resume_point
 from lit_grpo.run.run_dir import (
     check_writable,
     claim_version,
@@ -49,6 +48,17 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     "use_distributed_sampler": False,  # under DDP each rank's rollout buffer is already its own share (required)
 }
 
+# The command's checkpoint callback (section ``checkpoint:``): Lightning's ModelCheckpoint writing one file,
+# last.ckpt, at every epoch's end, validated or not (the shipped configs validate every 10 epochs, and a kill before
+# the first validation lost the run), replaced in one rename by the checkpoint IO. It is the top-k file rather than
+# save_last because Lightning 2.6 writes save_last at an epoch's end only after a top-k save at that step (with
+# save_top_k 0, only at the end of fit), and save_top_k 1 with save_last would write every epoch's state twice.
+CHECKPOINT_DEFAULTS: dict[str, Any] = {
+    "checkpoint.filename": ModelCheckpoint.CHECKPOINT_NAME_LAST,
+    "checkpoint.save_top_k": 1,
+    "checkpoint.save_on_train_epoch_end": True,
+}
+
 
 class LitGRPOCLI(LightningCLI):
     """LightningCLI that checks the whole merged config first and reports every problem in one message."""
@@ -62,10 +72,8 @@ class LitGRPOCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: Any) -> None:
         # always-on callbacks, configured in their own sections; a user's trainer.callbacks adds to them
         parser.add_lightning_class_args(RolloutMetrics, "metrics")
-        parser.add_lightning_class_args(EpochCheckpoint, "checkpoint")
-        # a checkpoint at every epoch's end, validated or not (the shipped configs validate every 10 epochs, and a
-        # kill before the first validation lost the run): one file, written in the background; last.ckpt links to it
-        parser.set_defaults({"checkpoint.save_last": "link", "checkpoint.save_on_train_epoch_end": True})
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(CHECKPOINT_DEFAULTS)
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
         # the always-on checkpoint callback steps aside when the user turns checkpointing off
@@ -81,11 +89,8 @@ class LitGRPOCLI(LightningCLI):
             trainer = super()._instantiate_trainer(config, callbacks)
         except MisconfigurationException as error:  # Lightning's own refusal of a trainer value, before any work
             raise InputError(f"trainer: {error}") from None
-        writer = trainer.strategy.checkpoint_io
-        if type(writer) is TorchCheckpointIO:
-            trainer.strategy.checkpoint_io = BackgroundCheckpointIO()
-        elif not isinstance(writer, BesideTargetCheckpointIO):  # a user's own plugin is kept
-            reads_packed_files(writer)  # and resumes a run the default writer checkpointed
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default; a user's plugin is kept
+            trainer.strategy.checkpoint_io = BackgroundCheckpointIO()  # written beside, renamed, in the background
         check_writable(trainer)  # before any weights load
         claim_version(trainer)
         report_core_share(share_cores(trainer))  # before Lightning's launcher, which would count one node only
@@ -171,7 +176,7 @@ def fixed_dir_last(trainer: Any) -> str:
 
 def resume_advice(trainer: Any) -> str:
     """How to go on from a run that stopped: from its last checkpoint (this run's, else the one it resumed from)."""
-    last = getattr(trainer.checkpoint_callback, "last_model_path", "") or trainer.ckpt_path
+    last = resume_point(trainer)
     if not last:
         return "No epoch had ended, so there is no checkpoint to resume from: run the same command again."
     return f"Resume by running the same command with --ckpt_path {last}"

@@ -173,3 +173,8 @@ def weight_reads(monkeypatch: Any) -> list[str]:
     monkeypatch.setattr(model_loading.AutoModelForCausalLM, "from_pretrained",
                         staticmethod(lambda *a, **k: (reads.append(str(a[0])), read(*a, **k))[1]))
     return reads
+
+
+def load_checkpoint(path: Path | str) -> dict[str, Any]:
+    """A checkpoint the command wrote, as any Lightning user reads it: ``torch.load``, weights only."""
+    return torch.load(path, map_location="cpu", weights_only=True)

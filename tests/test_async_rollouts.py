@@ -19,7 +19,7 @@ from lit_grpo.callbacks import RolloutMetrics
 from peft import get_peft_model_state_dict
 from safetensors.torch import load_file
 from snapshot_engine import AdapterLog, SnapshotHFEngine
-from support import DigitShareTask
+from support import DigitShareTask, load_checkpoint
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lit_grpo.engines import HFEngine, VLLMEngine
@@ -28,7 +28,6 @@ from lit_grpo.rollout.ahead import next_version
 from lit_grpo.run.rules import staleness_problems
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.run.seeds import derived_seed
-from lit_grpo.run.checkpoint_file import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,6 @@
-"""Epoch-boundary checkpoints: adapter weights only, loadable with weights_only=True, and an exact resume."""
+"""Epoch-boundary checkpoints are Lightning's own files (issue 40): adapter weights only, loadable with
+``torch.load(weights_only=True)``, an exact resume, and the command's ``last.ckpt`` read, resumed and loaded from
+plain Python."""
 
 from __future__ import annotations
 
@@ -6,13 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from support import DigitShareTask
 
+from lit_grpo.cli import main
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.run.checkpoint_file import load_checkpoint
 
 PROMPTS_PER_EPOCH = 4
 
@@ -41,7 +44,7 @@ def adapter(module: PolicyModule) -> dict[str, torch.Tensor]:
 
 def test_checkpoint_holds_adapter_cursor_and_loads_weights_only(tiny_llama_dir, tmp_path):
     module, _ = run(tiny_llama_dir, tmp_path, epochs=2)
-    checkpoint = load_checkpoint(tmp_path / "ckpt" / "last.ckpt")
+    checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
     state = checkpoint["state_dict"]
     assert state and all("lora_" in key for key in state)
     assert set(state) == {f"policy.{name}" for name in adapter(module)}
@@ -59,3 +62,61 @@ def test_resume_continues_exactly(tiny_llama_dir, tmp_path):
     expected, got = adapter(straight), adapter(resumed)
     for name, value in expected.items():
         torch.testing.assert_close(got[name], value, rtol=0, atol=1e-6)
+
+
+COMMAND_RUN = ["--data.prompts_per_epoch", "2", "--data.group_size", "2", "--data.minibatch_size", "4",
+               "--data.max_new_tokens", "3"]
+
+
+def test_the_commands_last_checkpoint_is_lightnings_and_resumes_from_python(tiny_llama_dir, tmp_path):
+    main(["fit", "--model.model_name_or_path", str(tiny_llama_dir), "--trainer.logger", "false",
+          "--trainer.max_epochs", "2", "--trainer.default_root_dir", str(tmp_path / "command"),
+          "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "0", *COMMAND_RUN])
+    last = tmp_path / "command" / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    assert {"state_dict", "optimizer_states", "epoch", "global_step", "loops", "callbacks", "hyper_parameters",
+            "pytorch-lightning_version", "RolloutDataModule"} <= set(checkpoint)
+    assert checkpoint["pytorch-lightning_version"] == pl.__version__
+    assert (checkpoint["epoch"], checkpoint["global_step"]) == (1, 2)
+    state = checkpoint["state_dict"]
+    assert state and all(".lora_A." in key or ".lora_B." in key for key in state)  # the trained weights only
+    assert len(checkpoint["optimizer_states"][0]["state"]) == len(state)  # AdamW's moments of each of them
+
+    # plain Python, the command's settings, the command's file
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir))
+    datamodule = RolloutDataModule(prompts_per_epoch=2, group_size=2, minibatch_size=4, max_new_tokens=3)
+    trainer = pl.Trainer(max_epochs=3, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,
+                         use_distributed_sampler=False, limit_val_batches=0, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path / "python")
+    started = {}
+
+    class FirstEpoch(pl.Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            started.setdefault("epoch", trainer.current_epoch)
+            started.setdefault("step", trainer.global_step)
+            started.setdefault("weights", {k: v.detach().clone() for k, v in pl_module.state_dict().items()})
+
+    trainer.callbacks.append(FirstEpoch())
+    trainer.fit(module, datamodule=datamodule, ckpt_path=str(last))
+    assert (started["epoch"], started["step"]) == (2, 2) and trainer.global_step == 3  # one epoch, the third
+    assert datamodule.cursor == checkpoint["RolloutDataModule"]["cursor"] + 2
+    assert set(started["weights"]) == set(state)
+    for name, value in state.items():  # the run went on from the command's weights
+        assert torch.equal(started["weights"][name], value), name
+
+
+def test_load_from_checkpoint_gives_the_trained_policy_back(tiny_llama_dir, tmp_path):
+    run(tiny_llama_dir, tmp_path, epochs=1)
+    path = tmp_path / "ckpt" / "last.ckpt"
+    saved = torch.load(path, weights_only=True)["state_dict"]
+    loaded = PolicyModule.load_from_checkpoint(path)
+    lora = {f"policy.{name}": p for name, p in loaded.policy.named_parameters() if "lora_" in name}
+    assert set(lora) == set(saved) and lora
+    for name, value in saved.items():
+        assert torch.equal(lora[name], value), name
+    assert loaded.load_state_dict(saved, strict=True).missing_keys == []  # the frozen base is not missing
+    with pytest.raises(RuntimeError, match="missing trained weights"):
+        loaded.load_state_dict({k: v for k, v in saved.items() if ".lora_B." not in k}, strict=True)
+    untrained = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4)
+    untrained.configure_model()
+    assert any(not torch.equal(p, lora[f"policy.{n}"]) for n, p in untrained.policy.named_parameters() if "lora_" in n)

@@ -40,4 +40,4 @@ def test_checkpointing_can_be_turned_off(tmp_path, monkeypatch):
     cli = LitGRPOCLI(args=["--config", str(path), "--trainer.enable_checkpointing", "false"], run=False)
     assert not any(isinstance(c, ModelCheckpoint) for c in cli.trainer.callbacks)
     cli = LitGRPOCLI(args=["--config", str(path)], run=False)
-    assert [c.save_last for c in cli.trainer.callbacks if isinstance(c, ModelCheckpoint)] == ["link"]
+    assert [c.filename for c in cli.trainer.callbacks if isinstance(c, ModelCheckpoint)] == ["last"]

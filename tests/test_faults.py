@@ -18,13 +18,12 @@ from lit_grpo.callbacks import NonFiniteGuard, RolloutMetrics
 from lit_grpo.run.nonfinite import NonFiniteTrainingError, agreed_skip, refuse_nonfinite
 from reliability_doc import documented
 from safetensors.torch import load_file
-from support import FaultyDigitTask, PoisonAdvantages
+from support import FaultyDigitTask, load_checkpoint, PoisonAdvantages
 
 from lit_grpo.engines import HFEngine
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.rollout.reward_worker import RewardWorker
-from lit_grpo.run.checkpoint_file import load_checkpoint
 from lit_grpo.tasks import ArithmeticTask
 
 

@@ -1,5 +1,5 @@
-"""A run SIGKILLed while a checkpoint is being written in the background (issue 34): the previous epoch's checkpoint
-is whole and ``last.ckpt`` names it, and ``--ckpt_path last`` resumes from it to the uninterrupted run's adapter.
+"""A run SIGKILLed while a checkpoint is being written in the background (issue 34): ``last.ckpt`` is still the
+previous epoch's, whole, and ``--ckpt_path last`` resumes from it to the uninterrupted run's adapter.
 
 The write is made slow with the test-only ``LIT_GRPO_TEST_CHECKPOINT_WRITE_DELAY`` (seconds slept between writing a
 checkpoint's bytes to ``.<name>.partial-<pid>`` and renaming it into place, ``lit_grpo/run/checkpoint_io.py``); the
@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 from reliability_doc import documented
+from support import load_checkpoint
 from test_kill_resume import (
     EPOCHS,
     assert_same_adapter,
@@ -23,7 +24,6 @@ from test_kill_resume import (
     launch,
 )
 
-from lit_grpo.run.checkpoint_file import load_checkpoint
 from lit_grpo.run.checkpoint_io import WRITE_DELAY_ENV
 
 
@@ -41,8 +41,9 @@ def test_sigkill_during_a_background_write_keeps_the_previous_checkpoint(tiny_ll
         killed = launch(split_dir, config(tiny_llama_dir, split_dir, None), "killed.log")
         monkeypatch.delenv(WRITE_DELAY_ENV)
         processes.append(killed)
-        deadline = time.monotonic() + 300
-        while not (partial := sorted(checkpoints.glob(".epoch=1-step=*.ckpt.partial-*"))):
+        deadline, last = time.monotonic() + 300, checkpoints / "last.ckpt"
+        # epoch 1's partial file: one seen once epoch 0's is renamed into place (one write in flight at a time)
+        while not (last.exists() and (partial := sorted(checkpoints.glob(".last.ckpt.partial-*")))):
             assert killed.poll() is None, killed.log_path.read_text()[-3000:]
             assert time.monotonic() < deadline, "epoch 1's checkpoint was never written"
             time.sleep(0.02)
@@ -50,12 +51,10 @@ def test_sigkill_during_a_background_write_keeps_the_previous_checkpoint(tiny_ll
         killed.wait(timeout=60)
         assert killed.returncode == -signal.SIGKILL
 
-        last = checkpoints / "last.ckpt"
-        assert os.readlink(last) == "epoch=0-step=2.ckpt"  # the link never moved to the file being written
-        checkpoint = load_checkpoint(last)  # whole: epoch 0's
+        checkpoint = load_checkpoint(last)  # whole: epoch 0's, never replaced by the file being written
         assert checkpoint["epoch"] == 0 and checkpoint["global_step"] == 2
         left = sorted(p.name for p in checkpoints.iterdir())
-        assert left == [partial[0].name, "epoch=0-step=2.ckpt", "last.ckpt"]
+        assert left == [partial[0].name, "last.ckpt"]
 
         resumed = launch(split_dir, split_dir / "config.yaml", "resumed.log", "--ckpt_path", "last")
         processes.append(resumed)
@@ -66,12 +65,12 @@ def test_sigkill_during_a_background_write_keeps_the_previous_checkpoint(tiny_ll
         assert [e["epoch"] for e in resumed_epochs] == list(range(1, EPOCHS))
         assert resumed_epochs == epochs_logged(straight_dir)[1:]  # same prompts, same order
         version_1 = split_dir / "lightning_logs" / "version_1" / "checkpoints"
-        assert sorted(p.name for p in version_1.iterdir()) == [f"epoch={EPOCHS - 1}-step={2 * EPOCHS}.ckpt",
-                                                                "last.ckpt"]
+        assert sorted(p.name for p in version_1.iterdir()) == ["last.ckpt"]
+        assert load_checkpoint(version_1 / "last.ckpt")["global_step"] == 2 * EPOCHS
         documented("kill -9 while epoch 1's checkpoint is written in the background, then `--ckpt_path last`",
                    f"exit {killed.returncode} (killed) with `{partial[0].name.rsplit('-', 1)[0]}-<pid>` beside the "
-                   f"checkpoints; last.ckpt still linked to the whole `{os.readlink(last)}` (epoch "
-                   f"{checkpoint['epoch']}, step {checkpoint['global_step']}, loaded weights-only); the resumed run "
+                   f"checkpoints; last.ckpt still the whole checkpoint of epoch "
+                   f"{checkpoint['epoch']} (step {checkpoint['global_step']}, loaded weights-only); the resumed run "
                    f"trained epochs {[e['epoch'] for e in resumed_epochs]} and ended with the uninterrupted run's "
                    "adapter (every tensor within 1e-6)", "test_kill_during_save.py")
     finally:  # a failed assertion must not leave a run behind

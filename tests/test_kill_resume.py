@@ -16,8 +16,7 @@ import torch
 import yaml
 from reliability_doc import documented
 from safetensors.torch import load_file
-
-from lit_grpo.run.checkpoint_file import load_checkpoint
+from support import load_checkpoint
 
 TESTS = Path(__file__).resolve().parent
 EPOCHS, PROMPTS_PER_EPOCH = 4, 4

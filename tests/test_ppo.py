@@ -14,7 +14,7 @@ from lit_grpo.callbacks import RolloutMetrics
 from lit_grpo.policy.advantages import AdvantageKnobs, gae_advantages
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.run.checkpoint_file import load_checkpoint
+from support import load_checkpoint
 from lit_grpo.tasks import ArithmeticTask
 
 

@@ -203,8 +203,6 @@ def test_the_readme_example_for_four_epochs_trains_the_commands_adapter(command_
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="needs the ckpt branch: the command's last.ckpt is a packed file that plain "
-                                        "Lightning cannot read (KeyError: 'pytorch-lightning_version')")
 def test_a_python_run_resumed_from_the_commands_checkpoint_trains_the_commands_adapter(command_four_epochs, tmp_path):
     version = run_command(tmp_path / "command", "--trainer.max_epochs", "2")
     last = version / "checkpoints" / "last.ckpt"

@@ -20,10 +20,10 @@ import pytest
 import torch
 import yaml
 from reliability_doc import documented
+from support import load_checkpoint
 
 from lit_grpo.cli import main
 from lit_grpo.errors import InputError
-from lit_grpo.run.checkpoint_file import load_checkpoint
 from lit_grpo.run.model_files import PROJECT_ROOT
 from lit_grpo.run.resume import task_notes, task_record
 from lit_grpo.tasks import JsonlTask

@@ -10,15 +10,15 @@ from __future__ import annotations
 import os
 import shutil
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 from reliability_doc import documented
-from support import remote_code_copy
+from support import load_checkpoint, remote_code_copy
 
 from lit_grpo.cli import main
-from lit_grpo.run.checkpoint_file import load_checkpoint
 
 
 def fit_args(model: Path, root: Path, epochs: int, *extra: str) -> list[str]:
@@ -73,13 +73,13 @@ def test_a_changed_kl_coef_is_reported_and_this_runs_value_used(tiny_llama_dir, 
                "test_resume_policy.py")
 
 
-def test_a_users_own_checkpoint_plugin_resumes_a_packed_checkpoint(tiny_llama_dir, trained, tmp_path):
-    shutil.copy(trained, tmp_path / "start.ckpt")  # packed, by the command's default writer
+def test_a_users_own_checkpoint_plugin_resumes_the_commands_checkpoint(tiny_llama_dir, trained, tmp_path):
+    shutil.copy(trained, tmp_path / "start.ckpt")  # by the command's default writer
     main(fit_args(tiny_llama_dir, tmp_path, 2, "--ckpt_path", str(tmp_path / "start.ckpt"), "--trainer.plugins",
                   '{"class_path": "lightning.pytorch.plugins.io.AsyncCheckpointIO"}'))
-    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)  # the user's plugin's own format
-    assert "lit_grpo_packed_checkpoint" not in saved and (saved["epoch"], saved["global_step"]) == (1, 2)
-    assert saved["RolloutDataModule"]["cursor"] == 4  # epoch 0's two prompts came from the packed checkpoint
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)  # written by the user's plugin
+    assert (saved["epoch"], saved["global_step"]) == (1, 2)
+    assert saved["RolloutDataModule"]["cursor"] == 4  # epoch 0's two prompts came from the command's checkpoint
 
 
 @pytest.mark.parametrize("knob, value, old", [("lora_rank", "4", "16"), ("advantage_mode", "gae", "'grpo'")])
@@ -116,19 +116,30 @@ def test_a_file_that_is_no_checkpoint_is_named(tiny_llama_dir, trained, tmp_path
     assert f"lit-grpo: ckpt_path: {str(bad)!r} is not a readable checkpoint" in err and "Traceback" not in err
 
 
-def test_a_packed_checkpoint_whose_table_reaches_outside_its_data_is_named(tiny_llama_dir, trained, tmp_path,
-                                                                            capsys):
-    packed = torch.load(trained, weights_only=True)  # the file as written: tensors packed into one byte buffer
-    packed["tensors"][0, 2] = 10**9  # the first tensor's offset, far past its storage
-    torch.save(packed, tmp_path / "damaged.ckpt")
+def test_a_checkpoint_whose_tensor_has_fewer_bytes_than_its_shape_is_named(tiny_llama_dir, trained, tmp_path,
+                                                                          capsys):
+    damaged = tmp_path / "damaged.ckpt"
+    with zipfile.ZipFile(trained) as source, zipfile.ZipFile(damaged, "w") as target:
+        for entry in source.infolist():  # torch.save's zip archive: the pickle, then each storage's bytes
+            data = source.read(entry)
+            target.writestr(entry, data[:8] if entry.filename.endswith("/data/0") else data)
     with pytest.raises(SystemExit) as info:
-        main(fit_args(tiny_llama_dir, tmp_path, 1, "--ckpt_path", str(tmp_path / "damaged.ckpt")))
+        main(fit_args(tiny_llama_dir, tmp_path, 1, "--ckpt_path", str(damaged)))
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert (f"lit-grpo: ckpt_path: {str(tmp_path / 'damaged.ckpt')!r} is not a readable checkpoint (ValueError: "
-            "packed checkpoint: tensor 0") in err and "lies outside its storage" in err and "Traceback" not in err
-    documented("a packed checkpoint whose tensor table reaches outside its data", f"exit {info.value.code}: "
+    assert f"lit-grpo: ckpt_path: {str(damaged)!r} is not a readable checkpoint (RuntimeError: " in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    documented("a checkpoint whose first tensor has 8 bytes where its shape needs more", f"exit {info.value.code}: "
                + err.strip().replace(str(tmp_path), "<tmp>"), "test_resume_policy.py")
+
+
+def test_a_packed_checkpoint_of_an_earlier_lit_grpo_is_named(tiny_llama_dir, tmp_path, capsys):
+    packed = tmp_path / "packed.ckpt"  # what lit-grpo wrote between issues 34 and 40
+    torch.save({"lit_grpo_packed_checkpoint": 1, "tree": {}, "data": torch.zeros(8, dtype=torch.uint8)}, packed)
+    with pytest.raises(SystemExit) as info:
+        main(fit_args(tiny_llama_dir, tmp_path, 1, "--ckpt_path", str(packed)))
+    assert info.value.code == 2
+    assert "is in the packed format of lit-grpo before issue 40, which is no longer read" in capsys.readouterr().err
 
 
 def test_a_truncated_last_checkpoint_names_the_readable_one_beside_it(tiny_llama_dir, trained, tmp_path, capsys):

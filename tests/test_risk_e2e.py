@@ -22,7 +22,7 @@ from lit_grpo.risk.head import RiskHeadSpec
 from lit_grpo.risk.rule import RiskRule
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.rollout.rule_outcomes import rule_outcome
-from lit_grpo.run.checkpoint_file import load_checkpoint
+from support import load_checkpoint
 from lit_grpo.tasks import ClarifyTask
 from lit_grpo.tasks.multiround import MultiRoundTask
 

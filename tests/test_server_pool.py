@@ -23,7 +23,7 @@ from failover_check import RealServer, StandIn, vllm_serve_command
 from lit_grpo.engines import SamplingSpec, VLLMServerEngine, vllm_server
 from lit_grpo.engines.server_address import free_port
 from lit_grpo.engines.server_pool import ServersUnavailable
-from lit_grpo.run.checkpoint_file import load_checkpoint
+from support import load_checkpoint
 
 SPEC = SamplingSpec(max_new_tokens=4, temperature=1.0, seed=100)
 

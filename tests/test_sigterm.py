@@ -24,7 +24,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from reliability_doc import documented
 
 from lit_grpo.run import signals
-from lit_grpo.run.checkpoint_file import load_checkpoint
+from support import load_checkpoint
+
 from lit_grpo.run.signals import SIGTERM_EXIT, StopOnSigterm, Terminated, exits_on_sigterm
 
 TESTS = Path(__file__).resolve().parent

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import lightning.pytorch as pl
 
 from lit_grpo.run import signals
+from lit_grpo.run.resume import resume_point
 
 if TYPE_CHECKING:
     from lit_grpo.policy.module import PolicyModule
@@ -39,8 +40,7 @@ class SaveOnInterrupt(pl.Callback):
         saved = pl_module.save_adapter(run_dir / INTERRUPTED_ADAPTER) if pl_module.policy is not None else None
         if trainer.global_rank != 0:
             return
-        # a resumed run that stops before its first epoch ends resumes again from the checkpoint it started from
-        last = getattr(trainer.checkpoint_callback, "last_model_path", "") or trainer.ckpt_path
+        last = resume_point(trainer)
         resume = (f"resume from the last epoch's checkpoint with: lit-grpo fit --config {run_dir / 'config.yaml'} "
                   f"--ckpt_path {last}" if last else "no epoch had ended, so there is no checkpoint to resume")
         what = f"stopped by SIGTERM (exit code {signals.SIGTERM_EXIT})" if sigterm else "interrupted"

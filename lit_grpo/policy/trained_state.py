@@ -27,6 +27,17 @@ class TrainedState(pl.LightningModule):
             return super().state_dict(*args, **kwargs)
         return {name: p.detach() for name, p in self.named_parameters() if p.requires_grad}
 
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """What ``state_dict`` gives back: the frozen base is in the model files, so only a trained weight is reported
+        missing (``load_from_checkpoint`` would otherwise warn about every base weight)."""
+        keys = super().load_state_dict(state_dict, strict=False, assign=assign)
+        trainable = self.trainable_keys()
+        keys = keys._replace(missing_keys=[key for key in keys.missing_keys if key in trainable])  # namedtuple's
+        if strict and (keys.missing_keys or keys.unexpected_keys):
+            raise RuntimeError(f"{type(self).__name__}.load_state_dict: missing trained weights {keys.missing_keys}, "
+                               f"unexpected keys {keys.unexpected_keys}")
+        return keys
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trainable = self.trainable_keys()
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}

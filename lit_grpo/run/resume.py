@@ -3,13 +3,14 @@ directory), and what a checkpoint may and may not decide about the run it contin
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_grpo.errors import InputError
-from lit_grpo.run.checkpoint_file import load_checkpoint
 
 
 def find_last_checkpoint(trainer: Any) -> str | None:
@@ -31,8 +32,27 @@ def find_last_checkpoint(trainer: Any) -> str | None:
     return str(max(found, key=lambda path: path.stat().st_mtime)) if found else None
 
 
+def resume_point(trainer: Any) -> str:
+    """The checkpoint a stopped run resumes from: this run's newest (the command's one file is ModelCheckpoint's
+    top-k file, ``best_model_path``; a ``save_last`` file is ``last_model_path``), else the one it resumed from
+    (a resumed run that stops before its first epoch ends); "" when there is none."""
+    callback = trainer.checkpoint_callback
+    return (getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", "")
+            or trainer.ckpt_path or "")
+
+
 # A checkpoint's trainable state fits only a run that builds the same trainable shapes: these knobs must match.
 STATE_SHAPING = ("lora_rank", "lora_target_modules", "risk")
+
+
+def load_checkpoint_file(path: str | Path) -> Any:
+    """What the checkpoint file at ``path`` holds, unpickled weights-only (tensors and plain containers, nothing that
+    runs code), read as Lightning will read it. Not memory-mapped: ``mmap=True`` does not compare a storage's record
+    with the bytes its pickle claims (a truncated record maps the bytes after it), which a read refuses; a
+    checkpoint holds the trained weights and their optimizer state only, and the resume reads it next anyway."""
+    if not zipfile.is_zipfile(path):  # torch.save's archive; else torch would unpickle the bytes as its legacy format
+        raise ValueError("not the zip archive torch.save writes: empty, truncated or another kind of file")
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def readable_neighbour(path: str) -> Path | None:
@@ -42,29 +62,37 @@ def readable_neighbour(path: str) -> Path | None:
                     key=lambda p: p.stat().st_mtime, reverse=True)
     for other in others:
         try:
-            if isinstance(load_checkpoint(other, shapes_only=True, mmap=True), dict):
+            if isinstance(load_checkpoint_file(other), dict):
                 return other
         except Exception:  # noqa: BLE001 - any unreadable neighbour is simply not offered
             continue
     return None
 
 
+# The key of the packed files lit-grpo wrote between issues 34 and 40 (tensors in one byte buffer), no longer read.
+PACKED_MARKER = "lit_grpo_packed_checkpoint"
+
+
 def read_checkpoint(path: str) -> dict[str, Any]:
-    """What the checkpoint at ``path`` holds (tensors and plain containers only; its tensors' dtypes and shapes on the
-    meta device, for a packed file), or an ``InputError`` naming what it is instead."""
+    """What the Lightning checkpoint at ``path`` holds (tensors and plain containers only), or an ``InputError``
+    naming what it is instead."""
     import pickle
 
     try:
-        checkpoint = load_checkpoint(path, shapes_only=True, mmap=True)  # tensors on the meta device: none read
+        checkpoint = load_checkpoint_file(path)
     except pickle.UnpicklingError:
         raise  # the CLI names what the weights-only loader refused
-    except Exception as error:  # truncated, empty, not a checkpoint at all
+    except Exception as error:  # truncated, empty, a tensor beyond its storage, not a checkpoint at all
         detail = str(error).splitlines()[0].split(". ")[0] if str(error) else "no detail"
         neighbour = readable_neighbour(path)
         instead = f"resume from {str(neighbour)!r} (the newest readable checkpoint beside it)" if neighbour else (
             "pass another file")
         raise InputError(f"ckpt_path: {path!r} is not a readable checkpoint ({type(error).__name__}: {detail}); "
                          f"{instead}, or start without --ckpt_path") from None
+    if isinstance(checkpoint, dict) and PACKED_MARKER in checkpoint:
+        raise InputError(f"ckpt_path: {path!r} is in the packed format of lit-grpo before issue 40, which is no "
+                         "longer read; resume it with that version, or start a new run (model.init_adapter can "
+                         "start it from the run's saved adapter/)")
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise InputError(f"ckpt_path: {path!r} is not a Lightning checkpoint (no state_dict); pass a .ckpt this "
                          "program wrote")
