@@ -210,6 +210,9 @@ class StopOnSigterm(pl.Callback):
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.take_sigterm_under_ddp(trainer)
 
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        hold()  # the run is stopping (Lightning's own SIGTERM check may have come first): no retry may raise later
+
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.handler is not None and on_main_thread() and self.previous is not None:
             signal.signal(signal.SIGTERM, self.previous)
