@@ -89,7 +89,7 @@ class RiskThreshold(pl.Callback):
             raise InputError(f"RiskThreshold decision: value forces answers, but the task {type(task).__name__} does "
                              "not say which first tokens answer: give it an answer_token_ids(tokenizer) method, or "
                              "use decision: threshold")
-        trainer.datamodule.risk_threshold = self  # the rollouts' infer/defer rule reads its tau from here
+        trainer.datamodule.use_risk_threshold(self)  # the rollouts' infer/defer rule reads its tau from here
 
     def training_tau(self, epoch: int) -> float | None:
         """The tau of the training rollouts of ``epoch``: ``current_tau``, except that in the always-defer state

@@ -34,9 +34,9 @@ def test_each_rank_draws_its_share_and_the_cursor_moves_past_all_shares():
     for rank in range(2):
         datamodule = RolloutDataModule(prompts_per_epoch=6, group_size=2, minibatch_size=4)
         datamodule.trainer = SimpleNamespace(global_rank=rank, world_size=2)
-        datamodule.cursor = len(train) - 2  # the draw wraps around the split
+        datamodule.prompts.cursor = len(train) - 2  # the draw wraps around the split
         shares.append(datamodule.next_prompts())
-        assert datamodule.cursor == 4 and datamodule.share_start == 3 * rank
+        assert datamodule.prompts.cursor == 4 and datamodule.prompts.share_start == 3 * rank
     expected = [train[len(train) - 2], train[len(train) - 1], train[0], train[1], train[2], train[3]]
     assert shares[0] + shares[1] == expected
 
@@ -46,11 +46,11 @@ def test_options_that_would_unbalance_ranks_are_refused_on_every_rank():
                                    completion_budget=64)
     trainer = SimpleNamespace(world_size=2, _accelerator_connector=SimpleNamespace(use_distributed_sampler=True))
     with pytest.raises(ValueError) as refused:
-        check_distributed_data(trainer, datamodule)
+        check_distributed_data(trainer, datamodule.settings)
     message = str(refused.value)
     assert message.startswith("2 ranks: Trainer(use_distributed_sampler=False) is needed")
     assert "data.dynamic_sampling" in message and "data.completion_budget" in message
-    check_distributed_data(SimpleNamespace(world_size=1), datamodule)  # one process: all of them are fine
+    check_distributed_data(SimpleNamespace(world_size=1), datamodule.settings)  # one process: all of them are fine
 
 
 class TwoRankStrategy:

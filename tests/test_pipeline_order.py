@@ -35,7 +35,7 @@ class FirstStep(pl.Callback):
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if batch_idx == 0:
-            buffer = trainer.datamodule.buffer
+            buffer = trainer.datamodule.epoch_report.buffer
             # one minibatch holds the whole buffer (16 rows): its rows are the buffer's, shuffled
             assert sorted(batch["advantages"].tolist()) == sorted(buffer.advantages.tolist())
             rows = batch["old_logp"].sum(dim=1).sort().values

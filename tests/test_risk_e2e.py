@@ -39,7 +39,7 @@ class CheckRule(pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if batch_idx:
             return
-        buffer, tokenizer = trainer.datamodule.buffer, pl_module.tokenizer
+        buffer, tokenizer = trainer.datamodule.epoch_report.buffer, pl_module.tokenizer
         nodes = [node for root in buffer.trees for node in policy_nodes(root)]
         p_error = context_error_probability(pl_module.policy, pl_module.risk_head, [list(n.context) for n in nodes],
                                             tokenizer.pad_token_id)

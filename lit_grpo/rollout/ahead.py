@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
-from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
 from lit_grpo.buffers.protocols import SamplingPolicy
 from lit_grpo.errors import InputError
@@ -49,27 +48,6 @@ class Pending:
     future: Future
     loop_state: dict[str, int]  # the DataModule's loop state before the draw
     adapter: dict[str, torch.Tensor] = field(repr=False)  # the adapter of ``version``, on the CPU
-
-
-def adapter_state(policy: Any) -> dict[str, torch.Tensor]:
-    """A CPU copy of the policy's active LoRA weights."""
-    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in get_peft_model_state_dict(policy).items()}
-
-
-class AdapterSwap:
-    """Within the block, ``policy`` carries ``adapter``'s LoRA weights; its own come back afterwards."""
-
-    def __init__(self, policy: Any, adapter: dict[str, torch.Tensor] | None) -> None:
-        self.policy, self.adapter, self.saved = policy, adapter, None
-
-    def __enter__(self) -> None:
-        if self.adapter is not None:
-            self.saved = adapter_state(self.policy)
-            set_peft_model_state_dict(self.policy, self.adapter)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.saved is not None:
-            set_peft_model_state_dict(self.policy, self.saved)
 
 
 class RolloutPrefetcher:
@@ -201,9 +179,9 @@ def draw_now(data: DrawingData, module: SamplingPolicy, epoch: int, phases: dict
     start = time.perf_counter()
     if restored is None or restored["pending_epoch"] != epoch:
         data.sync_policy(module)
-        ahead.engine_version, ahead.engine_adapter, version = epoch, adapter_state(module.policy), epoch
+        ahead.engine_version, ahead.engine_adapter, version = epoch, module.adapter_copy(), epoch
     else:
-        with AdapterSwap(module.policy, restored["pending_adapter"]):
+        with module.adapter_swapped(restored["pending_adapter"]):  # the module swaps its own weights
             data.push_policy_now(module)
         ahead.engine_version, ahead.engine_adapter = restored["engine_version"], restored["pending_adapter"]
         version = restored["pending_version"]
@@ -220,7 +198,7 @@ def launch(data: DrawingData, module: SamplingPolicy, epoch: int, phases: dict[s
     if version != ahead.engine_version:
         start = time.perf_counter()
         data.sync_policy(module)
-        ahead.engine_version, ahead.engine_adapter = epoch, adapter_state(module.policy)
+        ahead.engine_version, ahead.engine_adapter = epoch, module.adapter_copy()
         phases["push"] += time.perf_counter() - start
     loop_state = data.loop_state()
     records = data.next_prompts(data.affordable_groups(data.prompts_per_epoch))

@@ -9,6 +9,7 @@ leave the others waiting in a gradient all-reduce forever).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -39,18 +40,19 @@ def rank_share(count: int, rank: int, world_size: int) -> tuple[int, int]:
     return rank * size, size
 
 
-def check_distributed_data(trainer: Any, datamodule: Any) -> None:
-    """Options that would let ranks draw different numbers of minibatches, refused with more than one rank."""
+def check_distributed_data(trainer: Any, data_args: Mapping[str, Any]) -> None:
+    """Options that would let ranks draw different numbers of minibatches, refused with more than one rank
+    (``data_args``: the DataModule's arguments, ``RolloutDataModule.settings``)."""
     if trainer.world_size == 1:
         return
     problems = []
     if getattr(trainer._accelerator_connector, "use_distributed_sampler", False):
         problems.append("Trainer(use_distributed_sampler=False) is needed: each rank's buffer is already its share "
                         "(the lit-grpo CLI sets it)")
-    if datamodule.dynamic_sampling:
+    if data_args["dynamic_sampling"]:
         problems.append("data.dynamic_sampling: ranks would keep different numbers of groups; not supported with "
                         "more than one rank")
-    if datamodule.completion_budget is not None:
+    if data_args["completion_budget"] is not None:
         problems.append("data.completion_budget: counted per process; not supported with more than one rank")
     if problems:
         raise InputError(f"{trainer.world_size} ranks: " + "; ".join(problems))
