@@ -95,8 +95,8 @@ def test_a_budget_overshot_by_a_tree_epoch_is_spent_not_owed():
     # stops after this epoch), and no draw is owed a negative number of groups (the bug ran a tree run forever)
     datamodule = RolloutDataModule(group_size=8, completion_budget=300)
     datamodule.prompts.completions_generated = 292
-    assert not datamodule.budget_spent and datamodule.affordable_groups(3) == 1  # 8 left: one group
+    assert not datamodule.budget_spent and datamodule.prompts.affordable_groups(3) == 1  # 8 left: one group
     datamodule.prompts.completions_generated = 296
-    assert datamodule.budget_spent and datamodule.affordable_groups(3) == 0  # 4 left: less than one group
+    assert datamodule.budget_spent and datamodule.prompts.affordable_groups(3) == 0  # 4 left: less than one group
     datamodule.prompts.completions_generated = 331
-    assert datamodule.budget_spent and datamodule.affordable_groups(3) == 0
+    assert datamodule.budget_spent and datamodule.prompts.affordable_groups(3) == 0

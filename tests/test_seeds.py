@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from lit_grpo.engines import SamplingSpec
-from lit_grpo.rollout import datamodule as datamodule_module
+from lit_grpo.rollout import trees as trees_module
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.run.seeds import derived_seed
 
@@ -51,7 +51,7 @@ def test_the_rule_following_trees_continue_the_exploring_trees_request_seeds(mon
     data = RolloutDataModule(seed=0)
     data.prompts.share_start = 0
     calls = []
-    monkeypatch.setattr(datamodule_module, "expand_trees",
+    monkeypatch.setattr(trees_module, "expand_trees",
                         lambda task, engine, tok, records, widths, sampling, rule=None, request_offset=0: calls.append(
                             (list(records), sampling.seed + request_offset, rule)) or [])
     monkeypatch.setattr(data, "risk_rule", lambda module, training=False: "rule")

@@ -121,19 +121,18 @@ class Drawn:
 
 class DrawingData(Protocol):
     """What drawing ahead uses of the DataModule (``RolloutDataModule``): its engine and trainer, the prompt cursor
-    and budget, the grouped draw, the policy push, the lag it reports, and the prefetcher it owns."""
+    and budget (``PromptCursor``), the grouped draw, the policy push, the lag it reports, and the prefetcher it owns."""
 
     engine: Any
     trainer: Any
     prefetch: RolloutPrefetcher
+    prompts: Any
     prompts_per_epoch: int
     staleness: int
     engine_metrics: dict[str, float]
 
     def draw_grouped(self, module: SamplingPolicy, records: list, epoch: int) -> Any: ...
     def next_prompts(self, count: int | None = None) -> list: ...
-    def affordable_groups(self, wanted: int) -> int: ...
-    def loop_state(self) -> dict[str, int]: ...
     def sync_policy(self, module: SamplingPolicy) -> None: ...
     def push_policy_now(self, module: SamplingPolicy) -> None: ...
 
@@ -168,7 +167,8 @@ def rollouts_ahead(data: DrawingData, module: SamplingPolicy, epoch: int) -> tup
 def draws_after(data: DrawingData, epoch: int) -> bool:
     """Whether another epoch will want rollouts after ``epoch`` (the epoch limit and the budget allow one)."""
     limit = data.trainer.max_epochs
-    return (limit is None or limit < 0 or epoch + 1 < limit) and data.affordable_groups(data.prompts_per_epoch) > 0
+    within_limit = limit is None or limit < 0 or epoch + 1 < limit
+    return within_limit and data.prompts.affordable_groups(data.prompts_per_epoch) > 0
 
 
 def draw_now(data: DrawingData, module: SamplingPolicy, epoch: int, phases: dict[str, float]) -> tuple[Drawn, int]:
@@ -186,7 +186,7 @@ def draw_now(data: DrawingData, module: SamplingPolicy, epoch: int, phases: dict
         ahead.engine_version, ahead.engine_adapter = restored["engine_version"], restored["pending_adapter"]
         version = restored["pending_version"]
     phases["push"] += time.perf_counter() - start
-    records = data.next_prompts(data.affordable_groups(data.prompts_per_epoch))
+    records = data.next_prompts(data.prompts.affordable_groups(data.prompts_per_epoch))
     return drawing(data, module, records, epoch)(), version
 
 
@@ -200,8 +200,8 @@ def launch(data: DrawingData, module: SamplingPolicy, epoch: int, phases: dict[s
         data.sync_policy(module)
         ahead.engine_version, ahead.engine_adapter = epoch, module.adapter_copy()
         phases["push"] += time.perf_counter() - start
-    loop_state = data.loop_state()
-    records = data.next_prompts(data.affordable_groups(data.prompts_per_epoch))
+    loop_state = data.prompts.loop_state()
+    records = data.next_prompts(data.prompts.affordable_groups(data.prompts_per_epoch))
     ahead.submit(epoch + 1, version, loop_state, ahead.engine_adapter, drawing(data, module, records, epoch + 1))
 
 

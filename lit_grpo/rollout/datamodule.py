@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -29,9 +28,9 @@ from lit_grpo.rollout.grouped import GroupedDraw
 from lit_grpo.rollout.probes import probe_labels
 from lit_grpo.rollout.prompt_check import check_inputs
 from lit_grpo.rollout.reward_worker import RewardWorker
-from lit_grpo.rollout.scoring import score_buffer
+from lit_grpo.rollout.scoring import TimedScoring
 from lit_grpo.rollout.settings import data_config_problems, resuming_after_finished_epoch
-from lit_grpo.rollout.trees import expand_trees, greedy_episodes
+from lit_grpo.rollout.trees import greedy_episodes, grow_epoch_trees
 from lit_grpo.run.distributed import check_distributed_data, rank_and_world
 from lit_grpo.run.rules import RolloutKind, choice_problems, cross_knob_problems, staleness_problems
 from lit_grpo.run.seeds import derived_seed
@@ -145,7 +144,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self._report: RolloutReport | None = None
         self.timings: dict[str, float] = {}
         self.engine_metrics: dict[str, float] = {}  # an engine's own figures (servers_alive), logged as rollout/*
-        self.scoring_seconds = 0.0
+        self.scoring = TimedScoring(self.scorer)  # the grouped draw's reward calls, timed apart from generation
         self.max_staleness, self.staleness = max_staleness, 0  # the lag allowed, and the lag of the epoch's rollouts
         self.prefetch = RolloutPrefetcher(max_staleness)
         self.engine_sync = EngineSync(self.engine, self.prefetch)
@@ -214,7 +213,7 @@ class RolloutDataModule(pl.LightningDataModule):
         """Generate (or take the rollouts drawn ahead) and score them; with a detached risk head, label its probe
         states too (``buffer.risk_probes``). The module prepares the buffer afterwards."""
         clock = time.perf_counter()
-        self.scoring_seconds = 0.0  # rewards scored while generating (grouped draws) are not generation time
+        self.scoring.seconds = 0.0  # rewards scored while generating (grouped draws) are not generation time
         if self.max_staleness:
             buffer, records, phases = rollouts_ahead(self, module, epoch)  # scores included in generate
         else:
@@ -237,7 +236,8 @@ class RolloutDataModule(pl.LightningDataModule):
     def rollouts_now(self, module: SamplingPolicy, epoch: int) -> tuple[RolloutBuffer, list[PromptRecord], dict[str, float]]:
         """The epoch's rollouts drawn now from the current policy: ``(buffer, records, phase seconds)``."""
         # a tree's size is known only once grown, so only grouped draws are cut to the budget
-        records = self.next_prompts(self.affordable_groups(self.prompts_per_epoch) if self.rollout == "grouped" else None)
+        grouped = self.rollout == "grouped"
+        records = self.next_prompts(self.prompts.affordable_groups(self.prompts_per_epoch) if grouped else None)
         clock = time.perf_counter()
         self.sync_policy(module)
         pushed = time.perf_counter()
@@ -253,30 +253,20 @@ class RolloutDataModule(pl.LightningDataModule):
             self.prompts.count(buffer.input_ids.shape[0])
         scored = time.perf_counter()
         self.engine_metrics = dict(getattr(self.engine, "metrics", {}))  # as they stood after this draw
-        return buffer, records, {"push": pushed - clock, "generate": generated - pushed - self.scoring_seconds,
-                                 "score": scored - generated + self.scoring_seconds}
+        return buffer, records, {"push": pushed - clock, "generate": generated - pushed - self.scoring.seconds,
+                                 "score": scored - generated + self.scoring.seconds}
 
     def draw_grouped(self, module: SamplingPolicy, records: list[PromptRecord], epoch: int) -> RolloutBuffer:
         """Epoch ``epoch``'s grouped rollouts of ``records``, scored (on the background thread when drawn ahead)."""
         # each stream's seed is derived from the epoch's, then offset by this rank's first prompt (share_start):
         # an engine seeding request i with seed + i then samples each prompt as a one-process run would
         sampling = self.sampling_spec(module, greedy=False, seed=self.epoch_seed(epoch))
-        return self.grouped.draw(self.task, self.engine, module.tokenizer, records, sampling, self.prompts, self.score,
-                                 self.next_prompts)
-
-    def affordable_groups(self, wanted: int) -> int:
-        """How many of ``wanted`` groups the remaining ``completion_budget`` pays for (``PromptCursor``)."""
-        return self.prompts.affordable_groups(wanted)
+        return self.grouped.draw(self.task, self.engine, module.tokenizer, records, sampling, self.prompts,
+                                 self.scoring, self.next_prompts)
 
     def next_prompts(self, count: int | None = None) -> list[PromptRecord]:
         """This rank's share of the next ``count`` (default ``prompts_per_epoch``) training prompts (``PromptCursor``)."""
         return self.prompts.take(self.task.train_records(), count, *rank_and_world(self.trainer))
-
-    def score(self, buffer: RolloutBuffer, records: Sequence[PromptRecord], tokenizer: Any) -> None:
-        """``score_buffer`` in place, its time counted in ``scoring_seconds``."""
-        started = time.perf_counter()
-        score_buffer(self.scorer, buffer, records, tokenizer)
-        self.scoring_seconds += time.perf_counter() - started
 
     # --- engine ------------------------------------------------------------------------------------------------
     def sync_policy(self, module: SamplingPolicy) -> None:
@@ -288,26 +278,16 @@ class RolloutDataModule(pl.LightningDataModule):
         self.engine_sync.push_now(module)
 
     def sampling_spec(self, module: SamplingPolicy, greedy: bool, seed: int | None) -> SamplingSpec:
-        return SamplingSpec(
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            greedy=greedy,
-            seed=seed,
-            stop_token_ids=module.stop_token_ids,
-        )
+        return SamplingSpec(max_new_tokens=self.max_new_tokens, temperature=self.temperature, greedy=greedy,
+                            seed=seed, stop_token_ids=module.stop_token_ids)
+
     def grow_trees(self, module: SamplingPolicy, records: list[PromptRecord], widths: list[int],
                    sampling: SamplingSpec) -> list[Any]:
-        """The epoch's trees; with the risk rule, ``risk_threshold.explore_fraction`` of the prompts grow
-        without it, so the head keeps seeing outcomes of inferring where the rule would forbid it."""
+        """The epoch's trees (``grow_epoch_trees``), ``risk_threshold.explore_fraction`` of them without the rule."""
         rule = self.risk_rule(module, training=True)
-        free = 0 if rule is None else round(len(records) * self.risk_threshold.explore_fraction)
-        start = self.prompts.share_start  # these prompts' place among the epoch's: their request seeds follow from it
-        roots = expand_trees(self.task, self.engine, module.tokenizer, records[:free], widths, sampling,
-                             request_offset=start) if free else []
-        if free < len(records):  # the rule's trees continue the exploring trees' request seeds
-            roots += expand_trees(self.task, self.engine, module.tokenizer, records[free:], widths, sampling, rule,
-                                  request_offset=start + free)
-        return roots
+        explore = 0.0 if rule is None else self.risk_threshold.explore_fraction
+        return grow_epoch_trees(self.task, self.engine, module.tokenizer, records, widths, sampling, rule, explore,
+                                self.prompts.share_start)
 
     def risk_rule(self, module: SamplingPolicy, training: bool = False) -> RiskRule | None:
         """The infer/defer rule at the tau of ``risk_threshold`` (which also says how it decides); None without a
@@ -361,15 +341,12 @@ class RolloutDataModule(pl.LightningDataModule):
         return self.val_dataloader()
 
     # --- state and teardown ------------------------------------------------------------------------------------
-    def loop_state(self) -> dict[str, int]:
-        return self.prompts.loop_state()
-
     def state_dict(self) -> dict[str, Any]:
         """The loop state; with a draw ahead pending, as it stood before that draw, with its adapter
         (``async_rollouts``): a resumed run draws it again."""
         pending = self.prefetch.pending
-        return {**(pending.loop_state if pending is not None else self.loop_state()), **self.prefetch.state_dict(),
-                "task": self.task_identity()}
+        loop_state = pending.loop_state if pending is not None else self.prompts.loop_state()
+        return {**loop_state, **self.prefetch.state_dict(), "task": self.task_identity()}
 
     def task_identity(self) -> dict[str, Any]:
         """What the cursor indexes (``rollout.cursor.task_record``: strings and ints), taken once, before any prompt is

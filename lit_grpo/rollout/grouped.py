@@ -50,8 +50,8 @@ class GroupedDraw:
         rounds = self.max_sampling_rounds if self.dynamic_sampling else 1
         for draw in range(rounds):
             prompt_ids = [task.prompt_ids(r, tokenizer) for r in records]
-            draw_seed = None if sampling.seed is None else derived_seed(sampling.seed, "draw", draw) + prompts.share_start
-            completions = engine.generate(prompt_ids, self.group_size, replace(sampling, seed=draw_seed))
+            seed = None if sampling.seed is None else derived_seed(sampling.seed, "draw", draw) + prompts.share_start
+            completions = engine.generate(prompt_ids, self.group_size, replace(sampling, seed=seed))
             part = build_buffer(prompt_ids, completions, tokenizer.pad_token_id, self.temperature, self.max_new_tokens)
             prompts.count(part.input_ids.shape[0])
             score(part, records, tokenizer)
