@@ -52,9 +52,21 @@ def test_the_code_keeps_every_contract(tmp_path):
     ("run/seeds.py", "import lit_grpo.tasks.base", "lit_grpo.run is not allowed to import lit_grpo.tasks"),
 ])
 def test_an_import_against_the_layers_breaks_the_contract(tmp_path, module, line, broken):
-    layout = installed_layout(tmp_path)
-    with (layout / "lit_grpo" / module).open("a") as source:
-        source.write(f"\n{line}  # against design §1\n")
-    result = lint_imports(layout)
+    result = lint_imports(with_line(installed_layout(tmp_path), module, line))
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"{LAYERS} BROKEN" in result.stdout and broken in result.stdout
+
+
+@pytest.mark.slow  # a second: lint-imports on a fresh copy
+def test_the_policy_importing_an_engine_breaks_its_contract(tmp_path):
+    result = lint_imports(with_line(installed_layout(tmp_path), "policy/logprobs.py", "import lit_grpo.engines.base"))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "the policy side knows no engine and no task (the rollout side's) BROKEN" in result.stdout
+    assert f"{LAYERS} KEPT" in result.stdout  # engines sit below the policy: only this contract says no
+
+
+def with_line(layout: Path, module: str, line: str) -> Path:
+    """``layout`` with ``line`` appended to ``lit_grpo/<module>``."""
+    with (layout / "lit_grpo" / module).open("a") as source:
+        source.write(f"\n{line}  # against design §1\n")
+    return layout
