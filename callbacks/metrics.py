@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torchmetrics import MeanMetric
 
 from lit_grpo.buffers.buffer import RolloutBuffer
-from lit_grpo.buffers.protocols import ReportsRollouts
+from lit_grpo.buffers.protocols import PreparesEpochs, ReportsRollouts
 from lit_grpo.buffers.report import RolloutReport
 from lit_grpo.rollout.ahead import epoch_costs
 
@@ -92,6 +92,11 @@ def epoch_report(trainer: pl.Trainer) -> RolloutReport | None:
     return datamodule.epoch_report if isinstance(datamodule, ReportsRollouts) else None
 
 
+def module_tokenizer(pl_module: Any) -> Any:
+    """The module's tokenizer, to decode the rollouts' ids (None from a module that prepares no epochs)."""
+    return pl_module.tokenizer if isinstance(pl_module, PreparesEpochs) else None
+
+
 def print_phases(epoch: int, timings: Mapping[str, float], train: float, can_draw_ahead: bool) -> None:
     """The epoch's push, generate (with scoring) and train seconds, and what they cost in turn and drawn ahead."""
     push, generate = timings.get("push", 0.0), timings.get("generate", 0.0) + timings.get("score", 0.0)
@@ -141,14 +146,15 @@ class RolloutMetrics(pl.Callback):
             reduce = "sum" if name in ("policy_tokens", "reward_errors") else "mean"
             pl_module.log(f"rollout/{name}", value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx=reduce,
                           batch_size=1)
-        for name, seconds in {**report.timings, **getattr(pl_module, "preparation_timings", {})}.items():
+        prepared = pl_module.preparation_timings if isinstance(pl_module, PreparesEpochs) else {}
+        for name, seconds in {**report.timings, **prepared}.items():
             pl_module.log(f"time/{name}", seconds, on_step=False, on_epoch=True, sync_dist=True, batch_size=1)
         self._train_started = time.perf_counter()
         every = self.table_every_n_epochs
         if every and trainer.current_epoch % every == 0:
             self.write_table(trainer, buffer)
             if buffer.trees:
-                self.write_tree(trainer, buffer.trees[0], getattr(pl_module, "tokenizer", None))
+                self.write_tree(trainer, buffer.trees[0], module_tokenizer(pl_module))
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         stats = outputs.get("stats", {}) if isinstance(outputs, dict) else {}
@@ -179,7 +185,7 @@ class RolloutMetrics(pl.Callback):
         """A sampled tree of the epoch's rollouts beside each validation's greedy scores."""
         report = epoch_report(trainer)
         if not trainer.sanity_checking and report is not None and report.buffer.trees:
-            self.write_tree(trainer, report.buffer.trees[0], getattr(pl_module, "tokenizer", None))
+            self.write_tree(trainer, report.buffer.trees[0], module_tokenizer(pl_module))
 
     @rank_zero_only
     def write_tree(self, trainer: pl.Trainer, root: Any, tokenizer: Any = None) -> None:

@@ -101,3 +101,14 @@ class ReportsRollouts(Protocol):
 
     @property
     def epoch_report(self) -> RolloutReport | None: ...
+
+
+@runtime_checkable
+class PreparesEpochs(Protocol):
+    """A LightningModule that prepares each epoch's buffer (``PolicyModule``): the seconds its no-grad passes and the
+    risk head's fit took in the last epoch, that fit's statistics, and the tokenizer that reads the rollouts' ids, for
+    logging."""
+
+    preparation_timings: Mapping[str, float]
+    risk_fit_stats: Mapping[str, float]
+    tokenizer: Any
