@@ -15,6 +15,7 @@ from lit_grpo.buffers.epoch import EpochBatches
 from lit_grpo.engines import HFEngine
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.rollout.scoring import TimedScoring
 
 
 class RecordingEngine(HFEngine):
@@ -71,7 +72,7 @@ def test_epoch_order(tiny_llama_dir, tmp_path, monkeypatch):
         return wrapped
 
     serve = EpochBatches.serve
-    monkeypatch.setattr(datamodule, "score", record("score", datamodule.score))
+    monkeypatch.setattr(TimedScoring, "__call__", record("score", TimedScoring.__call__))  # the grouped draw's scoring
     monkeypatch.setattr(datamodule, "train_dataloader", loader_returned(datamodule.train_dataloader))
     monkeypatch.setattr(module, "on_train_epoch_start", record("module-epoch-start", module.on_train_epoch_start))
     monkeypatch.setattr(module, "run_no_grad_passes", record("no-grad-passes", module.run_no_grad_passes))

@@ -46,8 +46,8 @@ class RolloutDataModule(pl.LightningDataModule):
     (``rollout/cursor.py``, ``self.prompts``); the grouped draw with dynamic sampling and DAPO's overlong terms to
     ``GroupedDraw`` (``rollout/grouped.py``); pushing the policy into the engine to ``EngineSync``
     (``rollout/engine_sync.py``); drawing ahead to ``RolloutPrefetcher`` and ``rollouts_ahead`` (``rollout/ahead.py``);
-    trees and greedy episodes to ``rollout/trees.py``; scoring to ``score_buffer`` (in a ``RewardWorker`` with a
-    ``reward_timeout``); the prompt checks to ``check_inputs``; the held-out scores to ``HeldOutScores``.
+    trees and greedy episodes to ``rollout/trees.py``; scoring, timed, to ``TimedScoring`` (``rollout/scoring.py``;
+    in a ``RewardWorker`` with a ``reward_timeout``); the prompt checks to ``check_inputs``; the held-out scores to ``HeldOutScores``.
     It sees the LightningModule as a ``SamplingPolicy`` and the risk threshold as a ``RiskThresholdSource`` (given
     by ``use_risk_threshold``); it publishes each epoch's ``RolloutReport`` (``epoch_report``, and with the
     ``EpochBatches`` the module prepares).
