@@ -197,8 +197,9 @@ def test_the_value_rule_with_a_task_that_cannot_force_an_answer_is_refused_befor
     class NoAnswerIds(ClarifyTask):
         answer_token_ids = MultiRoundTask.answer_token_ids  # a user's game that never said which tokens answer
 
-    trainer = SimpleNamespace(datamodule=SimpleNamespace(task=NoAnswerIds()))
+    given: list = []  # what the callback gave the DataModule's use_risk_threshold
+    trainer = SimpleNamespace(datamodule=SimpleNamespace(task=NoAnswerIds(), use_risk_threshold=given.append))
     with pytest.raises(InputError, match="NoAnswerIds does not say which first tokens answer"):
         RiskThreshold(decision="value").setup(trainer, None, "fit")
     RiskThreshold(decision="threshold").setup(trainer, None, "fit")  # the threshold rule only forces questions
-    assert trainer.datamodule.risk_threshold.decision == "threshold"
+    assert [source.decision for source in given] == ["threshold"]
