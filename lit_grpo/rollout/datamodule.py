@@ -265,7 +265,8 @@ class RolloutDataModule(pl.LightningDataModule):
                                  self.scoring, self.next_prompts)
 
     def next_prompts(self, count: int | None = None) -> list[PromptRecord]:
-        """This rank's share of the next ``count`` (default ``prompts_per_epoch``) training prompts (``PromptCursor``)."""
+        """This rank's share of the next ``count`` (default ``prompts_per_epoch``) training prompts (``PromptCursor``:
+        wrapping around the split; the cursor moves past all ranks' shares)."""
         return self.prompts.take(self.task.train_records(), count, *rank_and_world(self.trainer))
 
     # --- engine ------------------------------------------------------------------------------------------------
