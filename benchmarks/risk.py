@@ -82,7 +82,7 @@ def evaluate(cli: LitGRPOCLI, seed: int) -> dict:
     return {"errors": [d["error"] for d in decisions], "informed": [d["informed"] for d in decisions],
             "scores": {name: value.tolist() for name, value in scores.items()}, "rules": rules,
             "replay_rows": module.risk_fit_stats.get("replay_rows"), "fit_loss": module.risk_fit_stats.get("fit_loss"),
-            "segments": datamodule.completions_generated}
+            "segments": datamodule.epoch_report.completions_generated}
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -11,8 +12,9 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torchmetrics import MeanMetric
 
 from lit_grpo.buffers.buffer import RolloutBuffer
+from lit_grpo.buffers.protocols import PreparesEpochs, ReportsRollouts
+from lit_grpo.buffers.report import RolloutReport
 from lit_grpo.rollout.ahead import epoch_costs
-from lit_grpo.run.rules import staleness_problems
 
 
 def rollout_stats(buffer: RolloutBuffer) -> dict[str, float]:
@@ -84,7 +86,18 @@ def samples_table(buffer: RolloutBuffer, max_rows: int) -> str:
     return "\n".join(lines)
 
 
-def print_phases(epoch: int, timings: dict[str, float], train: float, can_draw_ahead: bool) -> None:
+def epoch_report(trainer: pl.Trainer) -> RolloutReport | None:
+    """The rollout side's report of the epoch, from a DataModule that publishes one (``ReportsRollouts``)."""
+    datamodule = trainer.datamodule
+    return datamodule.epoch_report if isinstance(datamodule, ReportsRollouts) else None
+
+
+def module_tokenizer(pl_module: Any) -> Any:
+    """The module's tokenizer, to decode the rollouts' ids (None from a module that prepares no epochs)."""
+    return pl_module.tokenizer if isinstance(pl_module, PreparesEpochs) else None
+
+
+def print_phases(epoch: int, timings: Mapping[str, float], train: float, can_draw_ahead: bool) -> None:
     """The epoch's push, generate (with scoring) and train seconds, and what they cost in turn and drawn ahead."""
     push, generate = timings.get("push", 0.0), timings.get("generate", 0.0) + timings.get("score", 0.0)
     in_turn, ahead = epoch_costs(push, generate, train)
@@ -119,28 +132,29 @@ class RolloutMetrics(pl.Callback):
             self.log_rollouts(trainer, pl_module)
 
     def log_rollouts(self, trainer: pl.Trainer, pl_module: Any) -> None:
-        datamodule = trainer.datamodule
-        buffer: RolloutBuffer | None = getattr(datamodule, "buffer", None)
-        if buffer is None:
+        report = epoch_report(trainer)
+        if report is None:
             return
+        buffer = report.buffer
         stats = rollout_stats(buffer)
-        if getattr(datamodule, "dynamic_sampling", False):
-            stats["sampling_draws"] = float(buffer.sampling_draws)
-        if getattr(datamodule, "max_staleness", 0):  # versions between the adapter that drew and the one that trains
-            stats["staleness"] = float(datamodule.staleness)
-        stats.update(getattr(datamodule, "engine_metrics", {}))  # e.g. the vllm_server engine's servers_alive
+        if report.sampling_draws is not None:  # dynamic sampling
+            stats["sampling_draws"] = float(report.sampling_draws)
+        if report.staleness is not None:  # versions between the adapter that drew and the one that trains
+            stats["staleness"] = float(report.staleness)
+        stats.update(report.engine_metrics)  # e.g. the vllm_server engine's servers_alive
         for name, value in stats.items():  # over ranks: counts add up, the rest are means of equal shares
             reduce = "sum" if name in ("policy_tokens", "reward_errors") else "mean"
             pl_module.log(f"rollout/{name}", value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx=reduce,
                           batch_size=1)
-        for name, seconds in {**datamodule.timings, **getattr(pl_module, "preparation_timings", {})}.items():
+        prepared = pl_module.preparation_timings if isinstance(pl_module, PreparesEpochs) else {}
+        for name, seconds in {**report.timings, **prepared}.items():
             pl_module.log(f"time/{name}", seconds, on_step=False, on_epoch=True, sync_dist=True, batch_size=1)
         self._train_started = time.perf_counter()
         every = self.table_every_n_epochs
         if every and trainer.current_epoch % every == 0:
             self.write_table(trainer, buffer)
             if buffer.trees:
-                self.write_tree(trainer, buffer.trees[0], getattr(pl_module, "tokenizer", None))
+                self.write_tree(trainer, buffer.trees[0], module_tokenizer(pl_module))
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         stats = outputs.get("stats", {}) if isinstance(outputs, dict) else {}
@@ -158,10 +172,9 @@ class RolloutMetrics(pl.Callback):
             train = time.perf_counter() - self._train_started
             pl_module.log("time/train", train, on_step=False, on_epoch=True, sync_dist=True)
             self._train_started = None
-            datamodule = trainer.datamodule  # the cost of drawing ahead is shown only where it could run
-            can_draw_ahead = not staleness_problems(1, getattr(datamodule, "rollout", "grouped"),
-                                                    getattr(datamodule, "engine", None), None, None)
-            print_phases(trainer.current_epoch, getattr(datamodule, "timings", {}), train, can_draw_ahead)
+            report = epoch_report(trainer)  # the cost of drawing ahead is shown only where it could run
+            if report is not None:
+                print_phases(trainer.current_epoch, report.timings, train, report.can_draw_ahead)
         for key in self.TRAIN_KEYS:
             metric = self.train[key]
             if metric.update_count:
@@ -170,9 +183,9 @@ class RolloutMetrics(pl.Callback):
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
         """A sampled tree of the epoch's rollouts beside each validation's greedy scores."""
-        buffer = getattr(trainer.datamodule, "buffer", None)
-        if not trainer.sanity_checking and buffer is not None and buffer.trees:
-            self.write_tree(trainer, buffer.trees[0], getattr(pl_module, "tokenizer", None))
+        report = epoch_report(trainer)
+        if not trainer.sanity_checking and report is not None and report.buffer.trees:
+            self.write_tree(trainer, report.buffer.trees[0], module_tokenizer(pl_module))
 
     @rank_zero_only
     def write_tree(self, trainer: pl.Trainer, root: Any, tokenizer: Any = None) -> None:

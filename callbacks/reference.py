@@ -36,7 +36,7 @@ class ReferencePolicy(pl.Callback):
         self._frozen: dict[str, torch.Tensor] | None = None  # adapter weights of pi_ref, once frozen
 
     def setup(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
-        pl_module.reference_owner = self  # the module computes ref_logp inside self.active(...)
+        pl_module.use_reference(self)  # the module computes ref_logp inside self.active(...)
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
         if self.reference == "initial" and self._frozen is None:

@@ -8,6 +8,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from lit_grpo.buffers.protocols import PreparesEpochs
 from lit_grpo.errors import refuse
 from lit_grpo.risk.head import expected_calibration_error, learn_then_test
 from lit_grpo.rollout.rule_outcomes import rule_outcome
@@ -88,7 +89,7 @@ class RiskThreshold(pl.Callback):
         task = getattr(trainer.datamodule, "task", None)
         refuse("the callbacks and the task do not fit together",
                risk_decision_problems(self.decision, type(task).__name__, names_answer_tokens(task)))
-        trainer.datamodule.risk_threshold = self  # the rollouts' infer/defer rule reads its tau from here
+        trainer.datamodule.use_risk_threshold(self)  # the rollouts' infer/defer rule reads its tau from here
 
     def training_tau(self, epoch: int) -> float | None:
         """The tau of the training rollouts of ``epoch``: ``current_tau``, except that in the always-defer state
@@ -108,7 +109,8 @@ class RiskThreshold(pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if batch_idx:  # once an epoch, after the module fitted the detached head (its on_train_epoch_start)
             return
-        for name, value in getattr(pl_module, "risk_fit_stats", {}).items():
+        stats = pl_module.risk_fit_stats if isinstance(pl_module, PreparesEpochs) else {}
+        for name, value in stats.items():
             pl_module.log(f"risk/{name}", float(value), on_step=False, on_epoch=True, batch_size=1)
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:

@@ -76,7 +76,7 @@ class Record(pl.Callback):
         self.out, self.saved_step = out, 0
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
-        buffer = trainer.datamodule.buffer
+        buffer = trainer.datamodule.epoch_report.buffer
         self.pairs = [[p, c] for p, c in zip(buffer.prompt_texts, buffer.completion_texts)]
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -85,7 +85,7 @@ class PromptLog(pl.Callback):
         self.path = path
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
-        buffer = trainer.datamodule.buffer
+        buffer = trainer.datamodule.epoch_report.buffer
         prompts = buffer.prompt_texts[:: buffer.group_size]
         with open(self.path, "a") as log:
             log.write(json.dumps({"epoch": trainer.current_epoch, "prompts": prompts}) + "\n")

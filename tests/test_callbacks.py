@@ -46,26 +46,26 @@ def test_pi_ref_is_the_base_without_a_callback_and_a_users_reference_callback_ow
     module, datamodule = make_pair(tiny_llama_dir, kl_coef=0.04)
     trainer = make_trainer(tmp_path, 1, [])
     trainer.fit(module, datamodule)
-    assert references(trainer) == [] and module.reference_owner is None  # the adapter switched off: see below
-    assert datamodule.buffer.ref_logp is not None
+    assert references(trainer) == [] and module.reference_source is None  # the adapter switched off: see below
+    assert datamodule.epoch_report.buffer.ref_logp is not None
 
     module, datamodule = make_pair(tiny_llama_dir, kl_coef=0.0)
     trainer = make_trainer(tmp_path, 1, [])
     trainer.fit(module, datamodule)
-    assert trainer.datamodule.buffer.ref_logp is None
+    assert trainer.datamodule.epoch_report.buffer.ref_logp is None
 
     mine = ReferencePolicy(refresh_every_n_epochs=3)
     module, datamodule = make_pair(tiny_llama_dir, kl_coef=0.04)
     trainer = make_trainer(tmp_path, 1, [mine])
     trainer.fit(module, datamodule)
-    assert references(trainer) == [mine] and module.reference_owner is mine
+    assert references(trainer) == [mine] and module.reference_source is mine
 
 
 def test_base_reference_is_the_model_without_adapter(tiny_llama_dir, tmp_path):
     module, datamodule = make_pair(tiny_llama_dir)
     trainer = make_trainer(tmp_path, 2, [])
     trainer.fit(module, datamodule)
-    buffer = datamodule.buffer
+    buffer = datamodule.epoch_report.buffer
     base = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
     expected = eval_logprobs(base, buffer.input_ids, buffer.attention_mask, buffer.temperature,
                                          token_mask=buffer.completion_mask)
@@ -151,13 +151,16 @@ def test_the_phase_line_offers_drawing_ahead_only_where_the_engine_can(caplog):
     from snapshot_engine import SnapshotHFEngine
 
     from lit_grpo.engines import HFEngine
+    from lit_grpo.tasks import ClarifyTask
 
     lines = {}
     for name, engine, rollout in (("hf", HFEngine(), "grouped"), ("copy", SnapshotHFEngine("unused"), "grouped"),
                                   ("copy-tree", SnapshotHFEngine("unused"), "tree")):
         callback = RolloutMetrics()
         callback._train_started = time.perf_counter()
-        datamodule = SimpleNamespace(rollout=rollout, engine=engine, timings={"push": 0.5, "generate": 2.0})
+        data = RolloutDataModule(task=ClarifyTask(), engine=engine, rollout=rollout)
+        data.timings = {"push": 0.5, "generate": 2.0}
+        datamodule = SimpleNamespace(epoch_report=data.report(SimpleNamespace()))  # the report the epoch publishes
         caplog.clear()
         with caplog.at_level(logging.INFO):
             callback.on_train_epoch_end(SimpleNamespace(current_epoch=3, datamodule=datamodule),

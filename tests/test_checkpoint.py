@@ -58,7 +58,7 @@ def test_resume_continues_exactly(tiny_llama_dir, tmp_path):
     run(tiny_llama_dir, tmp_path / "split", epochs=2)
     resumed, resumed_data = run(tiny_llama_dir, tmp_path / "split", epochs=3,
                                 ckpt_path=str(tmp_path / "split" / "ckpt" / "last.ckpt"))
-    assert resumed_data.cursor == straight_data.cursor == 3 * PROMPTS_PER_EPOCH
+    assert resumed_data.prompts.cursor == straight_data.prompts.cursor == 3 * PROMPTS_PER_EPOCH
     expected, got = adapter(straight), adapter(resumed)
     for name, value in expected.items():
         torch.testing.assert_close(got[name], value, rtol=0, atol=1e-6)

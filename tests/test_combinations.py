@@ -67,7 +67,7 @@ class Run:
 
     @property
     def buffer(self) -> Any:
-        return self.data.buffer
+        return self.data.epoch_report.buffer
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -203,7 +203,7 @@ def check_dynamic_sampling(run: Run, rollout: str, tmp: Path) -> None:
     assert buffer.sampling_draws > 1  # the first draw's flat groups were replaced by drawing again
     assert run.metrics["rollout/sampling_draws"] == buffer.sampling_draws
     assert run.metrics["rollout/zero_std_frac"] == 0.0
-    assert run.data.completions_generated > buffer.input_ids.shape[0]  # the dropped groups were generated too
+    assert run.data.prompts.completions_generated > buffer.input_ids.shape[0]  # the dropped groups were generated too
 
 
 def check_mask_truncated(run: Run, rollout: str, tmp: Path) -> None:

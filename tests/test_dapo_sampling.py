@@ -19,7 +19,7 @@ class Buffers(pl.Callback):
         self.seen: list[Any] = []
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
-        self.seen.append((trainer.datamodule.buffer, trainer.datamodule.sampling_draws, trainer.datamodule.cursor))
+        self.seen.append((trainer.datamodule.epoch_report.buffer, trainer.datamodule.epoch_report.sampling_draws, trainer.datamodule.prompts.cursor))
 
 
 def fit(tmp_path, **data_kwargs: Any) -> tuple[Buffers, pl.Trainer]:
@@ -74,9 +74,9 @@ def test_completion_budget_cuts_draws_and_ends_the_run_with_a_validation(tmp_pat
                          enable_progress_bar=False, enable_model_summary=False)
     with caplog.at_level("INFO"):
         trainer.fit(module, datamodule)
-    assert datamodule.completions_generated == 52
+    assert datamodule.prompts.completions_generated == 52
     assert len(buffers.seen) == 1 and trainer.current_epoch == 1
-    assert datamodule.cursor == 13  # 8 prompts, then 5: no prompt drawn that the budget could not pay for
+    assert datamodule.prompts.cursor == 13  # 8 prompts, then 5: no prompt drawn that the budget could not pay for
     assert "after epoch 0: val/reward" in caplog.text  # epoch 0 is no validation epoch: the stop measured it
     assert datamodule.state_dict()["completions_generated"] == 52
 
@@ -94,9 +94,9 @@ def test_a_budget_overshot_by_a_tree_epoch_is_spent_not_owed():
     # tree epochs are not cut to the budget: 300 segments allowed, 331 generated. The budget is spent (the run
     # stops after this epoch), and no draw is owed a negative number of groups (the bug ran a tree run forever)
     datamodule = RolloutDataModule(group_size=8, completion_budget=300)
-    datamodule.completions_generated = 292
-    assert not datamodule.budget_spent and datamodule.affordable_groups(3) == 1  # 8 left: one group
-    datamodule.completions_generated = 296
-    assert datamodule.budget_spent and datamodule.affordable_groups(3) == 0  # 4 left: less than one group
-    datamodule.completions_generated = 331
-    assert datamodule.budget_spent and datamodule.affordable_groups(3) == 0
+    datamodule.prompts.completions_generated = 292
+    assert not datamodule.budget_spent and datamodule.prompts.affordable_groups(3) == 1  # 8 left: one group
+    datamodule.prompts.completions_generated = 296
+    assert datamodule.budget_spent and datamodule.prompts.affordable_groups(3) == 0  # 4 left: less than one group
+    datamodule.prompts.completions_generated = 331
+    assert datamodule.budget_spent and datamodule.prompts.affordable_groups(3) == 0

@@ -35,9 +35,9 @@ def test_each_rank_draws_its_share_and_the_cursor_moves_past_all_shares():
     for rank in range(2):
         datamodule = RolloutDataModule(prompts_per_epoch=6, group_size=2, minibatch_size=4)
         datamodule.trainer = SimpleNamespace(global_rank=rank, world_size=2)
-        datamodule.cursor = len(train) - 2  # the draw wraps around the split
+        datamodule.prompts.cursor = len(train) - 2  # the draw wraps around the split
         shares.append(datamodule.next_prompts())
-        assert datamodule.cursor == 4 and datamodule.share_start == 3 * rank
+        assert datamodule.prompts.cursor == 4 and datamodule.prompts.share_start == 3 * rank
     expected = [train[len(train) - 2], train[len(train) - 1], train[0], train[1], train[2], train[3]]
     assert shares[0] + shares[1] == expected
 

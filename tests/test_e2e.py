@@ -33,7 +33,7 @@ class TrainingRecorder(pl.Callback):
         self.initial = {n: p.detach().clone() for n, p in pl_module.policy.named_parameters()}
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
-        self.last_buffer = trainer.datamodule.buffer
+        self.last_buffer = trainer.datamodule.epoch_report.buffer
 
     def on_after_backward(self, trainer: pl.Trainer, pl_module: Any) -> None:
         for name, param in pl_module.policy.named_parameters():

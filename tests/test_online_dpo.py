@@ -44,8 +44,8 @@ def test_online_dpo_trains(tmp_path):
                          enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[RolloutMetrics(table_every_n_epochs=0)])
     trainer.fit(module, datamodule)
-    assert datamodule.buffer.ref_logp is not None  # DPO needs pi_ref even with kl_coef 0
-    buffer = datamodule.buffer
+    assert datamodule.epoch_report.buffer.ref_logp is not None  # DPO needs pi_ref even with kl_coef 0
+    buffer = datamodule.epoch_report.buffer
     # the pairs of the last epoch's real rollouts: in each group of 4, the best row chosen and the worst rejected,
     # no pair where every reward ties
     for group, (rewards, roles) in enumerate(zip(buffer.rewards.view(-1, 4), buffer.pair_role.view(-1, 4))):

@@ -15,6 +15,7 @@ from lit_grpo.buffers.epoch import EpochBatches
 from lit_grpo.engines import HFEngine
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.rollout.scoring import TimedScoring
 
 
 class RecordingEngine(HFEngine):
@@ -35,7 +36,7 @@ class FirstStep(pl.Callback):
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if batch_idx == 0:
-            buffer = trainer.datamodule.buffer
+            buffer = trainer.datamodule.epoch_report.buffer
             # one minibatch holds the whole buffer (16 rows): its rows are the buffer's, shuffled
             assert sorted(batch["advantages"].tolist()) == sorted(buffer.advantages.tolist())
             rows = batch["old_logp"].sum(dim=1).sort().values
@@ -71,7 +72,7 @@ def test_epoch_order(tiny_llama_dir, tmp_path, monkeypatch):
         return wrapped
 
     serve = EpochBatches.serve
-    monkeypatch.setattr(datamodule, "score", record("score", datamodule.score))
+    monkeypatch.setattr(TimedScoring, "__call__", record("score", TimedScoring.__call__))  # the grouped draw's scoring
     monkeypatch.setattr(datamodule, "train_dataloader", loader_returned(datamodule.train_dataloader))
     monkeypatch.setattr(module, "on_train_epoch_start", record("module-epoch-start", module.on_train_epoch_start))
     monkeypatch.setattr(module, "run_no_grad_passes", record("no-grad-passes", module.run_no_grad_passes))

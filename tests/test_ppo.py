@@ -32,7 +32,7 @@ def test_ppo_trains_value_head_and_adapter(tmp_path):
     trainer.fit(module, datamodule)
     head = module.value_head.linear
     assert head.weight.abs().sum() > 0  # zero-initialised, so any non-zero weight was learnt
-    buffer = datamodule.buffer
+    buffer = datamodule.epoch_report.buffer
     assert buffer.advantages.shape == buffer.input_ids.shape  # per-token GAE advantages
     assert torch.equal(buffer.advantages[~buffer.completion_mask], torch.zeros_like(buffer.advantages[~buffer.completion_mask]))
     for key in ("train/value_loss", "train/explained_variance", "train/value_mean"):

@@ -167,7 +167,7 @@ class RunLog(pl.Callback):
         self.initial = {n: p.detach().clone() for n, p in pl_module.policy.named_parameters()}
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self.first_prompts.append(trainer.datamodule.buffer.input_ids[0].tolist())
+        self.first_prompts.append(trainer.datamodule.epoch_report.buffer.input_ids[0].tolist())
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.losses.append(float(outputs["loss"]))

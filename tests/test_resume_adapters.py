@@ -25,7 +25,8 @@ from support import load_checkpoint
 from lit_grpo.cli import main
 from lit_grpo.errors import InputError
 from lit_grpo.run.model_files import PROJECT_ROOT
-from lit_grpo.run.resume import task_notes, task_record
+from lit_grpo.rollout.cursor import task_record
+from lit_grpo.run.resume import task_notes
 from lit_grpo.tasks import JsonlTask
 
 TESTS = Path(__file__).resolve().parent
@@ -200,13 +201,6 @@ def test_a_misfit_found_only_at_load_is_one_message(first_run, tmp_path, capsys,
                + message, "test_resume_adapters.py")
 
 
-class Holder:
-    """A datamodule's part that ``check_resume`` reads: the task's record."""
-
-    def __init__(self, task) -> None:
-        self.task_identity = lambda: task_record(task)
-
-
 def jsonl(path: Path, prompts: list[str]) -> str:
     path.write_text("".join(json.dumps({"prompt": p, "answer": "1"}) + "\n" for p in prompts))
     return str(path)
@@ -218,14 +212,14 @@ def test_the_task_record_follows_the_prompts_not_the_file_name(tmp_path):
     moved = task_record(JsonlTask(jsonl(tmp_path / "moved.jsonl", prompts)))
     other = task_record(JsonlTask(jsonl(tmp_path / "b.jsonl", [p + " " for p in prompts])))
     assert first["data"] != moved["data"] and task_notes("x.ckpt", {"cursor": 4, "task": first},
-                                                          Holder(JsonlTask(moved["data"]))) == []
+                                                          task_record(JsonlTask(moved["data"]))) == []
     with pytest.raises(InputError) as info:
-        task_notes("x.ckpt", {"cursor": 4, "task": first}, Holder(JsonlTask(other["data"])))
+        task_notes("x.ckpt", {"cursor": 4, "task": first}, task_record(JsonlTask(other["data"])))
     assert f"JsonlTask (lit_grpo.tasks.jsonl.JsonlTask from {first['data']!r}: 36 training prompts" in str(info.value)
     assert f"this run's data.task is JsonlTask (lit_grpo.tasks.jsonl.JsonlTask from {other['data']!r}" in str(
         info.value)
-    assert task_notes("x.ckpt", {"cursor": 4}, Holder(JsonlTask(other["data"])))[0].startswith(
+    assert task_notes("x.ckpt", {"cursor": 4}, task_record(JsonlTask(other["data"])))[0].startswith(
         "the checkpoint does not record its task (an older lit-grpo wrote it): its prompt cursor (4) continues")
-    assert task_notes("x.ckpt", None, Holder(JsonlTask(other["data"]))) == []  # no datamodule state: no cursor
+    assert task_notes("x.ckpt", None, task_record(JsonlTask(other["data"]))) == []  # no datamodule state: no cursor
     torch.save(first, tmp_path / "record.pt")
     assert torch.load(tmp_path / "record.pt", weights_only=True) == first  # plain strings and ints

@@ -39,7 +39,7 @@ class CheckRule(pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if batch_idx:
             return
-        buffer, tokenizer = trainer.datamodule.buffer, pl_module.tokenizer
+        buffer, tokenizer = trainer.datamodule.epoch_report.buffer, pl_module.tokenizer
         nodes = [node for root in buffer.trees for node in policy_nodes(root)]
         p_error = context_error_probability(pl_module.policy, pl_module.risk_head, [list(n.context) for n in nodes],
                                             tokenizer.pad_token_id)
@@ -197,8 +197,9 @@ def test_the_value_rule_with_a_task_that_cannot_force_an_answer_is_refused_befor
     class NoAnswerIds(ClarifyTask):
         answer_token_ids = MultiRoundTask.answer_token_ids  # a user's game that never said which tokens answer
 
-    trainer = SimpleNamespace(datamodule=SimpleNamespace(task=NoAnswerIds()))
+    given: list = []  # what the callback gave the DataModule's use_risk_threshold
+    trainer = SimpleNamespace(datamodule=SimpleNamespace(task=NoAnswerIds(), use_risk_threshold=given.append))
     with pytest.raises(InputError, match="NoAnswerIds does not say which first tokens answer"):
         RiskThreshold(decision="value").setup(trainer, None, "fit")
     RiskThreshold(decision="threshold").setup(trainer, None, "fit")  # the threshold rule only forces questions
-    assert trainer.datamodule.risk_threshold.decision == "threshold"
+    assert [source.decision for source in given] == ["threshold"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from lit_grpo.engines import SamplingSpec
-from lit_grpo.rollout import datamodule as datamodule_module
+from lit_grpo.rollout import trees as trees_module
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.run.seeds import derived_seed
 
@@ -49,13 +49,13 @@ def test_no_two_streams_of_a_run_share_a_request_seed():
 
 def test_the_rule_following_trees_continue_the_exploring_trees_request_seeds(monkeypatch):
     data = RolloutDataModule(seed=0)
-    data.share_start = 0
+    data.prompts.share_start = 0
     calls = []
-    monkeypatch.setattr(datamodule_module, "expand_trees",
+    monkeypatch.setattr(trees_module, "expand_trees",
                         lambda task, engine, tok, records, widths, sampling, rule=None, request_offset=0: calls.append(
                             (list(records), sampling.seed + request_offset, rule)) or [])
     monkeypatch.setattr(data, "risk_rule", lambda module, training=False: "rule")
-    data.risk_threshold = SimpleNamespace(explore_fraction=0.25)
+    data.use_risk_threshold(SimpleNamespace(explore_fraction=0.25))
     data.grow_trees(SimpleNamespace(tokenizer=None), list("abcdefgh"), [2, 1], SamplingSpec(8, 1.0, seed=1000))
     # prompts a, b explore from seed 1000 (requests 1000, 1001); c..h follow the rule from 1002, not 1000 again
     assert calls == [(["a", "b"], 1000, None), (list("cdefgh"), 1002, "rule")]

@@ -34,7 +34,7 @@ class InspectTrees(pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if batch_idx:  # once an epoch, once the module has prepared the buffer (its on_train_epoch_start)
             return
-        buffer = trainer.datamodule.buffer
+        buffer = trainer.datamodule.epoch_report.buffer
         tokenizer = pl_module.tokenizer
         nodes = [node for root in buffer.trees for node in policy_nodes(root)]
         assert len(nodes) == buffer.input_ids.shape[0]
@@ -76,6 +76,6 @@ def test_tree_rollouts_train(rollout, value_mode, task_class, tmp_path):
     assert inspect.checked_rows > 0 and inspect.losses
     if task_class is AskingClarifyTask:  # depth 3 reached: replies checked in the children's contexts
         assert inspect.checked_replies > 0
-        assert trainer.datamodule.buffer.completion_mask.sum() < trainer.datamodule.buffer.attention_mask.sum()
+        assert trainer.datamodule.epoch_report.buffer.completion_mask.sum() < trainer.datamodule.epoch_report.buffer.attention_mask.sum()
     assert all(torch.isfinite(torch.tensor(inspect.losses)))
     assert "val/accuracy" in trainer.callback_metrics and "val/return" in trainer.callback_metrics

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
+from lit_grpo.buffers.completion import Completion
 from lit_grpo.buffers.positions import FirstTokenConstraint
-from lit_grpo.engines.base import Completion
 from lit_grpo.losses import aggregation_terms
+from lit_grpo.run.rules import RolloutKind
 from lit_grpo.tasks.base import ScoredCompletion
-
-RolloutKind = Literal["grouped", "tree", "chains"]
-"""How an epoch's rollouts are drawn: ``group_size`` completions per prompt, multi-round trees, or independent
-multi-round chains (``RolloutDataModule.rollout``)."""
 
 
 @dataclass

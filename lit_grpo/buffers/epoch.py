@@ -1,7 +1,8 @@
 """One epoch's handover from the DataModule to the LightningModule (docs/guide.md#layout): the scored buffer and the
 order its minibatches will be served in. The DataModule draws and scores; the module prepares the buffer (π_old,
 π_ref, values, advantages, the risk head's fit) in its own hook and then cuts the minibatches (``serve``), which are
-what the train loader yields."""
+what the train loader yields. The epoch's ``RolloutReport`` travels with them: the module reads there whether the
+completion budget is spent."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from torch.utils.data import Dataset
 
 from lit_grpo.buffers.buffer import RolloutBuffer, serve_plan
+from lit_grpo.buffers.report import RolloutReport
 
 
 class EpochBatches(Dataset):
@@ -20,8 +22,8 @@ class EpochBatches(Dataset):
     minibatches are cut only after the module has prepared the buffer, so they carry its π_old and advantages.
     """
 
-    def __init__(self, buffer: RolloutBuffer, plan: list[torch.Tensor]) -> None:
-        self.buffer, self.plan = buffer, plan
+    def __init__(self, buffer: RolloutBuffer, plan: list[torch.Tensor], report: RolloutReport | None = None) -> None:
+        self.buffer, self.plan, self.report = buffer, plan, report
         self.batches: list[dict[str, torch.Tensor]] | None = None
 
     def serve(self, accumulate: int, aggregation: str) -> list[dict[str, torch.Tensor]]:

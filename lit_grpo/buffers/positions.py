@@ -1,5 +1,5 @@
 """Where a row's tokens sit: position numbering of padded rows and the sampler's first-token constraints, shared by
-the engines (prefill), the policy (log-probs) and the buffer."""
+the engines (prefill), the policy (log-probs) and the buffer, which all sit above ``buffers/``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ from dataclasses import dataclass
 
 import torch
 
-from lit_grpo.engines.hf_decode import padded_positions  # noqa: F401 - the one numbering, here for the trainer
+
+def padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids ``[N, L]`` of padded rows (right-padded in training, left-padded in the hf engine's prefill):
+    every row's real tokens count from 0; padding gets 0 or its predecessor's and is masked out. The one numbering:
+    the hf engine (``engines/hf_decode.py``, above ``buffers/``) and the trainer both take it from here, so sampler
+    and trainer number alike."""
+    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
 @dataclass(frozen=True)

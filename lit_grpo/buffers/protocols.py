@@ -4,15 +4,22 @@ never imports the policy and the policy never imports the rollout side.
 - An engine samples with the policy's weights: the rollout side reads ``SamplingPolicy`` off the LightningModule.
 - The infer/defer rule needs P(error) at open contexts while a tree grows: it gets a ``ContextRisk``.
 - The module prepares the epoch's buffer (π_old, π_ref, values, advantages, the risk head's fit) in a hook of its
-  own, from the ``EpochData`` the DataModule hands over through the train loader.
+  own, from the ``EpochBatches`` the DataModule hands over through the train loader, with the epoch's
+  ``RolloutReport``; logging and callbacks read the same report through ``ReportsRollouts``.
+- Callbacks configure the parts through public methods typed here, never by setting attributes on them: a
+  ``RiskThresholdSource`` is given to ``RolloutDataModule.use_risk_threshold``, a ``ReferenceSource`` to
+  ``PolicyModule.use_reference``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+from lit_grpo.buffers.report import RolloutReport
 
 
 class ContextRisk(Protocol):
@@ -36,8 +43,10 @@ class ContextRisk(Protocol):
 @runtime_checkable
 class SamplingPolicy(Protocol):
     """What the rollout side needs of the LightningModule: the weights an engine samples with, the tokenizer that
-    turns prompts into ids and back, the ids that end a completion, the risk head at contexts (None without one)
-    and how many prompts to probe greedily each epoch for a detached risk head (0: none)."""
+    turns prompts into ids and back, the ids that end a completion, the risk head at contexts (None without one),
+    how many prompts to probe greedily each epoch for a detached risk head (0: none), the module's own arguments
+    (for the cross-knob rules), the model's name and context (for the prompt checks), which weights it holds now,
+    and its adapter as a copy or swapped for another (for rollouts drawn ahead)."""
 
     policy: Any
     tokenizer: Any
@@ -45,3 +54,61 @@ class SamplingPolicy(Protocol):
     risk_probe_prompts: int
 
     def context_risk(self) -> ContextRisk | None: ...
+
+    @property
+    def model_arguments(self) -> Mapping[str, Any]:
+        """The module's own arguments (its hyper-parameters), as the cross-knob rules read them."""
+
+    @property
+    def model_name(self) -> str:
+        """The model as the user named it (``model_name_or_path``), for messages."""
+
+    @property
+    def context_length(self) -> int | None:
+        """The model's maximum sequence length, None when its config does not say."""
+
+    def weights_version(self) -> int:
+        """Optimizer steps taken so far (-1 outside a trainer): the weights change only when it does."""
+
+    def adapter_copy(self) -> dict[str, torch.Tensor]:
+        """A CPU copy of the active LoRA adapter's weights."""
+
+    def adapter_swapped(self, adapter: dict[str, torch.Tensor] | None) -> AbstractContextManager[None]:
+        """Within the block the policy carries ``adapter``'s LoRA weights (``None``: its own); its own come back."""
+
+
+class RiskThresholdSource(Protocol):
+    """What decides the infer/defer rule's threshold (``callbacks.RiskThreshold``): tau per epoch, how the rule
+    decides, and the share of training prompts that grow without it."""
+
+    decision: str
+    cvar_level: float
+    explore_fraction: float
+
+    def training_tau(self, epoch: int) -> float | None: ...
+    def current_tau(self, epoch: int) -> float | None: ...
+
+
+class ReferenceSource(Protocol):
+    """What makes the policy run as π_ref (``callbacks.ReferencePolicy``: a frozen or refreshed adapter)."""
+
+    def active(self, policy: Any) -> AbstractContextManager[None]: ...
+
+
+@runtime_checkable
+class ReportsRollouts(Protocol):
+    """A DataModule that publishes its per-epoch ``RolloutReport`` (None before the first epoch's rollouts)."""
+
+    @property
+    def epoch_report(self) -> RolloutReport | None: ...
+
+
+@runtime_checkable
+class PreparesEpochs(Protocol):
+    """A LightningModule that prepares each epoch's buffer (``PolicyModule``): the seconds its no-grad passes and the
+    risk head's fit took in the last epoch, that fit's statistics, and the tokenizer that reads the rollouts' ids, for
+    logging."""
+
+    preparation_timings: Mapping[str, float]
+    risk_fit_stats: Mapping[str, float]
+    tokenizer: Any

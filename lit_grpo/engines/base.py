@@ -6,11 +6,9 @@ Nothing outside ``lit_grpo.engines`` imports an inference library: the DataModul
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-FinishReason = Literal["stop", "length"]
-# an engine class that samples from its own copy of the pushed weights says so, as VLLMEngine does (data.max_staleness)
-SNAPSHOT_ATTRIBUTE = "samples_from_copy"
+from lit_grpo.buffers.completion import Completion, FinishReason  # noqa: F401 - what engines return, for their authors
 
 
 @dataclass(frozen=True)
@@ -28,16 +26,6 @@ class SamplingSpec:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     allowed_token_ids: tuple[tuple[int, ...] | None, ...] | None = None
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One generated completion: its token ids as sampled (a stop token included), their log-probs under the
-    sampling distribution (temperature applied), and why generation ended."""
-
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...] | None
-    finish_reason: FinishReason
 
 
 @runtime_checkable

@@ -17,12 +17,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-
-def padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids ``[N, L]`` of padded rows (right-padded in training, left-padded in the hf engine's prefill):
-    every row's real tokens count from 0; padding gets 0 or its predecessor's and is masked out. The trainer takes it
-    through ``lit_grpo.buffers.positions`` (engines sit below the buffers), so sampler and trainer number alike."""
-    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+from lit_grpo.buffers.positions import padded_positions
 
 
 def draw_tokens(logp: torch.Tensor, uniforms: torch.Tensor,

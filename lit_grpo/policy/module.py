@@ -40,6 +40,7 @@ from lit_grpo.policy.objective import Objective, module_config_problems
 from lit_grpo.policy.online_dpo import online_dpo_loss
 from lit_grpo.policy.packed import TokenLogprobs
 from lit_grpo.policy.risk_features import HeadOnContexts, fit_on_replay
+from lit_grpo.policy.sampling_view import SamplingView
 from lit_grpo.policy.trained_state import TrainedState
 from lit_grpo.policy.value_head import ValueHead, old_values
 from lit_grpo.risk.fit import RiskReplay
@@ -51,8 +52,12 @@ from lit_grpo.run.run_callbacks import EVERY_RUN, missing_run_callbacks
 from lit_grpo.tree import StdScope, ValueMode
 
 
-class PolicyModule(TrainedState):
+class PolicyModule(SamplingView, TrainedState):
     """A Hugging Face causal LM with a trainable LoRA adapter, trained with a GRPO-family loss.
+
+    The rollout side sees it as a ``buffers.protocols.SamplingPolicy`` (``SamplingView``); callbacks configure it
+    through ``use_reference``; it reads the epoch's buffer and ``RolloutReport`` from the ``EpochBatches`` the train
+    loader hands over.
 
     Args:
         model_name_or_path: a local model directory (relative paths also resolve against the project checkout)
@@ -176,7 +181,6 @@ class PolicyModule(TrainedState):
         self.risk_fit_stats: dict[str, float] = {}
         self.token_logprobs: TokenLogprobs | None = None
         self.evaluation = GreedyEvaluation()
-        self.reference_owner: Any = None  # what makes the policy run as pi_ref, if not the adapter switched off
         self.preparation_timings: dict[str, float] = {}  # the last epoch's no-grad passes and risk head fit
 
     @classmethod
@@ -225,14 +229,6 @@ class PolicyModule(TrainedState):
             return optimizer
         scheduler = self.scheduler_factory(optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    def reference_active(self) -> Any:
-        """A context in which the policy model runs as pi_ref: the one the reference owner gives (a callback such
-        as ``ReferencePolicy`` sets ``self.reference_owner`` to itself for a frozen or refreshed adapter), else the
-        base model with the adapter off."""
-        if self.reference_owner is not None:
-            return self.reference_owner.active(self.policy)
-        return self.policy.disable_adapter()
 
     # --- the epoch's buffer: no-grad passes, advantages, the risk head's fit (docs/guide.md#layout) ------------------
     def on_train_epoch_start(self) -> None:
@@ -375,16 +371,19 @@ class PolicyModule(TrainedState):
             rank_zero_info("before training: " + ", ".join(f"val/{k} {v:.4f}" for k, v in metrics.items()))
 
     def on_train_epoch_end(self) -> None:
-        datamodule = self.trainer.datamodule
-        if not getattr(datamodule, "budget_spent", False):
+        """End the run after the epoch whose rollouts spent the completion budget (the DataModule's report says so),
+        with a last validation if the loop would not run one now: the run's last policy is always measured."""
+        epoch = getattr(self.trainer.train_dataloader, "dataset", None)
+        report = epoch.report if isinstance(epoch, EpochBatches) else None
+        if report is None or not report.budget_spent:
             return
         self.trainer.should_stop = True
-        rank_zero_info(f"completion budget spent ({datamodule.completions_generated} generated): stopping after "
+        rank_zero_info(f"completion budget spent ({report.completions_generated} generated): stopping after "
                        f"epoch {self.current_epoch}")
         every = self.trainer.check_val_every_n_epoch
         validated = every is not None and (self.current_epoch + 1) % every == 0
-        if self.trainer.enable_validation and not validated:  # the run's last policy is always measured
-            for batch in datamodule.val_dataloader():
+        if self.trainer.enable_validation and not validated:
+            for batch in self.trainer.datamodule.val_dataloader():
                 self.evaluation.update(batch)
             self.evaluation.log_to(self, "val")
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
-from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
 from lit_grpo.buffers.protocols import SamplingPolicy
 from lit_grpo.errors import InputError
@@ -49,27 +48,6 @@ class Pending:
     future: Future
     loop_state: dict[str, int]  # the DataModule's loop state before the draw
     adapter: dict[str, torch.Tensor] = field(repr=False)  # the adapter of ``version``, on the CPU
-
-
-def adapter_state(policy: Any) -> dict[str, torch.Tensor]:
-    """A CPU copy of the policy's active LoRA weights."""
-    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in get_peft_model_state_dict(policy).items()}
-
-
-class AdapterSwap:
-    """Within the block, ``policy`` carries ``adapter``'s LoRA weights; its own come back afterwards."""
-
-    def __init__(self, policy: Any, adapter: dict[str, torch.Tensor] | None) -> None:
-        self.policy, self.adapter, self.saved = policy, adapter, None
-
-    def __enter__(self) -> None:
-        if self.adapter is not None:
-            self.saved = adapter_state(self.policy)
-            set_peft_model_state_dict(self.policy, self.adapter)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.saved is not None:
-            set_peft_model_state_dict(self.policy, self.saved)
 
 
 class RolloutPrefetcher:
@@ -143,19 +121,18 @@ class Drawn:
 
 class DrawingData(Protocol):
     """What drawing ahead uses of the DataModule (``RolloutDataModule``): its engine and trainer, the prompt cursor
-    and budget, the grouped draw, the policy push, the lag it reports, and the prefetcher it owns."""
+    and budget (``PromptCursor``), the grouped draw, the policy push, the lag it reports, and the prefetcher it owns."""
 
     engine: Any
     trainer: Any
     prefetch: RolloutPrefetcher
+    prompts: Any
     prompts_per_epoch: int
     staleness: int
     engine_metrics: dict[str, float]
 
     def draw_grouped(self, module: SamplingPolicy, records: list, epoch: int) -> Any: ...
     def next_prompts(self, count: int | None = None) -> list: ...
-    def affordable_groups(self, wanted: int) -> int: ...
-    def loop_state(self) -> dict[str, int]: ...
     def sync_policy(self, module: SamplingPolicy) -> None: ...
     def push_policy_now(self, module: SamplingPolicy) -> None: ...
 
@@ -190,7 +167,8 @@ def rollouts_ahead(data: DrawingData, module: SamplingPolicy, epoch: int) -> tup
 def draws_after(data: DrawingData, epoch: int) -> bool:
     """Whether another epoch will want rollouts after ``epoch`` (the epoch limit and the budget allow one)."""
     limit = data.trainer.max_epochs
-    return (limit is None or limit < 0 or epoch + 1 < limit) and data.affordable_groups(data.prompts_per_epoch) > 0
+    within_limit = limit is None or limit < 0 or epoch + 1 < limit
+    return within_limit and data.prompts.affordable_groups(data.prompts_per_epoch) > 0
 
 
 def draw_now(data: DrawingData, module: SamplingPolicy, epoch: int, phases: dict[str, float]) -> tuple[Drawn, int]:
@@ -201,14 +179,14 @@ def draw_now(data: DrawingData, module: SamplingPolicy, epoch: int, phases: dict
     start = time.perf_counter()
     if restored is None or restored["pending_epoch"] != epoch:
         data.sync_policy(module)
-        ahead.engine_version, ahead.engine_adapter, version = epoch, adapter_state(module.policy), epoch
+        ahead.engine_version, ahead.engine_adapter, version = epoch, module.adapter_copy(), epoch
     else:
-        with AdapterSwap(module.policy, restored["pending_adapter"]):
+        with module.adapter_swapped(restored["pending_adapter"]):  # the module swaps its own weights
             data.push_policy_now(module)
         ahead.engine_version, ahead.engine_adapter = restored["engine_version"], restored["pending_adapter"]
         version = restored["pending_version"]
     phases["push"] += time.perf_counter() - start
-    records = data.next_prompts(data.affordable_groups(data.prompts_per_epoch))
+    records = data.next_prompts(data.prompts.affordable_groups(data.prompts_per_epoch))
     return drawing(data, module, records, epoch)(), version
 
 
@@ -220,10 +198,10 @@ def launch(data: DrawingData, module: SamplingPolicy, epoch: int, phases: dict[s
     if version != ahead.engine_version:
         start = time.perf_counter()
         data.sync_policy(module)
-        ahead.engine_version, ahead.engine_adapter = epoch, adapter_state(module.policy)
+        ahead.engine_version, ahead.engine_adapter = epoch, module.adapter_copy()
         phases["push"] += time.perf_counter() - start
-    loop_state = data.loop_state()
-    records = data.next_prompts(data.affordable_groups(data.prompts_per_epoch))
+    loop_state = data.prompts.loop_state()
+    records = data.next_prompts(data.prompts.affordable_groups(data.prompts_per_epoch))
     ahead.submit(epoch + 1, version, loop_state, ahead.engine_adapter, drawing(data, module, records, epoch + 1))
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -13,40 +11,28 @@ from jsonargparse import lazy_instance
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from lit_grpo.buffers.buffer import (
-    RolloutBuffer,
-    RolloutKind,
-    build_buffer,
-    concat_buffers,
-    informative_groups,
-    minibatch_plan,
-    select_groups,
-)
+from lit_grpo.buffers.buffer import RolloutBuffer, minibatch_plan
 from lit_grpo.buffers.epoch import EpochBatches
-from lit_grpo.buffers.protocols import SamplingPolicy
+from lit_grpo.buffers.protocols import RiskThresholdSource, SamplingPolicy
+from lit_grpo.buffers.report import RolloutReport, frozen
 from lit_grpo.buffers.tree_layout import tree_buffer
 from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
 from lit_grpo.errors import refuse
-from lit_grpo.losses import overlong_penalty
 from lit_grpo.risk.probes import probe_records
 from lit_grpo.risk.rule import RiskRule
 from lit_grpo.rollout.ahead import RolloutPrefetcher, rollouts_ahead
+from lit_grpo.rollout.cursor import PromptCursor, task_record
+from lit_grpo.rollout.engine_sync import EngineSync
 from lit_grpo.rollout.evaluation import HeldOutScores, greedy_completion_scores
+from lit_grpo.rollout.grouped import GroupedDraw
 from lit_grpo.rollout.probes import probe_labels
 from lit_grpo.rollout.prompt_check import check_inputs
 from lit_grpo.rollout.reward_worker import RewardWorker
-from lit_grpo.rollout.scoring import score_buffer
-from lit_grpo.rollout.settings import (
-    data_config_problems,
-    resuming_after_finished_epoch,
-)
-from lit_grpo.rollout.trees import expand_trees, greedy_episodes
-from lit_grpo.run.distributed import (
-    rank_and_world,
-    rank_share,
-)
-from lit_grpo.run.resume import task_record
-from lit_grpo.run.rules import TrainerFacts, choice_problems, cross_knob_problems
+from lit_grpo.rollout.scoring import TimedScoring
+from lit_grpo.rollout.settings import data_config_problems, resuming_after_finished_epoch
+from lit_grpo.rollout.trees import greedy_episodes, grow_epoch_trees
+from lit_grpo.run.distributed import rank_and_world
+from lit_grpo.run.rules import RolloutKind, TrainerFacts, choice_problems, cross_knob_problems, staleness_problems
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks import ArithmeticTask, MultiRoundTask, PromptRecord, Task
 
@@ -55,6 +41,16 @@ class RolloutDataModule(pl.LightningDataModule):
     """Prompts, rollout engine and rewards; regenerates the rollout buffer at the start of every epoch.
 
     Needs ``Trainer(reload_dataloaders_every_n_epochs=1)`` (the CLI sets it), else the first buffer is reused.
+
+    It delegates: the prompt cursor, the completions counted and the completion budget to ``PromptCursor``
+    (``rollout/cursor.py``, ``self.prompts``); the grouped draw with dynamic sampling and DAPO's overlong terms to
+    ``GroupedDraw`` (``rollout/grouped.py``); pushing the policy into the engine to ``EngineSync``
+    (``rollout/engine_sync.py``); drawing ahead to ``RolloutPrefetcher`` and ``rollouts_ahead`` (``rollout/ahead.py``);
+    trees and greedy episodes to ``rollout/trees.py``; scoring, timed, to ``TimedScoring`` (``rollout/scoring.py``;
+    in a ``RewardWorker`` with a ``reward_timeout``); the prompt checks to ``check_inputs``; the held-out scores to ``HeldOutScores``.
+    It sees the LightningModule as a ``SamplingPolicy`` and the risk threshold as a ``RiskThresholdSource`` (given
+    by ``use_risk_threshold``); it publishes each epoch's ``RolloutReport`` (``epoch_report``, and with the
+    ``EpochBatches`` the module prepares).
 
     Args:
         task: the prompts and rewards, by class path (``lit_grpo.tasks.ArithmeticTask``, ``SortTask``,
@@ -137,27 +133,21 @@ class RolloutDataModule(pl.LightningDataModule):
         self.minibatch_size, self.ppo_epochs = minibatch_size, ppo_epochs
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self.rollout, self.branching = rollout, list(branching)
-        self.dynamic_sampling, self.max_sampling_rounds = dynamic_sampling, max_sampling_rounds
-        self.sampling_draws = 0
-        self.completion_budget = completion_budget
-        self.completions_generated = 0  # every draw counted; carried by checkpoints
-        # the source of the infer/defer threshold (explore_fraction, training_tau, current_tau): a callback such as
-        # RiskThreshold sets itself here at setup; None: no rule
-        self.risk_threshold: Any = None
-        self.overlong_cache, self.mask_truncated = overlong_cache, mask_truncated
+        self.grouped = GroupedDraw(group_size, prompts_per_epoch, temperature, max_new_tokens, dynamic_sampling,
+                                   max_sampling_rounds, overlong_cache, mask_truncated)
+        self.prompts = PromptCursor(prompts_per_epoch, group_size, completion_budget)  # carried by checkpoints
+        self.risk_threshold: RiskThresholdSource | None = None  # use_risk_threshold; None: no infer/defer rule
         self.val_max_prompts, self.val_batch_size, self.seed = val_max_prompts, val_batch_size, seed
         self.long_prompts = long_prompts
-        self.cursor = 0  # index of the next training prompt; carried by checkpoints
         self._task_record: dict[str, Any] | None = None  # what the cursor indexes (task_identity)
         self.prompts_checked = False  # against the loaded tokenizer and context, at the first loader
-        self.share_start = 0  # this rank's first prompt within the last draw
-        self.buffer: RolloutBuffer | None = None
+        self._report: RolloutReport | None = None
         self.timings: dict[str, float] = {}
         self.engine_metrics: dict[str, float] = {}  # an engine's own figures (servers_alive), logged as rollout/*
-        self.scoring_seconds = 0.0
-        self._pushed_at_step: int | None = None
+        self.scoring = TimedScoring(self.scorer)  # the grouped draw's reward calls, timed apart from generation
         self.max_staleness, self.staleness = max_staleness, 0  # the lag allowed, and the lag of the epoch's rollouts
         self.prefetch = RolloutPrefetcher(max_staleness)
+        self.engine_sync = EngineSync(self.engine, self.prefetch)
 
     @classmethod
     def config_problems(cls, args: dict[str, Any]) -> list[str]:
@@ -167,13 +157,24 @@ class RolloutDataModule(pl.LightningDataModule):
     def setup(self, stage: str) -> None:
         """Refuse what the rules between knobs refuse (the module's, the data's, the trainer's; run/rules.py): the CLI
         reported them before loading, a Python run hears them here, before any weights load."""
-        hparams, trainer = dict(self.trainer.lightning_module.hparams), self.trainer
+        module: SamplingPolicy = self.trainer.lightning_module
+        trainer = self.trainer
         sampler = getattr(trainer._accelerator_connector, "use_distributed_sampler", False)  # no public attribute
         facts = TrainerFacts(trainer.world_size, sampler, trainer.reload_dataloaders_every_n_epochs)
-        problems = cross_knob_problems(hparams, self.settings, self.engine, self.task, facts)
+        problems = cross_knob_problems(dict(module.model_arguments), self.settings, self.engine, self.task, facts)
         refuse("the module and the data do not fit together", problems)
         self.task.use_device(self.trainer.strategy.root_device)  # a reward model runs beside the policy
         self.task_identity()  # before the first loader may drop long prompts
+
+    def use_risk_threshold(self, source: RiskThresholdSource | None) -> None:
+        """Apply the infer/defer rule at ``source``'s tau to tree rollouts and validation (``RiskThreshold`` gives
+        itself at setup); ``None``: no rule."""
+        self.risk_threshold = source
+
+    @property
+    def epoch_report(self) -> RolloutReport | None:
+        """The last epoch's ``RolloutReport`` (None before the first epoch's rollouts)."""
+        return self._report
 
     # --- the epoch's buffer (docs/guide.md#layout) -------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
@@ -187,26 +188,40 @@ class RolloutDataModule(pl.LightningDataModule):
             trainer.should_stop = True
             return DataLoader([], batch_size=None)
         module = self.checked_module()
-        self.buffer = self.collect_rollouts(module, epoch)
+        buffer = self.collect_rollouts(module, epoch)
+        self._report = self.report(buffer)
         generator = torch.Generator().manual_seed(self.epoch_seed(epoch, "shuffle"))
-        plan = minibatch_plan(self.buffer, self.minibatch_size, self.ppo_epochs, generator)
+        plan = minibatch_plan(buffer, self.minibatch_size, self.ppo_epochs, generator)
         # the module prepares the buffer and cuts these minibatches in its on_train_epoch_start (docs/guide.md#layout)
-        return DataLoader(EpochBatches(self.buffer, plan), batch_size=None, shuffle=False)
+        return DataLoader(EpochBatches(buffer, plan, self._report), batch_size=None, shuffle=False)
+
+    def report(self, buffer: RolloutBuffer) -> RolloutReport:
+        """The epoch's ``RolloutReport``, once its rollouts are drawn (a draw ahead may be running already)."""
+        return RolloutReport(
+            buffer, frozen(self.timings), frozen(self.engine_metrics),
+            sampling_draws=buffer.sampling_draws if self.grouped.dynamic_sampling else None,
+            staleness=self.staleness if self.max_staleness else None,
+            can_draw_ahead=not staleness_problems(1, self.rollout, self.engine, None, None),
+            completions_generated=self.prompts.completions_generated, budget_spent=self.budget_spent)
+
+    @property
+    def budget_spent(self) -> bool:
+        """The completion budget pays for no further group (``PromptCursor.budget_spent``)."""
+        return self.prompts.budget_spent(drawing_ahead=self.prefetch.pending is not None)
 
     def collect_rollouts(self, module: SamplingPolicy, epoch: int) -> RolloutBuffer:
         """Generate (or take the rollouts drawn ahead) and score them; with a detached risk head, label its probe
         states too (``buffer.risk_probes``). The module prepares the buffer afterwards."""
         clock = time.perf_counter()
-        self.scoring_seconds = 0.0  # rewards scored while generating (grouped draws) are not generation time
+        self.scoring.seconds = 0.0  # rewards scored while generating (grouped draws) are not generation time
         if self.max_staleness:
             buffer, records, phases = rollouts_ahead(self, module, epoch)  # scores included in generate
         else:
             buffer, records, phases = self.rollouts_now(module, epoch)
-        self.sampling_draws = buffer.sampling_draws  # read here: a draw ahead may be running already
         self.timings = dict(phases)
         done = time.perf_counter()
         if module.risk_probe_prompts:  # the detached risk head learns from greedy probes
-            probes = probe_records(self.task, records, self.cursor, module.risk_probe_prompts)
+            probes = probe_records(self.task, records, self.prompts.cursor, module.risk_probe_prompts)
             buffer.risk_probes = probe_labels(self.task, self.engine, module.tokenizer, probes, len(self.branching),
                                               self.sampling_spec(module, greedy=True, seed=None))
             self.timings["risk_probes"], done = time.perf_counter() - done, time.perf_counter()
@@ -221,7 +236,8 @@ class RolloutDataModule(pl.LightningDataModule):
     def rollouts_now(self, module: SamplingPolicy, epoch: int) -> tuple[RolloutBuffer, list[PromptRecord], dict[str, float]]:
         """The epoch's rollouts drawn now from the current policy: ``(buffer, records, phase seconds)``."""
         # a tree's size is known only once grown, so only grouped draws are cut to the budget
-        records = self.next_prompts(self.affordable_groups(self.prompts_per_epoch) if self.rollout == "grouped" else None)
+        grouped = self.rollout == "grouped"
+        records = self.next_prompts(self.prompts.affordable_groups(self.prompts_per_epoch) if grouped else None)
         clock = time.perf_counter()
         self.sync_policy(module)
         pushed = time.perf_counter()
@@ -234,117 +250,45 @@ class RolloutDataModule(pl.LightningDataModule):
             roots = self.grow_trees(module, records, widths, self.sampling_spec(module, False, self.epoch_seed(epoch)))
             generated = time.perf_counter()
             buffer = tree_buffer(roots, module.tokenizer, self.temperature, self.max_new_tokens, self.rollout)
-            self.completions_generated += buffer.input_ids.shape[0]
+            self.prompts.count(buffer.input_ids.shape[0])
         scored = time.perf_counter()
         self.engine_metrics = dict(getattr(self.engine, "metrics", {}))  # as they stood after this draw
-        return buffer, records, {"push": pushed - clock, "generate": generated - pushed - self.scoring_seconds,
-                                 "score": scored - generated + self.scoring_seconds}
+        return buffer, records, {"push": pushed - clock, "generate": generated - pushed - self.scoring.seconds,
+                                 "score": scored - generated + self.scoring.seconds}
 
     def draw_grouped(self, module: SamplingPolicy, records: list[PromptRecord], epoch: int) -> RolloutBuffer:
         """Epoch ``epoch``'s grouped rollouts of ``records``, scored (on the background thread when drawn ahead)."""
         # each stream's seed is derived from the epoch's, then offset by this rank's first prompt (share_start):
         # an engine seeding request i with seed + i then samples each prompt as a one-process run would
-        buffer = self.grouped_buffer(module, records, self.sampling_spec(module, greedy=False, seed=self.epoch_seed(epoch)))
-        if self.mask_truncated:  # DAPO's overlong filtering: a cut-off completion is no evidence either way
-            buffer.completion_mask[buffer.truncated] = False
-        return buffer
-
-    def grouped_buffer(self, module: SamplingPolicy, records: list[PromptRecord], sampling: SamplingSpec) -> RolloutBuffer:
-        """``group_size`` scored completions per prompt. With ``dynamic_sampling`` (DAPO), groups whose rewards
-        are all equal are dropped and fresh prompts drawn for them, up to ``max_sampling_rounds`` draws."""
-        tokenizer = module.tokenizer
-        kept: list[RolloutBuffer] = []
-        rounds = self.max_sampling_rounds if self.dynamic_sampling else 1
-        for draw in range(rounds):
-            prompt_ids = [self.task.prompt_ids(r, tokenizer) for r in records]
-            draw_seed = None if sampling.seed is None else derived_seed(sampling.seed, "draw", draw) + self.share_start
-            draw_sampling = replace(sampling, seed=draw_seed)
-            completions = self.engine.generate(prompt_ids, self.group_size, draw_sampling)
-            part = build_buffer(prompt_ids, completions, tokenizer.pad_token_id, self.temperature, self.max_new_tokens)
-            self.completions_generated += part.input_ids.shape[0]
-            self.score(part, records, tokenizer)
-            if self.overlong_cache is not None:
-                part.rewards += overlong_penalty(part.completion_lengths, self.max_new_tokens, self.overlong_cache)
-            part.sampling_draws = draw + 1
-            if not self.dynamic_sampling:
-                return part
-            kept.append(select_groups(part, informative_groups(part)))
-            missing = self.prompts_per_epoch - sum(b.num_groups for b in kept)
-            if missing == 0:
-                break
-            records = self.next_prompts(self.affordable_groups(missing))
-            if not records:
-                break
-        buffer = concat_buffers([b for b in kept if b.num_groups]) if any(b.num_groups for b in kept) else part
-        buffer.sampling_draws = part.sampling_draws
-        return buffer
-
-    def affordable_groups(self, wanted: int) -> int:
-        """How many of ``wanted`` groups of ``group_size`` the remaining ``completion_budget`` pays for."""
-        if self.completion_budget is None:
-            return wanted
-        # trees are not cut to the budget: their last epoch may overshoot it, which leaves nothing, not a debt
-        return max(0, min(wanted, (self.completion_budget - self.completions_generated) // self.group_size))
-
-    @property
-    def budget_spent(self) -> bool:
-        """True once ``completion_budget`` cannot pay for another group: the run should end after this epoch (not
-        while rollouts drawn ahead are still to be trained on)."""
-        return self.completion_budget is not None and self.prefetch.pending is None and self.affordable_groups(1) == 0
+        sampling = self.sampling_spec(module, greedy=False, seed=self.epoch_seed(epoch))
+        return self.grouped.draw(self.task, self.engine, module.tokenizer, records, sampling, self.prompts,
+                                 self.scoring, self.next_prompts)
 
     def next_prompts(self, count: int | None = None) -> list[PromptRecord]:
-        """This rank's share of the next ``count`` (default ``prompts_per_epoch``) training prompts, wrapping around
-        the split; the cursor moves past all ranks' shares."""
-        count = self.prompts_per_epoch if count is None else count
-        train = self.task.train_records()
-        self.share_start, size = rank_share(count, *rank_and_world(self.trainer))
-        records = [train[(self.cursor + self.share_start + i) % len(train)] for i in range(size)]
-        self.cursor = (self.cursor + count) % len(train)
-        return records
-
-    def score(self, buffer: RolloutBuffer, records: Sequence[PromptRecord], tokenizer: Any) -> None:
-        """``score_buffer`` in place, its time counted in ``scoring_seconds``."""
-        started = time.perf_counter()
-        score_buffer(self.scorer, buffer, records, tokenizer)
-        self.scoring_seconds += time.perf_counter() - started
+        """This rank's share of the next ``count`` (default ``prompts_per_epoch``) training prompts (``PromptCursor``:
+        wrapping around the split; the cursor moves past all ranks' shares)."""
+        return self.prompts.take(self.task.train_records(), count, *rank_and_world(self.trainer))
 
     # --- engine ------------------------------------------------------------------------------------------------
     def sync_policy(self, module: SamplingPolicy) -> None:
-        """Push the current policy into the engine, once per optimizer step at most."""
-        step = module.trainer.global_step if module._trainer is not None else -1
-        if self._pushed_at_step != step or step < 0:
-            self.push_policy_now(module)
-            self._pushed_at_step = step
+        """Push the current policy into the engine, once per optimizer step at most (``EngineSync``)."""
+        self.engine_sync.sync(module)
 
     def push_policy_now(self, module: SamplingPolicy) -> None:
-        """Push the policy's weights as they are, once the draw ahead (if any) is done with the engine."""
-        self.prefetch.wait()
-        self.engine.push_policy(module.policy)
-        self._pushed_at_step = None
-        self.prefetch.engine_version = None  # not a version the draws ahead know: the next one pushes anew
+        """Push the policy's weights as they are, once the draw ahead is done with the engine (``EngineSync``)."""
+        self.engine_sync.push_now(module)
 
     def sampling_spec(self, module: SamplingPolicy, greedy: bool, seed: int | None) -> SamplingSpec:
-        return SamplingSpec(
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            greedy=greedy,
-            seed=seed,
-            stop_token_ids=module.stop_token_ids,
-        )
+        return SamplingSpec(max_new_tokens=self.max_new_tokens, temperature=self.temperature, greedy=greedy,
+                            seed=seed, stop_token_ids=module.stop_token_ids)
 
     def grow_trees(self, module: SamplingPolicy, records: list[PromptRecord], widths: list[int],
                    sampling: SamplingSpec) -> list[Any]:
-        """The epoch's trees; with the risk rule, ``risk_threshold.explore_fraction`` of the prompts grow
-        without it, so the head keeps seeing outcomes of inferring where the rule would forbid it."""
+        """The epoch's trees (``grow_epoch_trees``), ``risk_threshold.explore_fraction`` of them without the rule."""
         rule = self.risk_rule(module, training=True)
-        free = 0 if rule is None else round(len(records) * self.risk_threshold.explore_fraction)
-        start = self.share_start  # these prompts' place among the epoch's: their request seeds follow from it
-        roots = expand_trees(self.task, self.engine, module.tokenizer, records[:free], widths, sampling,
-                             request_offset=start) if free else []
-        if free < len(records):  # the rule's trees continue the exploring trees' request seeds
-            roots += expand_trees(self.task, self.engine, module.tokenizer, records[free:], widths, sampling, rule,
-                                  request_offset=start + free)
-        return roots
+        explore = 0.0 if rule is None else self.risk_threshold.explore_fraction
+        return grow_epoch_trees(self.task, self.engine, module.tokenizer, records, widths, sampling, rule, explore,
+                                self.prompts.share_start)
 
     def risk_rule(self, module: SamplingPolicy, training: bool = False) -> RiskRule | None:
         """The infer/defer rule at the tau of ``risk_threshold`` (which also says how it decides); None without a
@@ -406,26 +350,22 @@ class RolloutDataModule(pl.LightningDataModule):
         return DataLoader(scores, batch_size=None, shuffle=False)
 
     # --- state and teardown ------------------------------------------------------------------------------------
-    def loop_state(self) -> dict[str, int]:
-        return {"cursor": self.cursor, "completions_generated": self.completions_generated}
-
     def state_dict(self) -> dict[str, Any]:
         """The loop state; with a draw ahead pending, as it stood before that draw, with its adapter
         (``async_rollouts``): a resumed run draws it again."""
         pending = self.prefetch.pending
-        return {**(pending.loop_state if pending is not None else self.loop_state()), **self.prefetch.state_dict(),
-                "task": self.task_identity()}
+        loop_state = pending.loop_state if pending is not None else self.prompts.loop_state()
+        return {**loop_state, **self.prefetch.state_dict(), "task": self.task_identity()}
 
     def task_identity(self) -> dict[str, Any]:
-        """What the cursor indexes (``run.resume.task_record``: strings and ints), taken once, before any prompt is
+        """What the cursor indexes (``rollout.cursor.task_record``: strings and ints), taken once, before any prompt is
         dropped; a resume onto another task is refused by it (``run.resume.check_resume``)."""
         if self._task_record is None:
             self._task_record = task_record(self.task)
         return self._task_record
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.cursor = int(state_dict["cursor"])
-        self.completions_generated = int(state_dict.get("completions_generated", 0))
+        self.prompts.load_loop_state(state_dict)
         self.prefetch.load_state_dict(state_dict)
 
     def on_exception(self, exception: BaseException) -> None:
@@ -435,6 +375,6 @@ class RolloutDataModule(pl.LightningDataModule):
         self.prefetch.close()  # the draw ahead finishes before its engine closes
         if not self.engine.shared:
             self.engine.close()
-            self._pushed_at_step = None  # a closed engine holds no policy: the next stage pushes it again
+            self.engine_sync.forget()  # a closed engine holds no policy: the next stage pushes it again
         if isinstance(self.scorer, RewardWorker):
             self.scorer.close()

@@ -9,6 +9,7 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
 
+from lit_grpo.buffers.protocols import SamplingPolicy
 from lit_grpo.errors import InputError
 from lit_grpo.tasks.base import prompt_text
 from lit_grpo.tasks.rows import check_rendering
@@ -29,24 +30,15 @@ def prompt_length_problem(
     )
 
 
-def context_length(config: Any) -> int | None:
-    """The model's maximum sequence length from its config (``max_position_embeddings`` or GPT-2's ``n_positions``)."""
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-def check_inputs(module: Any, datamodule: Any) -> None:
+def check_inputs(module: SamplingPolicy, datamodule: Any) -> None:
     """The checks that need the loaded model: every prompt that goes through the chat template renders
     (``check_rendering``), and every prompt of both splits fits the context with its generation budget (for multi-round rollouts, one
     budget per round). Raises ``InputError``."""
     if datamodule is None or not hasattr(datamodule, "task"):
         return
     task, tokenizer = datamodule.task, module.tokenizer
-    check_rendering(task, tokenizer, module.hparams.model_name_or_path)  # each prompt through its chat template
-    limit = context_length(module.policy.config)
+    check_rendering(task, tokenizer, module.model_name)  # each prompt through its chat template
+    limit = module.context_length
     if limit is not None:
         fit_prompts_to_context(task, tokenizer, datamodule, limit)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,3 +53,16 @@ def reward_error_warning(scored: Sequence[ScoredCompletion], records: Sequence[P
     if len(failed) > shown:
         lines.append(f"  ... and {len(failed) - shown} other error(s)")
     return "\n".join(lines)
+
+
+class TimedScoring:
+    """``score_buffer`` with ``scorer``, its seconds summed in ``seconds``: rewards scored while generating (grouped
+    draws) are counted as scoring, not as generation time."""
+
+    def __init__(self, scorer: Any) -> None:
+        self.scorer, self.seconds = scorer, 0.0
+
+    def __call__(self, buffer: RolloutBuffer, records: Sequence[PromptRecord], tokenizer: Any) -> None:
+        started = time.perf_counter()
+        score_buffer(self.scorer, buffer, records, tokenizer)
+        self.seconds += time.perf_counter() - started

@@ -107,3 +107,18 @@ def greedy_trees(
 ) -> list[SegmentNode]:
     """One greedy episode per prompt, as single-path trees."""
     return expand_trees(task, engine, tokenizer, records, [1] * max_depth, replace(sampling, greedy=True), decide)
+
+
+def grow_epoch_trees(task: MultiRoundTask, engine: RolloutEngine, tokenizer: Any, records: list[PromptRecord],
+                     widths: list[int], sampling: SamplingSpec, rule: Decide | None, explore_fraction: float,
+                     start: int) -> list[SegmentNode]:
+    """An epoch's trees of ``records`` (this rank's, from prompt ``start`` of the epoch's); with the risk ``rule``, the
+    first ``explore_fraction`` of them grow without it, so the head keeps seeing outcomes of inferring where the rule
+    would forbid it. The rule's trees continue the exploring trees' request seeds."""
+    free = 0 if rule is None else round(len(records) * explore_fraction)
+    roots = [] if not free else expand_trees(task, engine, tokenizer, records[:free], widths, sampling,
+                                             request_offset=start)
+    if free < len(records):
+        roots += expand_trees(task, engine, tokenizer, records[free:], widths, sampling, rule,
+                              request_offset=start + free)
+    return roots

@@ -117,11 +117,13 @@ def resume_differences(saved: dict[str, Any], current: dict[str, Any]) -> tuple[
     return refusals, notes
 
 
-def check_resume(path: str, current: dict[str, Any], datamodule: Any = None) -> list[str]:
+def check_resume(path: str, current: dict[str, Any], task: dict[str, Any] | None = None,
+                 data_state_key: str = "RolloutDataModule") -> list[str]:
     """Raise ``InputError`` when the checkpoint at ``path`` cannot continue under ``current`` hyper-parameters (a
-    shape-changing knob; an adapter of another base model) or, given the ``datamodule`` of a run that trains on,
-    under its task (the checkpoint's prompt cursor indexes another task's prompts); otherwise the notes on what
-    differs. Nothing here loads the model's weights."""
+    shape-changing knob; an adapter of another base model) or, given the ``task`` record of a run that trains on
+    (``RolloutDataModule.task_identity()``), under that task (the checkpoint's prompt cursor, saved under
+    ``data_state_key``, indexes another task's prompts); otherwise the notes on what differs. Nothing here loads
+    the model's weights."""
     checkpoint = read_checkpoint(path)
     saved = checkpoint.get("hyper_parameters")
     saved = dict(saved) if isinstance(saved, dict) else {}
@@ -132,8 +134,8 @@ def check_resume(path: str, current: dict[str, Any], datamodule: Any = None) -> 
     other_base = checkpoint_misfit(path, checkpoint.get("state_dict"), saved.get("model_name_or_path"), current)
     if other_base:
         raise InputError(other_base)
-    if datamodule is not None:
-        notes += task_notes(path, checkpoint.get(type(datamodule).__qualname__), datamodule)
+    if task is not None:
+        notes += task_notes(path, checkpoint.get(data_state_key), task)
     return notes
 
 
@@ -184,28 +186,7 @@ def checkpoint_misfit_message(path: Any, state: dict[str, Any], expected: dict[s
             f"a new run on {model!r} without --ckpt_path")
 
 
-# --- the task: what the prompt cursor indexes -------------------------------------------------------------------
-FINGERPRINT_PROMPTS = 16  # the first training prompts hashed into a task's record
-
-
-def task_record(task: Any) -> dict[str, Any]:
-    """What a checkpoint's prompt cursor indexes: the task's class, its training split's size and a hash of its first
-    prompts (strings and ints: checkpoints load with ``weights_only=True``), and, to name it, the first prompt and
-    the data file, if any. Taken before any prompt is dropped for length."""
-    import hashlib
-
-    from lit_grpo.tasks.base import prompt_text
-
-    train = task.train_records()
-    first = [prompt_text(train[i]) for i in range(min(len(train), FINGERPRINT_PROMPTS))]
-    record = {"class": f"{type(task).__module__}.{type(task).__qualname__}", "train_prompts": len(train),
-              "fingerprint": hashlib.sha256("\x1e".join(first).encode("utf-8")).hexdigest()[:16],
-              "first_prompt": first[0][:60] if first else ""}
-    if isinstance(getattr(task, "path", None), str):
-        record["data"] = task.path
-    return record
-
-
+# --- the task: what the prompt cursor indexes (its record: rollout.cursor.task_record) --------------------------
 def task_name(record: dict[str, Any]) -> str:
     """A task's record (``task_record``) in words."""
     data = f" from {record['data']!r}" if record.get("data") else ""
@@ -213,12 +194,12 @@ def task_name(record: dict[str, Any]) -> str:
             f"{record.get('train_prompts')} training prompts, the first {record.get('first_prompt')!r})")
 
 
-def task_notes(path: str, state: Any, datamodule: Any) -> list[str]:
-    """Refuse a checkpoint whose prompt cursor indexes another task's training split than this run's (its class,
-    size or first prompts differ); a checkpoint written before tasks were recorded is resumed with a note."""
-    if not isinstance(state, dict) or "cursor" not in state or not hasattr(datamodule, "task_identity"):
-        return []  # no cursor to continue, or a datamodule of the user's own
-    current = datamodule.task_identity()
+def task_notes(path: str, state: Any, current: dict[str, Any]) -> list[str]:
+    """Refuse a checkpoint whose prompt cursor indexes another task's training split than this run's ``current``
+    record (its class, size or first prompts differ); a checkpoint written before tasks were recorded is resumed
+    with a note."""
+    if not isinstance(state, dict) or "cursor" not in state:
+        return []  # no cursor to continue
     saved = state.get("task")
     if not isinstance(saved, dict):
         return [(f"the checkpoint does not record its task (an older lit-grpo wrote it): its prompt cursor "

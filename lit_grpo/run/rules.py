@@ -18,13 +18,21 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
-from lit_grpo.buffers.buffer import RolloutKind
-from lit_grpo.engines.base import SNAPSHOT_ATTRIBUTE
-from lit_grpo.tasks.multiround import MultiRoundTask
-
+# run/ sits below every part it has rules for (pyproject.toml's import contracts): what the rules need to know of the
+# rollout kinds, the engines and the tasks is spelled here, and the parts above import it from here
+RolloutKind = Literal["grouped", "tree", "chains"]  # how an epoch's rollouts are drawn (RolloutDataModule.rollout)
 ROLLOUTS = typing.get_args(RolloutKind)
+# an engine class that samples from its own copy of the pushed weights says so, as VLLMEngine does (data.max_staleness)
+SNAPSHOT_ATTRIBUTE = "samples_from_copy"
+
+
+@runtime_checkable
+class MultiRound(Protocol):
+    """A task that tree and chain rollouts can grow (``tasks.MultiRoundTask``): an environment step per round."""
+
+    def step(self, prompt_record: Any, round_index: int, segment_text: str) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -217,7 +225,7 @@ def multi_round_problems(data_args: dict[str, Any], task: Any) -> list[str]:
     """Tree and chain rollouts need a multi-round task (``task``: the task or its class; None when unknown)."""
     rollout = data_args["rollout"]
     cls = task if isinstance(task, type) or task is None else type(task)
-    if rollout in ("tree", "chains") and cls is not None and not issubclass(cls, MultiRoundTask):
+    if rollout in ("tree", "chains") and cls is not None and not issubclass(cls, MultiRound):
         return [f"data.rollout {rollout!r} needs a multi-round task (a MultiRoundTask subclass), got data.task "
                 f"{cls.__name__.removeprefix('LazyInstance_')}; use data.rollout 'grouped' or a MultiRoundTask"]
     return []
