@@ -99,7 +99,7 @@ def test_the_commands_last_checkpoint_is_lightnings_and_resumes_from_python(tiny
     trainer.callbacks.append(FirstEpoch())
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(last))
     assert (started["epoch"], started["step"]) == (2, 2) and trainer.global_step == 3  # one epoch, the third
-    assert datamodule.cursor == checkpoint["RolloutDataModule"]["cursor"] + 2
+    assert datamodule.prompts.cursor == checkpoint["RolloutDataModule"]["cursor"] + 2
     assert set(started["weights"]) == set(state)
     for name, value in state.items():  # the run went on from the command's weights
         assert torch.equal(started["weights"][name], value), name
