@@ -12,8 +12,6 @@ from lit_grpo.buffers.protocols import PreparesEpochs
 from lit_grpo.errors import refuse
 from lit_grpo.risk.head import expected_calibration_error, learn_then_test
 from lit_grpo.rollout.rule_outcomes import rule_outcome
-from lit_grpo.run.rules import risk_decision_problems
-from lit_grpo.tasks.multiround import names_answer_tokens
 
 DEFAULT_CANDIDATES = [0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0]
 
@@ -86,10 +84,9 @@ class RiskThreshold(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
         if trainer.datamodule is None:
             return
-        task = getattr(trainer.datamodule, "task", None)
-        refuse("the callbacks and the task do not fit together",
-               risk_decision_problems(self.decision, type(task).__name__, names_answer_tokens(task)))
-        trainer.datamodule.use_risk_threshold(self)  # the rollouts' infer/defer rule reads its tau from here
+        # the rollouts' infer/defer rule reads its tau from here; the data module refuses a decision its task cannot
+        # take (rules.risk_decision_problems)
+        trainer.datamodule.use_risk_threshold(self)
 
     def training_tau(self, epoch: int) -> float | None:
         """The tau of the training rollouts of ``epoch``: ``current_tau``, except that in the always-defer state

@@ -197,9 +197,11 @@ def test_the_value_rule_with_a_task_that_cannot_force_an_answer_is_refused_befor
     class NoAnswerIds(ClarifyTask):
         answer_token_ids = MultiRoundTask.answer_token_ids  # a user's game that never said which tokens answer
 
-    given: list = []  # what the callback gave the DataModule's use_risk_threshold
-    trainer = SimpleNamespace(datamodule=SimpleNamespace(task=NoAnswerIds(), use_risk_threshold=given.append))
+    data = RolloutDataModule(task=NoAnswerIds())
+    trainer = SimpleNamespace(datamodule=data)
     with pytest.raises(InputError, match="NoAnswerIds does not say which first tokens answer"):
-        RiskThreshold(decision="value").setup(trainer, None, "fit")
-    RiskThreshold(decision="threshold").setup(trainer, None, "fit")  # the threshold rule only forces questions
-    assert [source.decision for source in given] == ["threshold"]
+        RiskThreshold(decision="value").setup(trainer, None, "fit")  # the data module refuses what its task can't do
+    assert data.risk_threshold is None
+    threshold = RiskThreshold(decision="threshold")
+    threshold.setup(trainer, None, "fit")  # the threshold rule only forces questions
+    assert data.risk_threshold is threshold

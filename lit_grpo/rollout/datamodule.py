@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -33,8 +34,10 @@ from lit_grpo.rollout.settings import data_config_problems, resuming_after_finis
 from lit_grpo.rollout.trees import greedy_episodes, grow_epoch_trees
 from lit_grpo.run.distributed import rank_and_world
 from lit_grpo.run.rules import RolloutKind, TrainerFacts, choice_problems, cross_knob_problems, staleness_problems
+from lit_grpo.run.rules import risk_decision_problems
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks import ArithmeticTask, MultiRoundTask, PromptRecord, Task
+from lit_grpo.tasks.multiround import names_answer_tokens
 
 
 class RolloutDataModule(pl.LightningDataModule):
@@ -168,7 +171,10 @@ class RolloutDataModule(pl.LightningDataModule):
 
     def use_risk_threshold(self, source: RiskThresholdSource | None) -> None:
         """Apply the infer/defer rule at ``source``'s tau to tree rollouts and validation (``RiskThreshold`` gives
-        itself at setup); ``None``: no rule."""
+        itself at setup); ``None``: no rule. A source whose way of deciding this task cannot take is refused."""
+        if source is not None:
+            refuse("the callbacks and the task do not fit together",
+                   risk_decision_problems(source.decision, type(self.task).__name__, names_answer_tokens(self.task)))
         self.risk_threshold = source
 
     @property
@@ -331,23 +337,22 @@ class RolloutDataModule(pl.LightningDataModule):
         return list(self.task.validation_records())[: self.val_max_prompts]
 
     def val_dataloader(self) -> DataLoader:
-        """Batches of held-out prompts, each scored greedily with the current policy when the loop reaches it."""
-        module = self.checked_module()
-        records = self.val_records()
-        batches = [records[i : i + self.val_batch_size] for i in range(0, len(records), self.val_batch_size)]
-        name = "return" if isinstance(self.task, MultiRoundTask) else "reward"
-        scores = HeldOutScores(batches, lambda part: self.greedy_scores(module, part), name)
-        return DataLoader(scores, batch_size=None, shuffle=False)
+        """Batches of validation prompts (``val_records``), each scored greedily with the current policy when the
+        loop reaches it."""
+        return self.greedy_loader(self.val_records)
 
     def test_dataloader(self) -> DataLoader:
-        """The task's test split, every prompt (``Trainer(limit_test_batches=...)`` takes fewer), in batches scored
-        greedily as validation's are; the task refuses when it has none (``Task.test_records``)."""
+        """The task's test split, every prompt (``Trainer(limit_test_batches=...)`` takes fewer), scored as
+        validation's are; the task refuses when it has none (``Task.test_records``)."""
+        return self.greedy_loader(lambda: list(self.task.test_records()))
+
+    def greedy_loader(self, held_out: Callable[[], list[PromptRecord]]) -> DataLoader:
+        """``held_out()``'s prompts in batches of ``val_batch_size``, each scored greedily (``HeldOutScores``)."""
         module = self.checked_module()  # first: the prompt check may drop prompts too long for the model
-        records = list(self.task.test_records())
+        records = held_out()
         batches = [records[i : i + self.val_batch_size] for i in range(0, len(records), self.val_batch_size)]
         name = "return" if isinstance(self.task, MultiRoundTask) else "reward"
-        scores = HeldOutScores(batches, lambda part: self.greedy_scores(module, part), name)
-        return DataLoader(scores, batch_size=None, shuffle=False)
+        return DataLoader(HeldOutScores(batches, lambda part: self.greedy_scores(module, part), name), batch_size=None)
 
     # --- state and teardown ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
