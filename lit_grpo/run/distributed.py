@@ -9,6 +9,7 @@ leave the others waiting in a gradient all-reduce forever).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -115,16 +116,27 @@ def processes_on_this_machine(num_nodes: int, devices_per_node: int, main_addres
 
 def share_cores(trainer: Any) -> int:
     """Give each process of a multi-process launch its share of this machine's cores with Lightning's own rule
-    (``_set_num_threads_if_needed``: cores // processes, unless ``OMP_NUM_THREADS`` is set), and return how many
+    (cores // processes, at least 1, unless ``OMP_NUM_THREADS`` is set), and return how many
     processes share them. Lightning's launchers apply it counting one node's processes only, so "nodes" on one
     machine each took every core and slowed each other down (two quickstart "nodes" on two cores: generation 2.7 to
     3.9 s an epoch with two threads each, 0.1 to 0.3 s with one). Runs before Lightning's launcher, whose own call
-    then leaves the count as set here."""
-    from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
-
+    then leaves the count as set here (it too defers to ``OMP_NUM_THREADS``: pinned in tests/test_private_apis.py)."""
     environment = getattr(trainer.strategy, "cluster_environment", None)
     if environment is None or trainer.num_nodes * trainer.num_devices == 1:
         return 1
     processes = processes_on_this_machine(trainer.num_nodes, trainer.num_devices, environment.main_address)
-    _set_num_threads_if_needed(num_processes=processes)
+    if "OMP_NUM_THREADS" not in os.environ:  # the user's setting wins, as in Lightning
+        threads = threads_per_process(usable_cores(), processes)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
     return processes
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS reports one, as Lightning counts them)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def threads_per_process(cores: int, processes: int) -> int:
+    """Each process's share of the cores: ``cores // processes``, never below one thread."""
+    return max(1, cores // processes)

@@ -9,6 +9,7 @@ device (FSDP is for a base that does not fit one device in bf16). See docs/scali
 from __future__ import annotations
 
 import importlib.util
+import pkgutil
 from typing import Any
 
 GPU_ACCELERATORS = ("gpu", "cuda")  # the accelerator names Lightning accepts for FSDP and DeepSpeed
@@ -81,9 +82,7 @@ def strategy_label(spec: Any) -> str:
 
 def imported(path: str) -> Any:
     """The object at a dotted path, or None when it does not import (reported elsewhere)."""
-    from jsonargparse._util import import_object
-
-    try:
-        return import_object(path)
+    try:  # as config_check.import_object does (run/ does not import the top level): a dotted path only
+        return pkgutil.resolve_name(path) if "." in path else None
     except Exception:  # noqa: BLE001 - any import failure means "cannot tell"
         return None
