@@ -164,8 +164,10 @@ def test_two_ddp_ranks_train_like_one_process_on_the_union(case, model, tiny_lla
     previous = None
     for step in sorted(one_steps):
         # PPO's first step agrees to 3e-8 (per-rank whitening, the bug, gave 7.8e-4); its fp32 rounding (two ranks'
-        # all-reduced gradients against one backward) then grows tenfold a step at lr 0.5: 1.7e-6, 1.7e-5, 1.7e-4
-        tolerance = 1e-3 if case == "ppo" and step > 1 else 1e-5
+        # all-reduced gradients against one backward) then grows tenfold a step at lr 0.5: 1.7e-6, 1.7e-5, 1.7e-4 on
+        # one CPU, 1.04e-3 at the fourth step on another (AVX-512: other kernels, other roundings). The bug is caught
+        # at the first step; the later ones bound the amplified rounding, which depends on the CPU
+        tolerance = 1e-2 if case == "ppo" and step > 1 else 1e-5
         for name, value in one_steps[step].items():
             torch.testing.assert_close(ddp_steps[step][name], value, rtol=0, atol=tolerance)
         if previous is not None:  # each step moves the adapter far beyond the tolerance
