@@ -60,9 +60,12 @@ class EpochClock(pl.Callback):
         with open(os.environ["{CLOCK_ENV}"], "w") as clock:
             json.dump(self.starts, clock)
 
-_instantiate = lit_grpo.cli.LitGRPOCLI._instantiate_trainer
-lit_grpo.cli.LitGRPOCLI._instantiate_trainer = lambda self, config, callbacks: _instantiate(
-    self, config, [*callbacks, EpochClock()])
+_instantiate = lit_grpo.cli.LitGRPOCLI.instantiate_trainer
+def instantiate_with_clock(self, **kwargs):
+    trainer = _instantiate(self, **kwargs)
+    trainer.callbacks.append(EpochClock())
+    return trainer
+lit_grpo.cli.LitGRPOCLI.instantiate_trainer = instantiate_with_clock
 """
 SYNC = """
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
