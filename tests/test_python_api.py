@@ -124,6 +124,19 @@ def test_the_private_lightning_attribute_that_setup_reads_still_holds_the_settin
         assert ddp_trainer(value)._accelerator_connector.use_distributed_sampler is value
 
 
+def test_a_python_resume_onto_another_task_is_refused_as_the_commands_is():
+    from lit_grpo.tasks import SortTask
+
+    saved = RolloutDataModule().state_dict()  # the arithmetic task's cursor and record
+    saved["cursor"] = 64
+    with pytest.raises(InputError, match=r"counts the training prompts of .*ArithmeticTask.*this run's data\.task is "
+                                         r".*SortTask"):
+        RolloutDataModule(task=SortTask()).load_state_dict(saved)
+    same = RolloutDataModule()
+    same.load_state_dict(saved)
+    assert same.prompts.cursor == 64
+
+
 def test_setup_refuses_a_trainer_that_does_not_reload_every_epoch():
     trainer = pl.Trainer(**QUIET)  # Lightning's default: 0, the first epoch's loader forever
     with pytest.raises(InputError, match=r"needs Trainer\(reload_dataloaders_every_n_epochs=1\)"):

@@ -34,6 +34,7 @@ from lit_grpo.rollout.settings import data_config_problems, resuming_after_finis
 from lit_grpo.rollout.trees import greedy_episodes, grow_epoch_trees
 from lit_grpo.run.distributed import rank_and_world
 from lit_grpo.run.rules import RolloutKind, TrainerFacts, choice_problems, cross_knob_problems, staleness_problems
+from lit_grpo.run.resume import task_notes
 from lit_grpo.run.rules import risk_decision_problems
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks import ArithmeticTask, MultiRoundTask, PromptRecord, Task
@@ -370,6 +371,9 @@ class RolloutDataModule(pl.LightningDataModule):
         return self._task_record
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # a resume from Python is refused onto another task as the command's is (its cursor counts that task's prompts)
+        task_notes(str(self.trainer.ckpt_path if self.trainer is not None else "the checkpoint"), state_dict,
+                   self.task_identity())
         self.prompts.load_loop_state(state_dict)
         self.prefetch.load_state_dict(state_dict)
 

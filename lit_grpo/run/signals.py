@@ -187,8 +187,7 @@ class StopOnSigterm(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if not on_main_thread():  # Python sets handlers on the main thread only
             return
-        stop_retrying()
-        state.stopping = False
+        reset()  # a fit earlier in this process may have been stopped: this one starts unsignalled
         self.handler = stop_now(trainer)
         self.previous = signal.signal(signal.SIGTERM, self.handler)  # Lightning composes it with its own
         forward_while_blocked(trainer)
@@ -214,6 +213,7 @@ class StopOnSigterm(pl.Callback):
         hold()  # the run is stopping (Lightning's own SIGTERM check may have come first): no retry may raise later
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        stop_retrying()  # a stop held back by a save after the last epoch (a user's save at the end of fit)
         if self.handler is not None and on_main_thread() and self.previous is not None:
             signal.signal(signal.SIGTERM, self.previous)
         self.handler = None
@@ -255,6 +255,7 @@ def exits_on_sigterm(main: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             code = SIGTERM_EXIT
         finally:
+            stop_retrying()
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
         if the_process:
