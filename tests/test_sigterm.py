@@ -370,3 +370,25 @@ def test_a_second_sigterm_while_stopping_raises_nothing():
         handler(signal.SIGTERM, None)
     handler(signal.SIGTERM, None)  # the stop under way goes on
     signals.reset()
+
+
+def test_a_retry_that_finds_the_run_stopping_on_an_exception_does_not_raise_over_it():
+    # the race seen under load: Lightning's own check stopped the run after the write, and the pending retry fired
+    # while its on_exception hooks ran; a Terminated raised there would have replaced Lightning's stop
+    class Writer(Checkpoint):
+        def write(self) -> None:
+            handler(signal.SIGTERM, sys._getframe())  # noqa: SLF001 - held back: a write is on the stack
+
+    signals.reset()
+    handler = signals.stop_now()
+    Writer().write()
+    try:
+        try:
+            raise SIGTERMException
+        except SIGTERMException:
+            signals.raise_unless_writing(sys._getframe())  # noqa: SLF001 - the retry, inside the handling
+            assert signal.getitimer(signal.ITIMER_REAL)[0] > 0  # still pending, not raised
+            signals.hold()  # what StopOnSigterm.on_exception does next
+    finally:
+        signals.stop_retrying()
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL)[0] == 0

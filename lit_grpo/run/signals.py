@@ -117,7 +117,9 @@ def raise_unless_writing(frame: FrameType | None) -> None:
     """Raise ``Terminated`` now, or, during a checkpoint write, look again in ``RETRY_SECONDS`` (``SIGALRM``)."""
     if state.stopping:
         return
-    if writing_a_checkpoint(frame):
+    # a retry that finds an exception being handled finds the run on its way out already (Lightning's own SIGTERM
+    # check stopped it after the write, and its on_exception hooks are running): raising now would replace that stop
+    if writing_a_checkpoint(frame) or (state.pending and sys.exc_info()[1] is not None):
         if not state.pending:
             state.pending = True
             state.alarm_handler = signal.signal(signal.SIGALRM, lambda signum, later: raise_unless_writing(later))
