@@ -125,14 +125,14 @@ def test_the_private_lightning_attribute_that_setup_reads_still_holds_the_settin
 
 
 def test_a_python_resume_onto_another_task_is_refused_as_the_commands_is():
-    from lit_grpo.tasks import SortTask
+    from lit_grpo.tasks import ArithmeticTask, SortTask
 
     saved = RolloutDataModule().state_dict()  # the arithmetic task's cursor and record
     saved["cursor"] = 64
     with pytest.raises(InputError, match=r"counts the training prompts of .*ArithmeticTask.*this run's data\.task is "
                                          r".*SortTask"):
         RolloutDataModule(task=SortTask()).load_state_dict(saved)
-    same = RolloutDataModule()
+    same = RolloutDataModule(task=ArithmeticTask())  # the default task is a lazy instance of the same class
     same.load_state_dict(saved)
     assert same.prompts.cursor == 64
 

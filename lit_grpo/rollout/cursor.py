@@ -21,7 +21,10 @@ def task_record(task: Any) -> dict[str, Any]:
     the data file, if any. Taken before any prompt is dropped for length (``run.resume.task_notes`` compares them)."""
     train = task.train_records()
     first = [prompt_text(train[i]) for i in range(min(len(train), FINGERPRINT_PROMPTS))]
-    record = {"class": f"{type(task).__module__}.{type(task).__qualname__}", "train_prompts": len(train),
+    # jsonargparse's lazy_instance default (LazyInstance_X, over its own base class): the class X it stands for
+    kind = next(c for c in type(task).__mro__ if not c.__name__.startswith("LazyInstance_")
+                and not c.__module__.startswith("jsonargparse"))
+    record = {"class": f"{kind.__module__}.{kind.__qualname__}", "train_prompts": len(train),
               "fingerprint": hashlib.sha256("\x1e".join(first).encode("utf-8")).hexdigest()[:16],
               "first_prompt": first[0][:60] if first else ""}
     if isinstance(getattr(task, "path", None), str):
