@@ -16,6 +16,10 @@ thread through an fsspec transaction). ``--within-run`` adds W: twice the epochs
 the median epoch that ends with a save minus the median that does not, within each run, is what a save costs, free
 of the drift between runs that moves each wall time by more than the checkpoint costs (±10% here).
 
+``--spinning`` adds As and Bs: A and B with torch's idle OpenMP threads spinning, libgomp's default (torch is
+imported before ``lit_grpo.cli``, so the command's ``OMP_WAIT_POLICY=PASSIVE`` comes too late;
+``lit_grpo/run/idle_threads.py``); Bs / B is what the policy costs or saves a run without checkpoints.
+
 ``--release-width`` measures instead what a save costs at release width against one training step there: the
 random 2-layer Qwen2 of Qwen2.5-0.5B's width (hidden 896, vocabulary 151,936; ``benchmarks/memory.py`` builds it
 once under ``--model-dir``), LoRA r 16, alpha 32 on every linear layer as the release configs have it, a bf16 base,
@@ -25,7 +29,7 @@ prints the median step, the time the training thread spends in a background save
 synchronous write, each as a share of a step.
 
     flock /tmp/heavy.lock .venv/bin/python benchmarks/checkpoint_cost.py [--pairs 3] [--epochs 60] [--with-sync]
-        [--within-run]
+        [--within-run] [--spinning]
     flock /tmp/heavy.lock .venv/bin/python benchmarks/checkpoint_cost.py --release-width [--release-tokens 512]
         [--release-steps 5] [--release-saves 5] [--model-dir DIR]
 """
@@ -46,10 +50,15 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 CLOCK_ENV = "CHECKPOINT_COST_CLOCK"
+SPINNING = """
+import os
+os.environ.pop("OMP_WAIT_POLICY", None)
+import torch  # loaded before lit_grpo.cli: libgomp's default wait policy, the threads spin (the command before)
+"""
 EPOCH_CLOCK = f"""
 import json, os, time
+import lit_grpo.cli  # first: it sets the OpenMP wait policy before torch loads (lit_grpo/run/idle_threads.py)
 import lightning.pytorch as pl
-import lit_grpo.cli
 
 class EpochClock(pl.Callback):
     starts = []
@@ -75,8 +84,9 @@ lit_grpo.cli.BackgroundCheckpointIO = TorchCheckpointIO  # Lightning's own, on t
 
 def command(epochs: int, arm: str) -> list[str]:
     """``arm``: "A" default checkpointing, "B" none, "S" Lightning's synchronous TorchCheckpointIO, "W" A saving
-    after every other epoch."""
-    patch = EPOCH_CLOCK + {"S": SYNC}.get(arm, "")
+    after every other epoch; "As", "Bs": A and B with torch's OpenMP threads spinning when idle."""
+    patch = (SPINNING if arm.endswith("s") else "") + EPOCH_CLOCK + {"S": SYNC}.get(arm, "")
+    arm = arm.removesuffix("s")
     return [sys.executable, "-c", patch + "lit_grpo.cli.main()", "fit",
             "--config", str(ROOT / "configs" / "quickstart.yaml"), "--trainer.max_epochs", str(epochs),
             "--data.prompts_per_epoch", "8", "--data.minibatch_size", "64", "--trainer.limit_val_batches", "0",
@@ -98,7 +108,7 @@ def timed_run(epochs: int, arm: str) -> tuple[float, list[float]]:
         if done.returncode != 0:
             sys.exit(f"lit-grpo fit failed ({done.returncode}):\n{done.stdout[-3000:]}")
         written = sorted(p.name for p in Path(run_dir).rglob("*.ckpt"))
-        expected = [] if arm == "B" else ["last.ckpt"]
+        expected = [] if arm.startswith("B") else ["last.ckpt"]
         if written != expected:
             sys.exit(f"expected checkpoints {expected}, found {written}")
         starts = json.loads(clock.read_text())
@@ -166,6 +176,9 @@ def release_width(model_dir: Path, tokens: int, steps: int, saves: int) -> None:
           f"= {sync_s / step_s:.2%} of a step (medians of {saves})")
 
 
+BASE = {"A": "B", "S": "B", "As": "Bs", "Bs": "B"}  # each ratio arm and the arm it is divided by
+
+
 def load() -> str:
     return f"{os.getloadavg()[0]:.2f}"
 
@@ -177,6 +190,8 @@ def main() -> None:
     parser.add_argument("--with-sync", action="store_true", help="add S, Lightning's synchronous TorchCheckpointIO")
     parser.add_argument("--within-run", action="store_true", help="add W: 2 x epochs, a save after every other "
                         "epoch; what a save costs an epoch, measured within each run")
+    parser.add_argument("--spinning", action="store_true", help="add As and Bs: A and B with torch's idle OpenMP "
+                        "threads spinning (libgomp's default; the command sets OMP_WAIT_POLICY=PASSIVE)")
     parser.add_argument("--release-width", action="store_true", help="a save against a step at release width")
     parser.add_argument("--release-tokens", type=int, default=512)
     parser.add_argument("--release-steps", type=int, default=5)
@@ -185,10 +200,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.release_width:
         return release_width(args.model_dir, args.release_tokens, args.release_steps, args.release_saves)
-    arms = ["A", "B", *(["S"] if args.with_sync else []), *(["W"] if args.within_run else [])]
+    arms = ["A", "B", *(["S"] if args.with_sync else []), *(["W"] if args.within_run else []),
+            *(["As", "Bs"] if args.spinning else [])]
     print(f"load average (1 min) {load()}; A = default checkpointing, B = --trainer.enable_checkpointing false"
           + (", S = Lightning's synchronous TorchCheckpointIO" if args.with_sync else "")
           + (", W = a save after every other epoch" if args.within_run else "")
+          + (", As/Bs = A/B with idle OpenMP threads spinning" if args.spinning else "")
           + f"; {args.epochs} one-step epochs, validation off; rounds alternate the order (A B .. then .. B A)",
           flush=True)
     timed_run(1, "A")  # warm-up: file caches, imports; not counted
@@ -204,13 +221,14 @@ def main() -> None:
                 saves.append(cost_per_save(seconds))
         print(f"round {pair}: " + ", ".join(f"{arm} {walls[arm][-1]:.2f} s (median epoch {1000 * epochs[arm][-1]:.1f} "
                                             "ms)" for arm in arms if arm != "W")
-              + "; " + ", ".join(f"{arm}/B {walls[arm][-1] / walls['B'][-1]:.3f}" for arm in arms if arm not in "BW")
+              + "; " + ", ".join(f"{arm}/{BASE[arm]} {walls[arm][-1] / walls[BASE[arm]][-1]:.3f}"
+                                 for arm in arms if arm in BASE)
               + (f"; W: a save adds {1000 * saves[-1]:+.1f} ms to its epoch" if saves else "")
               + f" (load {load()})", flush=True)
-    for arm in (arm for arm in arms if arm not in "BW"):
-        ratios = [a / b for a, b in zip(walls[arm], walls["B"])]
-        epoch, base = statistics.median(epochs[arm]), statistics.median(epochs["B"])
-        print(f"{arm}/B: median wall ratio {statistics.median(ratios):.3f}; median epoch {1000 * epoch:.1f} ms vs "
+    for arm in (arm for arm in arms if arm in BASE):
+        ratios = [a / b for a, b in zip(walls[arm], walls[BASE[arm]])]
+        epoch, base = statistics.median(epochs[arm]), statistics.median(epochs[BASE[arm]])
+        print(f"{arm}/{BASE[arm]}: median wall ratio {statistics.median(ratios):.3f}; median epoch {1000 * epoch:.1f} ms vs "
               f"{1000 * base:.1f} ms ({epoch / base:.3f}x, {1000 * (epoch - base):+.1f} ms per epoch)")
     if saves:
         cost, base_wall = statistics.median(saves), statistics.median(walls["B"])

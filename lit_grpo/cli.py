@@ -10,6 +10,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from lit_grpo.run.idle_threads import idle_threads_sleep
+
+idle_threads_sleep()  # before the imports below load torch (lit_grpo/run/idle_threads.py)
+
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI

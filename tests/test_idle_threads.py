@@ -1,0 +1,56 @@
+"""The command makes torch's idle OpenMP threads sleep (lit_grpo/run/idle_threads.py): set before torch loads, never
+over the user's own setting, and not at all once torch is loaded (where it would change nothing)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from lit_grpo.run.idle_threads import WAIT_POLICY, idle_threads_sleep
+
+
+def test_sets_passive_when_unset_and_torch_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(WAIT_POLICY, raising=False)
+    monkeypatch.delitem(sys.modules, "torch")
+    assert idle_threads_sleep() is True
+    import os
+
+    assert os.environ[WAIT_POLICY] == "PASSIVE"
+
+
+def test_the_users_setting_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(WAIT_POLICY, "ACTIVE")
+    monkeypatch.delitem(sys.modules, "torch")
+    assert idle_threads_sleep() is False
+    import os
+
+    assert os.environ[WAIT_POLICY] == "ACTIVE"
+
+
+def test_too_late_once_torch_is_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import torch  # noqa: F401  (loaded: libgomp has read its policy)
+
+    monkeypatch.delenv(WAIT_POLICY, raising=False)
+    assert idle_threads_sleep() is False
+    assert WAIT_POLICY not in os.environ
+
+
+@pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_the_command_sets_it_before_torch_loads(given: str | None, expected: str) -> None:
+    """``lit_grpo.cli`` (the command's module) sets the policy before its imports load torch: in a fresh process the
+    variable is there once the module is imported, and torch was not loaded before it was set."""
+    program = ("import os, sys\n"
+               f"os.environ.pop({WAIT_POLICY!r}, None)\n"
+               + (f"os.environ[{WAIT_POLICY!r}] = {given!r}\n" if given else "")
+               + "import lit_grpo.run.idle_threads as idle\n"
+               "seen = []\n"
+               "original = idle.idle_threads_sleep\n"
+               "idle.idle_threads_sleep = lambda: (seen.append('torch' in sys.modules), original())[1]\n"
+               "import lit_grpo.cli\n"
+               f"print(os.environ.get({WAIT_POLICY!r}), seen)\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    assert done.stdout.split("\n")[-2] == f"{expected} [False]"
