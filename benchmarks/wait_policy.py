@@ -1,0 +1,102 @@
+"""What torch's OpenMP wait policy does to a run's speed on this machine (lit_grpo/run/idle_threads.py): the
+command sets ``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep); "spinning" is libgomp's default (idle threads spin for
+a while after each parallel region), what the command ran with before. Each measurement is its own process, the two
+policies alternate round by round, and the script prints each round and the medians. Rows:
+
+- ``quickstart``: ``lit-grpo fit`` on configs/quickstart.yaml, ``--epochs`` epochs, validation and checkpoints off
+  (the transformers engine; a Python-bound tiny model), wall seconds of the whole process;
+- ``vllm``: the same on configs/quickstart_vllm.yaml (vLLM in process);
+- ``step``: one GRPO step at Qwen2.5-0.5B width (``benchmarks/memory.py``'s configuration d: 2 layers, hidden 896,
+  vocabulary 151,936, bf16 base, LoRA r 16 on every linear layer, ``--tokens`` x 8 rows), the median of
+  ``--steps`` steps after a first one.
+
+The spinning arm loads torch before ``lit_grpo.cli`` with the variable unset, so that the command's setting comes too
+late. Run alone, one benchmark at a time:
+
+    flock /tmp/heavy.lock .venv/bin/python benchmarks/wait_policy.py [--rounds 3] [--rows quickstart vllm step]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICIES = {"passive": "", "spinning": "import os\nos.environ.pop('OMP_WAIT_POLICY', None)\nimport torch\n"}
+STEP = """
+import json, statistics, sys, time
+sys.path.insert(0, {benchmarks!r})
+import memory
+from lit_grpo.run.host_memory import return_freed_memory
+return_freed_memory()
+step, _ = memory.lit_step("d", memory.model_path(memory.Path({model_dir!r}), 2), {tokens})
+step()
+seconds = []
+for _ in range({steps}):
+    started = time.perf_counter()
+    step()
+    seconds.append(time.perf_counter() - started)
+print(json.dumps(statistics.median(seconds)))
+"""
+
+
+def command_seconds(config: str, epochs: int, policy: str) -> float:
+    """Wall seconds of a whole ``lit-grpo fit`` process on ``config``, in a fresh directory."""
+    program = POLICIES[policy] + "import lit_grpo.cli\nlit_grpo.cli.main()\n"
+    with tempfile.TemporaryDirectory(prefix="wait-policy-") as run_dir:
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-c", program, "fit", "--config", str(ROOT / "configs" / config),
+                               "--trainer.max_epochs", str(epochs), "--trainer.limit_val_batches", "0",
+                               "--trainer.enable_checkpointing", "false", "--trainer.enable_progress_bar", "false"],
+                              cwd=run_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+        elapsed = time.perf_counter() - started
+    if done.returncode != 0:
+        sys.exit(f"lit-grpo fit failed ({done.returncode}):\n{done.stdout[-3000:]}")
+    return elapsed
+
+
+def step_seconds(policy: str, tokens: int, steps: int, model_dir: Path) -> float:
+    program = POLICIES[policy] + STEP.format(benchmarks=str(ROOT / "benchmarks"), model_dir=str(model_dir),
+                                             tokens=tokens, steps=steps)
+    done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"the step failed:\n{done.stderr[-3000:]}")
+    return float(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rows", nargs="+", default=["quickstart", "vllm", "step"])
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "lit-grpo-memory-models")
+    args = parser.parse_args()
+    measure = {"quickstart": lambda p: command_seconds("quickstart.yaml", args.epochs, p),
+               "vllm": lambda p: command_seconds("quickstart_vllm.yaml", args.epochs, p),
+               "step": lambda p: step_seconds(p, args.tokens, args.steps, args.model_dir)}
+    print(f"load average (1 min) {os.getloadavg()[0]:.2f}; rows {args.rows}; {args.rounds} rounds, order alternated",
+          flush=True)
+    for row in args.rows:
+        seconds: dict[str, list[float]] = {policy: [] for policy in POLICIES}
+        for round_ in range(args.rounds):
+            order = list(POLICIES) if round_ % 2 == 0 else list(POLICIES)[::-1]
+            for policy in order:
+                seconds[policy].append(measure[row](policy))
+            print(f"{row} round {round_ + 1}: " + ", ".join(f"{p} {seconds[p][-1]:.2f} s" for p in POLICIES)
+                  + f" (load {os.getloadavg()[0]:.2f})", flush=True)
+        passive, spinning = (statistics.median(seconds[p]) for p in ("passive", "spinning"))
+        print(f"{row}: passive {passive:.2f} s, spinning {spinning:.2f} s (medians); passive / spinning "
+              f"{passive / spinning:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
