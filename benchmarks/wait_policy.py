@@ -1,6 +1,7 @@
 """What torch's OpenMP wait policy does to a run's speed on this machine (lit_grpo/run/idle_threads.py): the
 command sets ``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep); "spinning" is libgomp's default (idle threads spin for
-a while after each parallel region), what the command ran with before. Each measurement is its own process, the two
+a while after each parallel region), what the command ran with before; "brief" spins 10,000 pause loops
+(``GOMP_SPINCOUNT``) instead of libgomp's 300,000. Each measurement is its own process, the two
 policies alternate round by round, and the script prints each round and the medians. Rows:
 
 - ``quickstart``: ``lit-grpo fit`` on configs/quickstart.yaml, ``--epochs`` epochs, validation and checkpoints off
@@ -14,6 +15,7 @@ The spinning arm loads torch before ``lit_grpo.cli`` with the variable unset, so
 late. Run alone, one benchmark at a time:
 
     flock /tmp/heavy.lock .venv/bin/python benchmarks/wait_policy.py [--rounds 3] [--rows quickstart vllm step]
+        [--policies passive spinning brief]
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-POLICIES = {"passive": "", "spinning": "import os\nos.environ.pop('OMP_WAIT_POLICY', None)\nimport torch\n"}
+SPIN_FIRST = "import os\nos.environ.pop('OMP_WAIT_POLICY', None)\n{spin}import torch\n"
+POLICIES = {"passive": "", "spinning": SPIN_FIRST.format(spin=""),
+            # a short spin (libgomp counts pause loops; 300,000 by default): back-to-back regions stay hot
+            "brief": SPIN_FIRST.format(spin="os.environ['GOMP_SPINCOUNT'] = '10000'\n")}
 STEP = """
 import json, statistics, sys, time
 sys.path.insert(0, {benchmarks!r})
@@ -76,6 +81,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", nargs="+", default=["quickstart", "vllm", "step"])
     parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--policies", nargs="+", default=["passive", "spinning"], choices=list(POLICIES))
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "lit-grpo-memory-models")
@@ -86,16 +92,18 @@ def main() -> None:
     print(f"load average (1 min) {os.getloadavg()[0]:.2f}; rows {args.rows}; {args.rounds} rounds, order alternated",
           flush=True)
     for row in args.rows:
-        seconds: dict[str, list[float]] = {policy: [] for policy in POLICIES}
+        seconds: dict[str, list[float]] = {policy: [] for policy in args.policies}
         for round_ in range(args.rounds):
-            order = list(POLICIES) if round_ % 2 == 0 else list(POLICIES)[::-1]
+            order = args.policies if round_ % 2 == 0 else args.policies[::-1]
             for policy in order:
                 seconds[policy].append(measure[row](policy))
-            print(f"{row} round {round_ + 1}: " + ", ".join(f"{p} {seconds[p][-1]:.2f} s" for p in POLICIES)
+            print(f"{row} round {round_ + 1}: " + ", ".join(f"{p} {seconds[p][-1]:.2f} s" for p in args.policies)
                   + f" (load {os.getloadavg()[0]:.2f})", flush=True)
-        passive, spinning = (statistics.median(seconds[p]) for p in ("passive", "spinning"))
-        print(f"{row}: passive {passive:.2f} s, spinning {spinning:.2f} s (medians); passive / spinning "
-              f"{passive / spinning:.3f}", flush=True)
+        medians = {p: statistics.median(seconds[p]) for p in args.policies}
+        first = args.policies[0]
+        print(f"{row} (medians): " + ", ".join(f"{p} {m:.2f} s" for p, m in medians.items()) + "; "
+              + ", ".join(f"{first} / {p} {medians[first] / m:.3f}" for p, m in medians.items() if p != first),
+              flush=True)
 
 
 if __name__ == "__main__":
