@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -27,7 +27,7 @@ from lit_grpo.rollout.engine_sync import EngineSync
 from lit_grpo.rollout.evaluation import HeldOutScores, greedy_completion_scores
 from lit_grpo.rollout.grouped import GroupedDraw
 from lit_grpo.rollout.probes import probe_labels
-from lit_grpo.rollout.prompt_check import check_inputs
+from lit_grpo.rollout.prompt_check import LongPrompts, check_inputs
 from lit_grpo.rollout.reward_worker import RewardWorker
 from lit_grpo.rollout.scoring import TimedScoring
 from lit_grpo.rollout.settings import data_config_problems, resuming_after_finished_epoch
@@ -118,7 +118,7 @@ class RolloutDataModule(pl.LightningDataModule):
         rollout: RolloutKind = "grouped",
         branching: list[int] = [4, 2, 2],  # noqa: B006 - jsonargparse shows list defaults; never mutated
         reward_timeout: float | None = None,
-        long_prompts: Literal["refuse", "drop"] = "refuse",
+        long_prompts: LongPrompts = "refuse",
         val_max_prompts: int | None = None,
         val_batch_size: int = 256,
         max_staleness: int = 0,
@@ -312,7 +312,8 @@ class RolloutDataModule(pl.LightningDataModule):
         at the first loader asked for, so before any rollout)."""
         module = self.trainer.lightning_module
         if not self.prompts_checked:
-            check_inputs(module, self)
+            rounds = len(self.branching) if self.rollout != "grouped" else 1  # a generation budget per round
+            check_inputs(module, self.task, self.max_new_tokens * rounds, self.long_prompts, self.trainer.loggers)
             self.prompts_checked = True
         return module
 
