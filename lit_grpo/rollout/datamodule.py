@@ -191,8 +191,9 @@ class RolloutDataModule(pl.LightningDataModule):
             # Lightning asks for the finished epoch's loader before moving on to the next one and never iterates
             # it: generating here would draw (and skip) a whole epoch of prompts
             return DataLoader([{}], batch_size=None)
-        if self.budget_spent:  # resumed after the epoch that spent it: end the run without drawing
-            trainer.should_stop = True
+        if self.budget_spent:  # resumed after the epoch that spent it (the module stopped that run: the one place)
+            # nothing to draw: no batches, and Lightning ends the fit ("No training batches")
+            rank_zero_info(f"completion budget spent ({self.prompts.completions_generated} generated): nothing to draw")
             return DataLoader([], batch_size=None)
         module = self.checked_module()
         buffer = self.collect_rollouts(module, epoch)
