@@ -8,11 +8,12 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.buffers.epoch import EpochBatches
 from lit_grpo.buffers.positions import batch_constraint
+from lit_grpo.buffers.protocols import ServesHeldOutScores
 from lit_grpo.errors import InputError, refuse
 from lit_grpo.losses import (
     Aggregation,
@@ -57,7 +58,7 @@ class PolicyModule(SamplingView, TrainedState):
 
     The rollout side sees it as a ``buffers.protocols.SamplingPolicy`` (``SamplingView``); callbacks configure it
     through ``use_reference``; it reads the epoch's buffer and ``RolloutReport`` from the ``EpochBatches`` the train
-    loader hands over.
+    loader hands over, and measures the policy outside Lightning's loop on the data module's ``ServesHeldOutScores``.
 
     Args:
         model_name_or_path: a local model directory (relative paths also resolve against the project checkout)
@@ -360,12 +361,24 @@ class PolicyModule(SamplingView, TrainedState):
         return {"loss": loss, "stats": {f"dpo_{k}": v for k, v in stats.items()}}
 
     # --- validation --------------------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and self.trainer.enable_validation and self.held_out() is None:
+            rank_zero_warn(f"PolicyModule: the trainer's data module ({type(self.trainer.datamodule).__name__}) does "
+                           "not serve held_out_scores() (lit_grpo.buffers.protocols.ServesHeldOutScores; "
+                           "RolloutDataModule does): Lightning's validation loop measures the policy, but not before "
+                           "training, nor after a completion budget's last epoch when the loop would not validate")
+
+    def held_out(self) -> ServesHeldOutScores | None:
+        """The trainer's data module as a source of held-out scores; None when it serves none."""
+        data = self.trainer.datamodule
+        return data if isinstance(data, ServesHeldOutScores) else None
+
     def on_train_start(self) -> None:
         # a resumed run is not before training; and the extra validation would draw from the global RNG (a
         # DataLoader's seed) that the checkpoint just restored, so the run would not continue as it was
-        resumed = self.trainer.global_step > 0
-        if self.trainer.enable_validation and self.trainer.datamodule is not None and not resumed:
-            metrics = self.evaluation.run_standalone(self.trainer.datamodule.val_dataloader())
+        resumed, held_out = self.trainer.global_step > 0, self.held_out()
+        if self.trainer.enable_validation and held_out is not None and not resumed:
+            metrics = self.evaluation.run_standalone(held_out.held_out_scores())
             if self.logger is not None:
                 self.logger.log_metrics({f"val/{k}": v for k, v in metrics.items()}, step=0)
             rank_zero_info("before training: " + ", ".join(f"val/{k} {v:.4f}" for k, v in metrics.items()))
@@ -380,10 +393,10 @@ class PolicyModule(SamplingView, TrainedState):
         self.trainer.should_stop = True
         rank_zero_info(f"completion budget spent ({report.completions_generated} generated): stopping after "
                        f"epoch {self.current_epoch}")
-        every = self.trainer.check_val_every_n_epoch
+        every, held_out = self.trainer.check_val_every_n_epoch, self.held_out()
         validated = every is not None and (self.current_epoch + 1) % every == 0
-        if self.trainer.enable_validation and not validated:
-            for batch in self.trainer.datamodule.val_dataloader():
+        if self.trainer.enable_validation and not validated and held_out is not None:
+            for batch in held_out.held_out_scores():
                 self.evaluation.update(batch)
             self.evaluation.log_to(self, "val")
 

@@ -54,7 +54,7 @@ class RolloutDataModule(pl.LightningDataModule):
     in a ``RewardWorker`` with a ``reward_timeout``); the prompt checks to ``check_inputs``; the held-out scores to ``HeldOutScores``.
     It sees the LightningModule as a ``SamplingPolicy`` and the risk threshold as a ``RiskThresholdSource`` (given
     by ``use_risk_threshold``); it publishes each epoch's ``RolloutReport`` (``epoch_report``, and with the
-    ``EpochBatches`` the module prepares).
+    ``EpochBatches`` the module prepares) and serves its validation batches to the module (``ServesHeldOutScores``).
 
     Args:
         task: the prompts and rewards, by class path (``lit_grpo.tasks.ArithmeticTask``, ``SortTask``,
@@ -343,6 +343,10 @@ class RolloutDataModule(pl.LightningDataModule):
         """Batches of validation prompts (``val_records``), each scored greedily with the current policy when the
         loop reaches it."""
         return self.greedy_loader(self.val_records)
+
+    def held_out_scores(self) -> DataLoader:
+        """The validation loader, for the module's measures outside Lightning's loop (``ServesHeldOutScores``)."""
+        return self.val_dataloader()
 
     def test_dataloader(self) -> DataLoader:
         """The task's test split, every prompt (``Trainer(limit_test_batches=...)`` takes fewer), scored as
