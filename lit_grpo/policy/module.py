@@ -8,12 +8,10 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.buffers.epoch import EpochBatches
 from lit_grpo.buffers.positions import batch_constraint
-from lit_grpo.buffers.protocols import ServesHeldOutScores
 from lit_grpo.errors import InputError, refuse
 from lit_grpo.losses import (
     Aggregation,
@@ -36,6 +34,7 @@ from lit_grpo.policy.logprobs import (
     logprobs_and_hidden,
     sampler_agreement,
 )
+from lit_grpo.policy.measures import HeldOutMeasures
 from lit_grpo.policy.model_loading import completion_stop_ids, load_policy
 from lit_grpo.policy.objective import Objective, module_config_problems
 from lit_grpo.policy.online_dpo import online_dpo_loss
@@ -53,12 +52,15 @@ from lit_grpo.run.run_callbacks import EVERY_RUN, missing_run_callbacks
 from lit_grpo.tree import StdScope, ValueMode
 
 
-class PolicyModule(SamplingView, TrainedState):
+class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
     """A Hugging Face causal LM with a trainable LoRA adapter, trained with a GRPO-family loss.
 
     The rollout side sees it as a ``buffers.protocols.SamplingPolicy`` (``SamplingView``); callbacks configure it
     through ``use_reference``; it reads the epoch's buffer and ``RolloutReport`` from the ``EpochBatches`` the train
-    loader hands over, and measures the policy outside Lightning's loop on the data module's ``ServesHeldOutScores``.
+    loader hands over. It delegates: the policy measured on held-out prompts, inside Lightning's validation and test
+    loops and outside them (the data module's ``ServesHeldOutScores``), and the run's end when the report says the
+    completion budget is spent, to ``HeldOutMeasures`` (``policy/measures.py``); what a checkpoint holds and the
+    adapter's save to ``TrainedState`` (``policy/trained_state.py``); the rollout side's view to ``SamplingView``.
 
     Args:
         model_name_or_path: a local model directory (relative paths also resolve against the project checkout)
@@ -359,55 +361,3 @@ class PolicyModule(SamplingView, TrainedState):
                                       batch["pair_id"], self.hparams.dpo_beta)
         self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp))
         return {"loss": loss, "stats": {f"dpo_{k}": v for k, v in stats.items()}}
-
-    # --- validation --------------------------------------------------------------------------------------------
-    def setup(self, stage: str) -> None:
-        if stage == "fit" and self.trainer.enable_validation and self.held_out() is None:
-            rank_zero_warn(f"PolicyModule: the trainer's data module ({type(self.trainer.datamodule).__name__}) does "
-                           "not serve held_out_scores() (lit_grpo.buffers.protocols.ServesHeldOutScores; "
-                           "RolloutDataModule does): Lightning's validation loop measures the policy, but not before "
-                           "training, nor after a completion budget's last epoch when the loop would not validate")
-
-    def held_out(self) -> ServesHeldOutScores | None:
-        """The trainer's data module as a source of held-out scores; None when it serves none."""
-        data = self.trainer.datamodule
-        return data if isinstance(data, ServesHeldOutScores) else None
-
-    def on_train_start(self) -> None:
-        # a resumed run is not before training; and the extra validation would draw from the global RNG (a
-        # DataLoader's seed) that the checkpoint just restored, so the run would not continue as it was
-        resumed, held_out = self.trainer.global_step > 0, self.held_out()
-        if self.trainer.enable_validation and held_out is not None and not resumed:
-            metrics = self.evaluation.run_standalone(held_out.held_out_scores())
-            if self.logger is not None:
-                self.logger.log_metrics({f"val/{k}": v for k, v in metrics.items()}, step=0)
-            rank_zero_info("before training: " + ", ".join(f"val/{k} {v:.4f}" for k, v in metrics.items()))
-
-    def on_train_epoch_end(self) -> None:
-        """End the run after the epoch whose rollouts spent the completion budget (the DataModule's report says so),
-        with a last validation if the loop would not run one now: the run's last policy is always measured."""
-        epoch = getattr(self.trainer.train_dataloader, "dataset", None)
-        report = epoch.report if isinstance(epoch, EpochBatches) else None
-        if report is None or not report.budget_spent:
-            return
-        self.trainer.should_stop = True
-        rank_zero_info(f"completion budget spent ({report.completions_generated} generated): stopping after "
-                       f"epoch {self.current_epoch}")
-        every, held_out = self.trainer.check_val_every_n_epoch, self.held_out()
-        validated = every is not None and (self.current_epoch + 1) % every == 0
-        if self.trainer.enable_validation and not validated and held_out is not None:
-            for batch in held_out.held_out_scores():
-                self.evaluation.update(batch)
-            self.evaluation.log_to(self, "val")
-
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self.evaluation.update(batch)
-
-    def on_validation_epoch_end(self) -> None:
-        self.evaluation.log_to(self, "val")
-
-    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self.evaluation.update(batch)
-
-    def on_test_epoch_end(self) -> None:
-        self.evaluation.log_to(self, "test")
