@@ -91,6 +91,13 @@ class RiskThresholdSource(Protocol):
     def current_tau(self, epoch: int) -> float | None: ...
 
 
+@runtime_checkable
+class TakesRiskThreshold(Protocol):
+    """A DataModule that applies the infer/defer rule at a ``RiskThresholdSource``'s tau (``RolloutDataModule``)."""
+
+    def use_risk_threshold(self, source: RiskThresholdSource | None) -> None: ...
+
+
 class ReferenceSource(Protocol):
     """What makes the policy run as π_ref (``callbacks.ReferencePolicy``: a frozen or refreshed adapter)."""
 
