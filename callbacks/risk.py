@@ -8,8 +8,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_grpo.buffers.protocols import PreparesEpochs
-from lit_grpo.errors import refuse
+from lit_grpo.buffers.protocols import PreparesEpochs, TakesRiskThreshold
+from lit_grpo.errors import InputError, refuse
 from lit_grpo.risk.head import expected_calibration_error, learn_then_test
 from lit_grpo.rollout.rule_outcomes import rule_outcome
 
@@ -82,11 +82,16 @@ class RiskThreshold(pl.Callback):
         self.calibrated_tau: float | None = tau_start
 
     def setup(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
-        if trainer.datamodule is None:
+        data = trainer.datamodule
+        if data is None:
             return
+        if not isinstance(data, TakesRiskThreshold):  # the rule would never apply: say so, not an AttributeError
+            raise InputError(f"RiskThreshold: the trainer's data module ({type(data).__name__}) takes no risk "
+                             "threshold (use_risk_threshold, lit_grpo.buffers.protocols.TakesRiskThreshold): use "
+                             "lit_grpo.RolloutDataModule, or leave the callback out")
         # the rollouts' infer/defer rule reads its tau from here; the data module refuses a decision its task cannot
         # take (rules.risk_decision_problems)
-        trainer.datamodule.use_risk_threshold(self)
+        data.use_risk_threshold(self)
 
     def training_tau(self, epoch: int) -> float | None:
         """The tau of the training rollouts of ``epoch``: ``current_tau``, except that in the always-defer state

@@ -8,36 +8,52 @@ import pickle
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from lit_grpo.run.idle_threads import idle_threads_sleep
 
 idle_threads_sleep()  # before the imports below load torch (lit_grpo/run/idle_threads.py)
 
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.utilities import rank_zero_only
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
+def interrupted_before_training() -> NoReturn:
+    """Ctrl-C before the trainer runs (the libraries loading, the configuration parsed, the classes built, the resume
+    checked): one line and exit code 130 (128 + SIGINT); nothing was written, so nothing is saved."""
+    print("lit-grpo: interrupted (Ctrl-C) before training began; nothing was written, so nothing to save or resume "
+          "from: run the command again", file=sys.stderr, flush=True)
+    raise SystemExit(130)
 
-from lit_grpo.callbacks import RolloutMetrics
-from lit_grpo.config_check import config_problems, merged_config
-from lit_grpo.engines.server_pool import Refused, ServersUnavailable
-from lit_grpo.errors import InputError
-from lit_grpo.policy.module import PolicyModule
-from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.run.checkpoint_io import BackgroundCheckpointIO
-from lit_grpo.run.distributed import share_cores
-from lit_grpo.run.host_memory import return_freed_memory
-from lit_grpo.run.nonfinite import NonFiniteTrainingError
-from lit_grpo.run.refusals import REPORT_BUG, input_refusal
-from lit_grpo.run.resume import check_resume, find_last_checkpoint, resume_point
-from lit_grpo.run.run_dir import (
-    check_writable,
-    claim_version,
-    default_run_dir,
-)
-from lit_grpo.run.signals import exits_on_sigterm
+
+# the command itself (its console script, or python -m lit_grpo.cli), not a Python program importing this module
+THE_COMMAND = __name__ == "__main__" or Path(sys.argv[0]).name == "lit-grpo"
+
+try:  # the libraries take seconds to load: a Ctrl-C then is one line too, not an import's traceback
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+    from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+    from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.utilities import rank_zero_only
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    from lit_grpo.callbacks import RolloutMetrics
+    from lit_grpo.config_check import config_problems, merged_config
+    from lit_grpo.engines.server_pool import Refused, ServersUnavailable
+    from lit_grpo.errors import InputError
+    from lit_grpo.policy.module import PolicyModule
+    from lit_grpo.rollout.datamodule import RolloutDataModule
+    from lit_grpo.run.checkpoint_io import BackgroundCheckpointIO
+    from lit_grpo.run.distributed import share_cores
+    from lit_grpo.run.host_memory import return_freed_memory
+    from lit_grpo.run.nonfinite import NonFiniteTrainingError
+    from lit_grpo.run.refusals import REPORT_BUG, input_refusal
+    from lit_grpo.run.resume import check_resume, find_last_checkpoint, resume_point
+    from lit_grpo.run.run_dir import (
+        check_writable,
+        claim_version,
+        default_run_dir,
+    )
+    from lit_grpo.run.signals import Terminated, exits_on_sigterm
+except KeyboardInterrupt:
+    if not THE_COMMAND:  # from Python, an interrupted import stays an interrupted import
+        raise
+    interrupted_before_training()
 
 DEBUG_ENV = "LIT_GRPO_DEBUG"  # set to 1 to see the traceback behind a one-line input error
 
@@ -236,7 +252,8 @@ def quiet_third_parties() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
-@exits_on_sigterm  # exit code 143 when SIGTERM stopped the run (1 after Ctrl-C; 2 for a bad input; 0: finished)
+@exits_on_sigterm  # exit code 143 when SIGTERM stopped the run (1 after Ctrl-C, 130 before training began; 2 for a
+# bad input; 0: finished)
 def main(args: list[str] | None = None) -> None:
     quiet_third_parties()
     return_freed_memory()  # before the model loads: its weights and every step's activations use the setting
@@ -265,6 +282,10 @@ def main(args: list[str] | None = None) -> None:
     except NonFiniteTrainingError as error:
         print(f"lit-grpo: {error}", file=sys.stderr)
         raise SystemExit(1) from None
+    except KeyboardInterrupt as interrupt:  # one inside the trainer's run is Lightning's (SaveOnInterrupt; exit 1)
+        if isinstance(interrupt, Terminated):  # SIGTERM's: exits_on_sigterm's to report (exit 143)
+            raise
+        interrupted_before_training()
 
 
 if __name__ == "__main__":

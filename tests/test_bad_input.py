@@ -88,11 +88,9 @@ def test_prompt_fitting_exactly_passes_the_check(tiny_llama_dir, tmp_path):
     # 251 characters + <s> = 252 tokens, + 4 new tokens = 256: fits; one more character does not
     prompts = ["y" * 251] + [f"{i}+1=" for i in range(10, 20)]
     task = JsonlTask(path=str(write_jsonl(tmp_path / "p.jsonl", prompts)), heldout_fraction=0.1)
-    datamodule = RolloutDataModule(task=task, group_size=2, prompts_per_epoch=2, minibatch_size=4, max_new_tokens=4)
-    check_inputs(module, datamodule)
-    datamodule.max_new_tokens = 5
+    check_inputs(module, task, 4, "refuse")
     with pytest.raises(InputError, match="context of 256 tokens with 5 generated tokens"):
-        check_inputs(module, datamodule)
+        check_inputs(module, task, 5, "refuse")
 
 
 def test_long_prompts_drop_keeps_exactly_the_prompts_that_fit_and_logs_how_many(tiny_llama_dir, tmp_path):
@@ -106,21 +104,18 @@ def test_long_prompts_drop_keeps_exactly_the_prompts_that_fit_and_logs_how_many(
     prompts = ["y" * 251, "z" * 252, "w" * 400] + [f"{i}+1=" for i in range(10, 20)]
     task = JsonlTask(path=str(write_jsonl(tmp_path / "p.jsonl", prompts)), heldout_path=str(
         write_jsonl(tmp_path / "h.jsonl", ["v" * 300, "1+1=", "2+1="])))
-    datamodule = RolloutDataModule(task=task, group_size=2, prompts_per_epoch=2, minibatch_size=4, max_new_tokens=4,
-                                   long_prompts="drop")
     logger = CSVLogger(tmp_path, name="logs")
-    datamodule.trainer = pl.Trainer(logger=logger, enable_progress_bar=False, default_root_dir=tmp_path)
-    check_inputs(module, datamodule)
+    check_inputs(module, task, 4, "drop", [logger])
     kept = sorted(r["prompt"] for r in task.train_records())
     assert kept == sorted(["y" * 251] + [f"{i}+1=" for i in range(10, 20)])
     assert sorted(r["prompt"] for r in task.heldout_records()) == ["1+1=", "2+1="]
     logger.save()
     assert (Path(logger.log_dir) / "metrics.csv").read_text().splitlines()[1].startswith("3.0,0")  # 2 + 1 dropped
-    datamodule.task = JsonlTask(path=str(write_jsonl(tmp_path / "all.jsonl", ["x" * 300, "w" * 260])),
-                                heldout_path=str(tmp_path / "h.jsonl"))
+    too_long = JsonlTask(path=str(write_jsonl(tmp_path / "all.jsonl", ["x" * 300, "w" * 260])),
+                         heldout_path=str(tmp_path / "h.jsonl"))
     with pytest.raises(InputError, match="long_prompts drop: none of the 2 training prompts fits the model's "
                                          "context of 256 tokens with 4 generated tokens"):
-        check_inputs(module, datamodule)
+        check_inputs(module, too_long, 4, "drop")
 
 
 def test_tokenizer_without_pad_token_is_fixed_with_a_warning(tiny_llama_dir, tmp_path):

@@ -100,3 +100,41 @@ def test_a_budget_overshot_by_a_tree_epoch_is_spent_not_owed():
     assert datamodule.budget_spent and datamodule.prompts.affordable_groups(3) == 0  # 4 left: less than one group
     datamodule.prompts.completions_generated = 331
     assert datamodule.budget_spent and datamodule.prompts.affordable_groups(3) == 0
+
+
+class StopFlags(pl.Callback):
+    """``trainer.should_stop`` as each epoch starts (after its ``train_dataloader()``)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, bool]] = []
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        self.seen.append((trainer.current_epoch, trainer.should_stop))
+
+
+def test_a_run_resumed_after_its_budget_was_spent_draws_nothing_and_the_data_module_stops_no_trainer(tmp_path):
+    # one draw of 8 prompts x 4 = 32 completions spends the budget: the module stops the run after epoch 0 (the one
+    # place that acts on PromptCursor.budget_spent); resumed from that epoch's checkpoint with epochs to spare, the
+    # data module has nothing to draw and serves no batches (Lightning ends the fit), setting no trainer flag itself
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def run(ckpt_path: str | None) -> tuple[RolloutDataModule, StopFlags, pl.Trainer]:
+        pl.seed_everything(0)
+        module = PolicyModule(kl_coef=0.0)
+        data = RolloutDataModule(task=ArithmeticTask(), group_size=4, prompts_per_epoch=8, minibatch_size=16,
+                                 completion_budget=32)
+        flags = StopFlags()
+        checkpoint = ModelCheckpoint(dirpath=tmp_path, filename="last", save_top_k=1, save_on_train_epoch_end=True)
+        trainer = pl.Trainer(max_epochs=4, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,
+                             limit_val_batches=0, callbacks=[flags, checkpoint], default_root_dir=tmp_path,
+                             logger=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(module, data, ckpt_path=ckpt_path)
+        return data, flags, trainer
+
+    data, flags, trainer = run(None)
+    assert flags.seen == [(0, False)] and data.prompts.completions_generated == 32
+    assert trainer.global_step == 2  # 32 sequences in minibatches of 16
+    data, flags, trainer = run(str(tmp_path / "last.ckpt"))
+    assert data.prompts.completions_generated == 32 and data.prompts.cursor == 8  # restored, nothing drawn
+    assert all(not stop for _, stop in flags.seen), flags.seen
+    assert trainer.global_step == 2  # epoch 0's two optimizer steps, none after them

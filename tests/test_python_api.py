@@ -171,6 +171,45 @@ def test_a_sanity_check_is_harmless(tiny_llama_dir, tmp_path, caplog):
     assert lines[1].startswith("before training: val/reward")
 
 
+class PlainData(pl.LightningDataModule):
+    """A user's own Lightning data module: it serves a ``RolloutDataModule``'s loaders through Lightning's hooks and
+    nothing more (no ``held_out_scores``)."""
+
+    def __init__(self, inner: RolloutDataModule) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def setup(self, stage: str) -> None:
+        self.inner.trainer = self.trainer
+        self.inner.setup(stage)
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        return self.inner.train_dataloader()
+
+    def val_dataloader(self) -> torch.utils.data.DataLoader:
+        return self.inner.val_dataloader()
+
+
+def test_the_module_measures_outside_lightnings_loop_only_on_a_data_module_that_serves_held_out_scores(
+        tiny_llama_dir, tmp_path, caplog):
+    # the module reads no data module's loader by reaching for it: it takes the ServesHeldOutScores it declares, and
+    # a data module without one (validation on) gets a warning that says what is skipped, not an AttributeError
+    from lit_grpo.buffers.protocols import ServesHeldOutScores
+
+    def data() -> RolloutDataModule:
+        return RolloutDataModule(group_size=2, prompts_per_epoch=2, minibatch_size=4, val_max_prompts=4)
+
+    assert isinstance(data(), ServesHeldOutScores) and not isinstance(PlainData(data()), ServesHeldOutScores)
+    trainer = pl.Trainer(max_epochs=1, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,
+                         enable_checkpointing=False, default_root_dir=tmp_path, **QUIET)
+    with caplog.at_level("INFO"), pytest.warns(UserWarning, match=r"data module \(PlainData\) does not serve "
+                                                                  r"held_out_scores\(\)"):
+        trainer.fit(PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=2, kl_coef=0.0),
+                    PlainData(data()))
+    assert "before training: val/" not in caplog.text  # skipped, as the warning said
+    assert "after epoch 0: val/reward" in caplog.text  # Lightning's own validation ran
+
+
 # --- the "Done when" checks: a Python run trains the command's adapter ------------------------------------------------
 def run_command(root: Path, *args: str) -> Path:
     """``lit-grpo fit`` on the quickstart into ``root``; returns its version directory."""

@@ -205,3 +205,16 @@ def test_the_value_rule_with_a_task_that_cannot_force_an_answer_is_refused_befor
     threshold = RiskThreshold(decision="threshold")
     threshold.setup(trainer, None, "fit")  # the threshold rule only forces questions
     assert data.risk_threshold is threshold
+
+
+def test_a_data_module_that_takes_no_risk_threshold_is_refused_by_name():
+    # the callback configures the data module through a declared method; one without it is told so, not an
+    # AttributeError
+    import lightning.pytorch as pl
+
+    class PlainData(pl.LightningDataModule):
+        pass
+
+    with pytest.raises(InputError, match=r"RiskThreshold: the trainer's data module \(PlainData\) takes no risk "
+                                         r"threshold"):
+        RiskThreshold().setup(SimpleNamespace(datamodule=PlainData()), None, "fit")

@@ -298,8 +298,67 @@ def test_lightning_composes_its_sigterm_handler_with_the_one_installed_in_setup(
     assert info.value.code == 1
     # registered before on_train_start; its notifier ran first, then ours raised
     assert events == ["Lightning's handler in place at on_train_start", "Terminated; received_sigterm=True"]
-    assert signal.getsignal(signal.SIGTERM) is not previous  # StopOnSigterm's teardown does not run on an exception
+    # StopOnSigterm's teardown does not run on an exception, and Lightning's own teardown put its handler back last
+    assert signal.getsignal(signal.SIGTERM) is not previous
     signal.signal(signal.SIGTERM, previous)
+
+
+class Raises(pl.Callback):
+    """A bug in a hook: the fit raises."""
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        raise ValueError("a bug in a hook")
+
+
+def test_after_a_fit_sigterm_goes_to_the_handler_found_at_setup_however_the_fit_ended(tmp_path):
+    # a Python script's own SIGTERM handler is its again after a fit: at teardown when the fit ended, at the first
+    # SIGTERM after a fit that raised (no hook of ours runs after Lightning's teardown, which puts ours back); the bug
+    # was a handler left installed that swallowed every later SIGTERM (the stop of a run long over "under way")
+    received: list[int] = []
+
+    def scripts_own(signum: int, frame: Any) -> None:
+        received.append(signum)
+
+    before = signal.signal(signal.SIGTERM, scripts_own)
+    try:
+        fit_tiny(tmp_path / "ends")
+        assert signal.getsignal(signal.SIGTERM) is scripts_own
+        with pytest.raises(ValueError, match="a bug in a hook"):
+            fit_tiny(tmp_path / "raises", Raises())
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before the next line
+        assert received == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is scripts_own
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        signals.reset()
+
+
+def test_a_plain_python_script_ends_on_sigterm_after_a_fit_that_raised(tmp_path):
+    # SIGTERM's default action again: the process ends (before: the handler left behind swallowed it)
+    script = f"""
+import os, signal, time
+import lightning.pytorch as pl
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lit_grpo.run.signals import StopOnSigterm
+
+class Raises(pl.Callback):
+    def on_train_batch_start(self, *args):
+        raise ValueError("a bug in a hook")
+
+trainer = pl.Trainer(max_epochs=1, limit_train_batches=2, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, default_root_dir={str(tmp_path)!r},
+                     callbacks=[Raises(), StopOnSigterm()])
+try:
+    trainer.fit(BoringModel())
+except ValueError:
+    pass
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(5)
+print("survived SIGTERM")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == -signal.SIGTERM, (result.returncode, result.stdout, result.stderr[-2000:])
+    assert "survived" not in result.stdout
 
 
 def test_a_sigterm_while_a_checkpoint_is_written_stops_the_run_when_the_write_has_ended(tmp_path):

@@ -168,17 +168,37 @@ def test_a_dataset_with_named_validation_and_test_splits_uses_each_whole_and_tra
         DatasetTask(train, test_path=write_jsonl(tmp_path / "s.jsonl", ["t3", "s9"])).split()
 
 
-def test_a_single_held_out_source_is_divided_by_prompt_and_training_stays_whole(tmp_path):
+def test_a_jsonl_held_out_file_is_divided_by_prompt_and_training_stays_whole(tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", [f"t{i}" for i in range(6)])
     held = write_jsonl(tmp_path / "held.jsonl", ["h0", "h1", "h0", "h2", "h3"])  # h0 twice: both on one side
-    for task in (DatasetTask(train, test_path=held), JsonlTask(train, heldout_path=held)):
-        assert sorted(r["prompt"] for r in task.train_records()) == [f"t{i}" for i in range(6)]
-        assert [r["prompt"] for r in task.validation_records()] == ["h0", "h1", "h0"]  # 2 of 4 distinct, in order
-        assert [r["prompt"] for r in task.test_records()] == ["h2", "h3"]
+    task = JsonlTask(train, heldout_path=held)
+    assert sorted(r["prompt"] for r in task.train_records()) == [f"t{i}" for i in range(6)]
+    assert [r["prompt"] for r in task.validation_records()] == ["h0", "h1", "h0"]  # 2 of 4 distinct, in order
+    assert [r["prompt"] for r in task.test_records()] == ["h2", "h3"]
     drawn = DatasetTask(write_jsonl(tmp_path / "one.jsonl", [f"p{i}" for i in range(10)]), heldout_fraction=0.1)
     assert len(drawn.train_records()) == 9 and len(drawn.validation_records()) == 1
     with pytest.raises(InputError, match="test split is empty \\(too few held-out prompts"):
         drawn.test_records()  # one prompt held out: it validates, and test has nothing to read
+
+
+def test_a_dataset_with_one_named_held_out_split_uses_it_whole_and_draws_the_other_from_training(tmp_path):
+    # a dataset's own test split stays the test split, every prompt of it; validation is heldout_fraction of the
+    # training prompts: 10 distinct x 0.2 = 2 drawn, 8 train (and the same the other way round)
+    train = write_jsonl(tmp_path / "train.jsonl", [f"t{i}" for i in range(10)])
+    held = write_jsonl(tmp_path / "held.jsonl", ["h0", "h1", "h0", "h2", "h3"])
+    only_test = DatasetTask(train, test_path=held, heldout_fraction=0.2)
+    assert [r["prompt"] for r in only_test.test_records()] == ["h0", "h1", "h0", "h2", "h3"]
+    kept = [r["prompt"] for r in only_test.train_records()]
+    validating = [r["prompt"] for r in only_test.validation_records()]
+    assert (len(kept), len(validating)) == (8, 2) and sorted(kept + validating) == sorted(f"t{i}" for i in range(10))
+    only_validation = DatasetTask(train, validation_path=held, heldout_fraction=0.2)
+    assert [r["prompt"] for r in only_validation.validation_records()] == ["h0", "h1", "h0", "h2", "h3"]
+    kept = [r["prompt"] for r in only_validation.train_records()]
+    testing = [r["prompt"] for r in only_validation.test_records()]
+    assert (len(kept), len(testing)) == (8, 2) and sorted(kept + testing) == sorted(f"t{i}" for i in range(10))
+    with pytest.raises(InputError, match="heldout_fraction must be in \\(0, 1\\), got 0"):
+        DatasetTask(train, test_path=held, heldout_fraction=0)  # validation is drawn with it
+    DatasetTask(train, test_path=held, validation_path=held, heldout_fraction=0)  # both named: it is not used
 
 
 class Scored:

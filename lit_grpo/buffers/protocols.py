@@ -6,6 +6,8 @@ never imports the policy and the policy never imports the rollout side.
 - The module prepares the epoch's buffer (π_old, π_ref, values, advantages, the risk head's fit) in a hook of its
   own, from the ``EpochBatches`` the DataModule hands over through the train loader, with the epoch's
   ``RolloutReport``; logging and callbacks read the same report through ``ReportsRollouts``.
+- The module measures the policy outside Lightning's validation loop (before training; after the epoch that spent
+  the completion budget) on the held-out scores a DataModule serves through ``ServesHeldOutScores``.
 - Callbacks configure the parts through public methods typed here, never by setting attributes on them: a
   ``RiskThresholdSource`` is given to ``RolloutDataModule.use_risk_threshold``, a ``ReferenceSource`` to
   ``PolicyModule.use_reference``.
@@ -13,7 +15,7 @@ never imports the policy and the policy never imports the rollout side.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
@@ -89,6 +91,13 @@ class RiskThresholdSource(Protocol):
     def current_tau(self, epoch: int) -> float | None: ...
 
 
+@runtime_checkable
+class TakesRiskThreshold(Protocol):
+    """A DataModule that applies the infer/defer rule at a ``RiskThresholdSource``'s tau (``RolloutDataModule``)."""
+
+    def use_risk_threshold(self, source: RiskThresholdSource | None) -> None: ...
+
+
 class ReferenceSource(Protocol):
     """What makes the policy run as π_ref (``callbacks.ReferencePolicy``: a frozen or refreshed adapter)."""
 
@@ -101,6 +110,17 @@ class ReportsRollouts(Protocol):
 
     @property
     def epoch_report(self) -> RolloutReport | None: ...
+
+
+@runtime_checkable
+class ServesHeldOutScores(Protocol):
+    """A DataModule whose validation prompts the module can score outside Lightning's validation loop: before
+    training (Lightning discards what its sanity check logs) and after the epoch that spent the completion budget
+    (when the loop would not validate then). ``held_out_scores()`` gives what its ``val_dataloader()`` gives:
+    batches ``{"reward" (a multi-round task: "return"): [B], "correct": [B] bool}``, each scored greedily with the
+    current policy when it is read (``RolloutDataModule``)."""
+
+    def held_out_scores(self) -> Iterable[Mapping[str, torch.Tensor]]: ...
 
 
 @runtime_checkable

@@ -8,7 +8,6 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info
 
 from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.buffers.epoch import EpochBatches
@@ -35,6 +34,7 @@ from lit_grpo.policy.logprobs import (
     logprobs_and_hidden,
     sampler_agreement,
 )
+from lit_grpo.policy.measures import HeldOutMeasures
 from lit_grpo.policy.model_loading import completion_stop_ids, load_policy
 from lit_grpo.policy.objective import Objective, module_config_problems
 from lit_grpo.policy.online_dpo import online_dpo_loss
@@ -52,12 +52,15 @@ from lit_grpo.run.run_callbacks import EVERY_RUN, missing_run_callbacks
 from lit_grpo.tree import StdScope, ValueMode
 
 
-class PolicyModule(SamplingView, TrainedState):
+class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
     """A Hugging Face causal LM with a trainable LoRA adapter, trained with a GRPO-family loss.
 
     The rollout side sees it as a ``buffers.protocols.SamplingPolicy`` (``SamplingView``); callbacks configure it
     through ``use_reference``; it reads the epoch's buffer and ``RolloutReport`` from the ``EpochBatches`` the train
-    loader hands over.
+    loader hands over. It delegates: the policy measured on held-out prompts, inside Lightning's validation and test
+    loops and outside them (the data module's ``ServesHeldOutScores``), and the run's end when the report says the
+    completion budget is spent, to ``HeldOutMeasures`` (``policy/measures.py``); what a checkpoint holds and the
+    adapter's save to ``TrainedState`` (``policy/trained_state.py``); the rollout side's view to ``SamplingView``.
 
     Args:
         model_name_or_path: a local model directory (relative paths also resolve against the project checkout)
@@ -358,43 +361,3 @@ class PolicyModule(SamplingView, TrainedState):
                                       batch["pair_id"], self.hparams.dpo_beta)
         self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp))
         return {"loss": loss, "stats": {f"dpo_{k}": v for k, v in stats.items()}}
-
-    # --- validation --------------------------------------------------------------------------------------------
-    def on_train_start(self) -> None:
-        # a resumed run is not before training; and the extra validation would draw from the global RNG (a
-        # DataLoader's seed) that the checkpoint just restored, so the run would not continue as it was
-        resumed = self.trainer.global_step > 0
-        if self.trainer.enable_validation and self.trainer.datamodule is not None and not resumed:
-            metrics = self.evaluation.run_standalone(self.trainer.datamodule.val_dataloader())
-            if self.logger is not None:
-                self.logger.log_metrics({f"val/{k}": v for k, v in metrics.items()}, step=0)
-            rank_zero_info("before training: " + ", ".join(f"val/{k} {v:.4f}" for k, v in metrics.items()))
-
-    def on_train_epoch_end(self) -> None:
-        """End the run after the epoch whose rollouts spent the completion budget (the DataModule's report says so),
-        with a last validation if the loop would not run one now: the run's last policy is always measured."""
-        epoch = getattr(self.trainer.train_dataloader, "dataset", None)
-        report = epoch.report if isinstance(epoch, EpochBatches) else None
-        if report is None or not report.budget_spent:
-            return
-        self.trainer.should_stop = True
-        rank_zero_info(f"completion budget spent ({report.completions_generated} generated): stopping after "
-                       f"epoch {self.current_epoch}")
-        every = self.trainer.check_val_every_n_epoch
-        validated = every is not None and (self.current_epoch + 1) % every == 0
-        if self.trainer.enable_validation and not validated:
-            for batch in self.trainer.datamodule.val_dataloader():
-                self.evaluation.update(batch)
-            self.evaluation.log_to(self, "val")
-
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self.evaluation.update(batch)
-
-    def on_validation_epoch_end(self) -> None:
-        self.evaluation.log_to(self, "val")
-
-    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self.evaluation.update(batch)
-
-    def on_test_epoch_end(self) -> None:
-        self.evaluation.log_to(self, "test")

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -24,24 +23,24 @@ from lit_grpo.risk.rule import RiskRule
 from lit_grpo.rollout.ahead import RolloutPrefetcher, rollouts_ahead
 from lit_grpo.rollout.cursor import PromptCursor, task_record
 from lit_grpo.rollout.engine_sync import EngineSync
-from lit_grpo.rollout.evaluation import HeldOutScores, greedy_completion_scores
 from lit_grpo.rollout.grouped import GroupedDraw
+from lit_grpo.rollout.held_out import HeldOutLoaders
 from lit_grpo.rollout.probes import probe_labels
-from lit_grpo.rollout.prompt_check import check_inputs
+from lit_grpo.rollout.prompt_check import LongPrompts, check_inputs
 from lit_grpo.rollout.reward_worker import RewardWorker
 from lit_grpo.rollout.scoring import TimedScoring
 from lit_grpo.rollout.settings import data_config_problems, resuming_after_finished_epoch
-from lit_grpo.rollout.trees import greedy_episodes, grow_epoch_trees
+from lit_grpo.rollout.trees import grow_epoch_trees
 from lit_grpo.run.distributed import rank_and_world
 from lit_grpo.run.rules import RolloutKind, TrainerFacts, choice_problems, cross_knob_problems, staleness_problems
 from lit_grpo.run.resume import task_notes
 from lit_grpo.run.rules import risk_decision_problems
 from lit_grpo.run.seeds import derived_seed
-from lit_grpo.tasks import ArithmeticTask, MultiRoundTask, PromptRecord, Task
+from lit_grpo.tasks import ArithmeticTask, PromptRecord, Task
 from lit_grpo.tasks.multiround import names_answer_tokens
 
 
-class RolloutDataModule(pl.LightningDataModule):
+class RolloutDataModule(HeldOutLoaders, pl.LightningDataModule):
     """Prompts, rollout engine and rewards; regenerates the rollout buffer at the start of every epoch.
 
     Needs ``Trainer(reload_dataloaders_every_n_epochs=1)`` (the CLI sets it), else the first buffer is reused.
@@ -51,10 +50,11 @@ class RolloutDataModule(pl.LightningDataModule):
     ``GroupedDraw`` (``rollout/grouped.py``); pushing the policy into the engine to ``EngineSync``
     (``rollout/engine_sync.py``); drawing ahead to ``RolloutPrefetcher`` and ``rollouts_ahead`` (``rollout/ahead.py``);
     trees and greedy episodes to ``rollout/trees.py``; scoring, timed, to ``TimedScoring`` (``rollout/scoring.py``;
-    in a ``RewardWorker`` with a ``reward_timeout``); the prompt checks to ``check_inputs``; the held-out scores to ``HeldOutScores``.
+    in a ``RewardWorker`` with a ``reward_timeout``); the prompt checks to ``check_inputs``; the validation and test
+    loaders, scored greedily, to ``HeldOutLoaders`` (``rollout/held_out.py``).
     It sees the LightningModule as a ``SamplingPolicy`` and the risk threshold as a ``RiskThresholdSource`` (given
     by ``use_risk_threshold``); it publishes each epoch's ``RolloutReport`` (``epoch_report``, and with the
-    ``EpochBatches`` the module prepares).
+    ``EpochBatches`` the module prepares) and serves its validation batches to the module (``ServesHeldOutScores``).
 
     Args:
         task: the prompts and rewards, by class path (``lit_grpo.tasks.ArithmeticTask``, ``SortTask``,
@@ -118,7 +118,7 @@ class RolloutDataModule(pl.LightningDataModule):
         rollout: RolloutKind = "grouped",
         branching: list[int] = [4, 2, 2],  # noqa: B006 - jsonargparse shows list defaults; never mutated
         reward_timeout: float | None = None,
-        long_prompts: Literal["refuse", "drop"] = "refuse",
+        long_prompts: LongPrompts = "refuse",
         val_max_prompts: int | None = None,
         val_batch_size: int = 256,
         max_staleness: int = 0,
@@ -191,8 +191,9 @@ class RolloutDataModule(pl.LightningDataModule):
             # Lightning asks for the finished epoch's loader before moving on to the next one and never iterates
             # it: generating here would draw (and skip) a whole epoch of prompts
             return DataLoader([{}], batch_size=None)
-        if self.budget_spent:  # resumed after the epoch that spent it: end the run without drawing
-            trainer.should_stop = True
+        if self.budget_spent:  # resumed after the epoch that spent it (the module stopped that run: the one place)
+            # nothing to draw: no batches, and Lightning ends the fit ("No training batches")
+            rank_zero_info(f"completion budget spent ({self.prompts.completions_generated} generated): nothing to draw")
             return DataLoader([], batch_size=None)
         module = self.checked_module()
         buffer = self.collect_rollouts(module, epoch)
@@ -312,48 +313,14 @@ class RolloutDataModule(pl.LightningDataModule):
         at the first loader asked for, so before any rollout)."""
         module = self.trainer.lightning_module
         if not self.prompts_checked:
-            check_inputs(module, self)
+            rounds = len(self.branching) if self.rollout != "grouped" else 1  # a generation budget per round
+            check_inputs(module, self.task, self.max_new_tokens * rounds, self.long_prompts, self.trainer.loggers)
             self.prompts_checked = True
         return module
 
     def epoch_seed(self, epoch: int, stream: str = "rollout") -> int:
         """The base seed of one of an epoch's random streams (``rollout`` sampling, minibatch ``shuffle``)."""
         return derived_seed(self.seed, epoch, stream)
-
-    def greedy_scores(self, module: SamplingPolicy, records: list[PromptRecord]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Greedy completions of held-out prompts: ``(rewards [B], correct [B])``; for a multi-round task, greedy
-        episodes of up to ``len(branching)`` rounds and their returns."""
-        self.prefetch.wait()  # the engine serves one caller at a time
-        self.sync_policy(module)
-        sampling = self.sampling_spec(module, greedy=True, seed=None)
-        if isinstance(self.task, MultiRoundTask):
-            return greedy_episodes(self.task, self.engine, module.tokenizer, records, len(self.branching), sampling,
-                                   self.risk_rule(module))
-        return greedy_completion_scores(self.task, self.engine, self.scorer, module.tokenizer, records, sampling)
-
-    # --- held-out prompts --------------------------------------------------------------------------------------
-    def val_records(self) -> list[PromptRecord]:
-        """The validation prompts a validation (and a calibration) uses: the first ``val_max_prompts`` of the
-        task's validation split, never its test split."""
-        return list(self.task.validation_records())[: self.val_max_prompts]
-
-    def val_dataloader(self) -> DataLoader:
-        """Batches of validation prompts (``val_records``), each scored greedily with the current policy when the
-        loop reaches it."""
-        return self.greedy_loader(self.val_records)
-
-    def test_dataloader(self) -> DataLoader:
-        """The task's test split, every prompt (``Trainer(limit_test_batches=...)`` takes fewer), scored as
-        validation's are; the task refuses when it has none (``Task.test_records``)."""
-        return self.greedy_loader(lambda: list(self.task.test_records()))
-
-    def greedy_loader(self, held_out: Callable[[], list[PromptRecord]]) -> DataLoader:
-        """``held_out()``'s prompts in batches of ``val_batch_size``, each scored greedily (``HeldOutScores``)."""
-        module = self.checked_module()  # first: the prompt check may drop prompts too long for the model
-        records = held_out()
-        batches = [records[i : i + self.val_batch_size] for i in range(0, len(records), self.val_batch_size)]
-        name = "return" if isinstance(self.task, MultiRoundTask) else "reward"
-        return DataLoader(HeldOutScores(batches, lambda part: self.greedy_scores(module, part), name), batch_size=None)
 
     # --- state and teardown ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

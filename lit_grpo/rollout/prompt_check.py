@@ -5,14 +5,17 @@ raises ``InputError`` naming the input and what to change."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_grpo.buffers.protocols import SamplingPolicy
 from lit_grpo.errors import InputError
-from lit_grpo.tasks.base import prompt_text
+from lit_grpo.tasks.base import Task, prompt_text
 from lit_grpo.tasks.rows import check_rendering
+
+LongPrompts = Literal["refuse", "drop"]  # data.long_prompts: what a prompt too long for the context gets
 
 
 def prompt_length_problem(
@@ -30,25 +33,24 @@ def prompt_length_problem(
     )
 
 
-def check_inputs(module: SamplingPolicy, datamodule: Any) -> None:
+def check_inputs(module: SamplingPolicy, task: Task, budget: int, long_prompts: LongPrompts,
+                 loggers: Sequence[Logger] = ()) -> None:
     """The checks that need the loaded model: every prompt that goes through the chat template renders
-    (``check_rendering``), and every prompt of both splits fits the context with its generation budget (for multi-round rollouts, one
-    budget per round). Raises ``InputError``."""
-    if datamodule is None or not hasattr(datamodule, "task"):
-        return
-    task, tokenizer = datamodule.task, module.tokenizer
+    (``check_rendering``), and every prompt of both splits fits the context with its generation ``budget`` (tokens:
+    ``max_new_tokens``, times the rounds of a multi-round rollout), refused or dropped as ``long_prompts`` says; the
+    count dropped goes to ``loggers``. Raises ``InputError``."""
+    tokenizer = module.tokenizer
     check_rendering(task, tokenizer, module.model_name)  # each prompt through its chat template
     limit = module.context_length
     if limit is not None:
-        fit_prompts_to_context(task, tokenizer, datamodule, limit)
+        fit_prompts_to_context(task, tokenizer, limit, budget, long_prompts, loggers)
 
 
-def fit_prompts_to_context(task: Any, tokenizer: Any, datamodule: Any, limit: int) -> None:
-    """Refuse, or drop (``data.long_prompts``), the prompts whose tokens plus the generation budget (one per round
-    for multi-round rollouts) exceed the model's context of ``limit`` tokens."""
-
-    rounds = len(datamodule.branching) if datamodule.rollout != "grouped" else 1
-    budget = datamodule.max_new_tokens * rounds
+def fit_prompts_to_context(task: Task, tokenizer: Any, limit: int, budget: int, long_prompts: LongPrompts,
+                           loggers: Sequence[Logger] = ()) -> None:
+    """Refuse, or drop (``long_prompts``: ``data.long_prompts``), the prompts whose tokens plus the generation
+    ``budget`` exceed the model's context of ``limit`` tokens; a drop is counted in ``loggers``
+    (``data/dropped_prompts``)."""
     kept, dropped = {}, {}
     for split, records in (("training", task.train_records()), ("held-out", task.heldout_records())):
         candidates = possibly_too_long(task, tokenizer, records, limit - budget)
@@ -56,7 +58,7 @@ def fit_prompts_to_context(task: Any, tokenizer: Any, datamodule: Any, limit: in
         too_long = {id(r) for r, n in zip(candidates, lengths) if n + budget > limit}
         kept[split] = [r for r in records if id(r) not in too_long]
         dropped[split] = len(too_long)
-        if getattr(datamodule, "long_prompts", "refuse") == "refuse":
+        if long_prompts == "refuse":
             problem = prompt_length_problem([prompt_text(r) for r in candidates], lengths, limit, budget, split)
             if problem:
                 raise InputError(problem + " (or set data.long_prompts: drop)")
@@ -65,7 +67,7 @@ def fit_prompts_to_context(task: Any, tokenizer: Any, datamodule: Any, limit: in
                              f"context of {limit} tokens with {budget} generated tokens")
     if any(dropped.values()):
         task.keep_records(kept["training"], kept["held-out"])
-        for logger in getattr(getattr(datamodule, "trainer", None), "loggers", []):
+        for logger in loggers:
             logger.log_metrics({"data/dropped_prompts": float(sum(dropped.values()))}, step=0)
         rank_zero_info(f"data.long_prompts: dropped {dropped['training']} training and {dropped['held-out']} "
                        f"held-out prompt(s) longer than {limit - budget} tokens (the context of {limit} minus "

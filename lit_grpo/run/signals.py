@@ -21,7 +21,11 @@ a scoring that hangs nor a hook that waits. So ``StopOnSigterm`` adds the smalle
   (measured: both ranks hang until gloo's 30-minute timeout). So from the first hook after Lightning registered
   (``on_train_start``, ``on_validation_start``, ``on_test_start``, ``on_predict_start``) SIGTERM goes to
   ``stop_now`` alone; no collective runs on the way out, and no rank waits at a barrier for one that has stopped.
-  Before that hook (the first epoch's generation of a DDP fit) Lightning's handler is in place.
+  Before that hook (the first epoch's generation of a DDP fit) Lightning's handler is in place;
+* once the run is over the handler found at ``setup`` is SIGTERM's again: ``teardown`` puts it back, and after a
+  run that raised (Lightning runs no teardown hook then, and its own teardown puts ``stop_now``'s handler back last)
+  the first SIGTERM that finds the run over goes to it (``stop_during_run``), so a Python script's own handler, or
+  the default action, is never swallowed by a run long over.
 
 Exit codes of an interrupted run: 143 (128 + SIGTERM, the shell's convention) after SIGTERM, 1 after Ctrl-C. Either
 way the last epoch's checkpoint is the resume point (``--ckpt_path last``), so a scheduler may requeue the job with
@@ -113,6 +117,43 @@ def stop_now(trainer: pl.Trainer | None = None) -> Callable[[int, Any], None]:
     return handler
 
 
+def stop_during_run(trainer: pl.Trainer, previous: Handler) -> Callable[[int, Any], None]:
+    """``StopOnSigterm``'s handler: ``stop_now(trainer)`` while ``trainer`` runs (one of its methods on the main
+    thread's stack: a fit, validate, test or predict, its way out included); once that run is over, however it
+    ended, a SIGTERM gives the signal ``previous`` back and goes to it (``pass_on``). ``StopOnSigterm.teardown`` puts
+    ``previous`` back when the run ends normally; after a run that raised, no hook of ours runs after Lightning's own
+    teardown, which puts back the handler it found at its registration (this one), so this one retires itself."""
+    stop = stop_now(trainer)
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if frame is not None and not running(trainer, frame):
+            pass_on(signum, frame, previous)
+            return
+        stop(signum, frame)
+
+    return handler
+
+
+def running(trainer: pl.Trainer, frame: FrameType | None) -> bool:
+    """Whether the main thread's stack, from ``frame``, is inside one of ``trainer``'s own methods."""
+    while frame is not None:
+        if frame.f_locals.get("self") is trainer:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def pass_on(signum: int, frame: FrameType | None, handler: Handler) -> None:
+    """Give ``signum`` its ``handler`` back and deliver this signal to it as if it had been there all along: a Python
+    handler is called, ``SIG_IGN`` ignores it, ``SIG_DFL`` (or None: not set from Python) takes the default action
+    (for SIGTERM: the process ends)."""
+    signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+    if callable(handler):
+        handler(signum, frame)
+    elif handler != signal.SIG_IGN:
+        signal.raise_signal(signum)
+
+
 def raise_unless_writing(frame: FrameType | None) -> None:
     """Raise ``Terminated`` now, or, during a checkpoint write, look again in ``RETRY_SECONDS`` (``SIGALRM``)."""
     if state.stopping:
@@ -180,7 +221,8 @@ def forward_while_blocked(trainer: pl.Trainer) -> None:
 
 class StopOnSigterm(pl.Callback):
     """SIGTERM stops the run at once wherever it stands (see this module's docstring); the handler found at ``setup``
-    is put back at ``teardown``."""
+    is put back at ``teardown``, or, after a run that raised (``teardown`` does not run then), by the first SIGTERM
+    that finds the run over (``stop_during_run``), which goes to it."""
 
     def __init__(self) -> None:
         self.previous: Handler = None
@@ -190,7 +232,7 @@ class StopOnSigterm(pl.Callback):
         if not on_main_thread():  # Python sets handlers on the main thread only
             return
         reset()  # a fit earlier in this process may have been stopped: this one starts unsignalled
-        self.handler = stop_now(trainer)
+        self.handler = stop_during_run(trainer, signal.getsignal(signal.SIGTERM))
         self.previous = signal.signal(signal.SIGTERM, self.handler)  # Lightning composes it with its own
         forward_while_blocked(trainer)
 

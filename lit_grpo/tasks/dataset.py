@@ -38,9 +38,10 @@ class DatasetTask(Task):
     The training split is always the whole of ``split`` less what is drawn from it; the held-out prompts are:
     - validation and test both named (``validation_split``/``validation_path`` and ``test_split``/``test_path``):
       each used whole, refused if they share a prompt with each other or with training;
-    - only one of them named: that split divided by distinct prompt, the first half (rounded up, in file order)
-      validating and the rest testing (training unchanged);
-    - neither: ``heldout_fraction`` of the distinct prompts of ``split`` drawn and divided the same way.
+    - only one of them named: that split used whole (a dataset's own test split stays its test split, every prompt
+      of it), and the other one drawn from training: ``heldout_fraction`` of the distinct prompts of ``split``;
+    - neither: ``heldout_fraction`` of the distinct prompts of ``split`` drawn and divided by distinct prompt, the
+      first half (rounded up) validating and the rest testing.
 
     Args:
         path: a data file (``.jsonl``, ``.json``, ``.parquet``, ``.csv``, ``.arrow``), a ``save_to_disk``
@@ -48,7 +49,8 @@ class DatasetTask(Task):
         split: the training split (a single file holds one split, whatever it is called).
         test_split: the test split of the same source (or of ``test_path``).
         test_path: a separate source of test prompts (its ``test_split``, else its ``split``).
-        heldout_fraction: the share of the distinct prompts of ``split`` held out when no held-out split is named.
+        heldout_fraction: the share of the distinct prompts of ``split`` held out when validation and test are not
+            both named.
         prompt_column: the prompt: a string, or a conversation (a list of ``{"role", "content"}`` messages, which
             always goes through the tokenizer's chat template with the generation prompt added).
         answer_column: the reference answer that ``accuracy`` and the default exact-match reward compare with.
@@ -84,7 +86,8 @@ class DatasetTask(Task):
         validation_path: str | None = None,
     ) -> None:
         super().__init__(use_chat_template)
-        if test_split is None and test_path is None and not 0 < heldout_fraction < 1:
+        both_named = (validation_split, validation_path) != (None, None) and (test_split, test_path) != (None, None)
+        if not both_named and not 0 < heldout_fraction < 1:
             raise InputError(f"data.task.init_args.heldout_fraction must be in (0, 1), got {heldout_fraction}")
         self.rewards = [import_reward(r) for r in (rewards or [ExactMatchReward()])]
         problem = weights_problem(reward_weights, len(self.rewards))
@@ -106,7 +109,8 @@ class DatasetTask(Task):
         self.heldout_fraction, self.split_seed = heldout_fraction, split_seed
         self.prompt_column, self.answer_column = prompt_column, answer_column
 
-    HELDOUT_SOURCE = "test_path or test_split"  # named in the message when too few prompts can be held out
+    # named in the message when too few prompts can be held out
+    HELDOUT_SOURCE = "both a validation and a test split (validation_split or validation_path, test_split or test_path)"
 
     @property
     def failure_reward(self) -> float:
@@ -143,8 +147,8 @@ class DatasetTask(Task):
         if validation is None and test is None:
             train, heldout = self.drawn_heldout(train)
             validation, test = divided_by_prompt(heldout)
-        elif validation is None or test is None:  # the one held-out source is divided: training stays whole
-            validation, test = divided_by_prompt(validation or test or [])
+        elif validation is None or test is None:
+            train, validation, test = self.with_one_named(train, validation, test)
         else:
             refuse_shared(validation, test, f"the validation split ({self.validation_path or self.path!r})",
                           f"the test split ({self.test_path or self.path!r})")
@@ -153,6 +157,13 @@ class DatasetTask(Task):
                              "default exact-match reward compares completions with it (only an empty completion "
                              "would score): set data.task.init_args.answer_column, or give rewards")
         return train, validation, test
+
+    def with_one_named(self, train: list[PromptRecord], validation: list[PromptRecord] | None,
+                       test: list[PromptRecord] | None) -> tuple[list[PromptRecord], ...]:
+        """``(training, validation, test)`` when one held-out split is named: it is used whole, and the other is
+        ``heldout_fraction`` of the distinct training prompts (``drawn_heldout``)."""
+        train, drawn = self.drawn_heldout(train)
+        return (train, validation, drawn) if validation is not None else (train, drawn, test)
 
     def named_split(self, name: str, path: str | None, split: str | None, train: Sequence[PromptRecord],
                     first: Located) -> list[PromptRecord] | None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from lit_grpo.tasks.base import Reward
-from lit_grpo.tasks.dataset import DatasetTask
+from lit_grpo.tasks.base import PromptRecord, Reward
+from lit_grpo.tasks.dataset import DatasetTask, divided_by_prompt
 
 
 class JsonlTask(DatasetTask):
@@ -43,3 +43,9 @@ class JsonlTask(DatasetTask):
                          answer_column=answer_key, rewards=None if reward is None else [reward],
                          failure_reward=failure_reward, split_seed=split_seed, use_chat_template=use_chat_template)
         self.reward_fn = self.rewards[0]
+
+    def with_one_named(self, train: list[PromptRecord], validation: list[PromptRecord] | None,
+                       test: list[PromptRecord] | None) -> tuple[list[PromptRecord], ...]:
+        """``heldout_path`` is a held-out file, not a test split: divided by distinct prompt, its first half (rounded
+        up, in file order) validating and the rest testing; training stays whole."""
+        return (train, *divided_by_prompt(test or []))
