@@ -14,6 +14,7 @@ from lit_grpo.run.idle_threads import idle_threads_sleep
 
 idle_threads_sleep()  # before the imports below load torch (lit_grpo/run/idle_threads.py)
 
+
 def interrupted_before_training() -> NoReturn:
     """Ctrl-C before the trainer runs (the libraries loading, the configuration parsed, the classes built, the resume
     checked): one line and exit code 130 (128 + SIGINT); nothing was written, so nothing is saved."""
