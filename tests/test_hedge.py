@@ -18,6 +18,7 @@ from lit_grpo.engines.hedge import HEDGE_WINDOW, HedgeRule, hedge_deadline, push
 from lit_grpo.engines.server_http import Cancel, ServerDown, http_json
 from lit_grpo.engines.server_pool import ServersUnavailable
 from lit_grpo.errors import InputError
+from reliability_doc import documented
 from test_server_pool import SPEC, FakePolicy, answered, check_answers, engine_on, prompts, servers  # noqa: F401
 
 
@@ -126,6 +127,13 @@ def test_a_hung_server_is_hedged_named_once_and_left_out_until_it_answers_again(
     assert late_warnings(caught, hung.url) == [] and not [w for w in caught if hung.url in str(w.message)]
     assert engine.metrics == {"servers_alive": 1.0, "requests_hedged": 0.0}  # left out at the push: sent nothing
     assert len(hung.stats()["loads"]) == 1 and len(healthy.stats()["loads"]) == 2
+    documented("a vLLM server that keeps /health up but stops answering completions and adapter loads (beside a "
+               "healthy one)",
+               "its open requests sent again after the 1.0 s deadline (hedge_min_seconds here) to the other server, "
+               "whose answers were used, each group's completions those of its prompt's seed; one warning, "
+               "starting " + message.replace(hung.url, "<server>").split(" (")[0] + ", then its rule and what "
+               "happens next; the next push left it out after its push deadline, without another warning",
+               "test_hedge.py")
 
 
 def test_a_server_hung_from_its_first_request_is_hedged_once_the_other_answers(servers):
@@ -145,4 +153,8 @@ def test_one_server_alone_is_waited_for_up_to_request_timeout(servers):
     started = time.monotonic()
     with pytest.warns(RuntimeWarning, match=rf"{hung.url} failed .*timed out"), pytest.raises(ServersUnavailable):
         engine.generate(prompts(1), 2, SPEC)
-    assert time.monotonic() - started >= 3.0  # nowhere to hedge to: the whole request_timeout
+    waited = time.monotonic() - started
+    assert waited >= 3.0  # nowhere to hedge to: the whole request_timeout
+    documented("the only vLLM server keeps /health up but stops answering completions",
+               "waited for the whole request_timeout (nothing to hedge to), then given up as failed: no server "
+               "left, one message naming it (timed out)", "test_hedge.py")

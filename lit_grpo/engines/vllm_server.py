@@ -223,6 +223,8 @@ class VLLMServerEngine:
             self._stop_server()
         elif self._pool is not None:
             for server in self._pool.servers:  # the adapters this process loaded (rank 0's under DDP)
+                if not server.alive:
+                    continue  # given up: a restarted one holds nothing, a stuck one would hold this for request_timeout
                 try:
                     self._unload(server)
                 except RuntimeError:
