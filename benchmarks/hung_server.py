@@ -107,7 +107,8 @@ def fit(workdir: Path, urls: list[str], epochs: int) -> Run:
     started = time.monotonic()
     result = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=1800)
     seconds = time.monotonic() - started
-    return Run(result.returncode, seconds, result.stderr, workdir / "runs" / "quickstart_server" / "version_0" / "adapter")
+    adapter = workdir / "runs" / "quickstart_server" / "version_0" / "adapter"
+    return Run(result.returncode, seconds, result.stderr, adapter)
 
 
 def adapter_difference(first: Path, second: Path) -> float:

