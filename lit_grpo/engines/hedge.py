@@ -9,6 +9,7 @@ recent answers, so it can be checked by hand; ``server_pool`` applies it.
 from __future__ import annotations
 
 import statistics
+import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,20 +56,33 @@ def push_deadline(finished_seconds: Sequence[float], request_timeout: float, fac
 
 @dataclass
 class HedgeRule:
-    """The hedging knobs of one engine and the answers it has seen (thread-safe enough: ``deque`` appends are
-    atomic, and a deadline read during one is as good as one read before it)."""
+    """The hedging knobs of one engine and the answers it has seen (requests answer on many threads)."""
 
     factor: float
     floor: float
     request_timeout: float
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=HEDGE_WINDOW))
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record(self, seconds: float, max_new_tokens: int) -> None:
         """An answered request: ``seconds`` from sending it to its answer."""
-        self.recent.append(seconds / max(max_new_tokens, 1))
+        with self._lock:
+            self.recent.append(seconds / max(max_new_tokens, 1))
+
+    def seen(self) -> list[float]:
+        """The seconds per token of the last answers, oldest first."""
+        with self._lock:
+            return list(self.recent)
 
     def deadline(self, max_new_tokens: int) -> float | None:
-        return hedge_deadline(list(self.recent), max_new_tokens, self.request_timeout, self.factor, self.floor)
+        return hedge_deadline(self.seen(), max_new_tokens, self.request_timeout, self.factor, self.floor)
+
+    def describe(self, max_new_tokens: int) -> str:
+        """How ``deadline(max_new_tokens)`` was set, for a warning."""
+        seen = self.seen()
+        median = statistics.median(seen) if seen else float("nan")
+        return (f"{self.factor:g} × {median:.3g}s per token, the median of this run's last {len(seen)} answers, × "
+                f"max_new_tokens {max_new_tokens}, at least {self.floor:g}s")
 
     def push_deadline(self, finished_seconds: Sequence[float]) -> float | None:
         return push_deadline(finished_seconds, self.request_timeout, self.factor, self.floor)

@@ -1,11 +1,12 @@
-"""Several inference servers behind one engine: HTTP with failure kinds, dealing by load, failover, and one push
-per adapter version for all DDP ranks (docs/scaling.md).
+"""Several inference servers behind one engine: dealing by load, failover, hedged requests, and one push per
+adapter version for all DDP ranks (docs/scaling.md).
 
 A request either fails because of the server (refused, reset, timed out, HTTP 5xx: ``ServerDown``; or an answer
 whose shape does not fit the request, see ``server_answers``) — it is then retried on another live server and the
 failed one is skipped until the next push probes it again — or because of the request (HTTP 4xx: a plain
-``RuntimeError``, which failover would only repeat elsewhere). No live server left is ``ServersUnavailable``.
-Only the standard library speaks HTTP; torch.distributed is used for the push.
+``RuntimeError``, which failover would only repeat elsewhere). A request still unanswered past its deadline
+(``hedge``) is sent to another live server too, and the late server is skipped like a failed one. No live server
+left is ``ServersUnavailable``. HTTP is ``server_http``'s; torch.distributed is used for the push.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class ServerPool:
         """Take another process's view of which servers are live (rank 0's, after its push)."""
         for server in self.servers:
             server.alive = server.url in urls
+        self.hedged = 0  # a push: a new count
 
     def mark_dead(self, server: Server, reason: str) -> None:
         with self._lock:
@@ -186,9 +188,7 @@ class ServerPool:
         deadline = self.hedge.deadline(tokens)
         if deadline is None or time.monotonic() - latest.started < deadline:
             return
-        rule = (f"{self.hedge.factor:g} × the median time per token of this run's last {len(self.hedge.recent)} "
-                f"answers × max_new_tokens {tokens}, at least {self.hedge.floor:g}s")
-        self.mark_late(latest.server, f"{method} {path}", deadline, rule,
+        self.mark_late(latest.server, f"{method} {path}", deadline, self.hedge.describe(tokens),
                        "Its requests are sent again, with the same seeds, to the other servers, and the first "
                        "answer is used.")
         attempt = self._launch(method, path, body, check, outcomes, busy=[a.server for a in running])

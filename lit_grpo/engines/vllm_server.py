@@ -60,12 +60,10 @@ class VLLMServerEngine:
         urls: several such servers (independent deployments, or the engines of ``vllm serve
             --data-parallel-external-lb``), instead of ``url``. Each adapter version is saved once (by rank 0 under
             DDP) and loaded on every server; each prompt's request (its ``n`` completions) goes to the server with
-            the fewest requests in flight, so a group never spans servers, and its seed comes from the prompt, so
-            a completion does not depend on the server that drew it. A server that fails a request (refused,
-            reset, timed out, HTTP 5xx, or an answer whose shape does not fit the request: ``check_answer``) is
-            skipped, the request retried on another, and ``/health`` probed again at the next push, which reloads
-            the adapter there; ``rollout/servers_alive`` counts the live ones.
-            When none is left the run stops with a message naming them and the checkpoint to resume from.
+            the fewest requests in flight (a group never spans servers), seeded by the prompt, not the server. A
+            server that fails a request (refused, reset, timed out, HTTP 5xx, a malformed answer:
+            ``check_answer``) is skipped until the next push probes it, the request retried on another
+            (``rollout/servers_alive``); none left: the run stops naming them and the checkpoint to resume from.
         api_key: the servers' API key (sent as a bearer token; given to a server the engine starts as
             ``VLLM_API_KEY``). ``None`` reads ``VLLM_API_KEY`` from the environment, if set.
         adapter_dir: where each push saves the adapter; every server must be able to read it (a shared filesystem
@@ -83,13 +81,11 @@ class VLLMServerEngine:
         request_timeout: seconds to wait for one HTTP answer; a server slower than that counts as failed (a push
             probing a down server's ``/health`` waits at most ``PROBE_TIMEOUT``, 10 s). With several servers it is
             the outer bound only: a late request is hedged first (below); with one server it is the only bound.
-        hedge_factor: with several servers, a completion request still unanswered after ``hedge_factor`` × the
-            median time per token of this run's last 16 answered requests × its ``max_new_tokens`` (at least
-            ``hedge_min_seconds``) is sent, unchanged and with the same seed, to another live server too; the first
-            answer is used, the other request cut off, and the late server skipped until the next push, like a
-            failed one (one warning names it; ``rollout/requests_hedged`` counts the requests sent again). A push
-            leaves out a server still loading the adapter after ``hedge_factor`` × the slowest other server's
-            load (at least ``hedge_min_seconds``) the same way. ``None``: never hedge, wait ``request_timeout``.
+        hedge_factor: with several servers, a request unanswered after ``hedge_factor`` × the median time per
+            token of the run's last 16 answers × its ``max_new_tokens`` (at least ``hedge_min_seconds``) is sent,
+            same seed, to another live server too; the first answer is used and the late server skipped until the
+            next push, like a failed one (one warning; ``rollout/requests_hedged``). A push leaves out a server
+            still loading after ``hedge_factor`` × the slowest other's load. ``None``: wait ``request_timeout``.
         hedge_min_seconds: the shortest hedge deadline: a server is never called late sooner.
         max_parallel_requests: requests in flight at once over all servers (one per prompt; servers batch them).
         shared: see ``RolloutEngine.shared``.
