@@ -14,7 +14,9 @@ arrived (``received``), and the adapter, prompt, n and seed of each one answered
 Faults, counted over the completion requests received: ``--exit-after N`` takes N and dies (``os._exit``, every
 open connection cut with no answer) when the next one arrives; ``--error-after N --error-code C`` takes N and then
 answers HTTP C to every one; ``--delay`` seconds before each completion answer (requests are served concurrently);
-``--malformed KIND`` answers every one with HTTP 200 and the answer ``MALFORMED[KIND]`` makes of the right one.
+``--malformed KIND`` answers every one with HTTP 200 and the answer ``MALFORMED[KIND]`` makes of the right one;
+``--hang-after N`` answers N and then never answers another, nor an adapter load or unload, while ``/health`` stays
+up (a stuck engine): the request stays open until the client gives up.
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ class StandIn(ThreadingHTTPServer):
         self.adapters: dict[str, str] = {}
         self.stats: dict[str, list] = {"loads": [], "unloads": [], "requests": [], "received": []}
         self.received = 0
+        self.stuck = False  # --hang-after reached: nothing but /health is answered any more
 
     def record(self, kind: str, entry: Any) -> None:
         """Add to the stats (the caller holds ``lock``), and to the stats file if there is one."""
@@ -160,7 +163,13 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.reply(404, {"error": "not found"})
 
+    def hang_if_stuck(self) -> None:
+        """Never return once ``--hang-after`` is reached: the connection stays open, nothing is answered."""
+        if self.server.stuck:
+            threading.Event().wait()
+
     def load(self, body: dict[str, Any]) -> None:
+        self.hang_if_stuck()
         with self.server.lock:
             if body["lora_name"] in self.server.adapters:
                 return self.reply(400, {"error": f"The lora adapter '{body['lora_name']}' has already been loaded."})
@@ -169,6 +178,7 @@ class Handler(BaseHTTPRequestHandler):
         self.reply(200, f"Success: LoRA adapter '{body['lora_name']}' added successfully.")
 
     def unload(self, body: dict[str, Any]) -> None:
+        self.hang_if_stuck()
         with self.server.lock:
             if self.server.adapters.pop(body["lora_name"], None) is None:
                 return self.reply(404, {"error": f"The lora adapter '{body['lora_name']}' cannot be found."})
@@ -183,6 +193,8 @@ class Handler(BaseHTTPRequestHandler):
             if options.exit_after is not None and server.received > options.exit_after:
                 os._exit(1)  # a crash: this request's connection (and any other open one) is cut without an answer
             failing = options.error_after is not None and server.received > options.error_after
+            server.stuck = server.stuck or (options.hang_after is not None and server.received > options.hang_after)
+        self.hang_if_stuck()
         if failing:
             return self.reply(options.error_code, {"error": "made-up server failure"})
         if body["model"] not in server.adapters:
@@ -214,6 +226,7 @@ def main() -> None:
     parser.add_argument("--exit-after", type=int, default=None)
     parser.add_argument("--error-after", type=int, default=None)
     parser.add_argument("--error-code", type=int, default=503)
+    parser.add_argument("--hang-after", type=int, default=None)
     parser.add_argument("--malformed", choices=sorted(MALFORMED), default=None)
     options = parser.parse_args()
     StandIn((options.host, options.port), options).serve_forever()

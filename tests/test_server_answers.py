@@ -235,11 +235,11 @@ def test_a_malformed_answer_counts_as_a_failed_server(servers, kind):
     assert all(c.logprobs == (-0.5,) * 4 and c.finish_reason == "length" for group in answers for c in group)
     received = len(bad.stats()["received"])
     assert received >= 1 and len(good.stats()["requests"]) == 4  # what the bad one was sent, retried on the good one
-    assert engine.metrics == {"servers_alive": 1.0}
+    assert engine.metrics == {"servers_alive": 1.0, "requests_hedged": 0.0}
     engine.generate(PROMPTS, 2, SPEC)
     assert len(bad.stats()["received"]) == received  # skipped until the next push...
     engine.push_policy(FakePolicy())
-    assert engine.metrics == {"servers_alive": 2.0}  # ...which finds it answering /health again
+    assert engine.metrics == {"servers_alive": 2.0, "requests_hedged": 0.0}  # ...which finds it answering /health again
 
     alone = engine_on(bad)
     with pytest.warns(RuntimeWarning), pytest.raises(ServersUnavailable) as info:

@@ -110,7 +110,7 @@ def test_a_failed_request_is_retried_on_the_other_server_which_takes_the_rest(se
     flags, knobs = FAULTS[fault]
     failing, healthy = servers(*flags), servers("--delay", "0.2")
     engine = engine_on(failing, healthy, **knobs)
-    assert engine.metrics == {"servers_alive": 2.0}
+    assert engine.metrics == {"servers_alive": 2.0, "requests_hedged": 0.0}
     with pytest.warns(RuntimeWarning, match=f"vLLM server {failing.url} failed and is skipped until the next policy "
                                             "push"):
         answers = engine.generate(prompts(6), 2, SPEC)
@@ -121,7 +121,7 @@ def test_a_failed_request_is_retried_on_the_other_server_which_takes_the_rest(se
     assert all(tuple(p) in retried for p in lost)  # ...and each went to the other server
     assert {p: seed for p, (_, _, seed) in retried.items()} == {tuple(p): 100 + i for i, p in enumerate(prompts(6))
                                                                 if tuple(p) in retried}
-    assert engine.metrics == {"servers_alive": 1.0}
+    assert engine.metrics == {"servers_alive": 1.0, "requests_hedged": 0.0}
     received = len(failing.stats()["received"])
     check_answers(engine.generate(prompts(6), 2, SPEC), 6, 2)
     assert len(failing.stats()["received"]) == received  # skipped until the next push
@@ -135,12 +135,12 @@ def test_a_failed_server_is_skipped_until_a_push_finds_it_answering_again(server
     crashing.process.wait(timeout=10)
     with pytest.warns(RuntimeWarning, match=f"vLLM server {crashing.url} does not answer; skipped until the next"):
         engine.push_policy(FakePolicy())  # probed: still down
-    assert engine.metrics == {"servers_alive": 1.0}
+    assert engine.metrics == {"servers_alive": 1.0, "requests_hedged": 0.0}
     restarted = servers(port=crashing.port)  # the same address, a new process without adapters
     check_answers(engine.generate(prompts(4), 2, SPEC), 4, 2)
     assert restarted.stats()["received"] == []  # up again, but not probed until the next push
     engine.push_policy(FakePolicy())
-    assert engine.metrics == {"servers_alive": 2.0}
+    assert engine.metrics == {"servers_alive": 2.0, "requests_hedged": 0.0}
     version = healthy.stats()["loads"][-1][0]
     assert [name for name, _ in restarted.stats()["loads"]] == [version]  # the push loaded this version there
     check_answers(engine.generate(prompts(4), 2, SPEC), 4, 2)
@@ -160,7 +160,7 @@ def test_a_push_gives_a_server_that_does_not_answer_health_a_short_probe(servers
             engine.push_policy(FakePolicy())
         # the probe's 0.5 s timeout, not the request's 60 s: a bound far from both, so that no load can reach it
         assert time.monotonic() - started < 30.0
-    assert engine.metrics == {"servers_alive": 1.0} and len(healthy.stats()["loads"]) == 1
+    assert engine.metrics == {"servers_alive": 1.0, "requests_hedged": 0.0} and len(healthy.stats()["loads"]) == 1
 
 
 def test_a_server_that_restarted_since_the_push_lacks_the_adapter_and_is_skipped(servers):
@@ -171,7 +171,7 @@ def test_a_server_that_restarted_since_the_push_lacks_the_adapter_and_is_skipped
     with pytest.warns(RuntimeWarning, match=r"HTTP 404.*restarted since the last push"):
         check_answers(engine.generate(prompts(4), 2, SPEC), 4, 2)
     assert restarted.stats()["received"] and not restarted.stats()["requests"]
-    assert engine.metrics == {"servers_alive": 1.0}
+    assert engine.metrics == {"servers_alive": 1.0, "requests_hedged": 0.0}
 
 
 def test_no_server_left_is_one_message_naming_every_server(servers):

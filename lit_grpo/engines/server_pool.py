@@ -1,37 +1,27 @@
-"""Several inference servers behind one engine: HTTP with failure kinds, dealing by load, failover, and one push
-per adapter version for all DDP ranks (docs/scaling.md).
+"""Several inference servers behind one engine: dealing by load, failover, hedged requests, and one push per
+adapter version for all DDP ranks (docs/scaling.md).
 
 A request either fails because of the server (refused, reset, timed out, HTTP 5xx: ``ServerDown``; or an answer
 whose shape does not fit the request, see ``server_answers``) — it is then retried on another live server and the
 failed one is skipped until the next push probes it again — or because of the request (HTTP 4xx: a plain
-``RuntimeError``, which failover would only repeat elsewhere). No live server left is ``ServersUnavailable``.
-Only the standard library speaks HTTP; torch.distributed is used for the push.
+``RuntimeError``, which failover would only repeat elsewhere). A request still unanswered past its deadline
+(``hedge``) is sent to another live server too, and the late server is skipped like a failed one. No live server
+left is ``ServersUnavailable``. HTTP is ``server_http``'s; torch.distributed is used for the push.
 """
 
 from __future__ import annotations
 
-import http.client
-import json
+import queue
 import threading
-import urllib.error
-import urllib.request
+import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
+from lit_grpo.engines.hedge import HedgeRule
+from lit_grpo.engines.server_http import Cancel, Refused, ServerDown, http_json  # noqa: F401 - re-exported
+
 T = TypeVar("T")
-
-
-class ServerDown(RuntimeError):
-    """A server failed to answer (refused, reset, timed out, HTTP 5xx): another server may answer instead."""
-
-
-class Refused(RuntimeError):
-    """A server refused the request (HTTP 4xx): the request is at fault, and another server would refuse it too."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class ServersUnavailable(RuntimeError):
@@ -56,42 +46,6 @@ def one_line(text: str, limit: int = 600) -> str:
     return f"{flat[:limit // 3]} [...] {flat[-(limit - limit // 3):]}"
 
 
-def http_json(url: str, method: str, path: str, body: dict[str, Any] | None = None, api_key: str | None = None,
-              timeout: float = 600.0) -> Any:
-    """One JSON request to ``url + path``. A failure of the server raises ``ServerDown``, a refusal of the request
-    (4xx) ``Refused``; both say which server and which request. Plain-text answers come back as text."""
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url + path, data=data, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:
-            text = answer.read().decode(errors="replace")  # bytes that are not UTF-8: not JSON either, said so
-    except urllib.error.HTTPError as error:
-        detail = error.read().decode(errors="replace")[:2000]
-        message = f"the vLLM server at {url} refused {method} {path}: HTTP {error.code}{refusal_hint(error.code, path)}"
-        if error.code >= 500:
-            raise ServerDown(f"{message}: {detail}") from error
-        raise Refused(f"{message}: {detail}", error.code) from error
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
-        # OSError covers refused, reset and timed-out sockets; HTTPException an answer cut off mid-way
-        raise ServerDown(f"cannot reach the vLLM server at {url} ({method} {path}): {error}") from error
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text  # the adapter endpoints answer in plain text
-
-
-def refusal_hint(code: int, path: str) -> str:
-    """What a user most likely has to fix for an HTTP error ``code`` on ``path``."""
-    if code == 401:
-        return " (wrong or missing api_key?)"
-    if code == 404 and "lora_adapter" in path:
-        return " (start the server with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora)"
-    return ""
-
-
 def least_loaded(in_flight: list[int], alive: list[bool]) -> int | None:
     """Index of the live server with the fewest requests in flight (the first of equals); None when none is alive.
 
@@ -109,14 +63,28 @@ class Server:
     in_flight: int = 0
     failure: str = ""  # why it was last given up
     adapter: str | None = None  # the adapter this process loaded there last (None: none, or another rank did)
+    warned_late: bool = False  # named in a warning for being late once: later lateness is counted, not warned
+
+
+@dataclass(eq=False)
+class Attempt:
+    """One server's try at one request, on a thread of its own so that the caller can stop waiting for it."""
+
+    server: Server
+    started: float = field(default_factory=time.monotonic)
+    cancel: Cancel = field(default_factory=Cancel)
 
 
 class ServerPool:
-    """The servers of one engine, dealt requests by load. ``request(url, method, path, body)`` does the HTTP."""
+    """The servers of one engine, dealt requests by load. ``request(url, method, path, body)`` does the HTTP (with
+    ``http_json``, so that a late exchange can be cut off); ``hedge`` (None: never) says when a request is late."""
 
-    def __init__(self, urls: list[str], request: Callable[[str, str, str, dict[str, Any] | None], Any]) -> None:
+    def __init__(self, urls: list[str], request: Callable[[str, str, str, dict[str, Any] | None], Any],
+                 hedge: HedgeRule | None = None) -> None:
         self.servers = [Server(url, alive=False, failure="not probed yet") for url in urls]  # revive() probes
         self.request = request
+        self.hedge = hedge
+        self.hedged = 0  # requests sent again to another server since the last push (rollout/requests_hedged)
         self._lock = threading.Lock()  # generate() calls from a thread pool
 
     @property
@@ -130,6 +98,7 @@ class ServerPool:
         """Take another process's view of which servers are live (rank 0's, after its push)."""
         for server in self.servers:
             server.alive = server.url in urls
+        self.hedged = 0  # a push: a new count
 
     def mark_dead(self, server: Server, reason: str) -> None:
         with self._lock:
@@ -140,50 +109,189 @@ class ServerPool:
         warnings.warn(f"vLLM server {server.url} failed and is skipped until the next policy push ({left} of "
                       f"{len(self.servers)} left): {reason}", RuntimeWarning, stacklevel=2)
 
+    def mark_late(self, server: Server, what: str, deadline: float, rule: str, next_step: str) -> bool:
+        """Skip ``server`` until the next push: it has not finished ``what`` within ``deadline`` seconds (``rule``
+        says how that was set; ``next_step`` what happens to its work). Never the last live server: with nothing
+        to send the work to, it is waited for (up to ``request_timeout``). Warns once per server and run; later
+        lateness is counted in ``rollout/requests_hedged``. False when the server was not taken out."""
+        with self._lock:
+            if not server.alive or self.alive_count <= 1:
+                return False
+            server.alive, server.failure = False, f"no answer to {what} within {deadline:.1f}s"
+            left, first = self.alive_count, not server.warned_late
+            server.warned_late = True
+        if first:
+            knobs = "data.engine.init_args.hedge_factor and hedge_min_seconds"
+            warnings.warn(f"vLLM server {server.url} is late: no answer to {what} within {deadline:.1f}s ({rule}; "
+                          f"{knobs}). {next_step} It is skipped until the next policy push ({left} of "
+                          f"{len(self.servers)} servers left), which probes /health and loads the adapter there "
+                          "again. If it is late again it is skipped again without another warning "
+                          "(rollout/requests_hedged counts the requests sent again).", RuntimeWarning, stacklevel=2)
+        return True
+
     def call(self, method: str, path: str, body: dict[str, Any] | None = None,
-             check: Callable[[Any], str | None] | None = None) -> Any:
+             check: Callable[[Any], str | None] | None = None, tokens: int | None = None) -> Any:
         """``request`` on the least-loaded live server; a ``ServerDown`` marks that server dead and the request
         goes to the next one, and so does an HTTP 404: the server lost the adapter it was given at the push (it
         restarted since; the next push loads it again), which the others still hold. So does an answer ``check``
         finds wrong (it returns what is wrong, or None): a server that sends malformed answers is as good as down.
-        None left: ``ServersUnavailable``."""
-        while True:
+        A request for ``tokens`` tokens still unanswered past the hedge deadline is sent, unchanged (same seed), to
+        another live server too; the first answer wins, the other exchange is cut off, and the late server is
+        skipped (``mark_late``). None left: ``ServersUnavailable``."""
+        outcomes: queue.Queue[tuple[Attempt, str, Any]] = queue.Queue()
+        running: list[Attempt] = []
+        try:
+            while True:
+                if not running:
+                    attempt = self._launch(method, path, body, check, outcomes, busy=[])
+                    if attempt is None:
+                        raise self.unavailable()
+                    running.append(attempt)
+                try:
+                    attempt, kind, value = outcomes.get(timeout=self._wait(running, tokens))
+                except queue.Empty:
+                    self._hedge_if_late(method, path, body, check, outcomes, running, tokens)
+                    continue
+                running.remove(attempt)
+                if kind == "answer":
+                    if self.hedge is not None and tokens is not None:
+                        self.hedge.record(time.monotonic() - attempt.started, tokens)
+                    return value
+                if kind == "raise":
+                    raise value  # the request is at fault (HTTP 4xx), or a bug: every server would do the same
+                self.mark_dead(attempt.server, value)
+        finally:
+            for attempt in running:  # the losers: their threads end at once, and the servers drop the request
+                attempt.cancel.cancel()
+
+    def _wait(self, running: list[Attempt], tokens: int | None) -> float | None:
+        """How long to wait for an outcome before looking at the deadline again (None: until one comes). The
+        deadline moves as other requests are answered, so it is looked at again at least every second."""
+        if self.hedge is None or tokens is None:
+            return None
+        with self._lock:
+            busy = {id(attempt.server) for attempt in running}
+            spare = any(server.alive and id(server) not in busy for server in self.servers)
+        if not spare:
+            return None  # nowhere to send it: request_timeout bounds the wait
+        deadline = self.hedge.deadline(tokens)
+        if deadline is None:
+            return 1.0
+        return min(1.0, max(0.0, running[-1].started + deadline - time.monotonic()))
+
+    def _hedge_if_late(self, method: str, path: str, body: dict[str, Any] | None,
+                       check: Callable[[Any], str | None] | None, outcomes: queue.Queue, running: list[Attempt],
+                       tokens: int | None) -> None:
+        """Send the request to another live server too when its newest attempt is past the deadline."""
+        assert self.hedge is not None and tokens is not None
+        latest = running[-1]
+        deadline = self.hedge.deadline(tokens)
+        if deadline is None or time.monotonic() - latest.started < deadline:
+            return
+        self.mark_late(latest.server, f"{method} {path}", deadline, self.hedge.describe(tokens),
+                       "Its requests are sent again, with the same seeds, to the other servers, and the first "
+                       "answer is used.")
+        attempt = self._launch(method, path, body, check, outcomes, busy=[a.server for a in running])
+        if attempt is not None:
             with self._lock:
-                index = least_loaded([s.in_flight for s in self.servers], [s.alive for s in self.servers])
-                if index is None:
-                    raise self.unavailable()
-                server = self.servers[index]
-                server.in_flight += 1
-            try:
-                answer = self.request(server.url, method, path, body)
-                problem = None if check is None else check(answer)
-                if problem is None:
-                    return answer
-                self.mark_dead(server, f"the vLLM server at {server.url} answered {method} {path} with {problem}")
-            except ServerDown as error:
-                self.mark_dead(server, str(error))
-            except Refused as error:
-                if error.code != 404:
-                    raise  # the request is at fault: every server would refuse it
-                self.mark_dead(server, f"{error} (restarted since the last push?)")
-            finally:
-                with self._lock:
-                    server.in_flight -= 1
+                self.hedged += 1
+            running.append(attempt)
+
+    def _launch(self, method: str, path: str, body: dict[str, Any] | None,
+                check: Callable[[Any], str | None] | None, outcomes: queue.Queue,
+                busy: list[Server]) -> Attempt | None:
+        """Start the request on the least-loaded live server not in ``busy``; None when there is none."""
+        with self._lock:
+            alive = [server.alive and all(server is not other for other in busy) for server in self.servers]
+            index = least_loaded([s.in_flight for s in self.servers], alive)
+            if index is None:
+                return None
+            attempt = Attempt(self.servers[index])
+            attempt.server.in_flight += 1
+        threading.Thread(target=self._attempt, args=(attempt, method, path, body, check, outcomes), daemon=True,
+                         name=f"lit-grpo request to {attempt.server.url}").start()
+        return attempt
+
+    def _attempt(self, attempt: Attempt, method: str, path: str, body: dict[str, Any] | None,
+                 check: Callable[[Any], str | None] | None, outcomes: queue.Queue) -> None:
+        """One server's try, reported to ``outcomes`` as (attempt, kind, value): ``answer``, ``down`` (the
+        server's fault: the reason) or ``raise`` (the request's fault: the error). A cancelled try reports
+        nothing: another server answered."""
+        attempt.cancel.enter()
+        url = attempt.server.url
+        try:
+            answer = self.request(url, method, path, body)
+            problem = None if check is None else check(answer)
+            outcome = ("answer", answer) if problem is None else (
+                "down", f"the vLLM server at {url} answered {method} {path} with {problem}")
+        except ServerDown as error:
+            outcome = ("down", str(error))
+        except Refused as error:
+            # 404: the server lost the adapter of the push (restarted since); any other refusal is the request's
+            outcome = ("down", f"{error} (restarted since the last push?)") if error.code == 404 else ("raise", error)
+        except Exception as error:  # noqa: BLE001 - raised again in the caller's thread
+            outcome = ("raise", error)
+        finally:
+            with self._lock:
+                attempt.server.in_flight -= 1
+        if not attempt.cancel.cancelled:
+            outcomes.put((attempt, *outcome))
 
     def on_each(self, action: Callable[[Server], None]) -> None:
-        """``action`` on every live server in turn; one that fails with ``ServerDown`` is marked dead. Raises
+        """``action`` on every live server at once, each on a thread of its own; one that fails with
+        ``ServerDown`` is marked dead, and one still busy past the push deadline (``HedgeRule.push_deadline``, set
+        once others have finished) is cut off and skipped (``mark_late``). Any other error is raised. Raises
         ``ServersUnavailable`` when none is left alive afterwards."""
-        for server in self.servers:
-            if server.alive:
+        outcomes: queue.Queue[tuple[Attempt, BaseException | None]] = queue.Queue()
+        pending = [Attempt(server) for server in self.servers if server.alive]
+        for attempt in pending:
+            threading.Thread(target=self._act, args=(attempt, action, outcomes), daemon=True,
+                             name=f"lit-grpo push to {attempt.server.url}").start()
+        finished: list[float] = []  # seconds each finished server took
+        patient = self.hedge is None  # True: wait for every server (up to request_timeout)
+        try:
+            while pending:
+                deadline = None if patient else self.hedge.push_deadline(finished)
+                wait = None if deadline is None else max(0.0, pending[0].started + deadline - time.monotonic())
                 try:
-                    action(server)
-                except ServerDown as error:
-                    self.mark_dead(server, str(error))
+                    attempt, error = outcomes.get(timeout=wait)
+                except queue.Empty:
+                    assert self.hedge is not None and deadline is not None
+                    rule = (f"{self.hedge.factor:g} × the slowest of the {len(finished)} other server(s)' loads, at "
+                            f"least {self.hedge.floor:g}s")
+                    for late in list(pending):
+                        if self.mark_late(late.server, "the adapter load of the policy push", deadline, rule,
+                                          "The push goes on without it."):
+                            pending.remove(late)
+                            late.cancel.cancel()
+                    patient = bool(pending)  # a server that could not be left out (the last live one) is waited for
+                    continue
+                pending.remove(attempt)
+                if error is None:
+                    finished.append(time.monotonic() - attempt.started)
+                elif isinstance(error, ServerDown):
+                    self.mark_dead(attempt.server, str(error))
+                else:
+                    raise error
+        finally:
+            for attempt in pending:  # only after an error: cut the others off
+                attempt.cancel.cancel()
         if not self.alive_count:
             raise self.unavailable()
 
+    @staticmethod
+    def _act(attempt: Attempt, action: Callable[[Server], None], outcomes: queue.Queue) -> None:
+        attempt.cancel.enter()
+        try:
+            action(attempt.server)
+            outcomes.put((attempt, None))
+        except Exception as error:  # noqa: BLE001 - judged and raised again in the caller's thread
+            outcomes.put((attempt, error))
+
     def revive(self) -> None:
-        """Probe each dead (or never probed) server's ``/health``; one that answers is live again."""
+        """Probe each dead (or never probed) server's ``/health``; one that answers is live again. Starts a new
+        count of hedged requests (one per push)."""
+        self.hedged = 0
         for server in self.servers:
             if server.alive:
                 continue

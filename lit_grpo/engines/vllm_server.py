@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from lit_grpo.engines.base import Completion, SamplingSpec
+from lit_grpo.engines.hedge import HedgeRule
 from lit_grpo.engines.server_address import ServerAddress, server_address
 from lit_grpo.engines.server_answers import (
     check_answer,
@@ -59,12 +60,10 @@ class VLLMServerEngine:
         urls: several such servers (independent deployments, or the engines of ``vllm serve
             --data-parallel-external-lb``), instead of ``url``. Each adapter version is saved once (by rank 0 under
             DDP) and loaded on every server; each prompt's request (its ``n`` completions) goes to the server with
-            the fewest requests in flight, so a group never spans servers, and its seed comes from the prompt, so
-            a completion does not depend on the server that drew it. A server that fails a request (refused,
-            reset, timed out, HTTP 5xx, or an answer whose shape does not fit the request: ``check_answer``) is
-            skipped, the request retried on another, and ``/health`` probed again at the next push, which reloads
-            the adapter there; ``rollout/servers_alive`` counts the live ones.
-            When none is left the run stops with a message naming them and the checkpoint to resume from.
+            the fewest requests in flight (a group never spans servers), seeded by the prompt, not the server. A
+            server that fails a request (refused, reset, timed out, HTTP 5xx, a malformed answer:
+            ``check_answer``) is skipped until the next push probes it, the request retried on another
+            (``rollout/servers_alive``); none left: the run stops naming them and the checkpoint to resume from.
         api_key: the servers' API key (sent as a bearer token; given to a server the engine starts as
             ``VLLM_API_KEY``). ``None`` reads ``VLLM_API_KEY`` from the environment, if set.
         adapter_dir: where each push saves the adapter; every server must be able to read it (a shared filesystem
@@ -80,7 +79,14 @@ class VLLMServerEngine:
         server_args: extra command-line arguments for a server the engine starts (e.g. ``--tensor-parallel-size``).
         startup_timeout: seconds to wait for a started server to answer ``/health``.
         request_timeout: seconds to wait for one HTTP answer; a server slower than that counts as failed (a push
-            probing a down server's ``/health`` waits at most ``PROBE_TIMEOUT``, 10 s).
+            probing a down server's ``/health`` waits at most ``PROBE_TIMEOUT``, 10 s). With several servers it is
+            the outer bound only: a late request is hedged first (below); with one server it is the only bound.
+        hedge_factor: with several servers, a request unanswered after ``hedge_factor`` × the median time per
+            token of the run's last 16 answers × its ``max_new_tokens`` (at least ``hedge_min_seconds``) is sent,
+            same seed, to another live server too; the first answer is used and the late server skipped until the
+            next push, like a failed one (one warning; ``rollout/requests_hedged``). A push leaves out a server
+            still loading after ``hedge_factor`` × the slowest other's load. ``None``: wait ``request_timeout``.
+        hedge_min_seconds: the shortest hedge deadline: a server is never called late sooner.
         max_parallel_requests: requests in flight at once over all servers (one per prompt; servers batch them).
         shared: see ``RolloutEngine.shared``.
     """
@@ -103,6 +109,8 @@ class VLLMServerEngine:
         server_args: list[str] | None = None,
         startup_timeout: float = 600.0,
         request_timeout: float = 600.0,
+        hedge_factor: float | None = 4.0,
+        hedge_min_seconds: float = 5.0,
         max_parallel_requests: int = 64,
         shared: bool = False,
     ) -> None:
@@ -110,6 +118,13 @@ class VLLMServerEngine:
             raise InputError(f"VLLMServerEngine max_model_len must be >= 2 or None, got {max_model_len}")
         if kv_cache_gib <= 0:
             raise InputError(f"VLLMServerEngine kv_cache_gib must be positive, got {kv_cache_gib}")
+        if request_timeout <= 0:
+            raise InputError(f"VLLMServerEngine request_timeout must be positive (seconds), got {request_timeout}")
+        if hedge_factor is not None and hedge_factor <= 1:
+            raise InputError(f"VLLMServerEngine hedge_factor must be > 1 (a multiple of the typical answer time) or "
+                             f"null (never hedge), got {hedge_factor}")
+        if hedge_min_seconds < 0:
+            raise InputError(f"VLLMServerEngine hedge_min_seconds must be >= 0, got {hedge_min_seconds}")
         if max_parallel_requests < 1:
             raise InputError(f"VLLMServerEngine max_parallel_requests must be >= 1, got {max_parallel_requests}")
         self.urls = server_urls(url, urls)  # empty: the engine starts a server of its own
@@ -119,6 +134,7 @@ class VLLMServerEngine:
         self.enforce_eager, self.max_lora_rank, self.seed = enforce_eager, max_lora_rank, seed
         self.server_args = list(server_args or [])
         self.startup_timeout, self.request_timeout = startup_timeout, request_timeout
+        self.hedge_factor, self.hedge_min_seconds = hedge_factor, hedge_min_seconds
         self.max_parallel_requests, self.shared = max_parallel_requests, shared
         self._server: subprocess.Popen | None = None
         self._log_path: Path | None = None
@@ -139,8 +155,11 @@ class VLLMServerEngine:
 
     @property
     def metrics(self) -> dict[str, float]:
-        """Figures the DataModule logs as ``rollout/<name>``: the servers live after the last push or request."""
-        return {"servers_alive": float(self._pool.alive_count)} if self._pool is not None else {}
+        """Figures the DataModule logs as ``rollout/<name>``: the servers live after the last push or request, and
+        the requests sent again to another server (hedged) since the last push."""
+        if self._pool is None:
+            return {}
+        return {"servers_alive": float(self._pool.alive_count), "requests_hedged": float(self._pool.hedged)}
 
     # --- lifecycle ---------------------------------------------------------------------------------------------
     def push_policy(self, model: Any) -> None:
@@ -153,7 +172,7 @@ class VLLMServerEngine:
             self._adapter_name = self._load_everywhere(model)
             return
         if self._pool is None:
-            self._pool = ServerPool(self.urls, self._http)
+            self._pool = ServerPool(self.urls, self._http, self._hedge_rule())
         rank, world, self._group = distributed_peers(self._group)
         if world == 1:
             self._adapter_name = self._load_everywhere(model)
@@ -200,6 +219,8 @@ class VLLMServerEngine:
             self._stop_server()
         elif self._pool is not None:
             for server in self._pool.servers:  # the adapters this process loaded (rank 0's under DDP)
+                if not server.alive:
+                    continue  # given up: a restarted one holds nothing, a stuck one would hold this for request_timeout
                 try:
                     self._unload(server)
                 except RuntimeError:
@@ -247,7 +268,7 @@ class VLLMServerEngine:
                     f"max_lora_rank). Its last lines:\n{self._log_tail()}"
                 )
             if healthy(url):
-                self._pool = ServerPool([url], self._http)
+                self._pool = ServerPool([url], self._http, self._hedge_rule())
                 return
             time.sleep(0.5)
         self._stop_server()
@@ -273,9 +294,14 @@ class VLLMServerEngine:
         pool, name = self._pool, self._adapter_name
         bodies = [completion_request(name, prompt, n, sampling, index) for index, prompt in enumerate(prompts)]
         with ThreadPoolExecutor(max_workers=min(self.max_parallel_requests, max(len(bodies), 1))) as threads:
-            answers = list(threads.map(lambda body: pool.call("POST", "/v1/completions", body, self._checker(body)),
-                                       bodies))
+            answers = list(threads.map(lambda body: pool.call("POST", "/v1/completions", body, self._checker(body),
+                                                              tokens=body["max_tokens"]), bodies))
         return [parse_choices(answer, n) for answer in answers]
+
+    def _hedge_rule(self) -> HedgeRule | None:
+        if self.hedge_factor is None:
+            return None
+        return HedgeRule(self.hedge_factor, self.hedge_min_seconds, self.request_timeout)
 
     def _checker(self, body: dict[str, Any]) -> Callable[[Any], str | None]:
         """What is wrong with an answer to ``body`` (``check_answer``): a server that sends it counts as failed."""
