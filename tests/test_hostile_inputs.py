@@ -72,6 +72,33 @@ def adapter(tmp: Path, model: Path, rank: int, targets: str | list[str], poison:
     return ["--model.init_adapter", str(tmp / "adapter")]
 
 
+def dataset_file(name: str, content: bytes | Callable[[Path], None]) -> Callable[[Path, Path], list[str]]:
+    """A ``DatasetTask`` reading ``name`` in the tmp dir, written with ``content`` (or by it)."""
+    def prepare(tmp: Path, model: Path) -> list[str]:
+        target = tmp / name
+        if callable(content):
+            content(target)
+        else:
+            target.write_bytes(content)
+        return ["--data.task", "lit_grpo.tasks.DatasetTask", "--data.task.path", str(target)]
+    return prepare
+
+
+def truncated_arrow(target: Path) -> None:
+    """The first half of a real Arrow file as ``datasets`` writes it (its opening marker intact)."""
+    import datasets
+
+    saved = target.parent / "saved"
+    datasets.Dataset.from_dict({"prompt": [f"{i}+1=" for i in range(50)],
+                                "answer": [str(i + 1) for i in range(50)]}).save_to_disk(str(saved))
+    whole = next(saved.glob("*.arrow")).read_bytes()
+    target.write_bytes(whole[: len(whole) // 2])
+
+
+def no_files(target: Path) -> None:
+    target.mkdir()
+
+
 CASES = [
     Case("yaml-syntax", "a config file that is not YAML", config("model: [1\n"),
          "--config '<tmp>/run.yaml' cannot be read as YAML: line 2, column 1: expected ',' or ']'"),
@@ -151,6 +178,31 @@ CASES = [
                          "data/chat-addition/train.parquet", "--data.task.prompt_column", "question"],
          "row 0: no 'question' column (it has: prompt, solution, task_id); set data.task.init_args.prompt_column",
          before_load=False),
+    Case("csv-header-only", "a CSV holding only its header", dataset_file("p.csv", b"prompt,answer\n"),
+         "data file '<tmp>/p.csv' holds only its header row (prompt,answer): no rows of data below it",
+         before_load=False),
+    Case("csv-latin-1", "a Latin-1 CSV", dataset_file("p.csv", "prompt,answer\ncafé 1+1=,2\n".encode("latin-1")),
+         "data file '<tmp>/p.csv' is not UTF-8 text (byte 0xE9 at offset 17, line 2); it seems to be Latin-1 "
+         "(ISO-8859-1): save it as UTF-8", before_load=False),
+    Case("jsonl-utf-16", "a UTF-16 JSONL file", dataset_file("p.jsonl", '{"prompt": "1+1="}\n'.encode("utf-16")),
+         "data file '<tmp>/p.jsonl' is not UTF-8 text (byte 0xFF at offset 0, line 1); it seems to be UTF-16",
+         before_load=False),
+    Case("arrow-damaged", "a truncated Arrow file", dataset_file("p.arrow", truncated_arrow),
+         "data file '<tmp>/p.arrow' (split 'train') is a damaged Arrow file (truncated or corrupted; its reader "
+         "says", before_load=False),
+    Case("arrow-not-arrow", "a CSV named .arrow", dataset_file("p.arrow", b"prompt,answer\n1+1=,2\n"),
+         "data file '<tmp>/p.arrow' is not an Arrow file (it lacks the Arrow format's opening marker): it is "
+         "damaged, or another format under the .arrow suffix; it starts as text ('prompt,a')", before_load=False),
+    Case("parquet-empty", "an empty Parquet file", dataset_file("p.parquet", b""),
+         "data file '<tmp>/p.parquet' is empty (0 bytes)", before_load=False),
+    Case("parquet-truncated", "a truncated Parquet file",
+         dataset_file("p.parquet", (ROOT / "data/chat-addition/train.parquet").read_bytes()[:3000]),
+         "data file '<tmp>/p.parquet' is not a Parquet file (a Parquet file starts and ends with PAR1): it is "
+         "truncated or damaged", before_load=False),
+    Case("json-empty-list", "a JSON file holding `[]`", dataset_file("p.json", b"[]\n"),
+         "data file '<tmp>/p.json' holds an empty JSON list: no rows", before_load=False),
+    Case("data-folder-empty", "a folder without data files as the data path", dataset_file("rows", no_files),
+         "data file '<tmp>/rows' holds no data files (.jsonl, .json, .parquet, .csv, .arrow)", before_load=False),
     Case("reward-model-causal", "a causal LM given as a RewardModel",
          lambda tmp, m: ["--data.task", "lit_grpo.tasks.DatasetTask", "--data.task.path",
                          "data/chat-addition/train.parquet", "--data.task.failure_reward", "-1",
