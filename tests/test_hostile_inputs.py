@@ -95,6 +95,24 @@ def truncated_arrow(target: Path) -> None:
     target.write_bytes(whole[: len(whole) // 2])
 
 
+def sentiment_reward_model(tmp: Path, model: Path) -> list[str]:
+    """A ``DatasetTask`` scored by a tiny random two-label (NEGATIVE/POSITIVE) classifier given without a label."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
+
+    target = tmp / "sentiment"
+    target.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(ROOT / "data" / "tiny-qwen2-chat" / name, target / name)
+    config = Qwen2Config(vocab_size=32_704, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, id2label={0: "NEGATIVE", 1: "POSITIVE"},
+                         label2id={"NEGATIVE": 0, "POSITIVE": 1},
+                         pad_token_id=AutoTokenizer.from_pretrained(target).pad_token_id)
+    Qwen2ForSequenceClassification(config).save_pretrained(target)
+    reward = json.dumps([{"class_path": "lit_grpo.tasks.RewardModel", "init_args": {"path": str(target)}}])
+    return ["--data.task", "lit_grpo.tasks.DatasetTask", "--data.task.path", "data/chat-addition/train.parquet",
+            "--data.task.failure_reward", "-1", "--data.task.rewards", reward]
+
+
 def no_files(target: Path) -> None:
     target.mkdir()
 
@@ -178,6 +196,10 @@ CASES = [
                          "data/chat-addition/train.parquet", "--data.task.prompt_column", "question"],
          "row 0: no 'question' column (it has: prompt, solution, task_id); set data.task.init_args.prompt_column",
          before_load=False),
+    Case("reward-model-two-labels", "a NEGATIVE/POSITIVE classifier given as a RewardModel without a label",
+         sentiment_reward_model,
+         "RewardModel '<tmp>/sentiment': its classifier head has 2 outputs (0 NEGATIVE, 1 POSITIVE) and the score is "
+         "one of them: name it with label (e.g. label: POSITIVE) or label_index in the RewardModel's init_args"),
     Case("csv-header-only", "a CSV holding only its header", dataset_file("p.csv", b"prompt,answer\n"),
          "data file '<tmp>/p.csv' holds only its header row (prompt,answer): no rows of data below it",
          before_load=False),
