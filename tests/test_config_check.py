@@ -44,7 +44,7 @@ def test_every_problem_reported_at_once():
         "ppo2",
         "model.kl_coef",
         "lots",
-        "model.lora_rnak",
+        "model.lora_rnak: unknown key; did you mean lora_rank?",
         "data.task: cannot import class_path 'no.such.module.Task'",
         "model.model_name_or_path: '/nonexistent/model' is not a model directory",
         "data.group_size 1 with model.advantage_mode 'grpo'",

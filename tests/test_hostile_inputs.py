@@ -200,6 +200,21 @@ CASES = [
          sentiment_reward_model,
          "RewardModel '<tmp>/sentiment': its classifier head has 2 outputs (0 NEGATIVE, 1 POSITIVE) and the score is "
          "one of them: name it with label (e.g. label: POSITIVE) or label_index in the RewardModel's init_args"),
+    Case("engine-key", "a misspelt key inside `data.engine.init_args`",
+         lambda tmp, m: ["--data.engine", "lit_grpo.engines.HFEngine", "--data.engine.init_args.batchsize", "3"],
+         "\n  - data.engine.batchsize: unknown key; did you mean batch_size?\n"),
+    Case("callback-key", "a misspelt key in a callback's section",
+         config("trainer:\n  callbacks:\n    - class_path: ModelCheckpoint\n      init_args:\n"
+                "        every_n_epoch: 2\nmetrics:\n  table_row: 3\n"),
+         "has 2 problem(s):\n  - trainer.callbacks[0].every_n_epoch: unknown key; did you mean every_n_epochs?\n"
+         "  - metrics.table_row: unknown key; did you mean table_rows?\n"),
+    Case("reward-key", "a misspelt key of a reward inside `data.task.init_args.rewards`",
+         lambda tmp, m: ["--data.task", "lit_grpo.tasks.DatasetTask", "--data.task.path",
+                         "data/chat-addition/train.parquet", "--data.task.rewards",
+                         '[{"class_path": "lit_grpo.tasks.RewardModel", "init_args": {"path": "x", "labl": 1}}]'],
+         "\n  - data.task.rewards[0].labl: unknown key; did you mean label?\n"),
+    Case("top-level-key", "a misspelt top-level section", config("modle:\n  lora_rank: 4\n"),
+         "\n  - modle: unknown top-level key; did you mean model?\n"),
     Case("csv-header-only", "a CSV holding only its header", dataset_file("p.csv", b"prompt,answer\n"),
          "data file '<tmp>/p.csv' holds only its header row (prompt,answer): no rows of data below it",
          before_load=False),
