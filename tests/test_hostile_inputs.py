@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +115,23 @@ def sentiment_reward_model(tmp: Path, model: Path) -> list[str]:
             "--data.task.failure_reward", "-1", "--data.task.rewards", reward]
 
 
+HELD_PORTS: list[socket.socket] = []  # listening until the test process ends, as another program's server would
+
+
+def taken_port(server_args: bool) -> Callable[[Path, Path], list[str]]:
+    """The vLLM server engine told to start its server on a port another process listens on."""
+    def prepare(tmp: Path, model: Path) -> list[str]:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        HELD_PORTS.append(listener)
+        port = str(listener.getsockname()[1])
+        given = ["--data.engine.init_args.server_args", f"[--port, '{port}']"] if server_args else [
+            "--data.engine.init_args.port", port]
+        return ["--data.engine", "lit_grpo.engines.VLLMServerEngine", *given]
+    return prepare
+
+
 def no_files(target: Path) -> None:
     target.mkdir()
 
@@ -215,6 +234,11 @@ CASES = [
          "\n  - data.task.rewards[0].labl: unknown key; did you mean label?\n"),
     Case("top-level-key", "a misspelt top-level section", config("modle:\n  lora_rank: 4\n"),
          "\n  - modle: unknown top-level key; did you mean model?\n"),
+    Case("vllm-port-taken", "a vLLM server port another process listens on", taken_port(server_args=False),
+         "data.engine.init_args.port: port <port> on 127.0.0.1 cannot be used (Address already in use; another process "
+         "may be listening there): give a free port, or leave it unset for one the engine picks"),
+    Case("vllm-port-taken-args", "the same port given as `--port` in `server_args`", taken_port(server_args=True),
+         "data.engine.init_args.server_args (--port): port <port> on 127.0.0.1 cannot be used (Address already in use"),
     Case("csv-header-only", "a CSV holding only its header", dataset_file("p.csv", b"prompt,answer\n"),
          "data file '<tmp>/p.csv' holds only its header row (prompt,answer): no rows of data below it",
          before_load=False),
@@ -254,10 +278,15 @@ CASES = [
 def test_a_bad_input_gets_one_message_and_exit_code_2(case, tiny_llama_dir, tmp_path, capsys, monkeypatch):
     code, err, _, refused_before_load = outcome(case, tmp_path, Path(tiny_llama_dir), capsys, monkeypatch)
     assert code == 2, err[-2000:]
-    assert case.message in err.replace(str(tmp_path), "<tmp>")
+    assert case.message in masked(err, tmp_path)
     assert "Traceback" not in err
     if case.before_load:
         assert refused_before_load
+
+
+def masked(err: str, tmp: Path) -> str:
+    """``err`` with the tmp dir shown as <tmp> and a port the test picked as <port>: the same text on every run."""
+    return re.sub(r"\bport \d+ on\b", "port <port> on", err.replace(str(tmp), "<tmp>"))
 
 
 def outcome(case: Case, tmp: Path, model: Path, capsys: pytest.CaptureFixture[str],
@@ -272,7 +301,7 @@ def outcome(case: Case, tmp: Path, model: Path, capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit) as info:
         main(base + args)
     err = capsys.readouterr().err
-    shown = err.replace(str(tmp), "<tmp>")
+    shown = masked(err, tmp)
     lines = [line for line in shown.splitlines() if line.startswith("lit-grpo:") or line.startswith("  - ")]
     return info.value.code, err, " ".join(lines), not weights_read
 
