@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from reliability_doc import documented
 
 from lit_grpo.cli import main
 from lit_grpo.run.signals import Terminated
@@ -109,3 +110,8 @@ def test_a_reward_raising_interrupt_or_exit_is_named_and_the_run_finishes(reward
                                        f"  {reward}: {raised} (on 4 completion(s)") for m in warned), warned
     assert "Traceback" not in capfd.readouterr().err  # no worker died printing one; no Ctrl-C taken for the user's
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()  # the run's end: the final adapter
+    where = "in the reward worker (`data.reward_timeout`)" if worker else "in the trainer's process"
+    documented(f"a reward raising `{raised.split(':')[0]}` itself, {where}",
+               f"exit 0, no traceback; a reward error on each completion ({reward}: {raised}), scored failure_reward, "
+               "named in the epoch's reward-error warning; the run finished and saved its adapter",
+               "test_hostile_rewards.py")

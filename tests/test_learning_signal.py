@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from reliability_doc import documented
 import torch
 
 from lit_grpo.buffers.buffer import RolloutBuffer
@@ -80,8 +81,11 @@ def test_sampling_too_cold_to_differ_stops_the_run_with_one_message(tmp_path, ca
     assert ("lit-grpo: every group's completions were one completion repeated for 3 epochs in a row at "
             "data.temperature 1e-09: sampling this cold draws the most likely completion every time") in err
     assert "Traceback" not in err
-    kept = sorted(p.name for p in tmp_path.rglob("*.ckpt"))  # stopped before training the third epoch's rollouts
-    assert kept and "epoch=2" not in " ".join(kept), kept
+    last = torch.load(next(tmp_path.rglob("last.ckpt")), weights_only=True)
+    assert last["epoch"] == 1  # stopped before training the third epoch's rollouts; epoch 1's checkpoint kept
+    line = next(line for line in err.splitlines() if line.startswith("lit-grpo: every group"))
+    documented("`data.temperature: 1e-9` (0 is refused)", f"exit 2 before training a third flat epoch, no traceback, "
+               f"epoch 1's last.ckpt kept: {line}", "test_learning_signal.py")
 
 
 def test_a_reward_failing_on_every_completion_is_said_once(tmp_path, recwarn):
@@ -91,3 +95,5 @@ def test_a_reward_failing_on_every_completion_is_said_once(tmp_path, recwarn):
     assert said == ["the reward failed on every completion for 3 epochs in a row (rollout/reward_errors; the "
                     "reward-error warnings name what it raised): every completion scores the task's failure_reward, "
                     "so the run trains on nothing; fix the reward"]
+    documented("a reward failing on every completion, 4 epochs", f"exit 0; one warning, after the third epoch: {said[0]}",
+               "test_learning_signal.py")
