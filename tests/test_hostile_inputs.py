@@ -260,6 +260,10 @@ CASES = [
          "truncated or damaged"),
     Case("json-empty-list", "a JSON file holding `[]`", dataset_file("p.json", b"[]\n"),
          "data file '<tmp>/p.json' holds an empty JSON list: no rows"),
+    Case("json-bad-line", "a .json file of JSON lines with one broken line",
+         dataset_file("p.json", b'{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", answer: "4"}\n'),
+         "data file '<tmp>/p.json' (split 'train') is not valid JSON lines: line 2, column 20: Expecting property "
+         "name enclosed in double quotes (data.task.path"),
     Case("data-folder-empty", "a folder without data files as the data path", dataset_file("rows", no_files),
          "data file '<tmp>/rows' holds no data files (.jsonl, .json, .parquet, .csv, .arrow)"),
     Case("reward-model-causal", "a causal LM given as a RewardModel",
@@ -278,6 +282,7 @@ def test_a_bad_input_gets_one_message_and_exit_code_2(case, tiny_llama_dir, tmp_
     assert code == 2, err[-2000:]
     assert case.message in masked(err, tmp_path)
     assert "Traceback" not in err
+    assert "Generating train split" not in err and "Failed to " not in err  # datasets' own bars and log lines
     if case.before_load:
         assert refused_before_load
 

@@ -16,7 +16,13 @@ from unittest.mock import patch
 
 from lit_grpo.errors import InputError
 from lit_grpo.run.model_files import shipped_path
-from lit_grpo.tasks.file_problems import datasets_reason, file_problem, folder_problem, utf8_problem
+from lit_grpo.tasks.file_problems import (
+    datasets_reason,
+    file_problem,
+    folder_problem,
+    json_syntax_problem,
+    utf8_problem,
+)
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 SOURCES = f"a data file ({', '.join(FILE_BUILDERS)}), a save_to_disk directory, or a hub id already in the local cache"
@@ -38,6 +44,23 @@ def offline() -> Iterator[None]:
             stack.enter_context(patch.object(owner, name, True))
         stack.enter_context(patch.dict(os.environ, {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}))
         yield
+
+
+@contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """``datasets`` without its progress bars and its own log lines (``Failed to load JSON from file ...`` before the
+    error it raises): a file it cannot read gets lit-grpo's one message. Its settings are put back after."""
+    import datasets
+
+    bars_off, verbosity = datasets.are_progress_bars_disabled(), datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors are raised too: lit-grpo words them
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+        if not bars_off:
+            datasets.enable_progress_bars()
 
 
 def load_rows(path: str, split: str) -> list[Row]:
@@ -73,7 +96,7 @@ def load_dataset_rows(path: str, local: Path, split: str) -> list[dict[str, Any]
 
     suffix = local.suffix if local.is_file() else ""
     try:
-        with offline():
+        with offline(), quiet_datasets():
             if local.suffix in FILE_BUILDERS and local.is_file():
                 data = datasets.load_dataset(FILE_BUILDERS[local.suffix], data_files={split: str(local)}, split=split)
             elif (local / "dataset_info.json").is_file() or (local / "dataset_dict.json").is_file():
@@ -83,8 +106,8 @@ def load_dataset_rows(path: str, local: Path, split: str) -> list[dict[str, Any]
                 data = datasets.load_dataset(str(local) if local.is_dir() else path, split=split)
     except (FileNotFoundError, ValueError, KeyError, OSError, datasets.exceptions.DatasetNotFoundError,
             datasets.exceptions.DatasetGenerationError) as error:
-        raise InputError(f"data file {path!r} (split {split!r}) {datasets_reason(error, suffix)} (data.task.path: "
-                         f"{SOURCES})") from None
+        reason = (json_syntax_problem(local) if suffix == ".json" else None) or datasets_reason(error, suffix)
+        raise InputError(f"data file {path!r} (split {split!r}) {reason} (data.task.path: {SOURCES})") from None
     return [dict(row) for row in data]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import json
 import re
 from pathlib import Path
 
@@ -90,6 +91,30 @@ def json_problem(path: Path) -> str | None:
         return "holds no JSON (only whitespace)"
     if re.fullmatch(r"\[\s*\]|\{\s*\}", head):
         return f"holds an empty JSON {'list' if head.startswith('[') else 'object'}: no rows"
+    return None
+
+
+def json_syntax_problem(path: Path) -> str | None:
+    """Where a UTF-8 ``.json`` file is not JSON, by Python's parser (``datasets``' own says ``Unexpected character
+    found when decoding 'null'``): as JSON lines when its first line is an object alone, else as one document."""
+    text = path.read_text(encoding="utf-8")
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    try:
+        as_lines = bool(lines) and isinstance(json.loads(lines[0][1]), dict)
+    except json.JSONDecodeError:
+        as_lines = False
+    for number, line in lines if as_lines else []:
+        try:
+            json.loads(line)
+        except json.JSONDecodeError as error:
+            return f"is not valid JSON lines: line {number}, column {error.colno}: {error.msg}"
+    if as_lines:
+        return None
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as error:
+        return (f"is not valid JSON: line {error.lineno}, column {error.colno}: {error.msg} (a .json file holds one "
+                "JSON document, or one object per line)")
     return None
 
 
