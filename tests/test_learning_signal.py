@@ -12,7 +12,7 @@ import torch
 
 from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.cli import main
-from lit_grpo.policy.learning_signal import EpochSignal, epoch_signal, no_signal_verdict
+from lit_grpo.policy.learning_signal import EpochSignal, epoch_signal, flat_means_no_signal, no_signal_verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAT = EpochSignal(groups=2, flat_groups=2, identical_groups=0, completions=4, failed_completions=0)
@@ -45,6 +45,14 @@ def test_the_verdict_names_the_cause_and_stops_only_where_nothing_can_change_it(
     assert no_signal_verdict([FAILED, FAILED, FLAT], 1.0).cause == "flat"  # one epoch's rewards did not fail
     mixed = EpochSignal(groups=2, flat_groups=2, identical_groups=1, completions=4, failed_completions=0)
     assert no_signal_verdict([ALIKE, mixed, ALIKE], 1e-9).cause == "flat"  # one group differed: not the cold cause
+
+
+def test_only_group_relative_advantages_make_a_flat_group_signal_free():
+    assert flat_means_no_signal("grpo", "loss", 0.04) and flat_means_no_signal("rloo", "reward", 0.0)
+    assert not flat_means_no_signal("raw", "loss", 0.0)  # A = r: a flat group still pushes
+    assert not flat_means_no_signal("gae", "loss", 0.0)  # a value baseline's residual
+    assert not flat_means_no_signal("grpo", "reward", 0.1)  # each sequence's own KL makes the rewards differ
+    assert not flat_means_no_signal(None, None, None)  # a module of the user's: nothing is assumed
 
 
 def test_epoch_signal_counts_flat_and_identical_groups_and_failures():

@@ -1,5 +1,5 @@
-"""A run that cannot learn says so. A group whose rewards are all equal gives every completion advantage 0 in every
-mode but ``raw``: no policy gradient. When every group of several epochs in a row is so, the run trains on nothing;
+"""A run that cannot learn says so. A group whose rewards are all equal gives every completion advantage 0 in the
+group-relative modes (``flat_means_no_signal``): no policy gradient. When every group of several epochs in a row is so, the run trains on nothing;
 ``no_signal_verdict`` names the cause (a reward failing on every completion, completions all alike, rewards all
 alike) in one warning, and stops the run where nothing can change it: sampling so cold that each prompt's
 completions are one completion drawn ``group_size`` times, which no update can change because no update happens.
@@ -22,6 +22,9 @@ from lit_grpo.buffers.report import RolloutReport
 from lit_grpo.errors import InputError
 
 PATIENCE = 3  # epochs in a row without a learning signal before the run says so
+# the advantage modes that give a group whose rewards are all equal advantage 0 (``raw`` gives r; ``gae`` a value
+# baseline's residual)
+GROUP_RELATIVE = ("centered", "grpo", "drgrpo", "rloo", "max")
 # at or below this temperature sampling is the argmax: a logit gap of 0.5 makes the runner-up e^-50 times as likely
 COLD_TEMPERATURE = 1e-2
 
@@ -42,6 +45,12 @@ class Verdict:
     stop: bool  # nothing can change it: stop the run (else: one warning)
     cause: str  # which of the causes, so that each is said once
     message: str
+
+
+def flat_means_no_signal(advantage_mode: str | None, kl_in: str | None, kl_coef: float | None) -> bool:
+    """Whether a group with equal task rewards gives no policy gradient: a group-relative advantage mode, its
+    rewards not changed by a KL penalty (``kl_in: reward`` with ``kl_coef`` > 0 subtracts each sequence's own KL)."""
+    return advantage_mode in GROUP_RELATIVE and not (kl_in == "reward" and (kl_coef or 0) > 0)
 
 
 def epoch_signal(buffer: RolloutBuffer) -> EpochSignal:
@@ -96,7 +105,9 @@ def no_signal_verdict(epochs: Sequence[EpochSignal], temperature: float,
 
 class LearningSignalWatch(pl.Callback):
     """At each epoch's start, once its rollouts are drawn and before training on them: ``no_signal_verdict`` over the
-    epochs so far; a warning once per cause, or a stop (``InputError``, one message) where nothing can change it."""
+    epochs so far; a warning once per cause, or a stop (``InputError``, one message) where nothing can change it.
+    Only for a module whose hyper-parameters (Lightning's ``hparams``) make a flat group signal-free
+    (``flat_means_no_signal``)."""
 
     def __init__(self, patience: int = PATIENCE) -> None:
         self.patience = patience
@@ -107,6 +118,9 @@ class LearningSignalWatch(pl.Callback):
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         datamodule = trainer.datamodule
         report = datamodule.epoch_report if isinstance(datamodule, ReportsRollouts) else None
+        knobs = pl_module.hparams
+        if not flat_means_no_signal(knobs.get("advantage_mode"), knobs.get("kl_in"), knobs.get("kl_coef")):
+            return
         if report is None or report is self._seen:  # no rollouts this epoch (a resume's placeholder loader)
             return
         self._seen = report
