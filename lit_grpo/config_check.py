@@ -178,7 +178,7 @@ def key_problems(section: str, cls: type | Callable, values: dict[str, Any]) -> 
     accepted = accepted_keys(cls)
 
     def problem(key: str, alongside: list[str]) -> str | None:
-        if accepted is not None and key not in accepted:
+        if accepted is not None and key.removesuffix("+") not in accepted:  # ``key+=``: jsonargparse's append
             return f"{section}.{key}: unknown key{did_you_mean(key, accepted)}"
         try:
             parser.parse_object({**{k: values[k] for k in alongside if k != key}, key: values[key]}, defaults=False)

@@ -95,8 +95,10 @@ def prompts_file(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("reward", "worker"), [("interrupting", False), ("interrupting", True), ("exiting", True)],
-                         ids=["interrupt-in-process", "interrupt-in-worker", "exit-in-worker"])
+@pytest.mark.parametrize(("reward", "worker"), [  # one quick; the others are fits of their own, slow
+    pytest.param("interrupting", False, marks=pytest.mark.slow), ("interrupting", True),
+    pytest.param("exiting", True, marks=pytest.mark.slow)], ids=["interrupt-in-process", "interrupt-in-worker",
+                                                                 "exit-in-worker"])
 def test_a_reward_raising_interrupt_or_exit_is_named_and_the_run_finishes(reward, worker, tmp_path, capfd, recwarn):
     args = ["fit", "--model.model_name_or_path", str(ROOT / "data" / "tiny-llama"), "--trainer.max_epochs", "1",
             "--trainer.default_root_dir", str(tmp_path), *SMALL, "--data.task", "lit_grpo.tasks.DatasetTask",

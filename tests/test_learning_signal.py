@@ -81,6 +81,7 @@ def command(tmp_path: Path, *extra: str) -> list[str]:
             str(prompts_file(tmp_path)), *extra]
 
 
+@pytest.mark.slow  # a fit of three epochs
 def test_sampling_too_cold_to_differ_stops_the_run_with_one_message(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(command(tmp_path, "--data.temperature", "1e-9", "--trainer.max_epochs", "5"))
@@ -96,6 +97,7 @@ def test_sampling_too_cold_to_differ_stops_the_run_with_one_message(tmp_path, ca
                f"epoch 1's last.ckpt kept: {line}", "test_learning_signal.py")
 
 
+@pytest.mark.slow  # a fit of four epochs
 def test_a_reward_failing_on_every_completion_is_said_once(tmp_path, recwarn):
     main(command(tmp_path, "--data.task.reward", "tests.helpers_rewards.InterruptingReward", "--trainer.max_epochs",
                  "4", "--trainer.enable_checkpointing", "false"))
