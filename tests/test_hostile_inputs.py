@@ -118,6 +118,13 @@ def sentiment_reward_model(tmp: Path, model: Path) -> list[str]:
 HELD_PORTS: list[socket.socket] = []  # listening until the test process ends, as another program's server would
 
 
+@pytest.fixture(autouse=True, scope="module")
+def close_held_ports():
+    yield
+    while HELD_PORTS:
+        HELD_PORTS.pop().close()
+
+
 def taken_port(server_args: bool) -> Callable[[Path, Path], list[str]]:
     """The vLLM server engine told to start its server on a port another process listens on."""
     def prepare(tmp: Path, model: Path) -> list[str]:
