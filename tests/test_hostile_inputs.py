@@ -253,6 +253,9 @@ CASES = [
          "(ISO-8859-1): save it as UTF-8"),
     Case("jsonl-utf-16", "a UTF-16 JSONL file", dataset_file("p.jsonl", '{"prompt": "1+1="}\n'.encode("utf-16")),
          "data file '<tmp>/p.jsonl' is not UTF-8 text (byte 0xFF at offset 0, line 1); it seems to be UTF-16"),
+    Case("csv-semicolons", "a CSV separated by semicolons", dataset_file("p.csv", b"prompt;answer\n1+1=;2\n2+2=;4\n"),
+         "lit-grpo: <tmp>/p.csv [train] row 0: no 'prompt' column (it has: prompt;answer) (one column, its name "
+         "holding semicolons: a CSV separated by semicolons? save it with commas); set data.task.init_args.prompt_column"),
     Case("arrow-damaged", "a truncated Arrow file", dataset_file("p.arrow", truncated_arrow),
          "data file '<tmp>/p.arrow' (split 'train') is a damaged Arrow file (truncated or corrupted; its reader "
          "says"),
