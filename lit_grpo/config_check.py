@@ -184,6 +184,9 @@ def key_problems(section: str, cls: type | Callable, values: dict[str, Any]) -> 
             parser.parse_object({**{k: values[k] for k in alongside if k != key}, key: values[key]}, defaults=False)
         except Exception as error:  # noqa: BLE001 - jsonargparse raises several types; we report its text
             detail = " ".join(str(error).split("\n")[1:]).strip() or str(error)
+            if f"Option '{key}' is not accepted" in detail:  # a class taking **kwargs that jsonargparse refuses
+                named = signature_defaults(cls) if isinstance(cls, type) else {}
+                return f"{section}.{key}: unknown key{did_you_mean(key, named)}"
             return f"{section}.{key}: {detail}"
         return None
 
@@ -194,8 +197,9 @@ def key_problems(section: str, cls: type | Callable, values: dict[str, Any]) -> 
 
 
 def section_problems(config: dict[str, Any], trainer_cfg: dict[str, Any]) -> list[str]:
-    """Keys one level down, checked as the top level is: ``data.engine``'s, each of ``trainer.callbacks`` and of
-    ``trainer.logger``, and the ``metrics:`` and ``checkpoint:`` callback sections."""
+    """Keys one level down, checked as the top level is: ``data.engine``'s, each of ``trainer.callbacks``,
+    ``trainer.logger``, ``trainer.strategy`` and ``trainer.plugins``, and the ``metrics:`` and ``checkpoint:``
+    callback sections."""
     from lightning.pytorch import Callback
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -204,10 +208,12 @@ def section_problems(config: dict[str, Any], trainer_cfg: dict[str, Any]) -> lis
     callbacks = trainer_cfg.get("callbacks")
     for index, spec in enumerate(callbacks if isinstance(callbacks, list) else [callbacks] if callbacks else []):
         problems += class_path_problems(f"trainer.callbacks[{index}]", with_package(spec, CALLBACK_PACKAGES), Callback)
-    loggers = trainer_cfg.get("logger")
-    for index, spec in enumerate(loggers if isinstance(loggers, list) else [loggers]):
-        section = f"trainer.logger[{index}]" if isinstance(loggers, list) else "trainer.logger"
-        problems += class_path_problems(section, with_package(spec, ("lightning.pytorch.loggers",)), object)
+    for key, package in (("logger", "lightning.pytorch.loggers"), ("strategy", "lightning.pytorch.strategies"),
+                         ("plugins", "lightning.pytorch.plugins")):
+        given = trainer_cfg.get(key)
+        for index, spec in enumerate(given if isinstance(given, list) else [given]):
+            section = f"trainer.{key}[{index}]" if isinstance(given, list) else f"trainer.{key}"
+            problems += class_path_problems(section, with_package(spec, (package,)), object)
     for name, cls in (("metrics", import_object(METRICS_CALLBACK)), ("checkpoint", ModelCheckpoint)):
         values = config.get(name)
         if isinstance(values, dict):
@@ -275,6 +281,9 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     optimizer_bad = optimizer_problems(model_cfg.pop("optimizer", None))
     problems += optimizer_bad
     model_bad = key_problems("model", PolicyModule, model_cfg)
+    for key in {"class_path", "init_args"} & set(model_bad):  # data.task's nesting, which model: does not take
+        model_bad[key] = (f"model.{key}: model: takes PolicyModule's settings directly (model.kl_coef, not "
+                          "model.init_args.kl_coef)")
     data_bad = key_problems("data", RolloutDataModule, {k: v for k, v in data_cfg.items() if k not in ("task", "engine")})
     trainer_bad = key_problems("trainer", Trainer, {k: v for k, v in trainer_cfg.items() if k not in ("callbacks", "logger", "plugins", "strategy")})
     problems += list(model_bad.values()) + list(data_bad.values()) + list(trainer_bad.values())

@@ -32,8 +32,10 @@ def with_package(spec: Any, packages: tuple[str, ...]) -> Any:
         return spec
     for package in packages:
         try:
-            pkgutil.resolve_name(f"{package}.{path}")
+            found = pkgutil.resolve_name(f"{package}.{path}")
         except Exception:  # noqa: BLE001 - not in this package
+            continue
+        if not isinstance(found, type):  # a module of that name (``ddp``): a registry alias, not a class
             continue
         full = f"{package}.{path}"
         return {**spec, "class_path": full} if isinstance(spec, dict) else full
