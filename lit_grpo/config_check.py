@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from jsonargparse import ArgumentParser, get_loader
 
+from lit_grpo.config_names import accepted_keys, did_you_mean, with_package
 from lit_grpo.errors import InputError
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule
@@ -27,6 +28,8 @@ RISK_CALLBACK = "lit_grpo.callbacks.risk.RiskThreshold"  # by name: only cli.py 
 # weights_only: Lightning writes it into every run's config.yaml, which must come back as the resume command's --config
 TOP_LEVEL_KEYS = {"config", "seed_everything", "trainer", "model", "data", "ckpt_path", "weights_only", "metrics",
                   "checkpoint"}
+METRICS_CALLBACK = "lit_grpo.callbacks.metrics.RolloutMetrics"  # the ``metrics:`` section's class
+CALLBACK_PACKAGES = ("lightning.pytorch.callbacks", "lit_grpo.callbacks")  # where a bare callback name is found
 
 
 def merged_config(args: list[str]) -> dict[str, Any] | None:
@@ -167,21 +170,56 @@ def key_problems(section: str, cls: type | Callable, values: dict[str, Any]) -> 
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(cls) if isinstance(cls, type) else parser.add_function_arguments(cls)
     missing = [name for name in required_arguments(cls) if name not in values]
-    if missing:  # every key's parse would fail on them: report them alone
-        return {name: f"{section}.{name}: required, not given" for name in missing}
+    if missing:  # every key's parse would fail on them: report them alone (and a given key that looks like one)
+        return {name: f"{section}.{name}: required, not given{did_you_mean(name, values).replace('did you mean', 'is it')}"
+                for name in missing}
     required = required_arguments(cls)
 
+    accepted = accepted_keys(cls)
+
     def problem(key: str, alongside: list[str]) -> str | None:
+        if accepted is not None and key.removesuffix("+") not in accepted:  # ``key+=``: jsonargparse's append
+            return f"{section}.{key}: unknown key{did_you_mean(key, accepted)}"
         try:
             parser.parse_object({**{k: values[k] for k in alongside if k != key}, key: values[key]}, defaults=False)
         except Exception as error:  # noqa: BLE001 - jsonargparse raises several types; we report its text
             detail = " ".join(str(error).split("\n")[1:]).strip() or str(error)
+            if f"Option '{key}' is not accepted" in detail:  # a class taking **kwargs that jsonargparse refuses
+                named = signature_defaults(cls) if isinstance(cls, type) else {}
+                return f"{section}.{key}: unknown key{did_you_mean(key, named)}"
             return f"{section}.{key}: {detail}"
         return None
 
     problems = {key: p for key in required if (p := problem(key, required)) is not None}
     sound = [key for key in required if key not in problems]
     problems.update({key: p for key in values if key not in required and (p := problem(key, sound)) is not None})
+    return problems
+
+
+def section_problems(config: dict[str, Any], trainer_cfg: dict[str, Any]) -> list[str]:
+    """Keys one level down, checked as the top level is: ``data.engine``'s, each of ``trainer.callbacks``,
+    ``trainer.logger``, ``trainer.strategy`` and ``trainer.plugins``, and the ``metrics:`` and ``checkpoint:``
+    callback sections."""
+    from lightning.pytorch import Callback
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    data_cfg = config.get("data") if isinstance(config.get("data"), dict) else {}
+    problems = class_path_problems("data.engine", with_package(data_cfg.get("engine"), ("lit_grpo.engines",)), object)
+    callbacks = trainer_cfg.get("callbacks")
+    for index, spec in enumerate(callbacks if isinstance(callbacks, list) else [callbacks] if callbacks else []):
+        problems += class_path_problems(f"trainer.callbacks[{index}]", with_package(spec, CALLBACK_PACKAGES), Callback)
+    for key, package in (("logger", "lightning.pytorch.loggers"), ("strategy", "lightning.pytorch.strategies"),
+                         ("plugins", "lightning.pytorch.plugins")):
+        given = trainer_cfg.get(key)
+        for index, spec in enumerate(given if isinstance(given, list) else [given]):
+            section = f"trainer.{key}[{index}]" if isinstance(given, list) else f"trainer.{key}"
+            problems += class_path_problems(section, with_package(spec, (package,)), object)
+    for name, cls in (("metrics", import_object(METRICS_CALLBACK)), ("checkpoint", ModelCheckpoint)):
+        values = config.get(name)
+        if isinstance(values, dict):
+            problems += list(key_problems(name, cls, values).values())
+        elif values is not None:
+            problems.append(f"{name}: expected a mapping of {name}.* settings, got {values!r}")
     return problems
 
 
@@ -206,17 +244,19 @@ def class_path_problems(section: str, spec: Any, base: type) -> list[str]:
 
 
 def nested_import_problems(section: str, init_args: dict[str, Any]) -> dict[str, str]:
-    """Arguments given as ``{class_path: ...}`` (a task's ``reward``, or a list of them) whose class does not
-    import: reported plainly instead of jsonargparse's union-type listing."""
+    """Arguments given as ``{class_path: ...}`` (a task's ``reward``, or a list of them): a class that does not
+    import, or arguments it does not accept, reported plainly (``data.task.rewards[0].labl: unknown key``) instead
+    of jsonargparse's union-type listing."""
     problems = {}
     for key, value in init_args.items():
-        for item in value if isinstance(value, list) else [value]:
+        items = value if isinstance(value, list) else [value]
+        for index, item in enumerate(items):
             if not (isinstance(item, dict) and isinstance(item.get("class_path"), str)):
                 continue
-            try:
-                import_object(item["class_path"])
-            except Exception:  # noqa: BLE001
-                problems[key] = f"{section}.{key}: cannot import class_path {item['class_path']!r}"
+            where = f"{section}.{key}[{index}]" if isinstance(value, list) else f"{section}.{key}"
+            found = class_path_problems(where, item, object)
+            if found:
+                problems[key] = "; ".join(found)
     return problems
 
 
@@ -227,7 +267,8 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     from lit_grpo.engines import HFEngine
     from lit_grpo.tasks import ArithmeticTask, Task
 
-    problems = [f"{key}: unknown top-level key" for key in config if key not in TOP_LEVEL_KEYS]
+    problems = [f"{key}: unknown top-level key{did_you_mean(key, TOP_LEVEL_KEYS)}" for key in config
+                if key not in TOP_LEVEL_KEYS]
     if config.get("weights_only") is False:  # a checkpoint is data: never unpickled into code
         problems.append("weights_only: false would unpickle the checkpoint, running whatever code it carries; "
                         "lit-grpo's checkpoints hold tensors and plain containers: leave it unset (or true)")
@@ -240,10 +281,14 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     optimizer_bad = optimizer_problems(model_cfg.pop("optimizer", None))
     problems += optimizer_bad
     model_bad = key_problems("model", PolicyModule, model_cfg)
+    for key in {"class_path", "init_args"} & set(model_bad):  # data.task's nesting, which model: does not take
+        model_bad[key] = (f"model.{key}: model: takes PolicyModule's settings directly (model.kl_coef, not "
+                          "model.init_args.kl_coef)")
     data_bad = key_problems("data", RolloutDataModule, {k: v for k, v in data_cfg.items() if k not in ("task", "engine")})
     trainer_bad = key_problems("trainer", Trainer, {k: v for k, v in trainer_cfg.items() if k not in ("callbacks", "logger", "plugins", "strategy")})
     problems += list(model_bad.values()) + list(data_bad.values()) + list(trainer_bad.values())
     problems += class_path_problems("data.task", data_cfg.get("task"), Task)
+    problems += section_problems(config, trainer_cfg)
     # value checks see the defaults in place of values already reported, so each problem is reported once
     model_args = {**signature_defaults(PolicyModule), **without(model_cfg, model_bad)}
     data_args = {**signature_defaults(RolloutDataModule), **without(data_cfg, data_bad)}

@@ -29,3 +29,22 @@ class StrictReward(SignedReward):
         if scale <= 0:
             raise ValueError(f"scale must be positive, got {scale}")
         super().__init__(scale)
+
+
+def interrupting(prompts: list, completions: list, **columns: object) -> list[float]:
+    """A TRL-style reward that raises ``KeyboardInterrupt`` itself (a reward's bug, not the user's Ctrl-C)."""
+    raise KeyboardInterrupt("the reward's own interrupt")
+
+
+def exiting(prompts: list, completions: list, **columns: object) -> list[float]:
+    """A TRL-style reward that calls ``sys.exit``."""
+    raise SystemExit("the reward gave up")
+
+
+class InterruptingReward(Reward):
+    """A per-completion ``Reward`` raising ``KeyboardInterrupt`` itself."""
+
+    min_value = 0.0
+
+    def __call__(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
+        raise KeyboardInterrupt("the reward's own interrupt")

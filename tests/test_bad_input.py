@@ -54,10 +54,34 @@ def test_empty_prompt_file(tmp_path):
 def test_unreadable_prompt_file(tmp_path):
     binary = tmp_path / "prompts.jsonl"
     binary.write_bytes(b"\xff\xfe\x00garbage")
-    with pytest.raises(InputError, match=r"data file '.*prompts\.jsonl' cannot be read: not UTF-8 text"):
+    with pytest.raises(InputError, match=r"data file '.*prompts\.jsonl' is not UTF-8 text \(byte 0xFF at offset 0, "
+                                         r"line 1\); it seems to be UTF-16: save it as UTF-8"):
         JsonlTask(path=str(binary)).train_records()
-    with pytest.raises(InputError, match=r"data file '.*' \(split 'train'\) cannot be read: "):
-        JsonlTask(path=str(tmp_path)).train_records()  # a directory (of one file that is not JSON)
+    with pytest.raises(InputError, match=r"data file '.*' holds 'prompts\.jsonl', which is not UTF-8 text"):
+        JsonlTask(path=str(tmp_path)).train_records()  # a directory (of one file that is not UTF-8)
+
+
+def test_the_encoding_a_file_that_is_not_utf8_seems_to_be():
+    from lit_grpo.tasks.file_problems import guessed_encoding
+
+    assert guessed_encoding(b"caf\xe9") == "Latin-1 (ISO-8859-1)"  # é in Latin-1 (and in Windows-1252)
+    assert guessed_encoding(b"\x93caf\xe9\x94") == "Windows-1252"  # “café”: 0x93/0x94 are quotes only there
+    assert guessed_encoding(b"\x81") == "Latin-1 (ISO-8859-1)"  # unassigned in Windows-1252
+    assert guessed_encoding(b"\xff\xfea\x00") == "UTF-16"  # its byte-order mark
+    assert guessed_encoding(b"\xff\xfe\x00\x00a\x00\x00\x00") == "UTF-32"
+    assert guessed_encoding(b"a\x00b\x00c\x00") == "UTF-16 LE"  # no mark: a NUL in every odd position
+    assert guessed_encoding(b"\x00a\x00b\x00c") == "UTF-16 BE"
+
+
+def test_a_csv_header_and_blank_lines_hold_no_rows(tmp_path):
+    from lit_grpo.tasks.file_problems import csv_problem
+
+    (tmp_path / "a.csv").write_text("prompt,answer\n\n , \n")
+    assert csv_problem(tmp_path / "a.csv") == "holds only its header row (prompt,answer): no rows of data below it"
+    (tmp_path / "b.csv").write_text('prompt,answer\n"1+1=\nsay it",2\n')  # one row, its field over two lines
+    assert csv_problem(tmp_path / "b.csv") is None
+    (tmp_path / "c.csv").write_text("\n\n")
+    assert csv_problem(tmp_path / "c.csv") == "holds no CSV rows (only blank lines)"
 
 
 def test_empty_prompt_file_fails_fit_before_any_rollout(tiny_llama_dir, tmp_path):

@@ -44,7 +44,7 @@ def test_every_problem_reported_at_once():
         "ppo2",
         "model.kl_coef",
         "lots",
-        "model.lora_rnak",
+        "model.lora_rnak: unknown key; did you mean lora_rank?",
         "data.task: cannot import class_path 'no.such.module.Task'",
         "model.model_name_or_path: '/nonexistent/model' is not a model directory",
         "data.group_size 1 with model.advantage_mode 'grpo'",
@@ -324,3 +324,21 @@ def test_class_paths_import_as_jsonargparse_imports_them():
     for path in ("ModelCheckpoint", "no.such.module.Task", "lightning.pytorch.callbacks.NoSuchCallback"):
         with pytest.raises((ValueError, ImportError, AttributeError)):
             import_object(path)
+
+
+def test_keys_one_level_down_get_the_top_levels_check():
+    engine = {"class_path": "HFEngine", "init_args": {"batchsize": 3}}  # a bare name, found in lit_grpo.engines
+    assert config_problems({"data": {"engine": engine}}) == ["data.engine.batchsize: unknown key; did you mean batch_size?"]
+    callbacks = [{"class_path": "ModelCheckpoint", "init_args": {"every_n_epoch": 1}},
+                 {"class_path": "lit_grpo.callbacks.RolloutMetrics", "init_args": {"table_rows": 2}}]
+    assert config_problems({"trainer": {"callbacks": callbacks}}) == [
+        "trainer.callbacks[0].every_n_epoch: unknown key; did you mean every_n_epochs?"]
+    strategy = {"class_path": "lightning.pytorch.strategies.DDPStrategy", "init_args": {"find_unused_parameter": True}}
+    assert config_problems({"trainer": {"strategy": strategy}}) == [
+        "trainer.strategy.find_unused_parameter: unknown key"]  # a **kwargs class: refused, nothing close to suggest
+    assert config_problems({"trainer": {"strategy": "ddp", "callbacks+": "ModelCheckpoint"}}) == []  # alias, append
+    assert config_problems({"model": {"init_args": {"kl_coef": 0.1}}}) == [
+        "model.init_args: model: takes PolicyModule's settings directly (model.kl_coef, not model.init_args.kl_coef)"]
+    assert config_problems({"metrics": 5}) == ["metrics: expected a mapping of metrics.* settings, got 5"]
+    logger = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dr": "runs"}}
+    assert config_problems({"trainer": {"logger": logger}}) == ["trainer.logger.save_dir: required, not given; is it save_dr?"]

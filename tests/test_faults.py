@@ -64,6 +64,23 @@ def test_reward_worker_scores_raise_hang_and_death_as_failures():
     assert worker._process is None
 
 
+class AlwaysHangs(ArithmeticTask):
+    def reward(self, prompt_record: Any, completion_text: str, completion_ids: Any) -> float:
+        time.sleep(3600)
+        return 0.0
+
+
+def test_a_reward_call_the_worker_gives_up_on_keeps_the_completions_correctness():
+    # accuracy is the task's own check, not the reward's: a hung reward must not turn a right answer into a wrong one
+    worker = RewardWorker(AlwaysHangs(), timeout=0.5)
+    try:
+        right, wrong = worker.score(RECORD, "3", [1]), worker.score(RECORD, "4", [1])
+    finally:
+        worker.close()
+    assert (right.reward, right.correct) == (0.0, True) and (wrong.reward, wrong.correct) == (0.0, False)
+    assert right.error == "TimeoutError: the reward took longer than 0.5s per completion"
+
+
 def test_no_timeout_scores_in_process():
     datamodule = RolloutDataModule(task=Flaky())
     assert datamodule.scorer is datamodule.task  # the default path is the plain call, no worker

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +72,75 @@ def adapter(tmp: Path, model: Path, rank: int, targets: str | list[str], poison:
         weights[first][0, 0] = float("nan")
         save_file(weights, tmp / "adapter" / "adapter_model.safetensors")
     return ["--model.init_adapter", str(tmp / "adapter")]
+
+
+def dataset_file(name: str, content: bytes | Callable[[Path], None]) -> Callable[[Path, Path], list[str]]:
+    """A ``DatasetTask`` reading ``name`` in the tmp dir, written with ``content`` (or by it)."""
+    def prepare(tmp: Path, model: Path) -> list[str]:
+        target = tmp / name
+        if callable(content):
+            content(target)
+        else:
+            target.write_bytes(content)
+        return ["--data.task", "lit_grpo.tasks.DatasetTask", "--data.task.path", str(target)]
+    return prepare
+
+
+def truncated_arrow(target: Path) -> None:
+    """The first half of a real Arrow file as ``datasets`` writes it (its opening marker intact)."""
+    import datasets
+
+    saved = target.parent / "saved"
+    datasets.Dataset.from_dict({"prompt": [f"{i}+1=" for i in range(50)],
+                                "answer": [str(i + 1) for i in range(50)]}).save_to_disk(str(saved))
+    whole = next(saved.glob("*.arrow")).read_bytes()
+    target.write_bytes(whole[: len(whole) // 2])
+
+
+def sentiment_reward_model(tmp: Path, model: Path) -> list[str]:
+    """A ``DatasetTask`` scored by a tiny random two-label (NEGATIVE/POSITIVE) classifier given without a label."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
+
+    target = tmp / "sentiment"
+    target.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(ROOT / "data" / "tiny-qwen2-chat" / name, target / name)
+    config = Qwen2Config(vocab_size=32_704, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, id2label={0: "NEGATIVE", 1: "POSITIVE"},
+                         label2id={"NEGATIVE": 0, "POSITIVE": 1},
+                         pad_token_id=AutoTokenizer.from_pretrained(target).pad_token_id)
+    Qwen2ForSequenceClassification(config).save_pretrained(target)
+    reward = json.dumps([{"class_path": "lit_grpo.tasks.RewardModel", "init_args": {"path": str(target)}}])
+    return ["--data.task", "lit_grpo.tasks.DatasetTask", "--data.task.path", "data/chat-addition/train.parquet",
+            "--data.task.failure_reward", "-1", "--data.task.rewards", reward]
+
+
+HELD_PORTS: list[socket.socket] = []  # listening until the test process ends, as another program's server would
+
+
+@pytest.fixture(autouse=True, scope="module")
+def close_held_ports():
+    yield
+    while HELD_PORTS:
+        HELD_PORTS.pop().close()
+
+
+def taken_port(server_args: bool) -> Callable[[Path, Path], list[str]]:
+    """The vLLM server engine told to start its server on a port another process listens on."""
+    def prepare(tmp: Path, model: Path) -> list[str]:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        HELD_PORTS.append(listener)
+        port = str(listener.getsockname()[1])
+        given = ["--data.engine.init_args.server_args", f"[--port, '{port}']"] if server_args else [
+            "--data.engine.init_args.port", port]
+        return ["--data.engine", "lit_grpo.engines.VLLMServerEngine", *given]
+    return prepare
+
+
+def no_files(target: Path) -> None:
+    target.mkdir()
 
 
 CASES = [
@@ -151,6 +222,60 @@ CASES = [
                          "data/chat-addition/train.parquet", "--data.task.prompt_column", "question"],
          "row 0: no 'question' column (it has: prompt, solution, task_id); set data.task.init_args.prompt_column",
          before_load=False),
+    Case("reward-model-two-labels", "a NEGATIVE/POSITIVE classifier given as a RewardModel without a label",
+         sentiment_reward_model,
+         "RewardModel '<tmp>/sentiment': its classifier head has 2 outputs (0 NEGATIVE, 1 POSITIVE) and the score is "
+         "one of them: name it with label (e.g. label: POSITIVE) or label_index in the RewardModel's init_args"),
+    Case("engine-key", "a misspelt key inside `data.engine.init_args`",
+         lambda tmp, m: ["--data.engine", "lit_grpo.engines.HFEngine", "--data.engine.init_args.batchsize", "3"],
+         "\n  - data.engine.batchsize: unknown key; did you mean batch_size?\n"),
+    Case("callback-key", "a misspelt key in a callback's section",
+         config("trainer:\n  callbacks:\n    - class_path: ModelCheckpoint\n      init_args:\n"
+                "        every_n_epoch: 2\nmetrics:\n  table_row: 3\n"),
+         "has 2 problem(s):\n  - trainer.callbacks[0].every_n_epoch: unknown key; did you mean every_n_epochs?\n"
+         "  - metrics.table_row: unknown key; did you mean table_rows?\n"),
+    Case("reward-key", "a misspelt key of a reward inside `data.task.init_args.rewards`",
+         lambda tmp, m: ["--data.task", "lit_grpo.tasks.DatasetTask", "--data.task.path",
+                         "data/chat-addition/train.parquet", "--data.task.rewards",
+                         '[{"class_path": "lit_grpo.tasks.RewardModel", "init_args": {"path": "x", "labl": 1}}]'],
+         "\n  - data.task.rewards[0].labl: unknown key; did you mean label?\n"),
+    Case("top-level-key", "a misspelt top-level section", config("modle:\n  lora_rank: 4\n"),
+         "\n  - modle: unknown top-level key; did you mean model?\n"),
+    Case("vllm-port-taken", "a vLLM server port another process listens on", taken_port(server_args=False),
+         "data.engine.init_args.port: port <port> on 127.0.0.1 cannot be used (Address already in use; another process "
+         "may be listening there): give a free port, or leave it unset for one the engine picks"),
+    Case("vllm-port-taken-args", "the same port given as `--port` in `server_args`", taken_port(server_args=True),
+         "data.engine.init_args.server_args (--port): port <port> on 127.0.0.1 cannot be used (Address already in use"),
+    Case("csv-header-only", "a CSV holding only its header", dataset_file("p.csv", b"prompt,answer\n"),
+         "data file '<tmp>/p.csv' holds only its header row (prompt,answer): no rows of data below it"),
+    Case("csv-latin-1", "a Latin-1 CSV", dataset_file("p.csv", "prompt,answer\ncafé 1+1=,2\n".encode("latin-1")),
+         "data file '<tmp>/p.csv' is not UTF-8 text (byte 0xE9 at offset 17, line 2); it seems to be Latin-1 "
+         "(ISO-8859-1): save it as UTF-8"),
+    Case("jsonl-utf-16", "a UTF-16 JSONL file", dataset_file("p.jsonl", '{"prompt": "1+1="}\n'.encode("utf-16")),
+         "data file '<tmp>/p.jsonl' is not UTF-8 text (byte 0xFF at offset 0, line 1); it seems to be UTF-16"),
+    Case("csv-semicolons", "a CSV separated by semicolons", dataset_file("p.csv", b"prompt;answer\n1+1=;2\n2+2=;4\n"),
+         "lit-grpo: <tmp>/p.csv [train] row 0: no 'prompt' column (it has: prompt;answer) (one column, its name "
+         "holding semicolons: a CSV separated by semicolons? save it with commas); set data.task.init_args.prompt_column"),
+    Case("arrow-damaged", "a truncated Arrow file", dataset_file("p.arrow", truncated_arrow),
+         "data file '<tmp>/p.arrow' (split 'train') is a damaged Arrow file (truncated or corrupted; its reader "
+         "says"),
+    Case("arrow-not-arrow", "a CSV named .arrow", dataset_file("p.arrow", b"prompt,answer\n1+1=,2\n"),
+         "data file '<tmp>/p.arrow' is not an Arrow file (it lacks the Arrow format's opening marker): it is "
+         "damaged, or another format under the .arrow suffix; it starts as text ('prompt,a')"),
+    Case("parquet-empty", "an empty Parquet file", dataset_file("p.parquet", b""),
+         "data file '<tmp>/p.parquet' is empty (0 bytes)"),
+    Case("parquet-truncated", "a truncated Parquet file",
+         dataset_file("p.parquet", (ROOT / "data/chat-addition/train.parquet").read_bytes()[:3000]),
+         "data file '<tmp>/p.parquet' is not a Parquet file (a Parquet file starts and ends with PAR1): it is "
+         "truncated or damaged"),
+    Case("json-empty-list", "a JSON file holding `[]`", dataset_file("p.json", b"[]\n"),
+         "data file '<tmp>/p.json' holds an empty JSON list: no rows"),
+    Case("json-bad-line", "a .json file of JSON lines with one broken line",
+         dataset_file("p.json", b'{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", answer: "4"}\n'),
+         "data file '<tmp>/p.json' (split 'train') is not valid JSON lines: line 2, column 20: Expecting property "
+         "name enclosed in double quotes (data.task.path"),
+    Case("data-folder-empty", "a folder without data files as the data path", dataset_file("rows", no_files),
+         "data file '<tmp>/rows' holds no data files (.jsonl, .json, .parquet, .csv, .arrow)"),
     Case("reward-model-causal", "a causal LM given as a RewardModel",
          lambda tmp, m: ["--data.task", "lit_grpo.tasks.DatasetTask", "--data.task.path",
                          "data/chat-addition/train.parquet", "--data.task.failure_reward", "-1",
@@ -165,10 +290,16 @@ CASES = [
 def test_a_bad_input_gets_one_message_and_exit_code_2(case, tiny_llama_dir, tmp_path, capsys, monkeypatch):
     code, err, _, refused_before_load = outcome(case, tmp_path, Path(tiny_llama_dir), capsys, monkeypatch)
     assert code == 2, err[-2000:]
-    assert case.message in err.replace(str(tmp_path), "<tmp>")
+    assert case.message in masked(err, tmp_path)
     assert "Traceback" not in err
+    assert "Generating train split" not in err and "Failed to " not in err  # datasets' own bars and log lines
     if case.before_load:
         assert refused_before_load
+
+
+def masked(err: str, tmp: Path) -> str:
+    """``err`` with the tmp dir shown as <tmp> and a port the test picked as <port>: the same text on every run."""
+    return re.sub(r"\bport \d+ on\b", "port <port> on", err.replace(str(tmp), "<tmp>"))
 
 
 def outcome(case: Case, tmp: Path, model: Path, capsys: pytest.CaptureFixture[str],
@@ -183,7 +314,7 @@ def outcome(case: Case, tmp: Path, model: Path, capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit) as info:
         main(base + args)
     err = capsys.readouterr().err
-    shown = err.replace(str(tmp), "<tmp>")
+    shown = masked(err, tmp)
     lines = [line for line in shown.splitlines() if line.startswith("lit-grpo:") or line.startswith("  - ")]
     return info.value.code, err, " ".join(lines), not weights_read
 

@@ -19,6 +19,7 @@ from test_readme_examples import ROOT, python_example
 from lit_grpo.callbacks import NonFiniteGuard, RngState
 from lit_grpo.errors import InputError
 from lit_grpo.policy.interrupt import SaveOnInterrupt
+from lit_grpo.policy.learning_signal import LearningSignalWatch
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.run.signals import StopOnSigterm
@@ -55,7 +56,7 @@ def declared(callbacks: list[pl.Callback]) -> list[pl.Callback]:
 
 
 def test_the_module_declares_what_every_run_needs_unless_the_trainer_holds_it():
-    every = [NonFiniteGuard, RngState, StopOnSigterm, SaveOnInterrupt]
+    every = [NonFiniteGuard, RngState, StopOnSigterm, SaveOnInterrupt, LearningSignalWatch]
     assert [type(c) for c in declared([])] == every
     assert declared([])[0].max_consecutive_skips == 3  # the defaults
     assert [type(c) for c in declared([NonFiniteGuard(max_consecutive_skips=7)])] == every[1:]
@@ -85,7 +86,7 @@ def test_the_command_gets_them_from_the_module_and_keeps_a_users_own(tiny_llama_
     from lit_grpo.cli import LitGRPOCLI
 
     base = ["--model.model_name_or_path", str(tiny_llama_dir), "--trainer.default_root_dir", str(tmp_path)]
-    every = [NonFiniteGuard, RngState, StopOnSigterm, SaveOnInterrupt]
+    every = [NonFiniteGuard, RngState, StopOnSigterm, SaveOnInterrupt, LearningSignalWatch]
     for extra, kinds in (([], every),
                          (["--trainer.callbacks+=lit_grpo.callbacks.NonFiniteGuard",  # the old name still works
                            "--trainer.callbacks.max_consecutive_skips=7"], every[1:])):

@@ -96,8 +96,55 @@ def test_a_causal_lm_or_a_missing_directory_is_refused_before_work(reward_model_
         RewardModel(str(headless))
     with pytest.raises(InputError, match="RewardModel path .*nowhere"):
         RewardModel(str(tmp_path / "nowhere"))
-    with pytest.raises(InputError, match="label_index 1 is outside its 1 output"):
+    with pytest.raises(InputError, match=r"label_index 1 is outside its 1 output\(s\) \(0 LABEL_0\); give 0 to 0"):
         RewardModel(str(reward_model_dir), label_index=1)
+
+
+def two_label_copy(reward_model_dir: Path, target: Path, **settings: object) -> Path:
+    """The tiny classifier with a two-output head (id2label and the like from ``settings``), saved at ``target``."""
+    shutil.copytree(reward_model_dir, target)
+    model = Qwen2ForSequenceClassification.from_pretrained(reward_model_dir)
+    model.config.update(settings)
+    torch.manual_seed(1)
+    model.score = torch.nn.Linear(model.config.hidden_size, 2, bias=False)
+    model.config.num_labels = 2
+    model.config.update(settings)
+    model.save_pretrained(target)
+    return target
+
+
+def test_a_head_with_several_outputs_is_refused_until_one_is_named(reward_model_dir, tmp_path):
+    sentiment = two_label_copy(reward_model_dir, tmp_path / "sentiment", id2label={0: "NEGATIVE", 1: "POSITIVE"},
+                               label2id={"NEGATIVE": 0, "POSITIVE": 1})
+    with pytest.raises(InputError) as info:
+        RewardModel(str(sentiment))
+    assert str(info.value) == (
+        f"RewardModel {str(sentiment)!r}: its classifier head has 2 outputs (0 NEGATIVE, 1 POSITIVE) and the score is "
+        "one of them: name it with label (e.g. label: POSITIVE) or label_index in the RewardModel's init_args")
+    with pytest.raises(InputError, match=r"label 'positive' is not one of its outputs \(0 NEGATIVE, 1 POSITIVE\)"):
+        RewardModel(str(sentiment), label="positive")
+    with pytest.raises(InputError, match=r"label_index 2 is outside its 2 output\(s\) \(0 NEGATIVE, 1 POSITIVE\); "
+                                         r"give 0 to 1, or name one with label"):
+        RewardModel(str(sentiment), label_index=2)
+    with pytest.raises(InputError, match="label 'POSITIVE' and label_index 1 both pick the score; give one"):
+        RewardModel(str(sentiment), label="POSITIVE", label_index=1)
+    assert RewardModel(str(sentiment), label="POSITIVE").label_index == 1
+    assert RewardModel(str(sentiment), label_index=0).label_index == 0
+    regression = two_label_copy(reward_model_dir, tmp_path / "regression", problem_type="regression")
+    with pytest.raises(InputError, match=r"its regression head has 2 outputs \(0 LABEL_0, 1 LABEL_1\)"):
+        RewardModel(str(regression))
+
+
+def test_the_positive_label_is_what_is_scored(reward_model_dir, tmp_path):
+    sentiment = two_label_copy(reward_model_dir, tmp_path / "sentiment", id2label={0: "NEGATIVE", 1: "POSITIVE"},
+                               label2id={"NEGATIVE": 0, "POSITIVE": 1})
+    scorer = RewardModel(str(sentiment), dtype="float32", label="POSITIVE")
+    tokenizer = AutoTokenizer.from_pretrained(sentiment)
+    model = Qwen2ForSequenceClassification.from_pretrained(sentiment, dtype=torch.float32).eval()
+    text = scorer.texts(Completions([{"prompt": "3+3="}], ["6"], [[1]], False))[0]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])).logits[0]
+    assert scorer.score_batch(Completions([{"prompt": "3+3="}], ["6"], [[1]], False)) == [float(logits[1])]
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ import pytest
 from lit_grpo.engines import SamplingSpec, VLLMServerEngine
 from lit_grpo.engines.server_address import free_port, server_address
 from lit_grpo.engines.server_pool import ServerPool, ServersUnavailable
+from lit_grpo.errors import InputError
 from lit_grpo.engines.vllm_server import completion_request, parse_choices, server_command
 
 CHECK = Path(__file__).with_name("vllm_server_check.py")
@@ -140,3 +141,21 @@ def test_a_server_that_cannot_start_is_reported_with_its_log(tiny_llama_dir, tmp
                                            r"starting\. Check model\.model_name_or_path.*Its last lines:\n.+"):
         engine.push_policy(policy)
     engine.close()
+
+
+def test_the_port_a_started_server_gets_is_checked_before_work():
+    import socket
+
+    from lit_grpo.engines.server_address import given_port, port_taken
+
+    assert given_port(["--port", "8123"]) == given_port(["--tensor-parallel-size", "2", "--port=8123"]) == 8123
+    assert given_port(["--port"]) is None and given_port(["--portable"]) is None
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert port_taken("127.0.0.1", port) == "Address already in use"
+        with pytest.raises(InputError, match=rf"data.engine.init_args.port: port {port} on 127.0.0.1 cannot be used"):
+            VLLMServerEngine(port=port)
+        VLLMServerEngine(url="http://127.0.0.1:9", port=port)  # a server of the user's: no port of its own to bind
+    assert port_taken("127.0.0.1", port) is None  # closed: free again

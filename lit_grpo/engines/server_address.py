@@ -35,6 +35,53 @@ def free_port(host: str = LOOPBACK) -> int:
         return int(probe.getsockname()[1])
 
 
+def port_taken(host: str, port: int) -> str | None:
+    """Why a server could not listen on ``host:port`` now (another process holds it, or it is not this machine's to
+    bind), or None. The probe reuses addresses as servers do, so a port left in TIME_WAIT counts as free."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            return error.strerror or str(error)
+    return None
+
+
+def refuse_taken_port(host: str, port: int, knob: str) -> None:
+    """``InputError`` naming the port and ``knob`` when a server the engine starts could not listen on it."""
+    reason = port_taken(host, port)
+    if reason is not None:
+        raise InputError(f"{knob}: port {port} on {host} cannot be used ({reason}; another process may be listening "
+                         f"there): give a free port, or leave it unset for one the engine picks")
+
+
+def given_port(server_args: list[str]) -> int | None:
+    """The ``--port`` among a server's extra arguments (``--port 8000`` or ``--port=8000``), if any."""
+    for index, arg in enumerate(server_args):
+        value = arg.split("=", 1)[1] if arg.startswith("--port=") else (
+            server_args[index + 1] if arg == "--port" and index + 1 < len(server_args) else None)
+        if value is not None and value.isdigit():
+            return int(value)
+    return None
+
+
+def port_knob(port: int | None, server_args: list[str]) -> str:
+    """The knob that set a started server's port (a ``--port`` in ``server_args`` overrides ``port``)."""
+    if given_port(server_args) is not None:
+        return "data.engine.init_args.server_args (--port)"
+    return "data.engine.init_args.port" if port else "the port the engine picked (taken since; run again)"
+
+
+def refuse_ports(port: int | None, server_args: list[str]) -> None:
+    """Refuse a port a started server could not listen on: ``port`` or a ``--port`` in ``server_args``."""
+    if port is not None and not 0 <= port < 65536:
+        raise InputError(f"data.engine.init_args.port must be in [0, 65535] (unset or 0: a free port), got {port}")
+    chosen = given_port(server_args) or port
+    if chosen:
+        refuse_taken_port(LOOPBACK, chosen, port_knob(port, server_args))
+
+
 @dataclass(frozen=True)
 class ServerAddress:
     """A server's host, port and optional API key, and how to hand them to the server and to its clients."""

@@ -28,7 +28,14 @@ from typing import Any
 
 from lit_grpo.engines.base import Completion, SamplingSpec
 from lit_grpo.engines.hedge import HedgeRule
-from lit_grpo.engines.server_address import ServerAddress, server_address
+from lit_grpo.engines.server_address import (
+    ServerAddress,
+    given_port,
+    port_knob,
+    refuse_ports,
+    refuse_taken_port,
+    server_address,
+)
 from lit_grpo.engines.server_answers import (
     check_answer,
     parse_choices,
@@ -89,6 +96,8 @@ class VLLMServerEngine:
         hedge_min_seconds: the shortest hedge deadline: a server is never called late sooner.
         max_parallel_requests: requests in flight at once over all servers (one per prompt; servers batch them).
         shared: see ``RolloutEngine.shared``.
+        port: the port of a server the engine starts on 127.0.0.1; ``None``: a free one. A taken port (this one,
+            or a ``--port`` in ``server_args``) is refused when the engine is built, before any work.
     """
 
     samples_from_copy = True  # pushes copy the weights, so it may draw ahead while training goes on
@@ -113,6 +122,7 @@ class VLLMServerEngine:
         hedge_min_seconds: float = 5.0,
         max_parallel_requests: int = 64,
         shared: bool = False,
+        port: int | None = None,
     ) -> None:
         if max_model_len is not None and max_model_len < 2:
             raise InputError(f"VLLMServerEngine max_model_len must be >= 2 or None, got {max_model_len}")
@@ -136,6 +146,9 @@ class VLLMServerEngine:
         self.startup_timeout, self.request_timeout = startup_timeout, request_timeout
         self.hedge_factor, self.hedge_min_seconds = hedge_factor, hedge_min_seconds
         self.max_parallel_requests, self.shared = max_parallel_requests, shared
+        self.port = port
+        if not self.urls:  # a server of its own: its port must be free now, not after the model has loaded
+            refuse_ports(self.port, self.server_args)
         self._server: subprocess.Popen | None = None
         self._log_path: Path | None = None
         self._temp_dir: Path | None = None
@@ -248,7 +261,7 @@ class VLLMServerEngine:
             if self._server.poll() is not None:
                 raise RuntimeError(f"the vLLM server exited with code {self._server.returncode}:\n{self._log_tail()}")
             return
-        address = server_address(api_key=self.api_key)  # loopback and a free port: never exposed by default
+        address = server_address(port=self.port, api_key=self.api_key)  # loopback (never exposed by default)
         command = server_command(model_path, address, self)
         self._log_path = self._local_adapter_dir() / "server.log"
         env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
@@ -262,6 +275,9 @@ class VLLMServerEngine:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self._server.poll() is not None:
+                if "Address already in use" in self._log_tail():  # taken since it was checked
+                    port = given_port(self.server_args) or address.port
+                    refuse_taken_port(address.host, port, port_knob(self.port, self.server_args))
                 raise RuntimeError(
                     f"the vLLM server for {model_path!r} exited with code {self._server.returncode} while starting. "
                     "Check model.model_name_or_path and data.engine.init_args (kv_cache_gib, max_model_len, "

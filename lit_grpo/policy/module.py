@@ -27,6 +27,7 @@ from lit_grpo.policy.advantages import AdvantageKnobs, assign_advantages
 from lit_grpo.policy.evaluation import GreedyEvaluation
 from lit_grpo.policy.head_losses import head_losses
 from lit_grpo.policy.interrupt import SaveOnInterrupt
+from lit_grpo.policy.learning_signal import LearningSignalWatch
 from lit_grpo.policy.logprobs import (
     CHUNK_TOKENS,
     body_and_head,
@@ -215,9 +216,9 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
 
     def configure_callbacks(self) -> list[Any]:
         """What every run needs, under the command or any ``Trainer``: ``NonFiniteGuard``, ``RngState``,
-        ``StopOnSigterm`` and the adapter kept on an interrupt (``SaveOnInterrupt``), each unless the trainer's
-        callbacks hold one already (a user's own keeps its settings)."""
-        return missing_run_callbacks(self.trainer.callbacks, (*EVERY_RUN, SaveOnInterrupt))
+        ``StopOnSigterm``, the adapter kept on an interrupt (``SaveOnInterrupt``) and a run without a learning signal
+        named (``LearningSignalWatch``), each unless the trainer's callbacks hold one (a user's own keeps its settings)."""
+        return missing_run_callbacks(self.trainer.callbacks, (*EVERY_RUN, SaveOnInterrupt, LearningSignalWatch))
 
     def configure_optimizers(self) -> Any:
         params: list[Any] = [p for p in self.parameters() if p.requires_grad]

@@ -22,7 +22,7 @@ import torch
 
 from lit_grpo.tasks.base import PromptRecord, ScoredCompletion, Task
 from lit_grpo.tasks.dataset import DatasetTask
-from lit_grpo.tasks.reward_answers import Column
+from lit_grpo.tasks.reward_answers import Column, plain_copy
 from lit_grpo.tasks.reward_functions import Completions, is_batched
 
 Answer = TypeVar("Answer")
@@ -83,10 +83,12 @@ class RewardWorker:
         if isinstance(self.task, DatasetTask):
             return self.task.score_group(records, texts, ids, column=self.column)
 
-        def failed(error: str) -> list[ScoredCompletion]:
-            return [ScoredCompletion(self.task.failure_reward, False, error)]
+        def failed(record: PromptRecord, text: str) -> Callable[[str], list[ScoredCompletion]]:
+            # correctness is the task's, whatever became of the reward: checked here, accuracy stays true
+            return lambda error: [ScoredCompletion(self.task.failure_reward,
+                                                   self.task.is_correct(plain_copy(record), text), error)]
 
-        return [self._call(("group", [r], [t], [list(i)]), 1, failed)[0] for r, t, i in zip(records, texts, ids)]
+        return [self._call(("group", [r], [t], [list(i)]), 1, failed(r, t))[0] for r, t, i in zip(records, texts, ids)]
 
     def column(self, index: int, batch: Completions) -> Column:
         """A ``DatasetTask``'s reward ``index`` on ``batch`` in the child: one call for a batched reward, one per

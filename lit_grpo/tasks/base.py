@@ -18,6 +18,7 @@ from lit_grpo.tasks.reward_answers import (
     weights_problem,
 )
 from lit_grpo.tasks.splits import Splits, given_splits, no_test_split_message
+from lit_grpo.tasks.reward_guard import reward_outcome
 
 PromptRecord = dict[str, Any]
 Messages = list[dict[str, str]]  # a conversation: {"role": ..., "content": ...} in order
@@ -145,13 +146,13 @@ class Task(ABC):
 
     def score(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> ScoredCompletion:
         """Reward and correctness of a completion, the reward computed on a copy of the record. A reward function
-        that raises (``sys.exit`` included), or returns anything but a real number within ``±REWARD_LIMIT`` (a
+        that raises (``sys.exit`` and its own ``KeyboardInterrupt`` included: ``reward_guard``), or returns anything but a real number within ``±REWARD_LIMIT`` (a
         ``bool`` counts 1 or 0), scores ``failure_reward`` and the error is recorded: a NaN would poison the step,
         1e308 overflow the group statistics, and a string is no reward."""
         correct = self.is_correct(plain_copy(prompt_record), completion_text)
-        try:
-            answer = self.reward(plain_copy(prompt_record), completion_text, list(completion_ids))
-        except (Exception, SystemExit) as error:  # noqa: BLE001 - any failure of user code must not kill the run
+        answer, error = reward_outcome(lambda: self.reward(plain_copy(prompt_record), completion_text,
+                                                           list(completion_ids)))
+        if error is not None:  # any failure of user code fails the completion, not the run
             return ScoredCompletion(self.failure_reward, correct, f"{type(error).__name__}: {error}")
         try:
             value = reward_number(answer)

@@ -16,6 +16,13 @@ from unittest.mock import patch
 
 from lit_grpo.errors import InputError
 from lit_grpo.run.model_files import shipped_path
+from lit_grpo.tasks.file_problems import (
+    datasets_reason,
+    file_problem,
+    folder_problem,
+    json_syntax_problem,
+    utf8_problem,
+)
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 SOURCES = f"a data file ({', '.join(FILE_BUILDERS)}), a save_to_disk directory, or a hub id already in the local cache"
@@ -39,6 +46,23 @@ def offline() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """``datasets`` without its progress bars and its own log lines (``Failed to load JSON from file ...`` before the
+    error it raises): a file it cannot read gets lit-grpo's one message. Its settings are put back after."""
+    import datasets
+
+    bars_off, verbosity = datasets.are_progress_bars_disabled(), datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors are raised too: lit-grpo words them
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+        if not bars_off:
+            datasets.enable_progress_bars()
+
+
 def load_rows(path: str, split: str) -> list[Row]:
     """The rows of ``split`` of ``path`` (a single file holds one split, whatever its name), each with where it is:
     ``file:line`` for JSON lines, ``path [split] row N`` otherwise."""
@@ -48,16 +72,31 @@ def load_rows(path: str, split: str) -> list[Row]:
     looks_local = local.suffix in FILE_BUILDERS or path.startswith((".", "/", "~")) or path.count("/") > 1
     if looks_local and not local.exists():
         raise InputError(f"data file {path!r} does not exist (data.task.path: {SOURCES})")
+    refuse_unreadable(path, local)
     rows = load_dataset_rows(path, local, split)
     return [(f"{path} [{split}] row {number}", row) for number, row in enumerate(rows)]
+
+
+def refuse_unreadable(path: str, local: Path) -> None:
+    """Refuse, in the user's terms, a local data file (or a folder of them) that ``datasets`` would refuse in its
+    own: empty, not UTF-8, a CSV of its header alone, not the format its suffix names (``file_problems``)."""
+    if local.is_file() and local.suffix in FILE_BUILDERS:
+        problem = file_problem(local)
+    elif local.is_dir() and not ((local / "dataset_info.json").is_file() or (local / "dataset_dict.json").is_file()):
+        problem = folder_problem(local, tuple(FILE_BUILDERS))
+    else:
+        return
+    if problem is not None:
+        raise InputError(f"data file {path!r} {problem} (data.task.path)")
 
 
 def load_dataset_rows(path: str, local: Path, split: str) -> list[dict[str, Any]]:
     """``split`` of a file, a directory or a cached hub id, through ``datasets``."""
     import datasets
 
+    suffix = local.suffix if local.is_file() else ""
     try:
-        with offline():
+        with offline(), quiet_datasets():
             if local.suffix in FILE_BUILDERS and local.is_file():
                 data = datasets.load_dataset(FILE_BUILDERS[local.suffix], data_files={split: str(local)}, split=split)
             elif (local / "dataset_info.json").is_file() or (local / "dataset_dict.json").is_file():
@@ -67,9 +106,8 @@ def load_dataset_rows(path: str, local: Path, split: str) -> list[dict[str, Any]
                 data = datasets.load_dataset(str(local) if local.is_dir() else path, split=split)
     except (FileNotFoundError, ValueError, KeyError, OSError, datasets.exceptions.DatasetNotFoundError,
             datasets.exceptions.DatasetGenerationError) as error:
-        first_line = str(error).splitlines()[0] if str(error) else ""
-        raise InputError(f"data file {path!r} (split {split!r}) cannot be read: {type(error).__name__}: "
-                         f"{first_line} (data.task.path: {SOURCES})") from None
+        reason = (json_syntax_problem(local) if suffix == ".json" else None) or datasets_reason(error, suffix)
+        raise InputError(f"data file {path!r} (split {split!r}) {reason} (data.task.path: {SOURCES})") from None
     return [dict(row) for row in data]
 
 
@@ -77,9 +115,10 @@ def read_jsonl_rows(path: Path) -> list[Row]:
     """The objects of a JSON-lines file, blank lines skipped, each with ``file:line``."""
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        reason = "not UTF-8 text" if isinstance(error, UnicodeDecodeError) else (error.strerror or str(error))
-        raise InputError(f"data file {str(path)!r} cannot be read: {reason}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"data file {str(path)!r} {utf8_problem(path) or 'is not UTF-8 text'}") from None
+    except OSError as error:
+        raise InputError(f"data file {str(path)!r} cannot be read: {error.strerror or error}") from None
     rows: list[Row] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

@@ -24,6 +24,7 @@ from lit_grpo.tasks.reward_answers import (
     checked_answer,
     plain_copy,
 )
+from lit_grpo.tasks.reward_guard import reward_outcome
 
 RewardLike = Reward | Callable[..., Sequence[float | None]]
 
@@ -123,16 +124,18 @@ def is_batched(reward: RewardLike) -> bool:
 def reward_column(reward: RewardLike, name: str, batch: Completions) -> Column:
     """One call of ``reward`` (named ``name``) on copies of ``batch``: each completion's value (``None``: does not
     apply) and error. A ``Reward`` is called once per completion of the batch; whatever the call raises
-    (``sys.exit`` included), or an answer that is not one value per completion, is every completion's error."""
+    (``sys.exit`` and its own ``KeyboardInterrupt`` included; the user's Ctrl-C is raised on: ``reward_guard``), or an answer that is not one value per completion, is every completion's error."""
     given, count = batch.copied(), len(batch.texts)
-    try:
+
+    def call() -> Any:
         if isinstance(reward, BatchedReward):
-            answer: Any = reward.score_batch(given)
-        elif isinstance(reward, Reward):
-            answer = [reward(r, t, i) for r, t, i in zip(given.records, given.texts, given.ids)]
-        else:
-            answer = reward(**given.trl_arguments())
-    except (Exception, SystemExit) as error:  # noqa: BLE001 - any failure of user code must not kill the run
+            return reward.score_batch(given)
+        if isinstance(reward, Reward):
+            return [reward(r, t, i) for r, t, i in zip(given.records, given.texts, given.ids)]
+        return reward(**given.trl_arguments())
+
+    answer, error = reward_outcome(call)  # any failure of user code fails its completions, not the run
+    if error is not None:
         return [None] * count, [f"{name}: {type(error).__name__}: {error}"] * count
     try:
         return checked_answer(answer, count, name)

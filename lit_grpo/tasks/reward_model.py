@@ -33,14 +33,18 @@ class RewardModel(BatchedReward):
         path: the checkpoint's directory (``config.json``, weights, tokenizer); model code it ships is never run.
         dtype: ``auto`` (the checkpoint's own), ``float32``, ``bfloat16`` or ``float16``.
         batch_size: completions per forward pass.
-        label_index: which output of the head is the score (the only one of a usual reward model's).
+        label: the name of the head's output that is the score (one of its config.json's ``id2label``, e.g.
+            ``POSITIVE``); its raw logit is the score.
+        label_index: the same by position. A head with one output (a usual reward model's) needs neither; one with
+            several (a classifier's NEGATIVE/POSITIVE, a regression head's several targets) is refused until one of
+            them names the output, as scoring its first silently would train towards whatever that label means.
         name: the name of its metrics (``rollout/rewards/<name>/mean``).
     """
 
     min_value = None
 
-    def __init__(self, path: str, dtype: str = "auto", batch_size: int = 16, label_index: int = 0,
-                 name: str = "reward_model") -> None:
+    def __init__(self, path: str, dtype: str = "auto", batch_size: int = 16, label_index: int | None = None,
+                 name: str = "reward_model", label: str | None = None) -> None:
         from transformers import AutoModelForSequenceClassification
 
         if dtype not in ("auto", *BASE_DTYPES):
@@ -57,11 +61,8 @@ class RewardModel(BatchedReward):
         if not any(str(name).endswith("ForSequenceClassification") for name in architectures):
             raise InputError(f"RewardModel {path!r} is not a sequence-classification checkpoint (its config.json "
                              f"names {architectures or 'no architectures'}); its score head would be random")
-        labels = num_labels(config)
-        if not 0 <= label_index < labels:
-            raise InputError(f"RewardModel {path!r}: label_index {label_index} is outside its {labels} output(s)")
         self.__name__ = name
-        self.dtype, self.batch_size, self.label_index = dtype, batch_size, label_index
+        self.dtype, self.batch_size = dtype, batch_size
         self.device = torch.device("cpu")
         self.tokenizer = load_tokenizer(self.path)
         model, info = AutoModelForSequenceClassification.from_pretrained(
@@ -69,6 +70,11 @@ class RewardModel(BatchedReward):
         if info["missing_keys"]:  # e.g. a causal LM's checkpoint: its classifier head would be random
             raise InputError(f"RewardModel {path!r} is not a sequence-classification checkpoint: "
                              f"{len(info['missing_keys'])} weight(s) missing, e.g. {sorted(info['missing_keys'])[0]!r}")
+        labels = [str(model.config.id2label.get(i, f"LABEL_{i}")) for i in range(model.config.num_labels)]
+        try:
+            self.label_index = score_output(labels, label_index, label, model.config.problem_type)
+        except InputError as error:
+            raise InputError(f"RewardModel {path!r}: {error}") from None
         self.model = model.eval().requires_grad_(False)
         # the classifier reads the score at the last token that is not padding, found through pad_token_id
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
@@ -115,9 +121,29 @@ class RewardModel(BatchedReward):
         self.use_device(state["device"])
 
 
-def num_labels(config: dict[str, Any]) -> int:
-    """The classifier's outputs, from its config.json (``num_labels``, else its ``id2label``; transformers' default
-    is 2)."""
-    if isinstance(config.get("num_labels"), int):
-        return config["num_labels"]
-    return len(config.get("id2label") or {0: 0, 1: 1})
+def score_output(labels: list[str], label_index: int | None, label: str | None, problem_type: str | None = None) -> int:
+    """Which of the head's outputs (named ``labels``) is the score: the index ``label_index`` or ``label`` names,
+    the only one of a one-output head; ``InputError`` naming the labels and the knob when none can be chosen.
+
+    >>> score_output(["NEGATIVE", "POSITIVE"], None, "POSITIVE")
+    1
+    >>> score_output(["LABEL_0"], None, None)
+    0
+    """
+    shown = ", ".join(f"{i} {name}" for i, name in enumerate(labels))
+    if label is not None and label_index is not None:
+        raise InputError(f"label {label!r} and label_index {label_index} both pick the score; give one")
+    if label is not None:
+        if label not in labels:
+            raise InputError(f"label {label!r} is not one of its outputs ({shown}); set label to one of them")
+        return labels.index(label)
+    if label_index is not None:
+        if not 0 <= label_index < len(labels):
+            raise InputError(f"label_index {label_index} is outside its {len(labels)} output(s) ({shown}); give 0 "
+                             f"to {len(labels) - 1}, or name one with label")
+        return label_index
+    if len(labels) == 1:
+        return 0
+    kind = "regression head" if problem_type == "regression" else "classifier head"
+    raise InputError(f"its {kind} has {len(labels)} outputs ({shown}) and the score is one of them: name it with "
+                     f"label (e.g. label: {labels[-1]}) or label_index in the RewardModel's init_args")

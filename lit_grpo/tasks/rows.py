@@ -52,13 +52,21 @@ def answer_problem(answer: Any, compared: bool) -> str | None:
             "what a completion says; store the answers as strings")
 
 
+def separator_hint(row: dict[str, Any]) -> str:
+    """A row of one column whose name holds ``;``, a tab or ``|``: a CSV separated by that, read as commas."""
+    names = {";": "semicolons", "\t": "tabs", "|": "bars"}
+    found = [name for sep, name in names.items() if len(row) == 1 and sep in str(next(iter(row)))]
+    return f" (one column, its name holding {found[0]}: a CSV separated by {found[0]}? save it with commas)" if found \
+        else ""
+
+
 def checked_record(where: str, row: dict[str, Any], prompt_column: str, answer_column: str,
                    compared: bool) -> PromptRecord:
     """The row as a prompt record (every column kept; ``prompt`` and ``answer`` from the mapped columns), or
     ``InputError`` naming the row when its prompt or answer cannot be used."""
     if prompt_column not in row:
-        raise InputError(f"{where}: no {prompt_column!r} column (it has: {', '.join(map(str, row))}); "
-                         "set data.task.init_args.prompt_column")
+        raise InputError(f"{where}: no {prompt_column!r} column (it has: {', '.join(map(str, row))})"
+                         f"{separator_hint(row)}; set data.task.init_args.prompt_column")
     prompt = row[prompt_column]
     problem = prompt_problem(prompt)
     if problem:
