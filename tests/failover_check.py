@@ -114,6 +114,6 @@ class RealServer:
         return sum(float(value) for value in re.findall(pattern, text, flags=re.MULTILINE))
 
     def stop(self) -> None:
-        from lit_grpo.engines.vllm_server import stop_process
+        from lit_grpo.engines.server_process import stop_process
 
         stop_process(self.process)

@@ -15,7 +15,8 @@ from lit_grpo.engines import SamplingSpec, VLLMServerEngine
 from lit_grpo.engines.server_address import free_port, server_address
 from lit_grpo.engines.server_pool import ServerPool, ServersUnavailable
 from lit_grpo.errors import InputError
-from lit_grpo.engines.vllm_server import completion_request, parse_choices, server_command
+from lit_grpo.engines.server_answers import completion_request, parse_choices
+from lit_grpo.engines.server_process import server_command
 
 CHECK = Path(__file__).with_name("vllm_server_check.py")
 

@@ -1,5 +1,5 @@
-"""A ``/v1/completions`` answer checked against the request it answers, before any of it is used
-(docs/scaling.md#several-vllm-servers).
+"""A ``/v1/completions`` request (``completion_request``) and its answer checked against it, before any of it is
+used (docs/scaling.md#several-vllm-servers).
 
 An answer whose shape does not fit the request (not JSON, an error object, the wrong number of choices, a log-prob
 list shorter than its tokens, token ids outside the vocabulary, a finish reason its tokens contradict, ...) would
@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from lit_grpo.engines.base import Completion
+from lit_grpo.engines.base import Completion, SamplingSpec
 from lit_grpo.engines.server_pool import one_line
 
 LOGPROB_SLACK = 1e-4  # a log-prob above this is no log-prob; float noise around 0 is allowed
@@ -151,3 +151,31 @@ def policy_vocab_size(model: Any) -> int | None:
     except (AttributeError, NotImplementedError):
         return None
     return rows if isinstance(rows, int) and rows > 0 else None
+
+
+def completion_request(model: str, prompt: list[int], n: int, sampling: SamplingSpec, index: int) -> dict[str, Any]:
+    """The ``/v1/completions`` body for one prompt: token ids in and out, the sampled tokens' log-probs, the full
+    distribution (top-p 1, top-k off, no penalties, no minimum length: explicit, so the defaults a server takes from
+    a model's generation_config.json cannot narrow it; ``ignore_eos``: only the spec's stop ids end a completion),
+    and request ``index`` seeded with ``seed + index`` as the in-process engine does."""
+    return {
+        "model": model,
+        "prompt": list(prompt),
+        "n": n,
+        "max_tokens": sampling.max_new_tokens,
+        "temperature": 0.0 if sampling.greedy else sampling.temperature,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "min_tokens": 0,
+        "ignore_eos": True,
+        "seed": None if sampling.seed is None else sampling.seed + index,
+        "stop_token_ids": list(sampling.stop_token_ids),
+        "logprobs": 0,
+        "return_tokens_as_token_ids": True,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+    }

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -38,9 +36,11 @@ from lit_grpo.engines.server_address import (
 )
 from lit_grpo.engines.server_answers import (
     check_answer,
+    completion_request,
     parse_choices,
     policy_vocab_size,
 )
+from lit_grpo.engines.server_process import server_command, stop_process
 from lit_grpo.engines.server_pool import (
     Refused,
     Server,
@@ -361,66 +361,3 @@ def healthy(url: str) -> bool:
             return answer.status == 200
     except (urllib.error.URLError, OSError):
         return False
-
-
-def completion_request(model: str, prompt: list[int], n: int, sampling: SamplingSpec, index: int) -> dict[str, Any]:
-    """The ``/v1/completions`` body for one prompt: token ids in and out, the sampled tokens' log-probs, the full
-    distribution (top-p 1, top-k off, no penalties, no minimum length: explicit, so the defaults a server takes from
-    a model's generation_config.json cannot narrow it; ``ignore_eos``: only the spec's stop ids end a completion),
-    and request ``index`` seeded with ``seed + index`` as the in-process engine does."""
-    return {
-        "model": model,
-        "prompt": list(prompt),
-        "n": n,
-        "max_tokens": sampling.max_new_tokens,
-        "temperature": 0.0 if sampling.greedy else sampling.temperature,
-        "top_p": 1.0,
-        "top_k": 0,
-        "min_p": 0.0,
-        "repetition_penalty": 1.0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
-        "min_tokens": 0,
-        "ignore_eos": True,
-        "seed": None if sampling.seed is None else sampling.seed + index,
-        "stop_token_ids": list(sampling.stop_token_ids),
-        "logprobs": 0,
-        "return_tokens_as_token_ids": True,
-        "return_token_ids": True,
-        "skip_special_tokens": False,
-    }
-
-
-def server_command(model_path: str, address: ServerAddress, engine: VLLMServerEngine) -> list[str]:
-    """``python -m vllm.entrypoints.openai.api_server`` at ``address`` with runtime LoRA and processed log-probs."""
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", model_path,
-        *address.server_args(),
-        "--dtype", engine.dtype,
-        "--kv-cache-memory-bytes", str(int(engine.kv_cache_gib * 2**30)),
-        "--enable-lora",
-        "--max-lora-rank", str(engine.max_lora_rank),
-        "--max-loras", "1",
-        "--logprobs-mode", "processed_logprobs",
-        "--seed", str(engine.seed),
-        "--generation-config", "vllm",  # neutral default sampling options, not the checkpoint's
-    ]
-    if engine.max_model_len is not None:
-        command += ["--max-model-len", str(engine.max_model_len)]
-    if engine.enforce_eager:
-        command.append("--enforce-eager")
-    return command + engine.server_args
-
-
-def stop_process(process: subprocess.Popen | None, grace: float = 30.0) -> None:
-    """SIGTERM to the server's process group (it was started in a session of its own), SIGKILL after ``grace``
-    seconds."""
-    if process is None or process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
