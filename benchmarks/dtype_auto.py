@@ -159,9 +159,10 @@ def goal(rows: list[dict[str, Any]]) -> str | None:
         return None
     auto, fp32 = by_arm["auto"], by_arm["fp32"]
     ratio = auto["step_s"] / fp32["step_s"]
-    return (f"auto: peak {auto['peak_gb']:.2f} GB ({'under' if auto['peak_gb'] < GOAL_PEAK_GB else 'NOT under'} "
-            f"{GOAL_PEAK_GB} GB), step {ratio:.2f}x the fp32 checkpoint's ({'within' if ratio <= GOAL_RATIO else 'NOT within'} "
-            f"{GOAL_RATIO}x)")
+    under = "under" if auto["peak_gb"] < GOAL_PEAK_GB else "NOT under"
+    within = "within" if ratio <= GOAL_RATIO else "NOT within"
+    return (f"auto: peak {auto['peak_gb']:.2f} GB ({under} {GOAL_PEAK_GB} GB), step {ratio:.2f}x the fp32 "
+            f"checkpoint's ({within} {GOAL_RATIO}x)")
 
 
 def main() -> None:

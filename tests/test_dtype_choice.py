@@ -40,18 +40,18 @@ def test_bf16_checkpoint_without_bf16_arithmetic_loads_float32_when_two_copies_f
     choice = choose_auto_dtype("bfloat16", "cpu", (), WIDTH_2L_FP32, 2_655_365_120)
     assert choice.dtype == torch.float32
     assert choice.line == (
-        f"model.dtype auto: the checkpoint is bfloat16; loading it in float32: this CPU has no bf16 arithmetic ({NONE}), "
-        "where bf16 training is several times slower, and float32 fits (2 copies of 0.66 GB of float32 weights "
-        "within 50% of the 2.66 GB available); set model.dtype bfloat16 for half the memory")
+        "model.dtype auto: the checkpoint is bfloat16; loading it in float32: this CPU has no bf16 arithmetic "
+        f"({NONE}), where bf16 training is several times slower, and float32 fits (2 copies of 0.66 GB of float32 "
+        "weights within 50% of the 2.66 GB available); set model.dtype bfloat16 for half the memory")
 
 
 def test_bf16_checkpoint_without_bf16_arithmetic_stays_bf16_when_float32_does_not_fit():
     choice = choose_auto_dtype("bfloat16", "cpu", (), WIDTH_2L_FP32, 2_655_365_119)  # one byte short
     assert choice.dtype == torch.bfloat16
     assert choice.line == (
-        f"model.dtype auto: the checkpoint is bfloat16; loading it in bfloat16: this CPU has no bf16 arithmetic ({NONE}), "
-        "where float32 trains several times faster, but it does not fit comfortably (2 copies of 0.66 GB of float32 "
-        "weights exceed 50% of the 2.66 GB available); set model.dtype float32 to choose it anyway")
+        "model.dtype auto: the checkpoint is bfloat16; loading it in bfloat16: this CPU has no bf16 arithmetic "
+        f"({NONE}), where float32 trains several times faster, but it does not fit comfortably (2 copies of 0.66 GB "
+        "of float32 weights exceed 50% of the 2.66 GB available); set model.dtype float32 to choose it anyway")
 
 
 def test_qwen_0_5b_wants_four_times_its_float32_weights_available():

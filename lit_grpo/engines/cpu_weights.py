@@ -12,7 +12,8 @@ avx512bw, avx512vl and avx512dq"). Such a dtype is decoded unpacked, with one me
 (``packing_refusal``); the other dtypes still pack. Each dtype is also tried once on a tiny weight before its first
 use (any CPU, any build), and a reorder that fails while generating marks its dtype unpacked instead of failing the
 rollout. Measured on a CPU without AVX-512 (issue 34, the same head): fp32 plain 644 ms, fp32 packed 193 ms, bf16
-plain 300 ms, so there ``model.dtype: auto`` loads a bf16 checkpoint in fp32 where it fits (``lit_grpo.run.dtype_choice``).
+plain 300 ms, so there ``model.dtype: auto`` loads a bf16 checkpoint in fp32 where it fits
+(``lit_grpo.run.dtype_choice``).
 
 Only frozen weights are packed (the base model's, never LoRA's), only for the length of one ``generate`` call, and
 the packed copies are freed when it ends: while decoding, the frozen linear weights are held twice.
