@@ -14,8 +14,8 @@ one (issue 42). There auto takes float32 when it fits comfortably, which is deci
 weight for the length of a generate call; a vLLM engine in this process or started by it loads its own). The other
 half of the available memory (``FLOAT32_SHARE`` = 1/2) is for what grows with the batch and not with the weights,
 and for the rest of a shared node. At Qwen2.5-0.5B (24 layers, 494 M parameters: 1.98 GB in float32) and 8 x 1,024
-tokens that is about as much again as the weights: one fp32 logits chunk with its softmax and gradient (3 x 256 x
-151,936 x 4 B = 0.47 GB), LoRA r 16 with gradients and AdamW state (16 B x 8.8 M = 0.14 GB), one fp32 activation
+tokens that is about as much again as the weights: one fp32 logits chunk and its gradient (2 x 256 x 151,936 x
+4 B = 0.31 GB), LoRA r 16 with gradients and AdamW state (16 B x 8.8 M = 0.14 GB), one fp32 activation
 checkpoint per layer (8,192 x 24 x 896 x 4 B = 0.70 GB), one recomputed layer and the process itself; the measured
 peak of that step with an fp32 base is 4.37 GiB (docs/benchmarks.md), so it wants 7.9 GB available. Where float32
 does not fit so, auto keeps the checkpoint's half precision and says float32 would be faster.
