@@ -247,7 +247,7 @@ def test_policy_module_loads_the_base_in_the_asked_dtype_with_checkpointing(qwen
 def test_auto_dtype_is_the_checkpoints_own_when_it_names_a_base_dtype(qwen_dir, tmp_path):
     import json
 
-    from lit_grpo.policy.model_loading import base_dtype
+    from lit_grpo.run.model_files import base_dtype  # a reward model's auto; the policy's: test_dtype_choice.py
 
     def saved_as(name, **fields):
         path = tmp_path / name

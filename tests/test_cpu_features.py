@@ -4,7 +4,7 @@ may pack bf16, so the tests force the other CPU: with ``LIT_GRPO_CPU_NO_BF16_PAC
 answering as an AVX2-only CPU does, and with the reorder op raising as it does there. No verdict depends on the
 machine's CPU (issue 40): a test that needs one fakes what the probe reads, and the real path (c) is skipped where the
 CPU cannot take it (``-p avx2_only_cpu`` runs the file as on an AVX2-only CPU, CONTRIBUTING.md). ``model.dtype: auto`` says
-what it chose and, on a CPU without bf16 arithmetic, that float32 is faster there."""
+what it chose (tests/test_dtype_choice.py: float32 on a CPU without bf16 arithmetic, where it fits)."""
 
 from __future__ import annotations
 
@@ -30,12 +30,7 @@ from lit_grpo.engines.cpu_weights import (
     trial_refusal,
 )
 from lit_grpo.policy.model_loading import load_policy
-from lit_grpo.run.model_files import (
-    CpuBf16,
-    auto_dtype_note,
-    checkpoint_dtype,
-    cpu_bf16,
-)
+from lit_grpo.run.dtype_choice import cpu_arithmetic
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "data" / "tiny-qwen2-chat"  # release-shaped, bf16 on disk, 4 MB
@@ -64,7 +59,7 @@ def fresh_probe(monkeypatch):
 @pytest.fixture(scope="module")
 def bf16_policy():
     torch.manual_seed(0)
-    policy = load_policy(str(MODEL), 4, 8, 0.0, "all-linear", dtype="auto")
+    policy = load_policy(str(MODEL), 4, 8, 0.0, "all-linear", dtype="bfloat16")  # auto may take fp32 on this CPU
     assert {p.dtype for p in policy.parameters() if not p.requires_grad} == {torch.bfloat16}
     return policy
 
@@ -204,90 +199,59 @@ def test_where_the_cpu_packs_bf16_the_engine_packs_every_frozen_linear(fresh_pro
     assert [[c.token_ids for c in g] for g in packed] == [[c.token_ids for c in g] for g in plain]
 
 
-# --- (d) what dtype auto says ----------------------------------------------------------------------------------------
-AVX2 = CpuBf16(arithmetic=(), packs=False)
-AVX512_NO_BF16 = CpuBf16(arithmetic=(), packs=True)
-SAPPHIRE = CpuBf16(arithmetic=("avx512_bf16", "amx_bf16"), packs=True)
-
-
-def test_auto_on_a_bf16_checkpoint_without_bf16_arithmetic_keeps_bf16_and_says_float32_is_faster():
-    assert auto_dtype_note("bfloat16", torch.bfloat16, AVX2) == (
-        "model.dtype auto: the checkpoint is bfloat16; loading it in bfloat16 (half the memory). This CPU has no "
-        "bf16 arithmetic (none of avx512_bf16, amx_bf16, avx_ne_convert) and oneDNN cannot pack bf16 weights on it: "
-        "float32 is faster here, at twice the memory: set model.dtype float32 to choose it")
-    assert auto_dtype_note("bfloat16", torch.bfloat16, AVX512_NO_BF16) == (
-        "model.dtype auto: the checkpoint is bfloat16; loading it in bfloat16 (half the memory). This CPU has no "
-        "bf16 arithmetic (none of avx512_bf16, amx_bf16, avx_ne_convert): float32 may be faster here, at twice the "
-        "memory: set model.dtype float32 to compare")
-
-
-def test_auto_on_a_bf16_checkpoint_with_bf16_arithmetic_or_off_the_cpu_just_says_what_it_chose():
-    assert auto_dtype_note("bfloat16", torch.bfloat16, SAPPHIRE) == (
-        "model.dtype auto: the checkpoint is bfloat16; loading it in bfloat16 (half the memory of float32; this CPU "
-        "has bf16 arithmetic: avx512_bf16, amx_bf16)")
-    assert auto_dtype_note("bfloat16", torch.bfloat16, None) == (
-        "model.dtype auto: the checkpoint is bfloat16; loading it in bfloat16 (half the memory of float32)")
-
-
-def test_auto_on_other_checkpoints_says_what_it_chose():
-    for cpu in (AVX2, SAPPHIRE, None):  # the CPU matters for bf16 only
-        assert auto_dtype_note("float32", torch.float32, cpu) == (
-            "model.dtype auto: the checkpoint is float32; loading it in float32")
-        assert auto_dtype_note("float16", torch.float16, cpu) == (
-            "model.dtype auto: the checkpoint is float16; loading it in float16")
-        assert auto_dtype_note(None, torch.float32, cpu) == (
-            "model.dtype auto: the checkpoint's config names no dtype; loading it in float32")
-        assert auto_dtype_note("float64", torch.float32, cpu) == (
-            "model.dtype auto: the checkpoint is float64, not a dtype the base is loaded in (float32, bfloat16, "
-            "float16); loading it in float32")
-
-
+# --- (d) what dtype auto chooses: tests/test_dtype_choice.py (every verdict told the CPU and the memory) ------------
 def test_this_cpu_is_read_from_torchs_cpuinfo(fresh_probe):
-    cpu = cpu_bf16()
-    if cpu is None:
-        assert torch.cuda.is_available() or not on_x86()
+    arithmetic = cpu_arithmetic("bfloat16")
+    if arithmetic is None:
+        assert not on_x86()
         return
     capabilities = torch.cpu.get_capabilities()
-    assert set(cpu.arithmetic) == {f for f in ("avx512_bf16", "amx_bf16", "avx_ne_convert") if capabilities.get(f)}
-    assert cpu.packs == bf16_packing_supported(capabilities)
-    fresh_probe.setenv(NO_BF16_PACKING, "1")
-    assert cpu_bf16().packs is False
-
-
-def test_load_policy_says_once_what_auto_chose_and_nothing_for_a_named_dtype(caplog):
-    with caplog.at_level(logging.INFO):
-        load_policy(str(MODEL), 4, 8, 0.0, "all-linear", dtype="auto")
-    notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model.dtype auto")]
-    assert notes == [auto_dtype_note(checkpoint_dtype(str(MODEL)), torch.bfloat16, cpu_bf16())]
-    caplog.clear()
-    with caplog.at_level(logging.INFO):
-        load_policy(str(MODEL), 4, 8, 0.0, "all-linear", dtype="float32")
-    assert not [r for r in caplog.records if r.getMessage().startswith("model.dtype auto")]
+    assert set(arithmetic) == {f for f in ("avx512_bf16", "amx_bf16", "avx_ne_convert") if capabilities.get(f)}
+    fresh_probe.setenv(NO_BF16_PACKING, "1")  # read as a CPU without AVX-512: no bf16 arithmetic either
+    assert cpu_arithmetic("bfloat16") == ()
 
 
 # --- (e) the quickstart with the release-shaped bf16 model, on a CPU that cannot pack bf16 ------------------------
-@pytest.mark.slow
-def test_the_quickstart_trains_the_bf16_release_model_where_bf16_cannot_be_packed(tmp_path):
+FORCED_CPU = ("a CPU that cannot pack bf16 weights (no AVX-512, no avx_ne_convert; forced with "
+              f"`{NO_BF16_PACKING}=1`): the quickstart on the bf16 `data/tiny-qwen2-chat`")
+
+
+def quickstart_on_the_forced_cpu(tmp_path: Path, extra: list[str]) -> tuple[int, str, float]:
     env = {**os.environ, NO_BF16_PACKING: "1", "PYTHONPATH": os.pathsep.join(
         [str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--config", str(ROOT / "configs" / "quickstart.yaml"),
                "--model.model_name_or_path", "data/tiny-qwen2-chat", "--trainer.max_epochs", "1",
                "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path),
                "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "0",
-               "--data.prompts_per_epoch", "4", "--data.group_size", "4", "--data.minibatch_size", "16"]
+               "--data.prompts_per_epoch", "4", "--data.group_size", "4", "--data.minibatch_size", "16", *extra]
     start = time.monotonic()
     run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
-    seconds = time.monotonic() - start
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
+    assert "mkldnn" not in output
+    assert list(tmp_path.glob("**/adapter/adapter_model.safetensors")), output[-4000:]
+    return run.returncode, output, time.monotonic() - start
+
+
+@pytest.mark.slow
+def test_the_quickstart_trains_the_bf16_release_model_where_bf16_cannot_be_packed(tmp_path):
+    code, output, seconds = quickstart_on_the_forced_cpu(tmp_path, ["--model.dtype", "bfloat16"])
     assert output.count(UNPACKED_BF16) == 1, output[-4000:]
     assert f"hf engine: {NO_BF16_PACKING} is set (as on a CPU without avx512bw, avx512vl and avx512dq, or " \
            f"avx_ne_convert); {UNPACKED_BF16}" in output
-    assert output.count("model.dtype auto: the checkpoint is bfloat16; loading it in bfloat16") == 1
-    assert "mkldnn" not in output
-    assert list(tmp_path.glob("**/adapter/adapter_model.safetensors")), output[-4000:]
+    assert "model.dtype auto" not in output  # a named dtype is not auto's choice
     print(f"quickstart with data/tiny-qwen2-chat, bf16 unpacked: {seconds:.1f} s")
-    documented("a CPU that cannot pack bf16 weights (no AVX-512, no avx_ne_convert; forced with "
-               f"`{NO_BF16_PACKING}=1`): the quickstart on the bf16 `data/tiny-qwen2-chat`",
-               f"exit {run.returncode}; trained, decoding the bf16 weights unpacked; one line said so (hf engine: ... "
-               f"{UNPACKED_BF16}) and one what `model.dtype: auto` chose", "test_cpu_features.py")
+    documented(f"{FORCED_CPU}, `model.dtype bfloat16`",
+               f"exit {code}; trained, decoding the bf16 weights unpacked; one line said so (hf engine: ... "
+               f"{UNPACKED_BF16})", "test_cpu_features.py")
+
+
+@pytest.mark.slow
+def test_auto_takes_float32_for_the_bf16_release_model_where_the_cpu_has_no_bf16_arithmetic(tmp_path):
+    code, output, _ = quickstart_on_the_forced_cpu(tmp_path, [])  # model.dtype auto, the default
+    chose = "model.dtype auto: the checkpoint is bfloat16; loading it in float32: this CPU has no bf16 arithmetic"
+    assert output.count(chose) == 1, output[-4000:]
+    assert UNPACKED_BF16 not in output  # no bf16 weight to decode: the fp32 ones are packed
+    documented(f"{FORCED_CPU}, `model.dtype auto`",
+               f"exit {code}; trained in float32, packed; one line said what auto chose and why (this CPU has no bf16 "
+               "arithmetic, and float32 fits)", "test_cpu_features.py")

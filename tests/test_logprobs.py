@@ -26,6 +26,22 @@ def test_gather_logprobs_equals_negative_cross_entropy():
     assert torch.allclose(got, expected.reshape(3, 5), rtol=0, atol=1e-6)
 
 
+def test_gather_logprobs_gradient_equals_autograds_log_softmax():
+    generator = torch.Generator().manual_seed(1)
+    logits = (torch.randn(4, 9, generator=generator) * 4).requires_grad_()  # [M, V]
+    tokens = torch.randint(0, 9, (4,), generator=generator)  # [M]
+    weights = torch.tensor([1.0, -2.0, 0.5, 0.0])  # [M]: a loss's weights per token, one of them zero
+    (gather_logprobs(logits, tokens) * weights).sum().backward()
+    ours = logits.grad.clone()
+    logits.grad = None
+    (torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1) * weights).sum().backward()
+    assert torch.allclose(ours, logits.grad, rtol=0, atol=1e-6)
+    # by hand: logits [0, ln 3], target 1, weight 1 -> d/dlogits = onehot - softmax = [-1/4, 1/4]
+    two = torch.log(torch.tensor([[1.0, 3.0]])).requires_grad_()
+    gather_logprobs(two, torch.tensor([1])).sum().backward()
+    assert torch.allclose(two.grad, torch.tensor([[-0.25, 0.25]]), rtol=0, atol=1e-7)
+
+
 def test_gather_logprobs_hand_example():
     # logits [0, ln 3] -> probs [1/4, 3/4]: token 1 has log(3/4) = -0.2876821, token 0 log(1/4) = -1.3862944
     logits = torch.log(torch.tensor([[[1.0, 3.0], [1.0, 3.0]]]))

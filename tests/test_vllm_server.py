@@ -53,7 +53,8 @@ def test_parse_choices_in_index_order_with_sampled_token_logprobs():
 
 def test_started_server_listens_on_loopback_with_runtime_lora():
     engine = VLLMServerEngine(kv_cache_gib=0.5, max_model_len=64, max_lora_rank=16, server_args=["--max-num-seqs", "8"])
-    command = server_command("/models/base", server_address(port=8123), engine)
+    command = server_command("/models/base", server_address(port=8123), engine, "float32")
+    assert command[command.index("--dtype") + 1] == "float32"  # the policy's (engine_dtype), given by push_policy
     assert command[command.index("--host") + 1] == "127.0.0.1" and command[command.index("--port") + 1] == "8123"
     assert "--enable-lora" in command and command[command.index("--max-lora-rank") + 1] == "16"
     assert command[command.index("--kv-cache-memory-bytes") + 1] == str(2**29)
@@ -61,7 +62,8 @@ def test_started_server_listens_on_loopback_with_runtime_lora():
     assert command[command.index("--max-model-len") + 1] == "64"
     assert command[-2:] == ["--max-num-seqs", "8"]
     # by default the server takes the model's own context length
-    assert "--max-model-len" not in server_command("/models/base", server_address(port=8123), VLLMServerEngine())
+    assert "--max-model-len" not in server_command("/models/base", server_address(port=8123), VLLMServerEngine(),
+                                                   "bfloat16")
 
 
 def test_nothing_starts_at_construction_and_bad_knobs_fail_early():

@@ -46,3 +46,13 @@ class RolloutEngine(Protocol):
 
     def close(self) -> None:
         """Release the engine's resources; generating afterwards is an error."""
+
+
+def engine_dtype(configured: str, model: Any) -> str:
+    """The dtype an engine that loads its own copy of the weights uses: ``configured``, or for ``auto`` the dtype
+    of ``model``'s frozen base weights, so that one decision (``model.dtype``, ``lit_grpo.run.dtype_choice``) holds
+    for every copy: the sampler's log-probs stay the trainer's, and the memory rule counted this copy at that size."""
+    if configured != "auto":
+        return configured
+    frozen = next((p for p in model.parameters() if not p.requires_grad and p.is_floating_point()), None)
+    return "float32" if frozen is None else str(frozen.dtype).removeprefix("torch.")

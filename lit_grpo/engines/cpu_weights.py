@@ -12,13 +12,15 @@ avx512bw, avx512vl and avx512dq"). Such a dtype is decoded unpacked, with one me
 (``packing_refusal``); the other dtypes still pack. Each dtype is also tried once on a tiny weight before its first
 use (any CPU, any build), and a reorder that fails while generating marks its dtype unpacked instead of failing the
 rollout. Measured on a CPU without AVX-512 (issue 34, the same head): fp32 plain 644 ms, fp32 packed 193 ms, bf16
-plain 300 ms, so there a bf16 base is not the fast choice (``lit_grpo.run.model_files.auto_dtype_note``).
+plain 300 ms, so there ``model.dtype: auto`` loads a bf16 checkpoint in fp32 where it fits
+(``lit_grpo.run.dtype_choice``).
 
 Only frozen weights are packed (the base model's, never LoRA's), only for the length of one ``generate`` call, and
 the packed copies are freed when it ends: while decoding, the frozen linear weights are held twice.
 
 The environment variable ``LIT_GRPO_CPU_NO_BF16_PACKING=1`` makes this process behave as on a CPU that cannot pack
-bf16 (the tests force that path with it on a CPU that can; a user may set it too).
+bf16 (the tests force that path with it on a CPU that can; a user may set it too), and without bf16 arithmetic, for
+``model.dtype: auto``'s choice.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from lit_grpo.run.dtype_choice import NO_BF16_PACKING
+
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
-NO_BF16_PACKING = "LIT_GRPO_CPU_NO_BF16_PACKING"
 BF16_PACKING_NEEDS = "avx512bw, avx512vl and avx512dq, or avx_ne_convert"
 
 _refused_while_generating: dict[torch.dtype, str] = {}  # dtypes whose reorder failed inside a generate call

@@ -14,13 +14,13 @@ if TYPE_CHECKING:
     from lit_grpo.engines.vllm_server import VLLMServerEngine
 
 
-def server_command(model_path: str, address: ServerAddress, engine: "VLLMServerEngine") -> list[str]:
+def server_command(model_path: str, address: ServerAddress, engine: "VLLMServerEngine", dtype: str) -> list[str]:
     """``python -m vllm.entrypoints.openai.api_server`` at ``address`` with runtime LoRA and processed log-probs."""
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", model_path,
         *address.server_args(),
-        "--dtype", engine.dtype,
+        "--dtype", dtype,
         "--kv-cache-memory-bytes", str(int(engine.kv_cache_gib * 2**30)),
         "--enable-lora",
         "--max-lora-rank", str(engine.max_lora_rank),

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import torch
 
-from lit_grpo.engines.base import Completion, SamplingSpec
+from lit_grpo.engines.base import Completion, SamplingSpec, engine_dtype
 from lit_grpo.errors import InputError
 
 PushStrategy = Literal["merged", "adapter"]
@@ -36,7 +36,8 @@ class VLLMEngine:
         kv_cache_gib: memory reserved for the KV cache, in GiB (RAM on a CPU build).
         max_model_len: the longest prompt + completion the engine accepts; ``None``: the model's own context length
             (its ``max_position_embeddings``), which a larger value may not exceed.
-        dtype: the engine's weight dtype; float32 on CPU keeps the sampler's log-probs equal to the trainer's.
+        dtype: the engine's weight dtype; ``auto``: the policy's base dtype (``model.dtype``'s choice), which keeps
+            the sampler's log-probs equal to the trainer's in float32.
         enforce_eager: skip graph compilation: faster start-up, slightly slower steady state.
         tensor_parallel_size: GPUs per engine (1 on CPU).
         max_lora_rank: the largest LoRA rank the ``adapter`` strategy accepts.
@@ -51,7 +52,7 @@ class VLLMEngine:
         push_strategy: PushStrategy = "merged",
         kv_cache_gib: float = 1.0,
         max_model_len: int | None = None,
-        dtype: str = "float32",
+        dtype: str = "auto",
         enforce_eager: bool = True,
         tensor_parallel_size: int = 1,
         max_lora_rank: int = 64,
@@ -78,7 +79,7 @@ class VLLMEngine:
     def push_policy(self, model: Any) -> None:
         base_path = model.peft_config[model.active_adapter].base_model_name_or_path
         if self._llm is None:
-            self._start(base_path)
+            self._start(base_path, engine_dtype(self.dtype, model))
         elif base_path != self._model_path:
             raise InputError(f"this engine serves {self._model_path!r}, not {base_path!r}: use one engine per model")
         self._pushes += 1
@@ -102,7 +103,7 @@ class VLLMEngine:
             self._adapter_dir = None
         self._lora = None
 
-    def _start(self, model_path: str) -> None:
+    def _start(self, model_path: str, dtype: str) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weights can be pushed directly
         from vllm import LLM
 
@@ -110,7 +111,7 @@ class VLLMEngine:
             self._llm = LLM(
                 model=model_path,
                 skip_tokenizer_init=True,
-                dtype=self.dtype,
+                dtype=dtype,
                 max_model_len=self.max_model_len,
                 kv_cache_memory_bytes=int(self.kv_cache_gib * 2**30),
                 enforce_eager=self.enforce_eager,

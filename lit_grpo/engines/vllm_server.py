@@ -24,10 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from lit_grpo.engines.base import Completion, SamplingSpec
+from lit_grpo.engines.base import Completion, SamplingSpec, engine_dtype
 from lit_grpo.engines.hedge import HedgeRule
 from lit_grpo.engines.server_address import (
-    ServerAddress,
     given_port,
     port_knob,
     refuse_ports,
@@ -79,7 +78,8 @@ class VLLMServerEngine:
         kv_cache_gib: KV cache of a server the engine starts, in GiB (RAM on a CPU build).
         max_model_len: the longest prompt + completion a server the engine starts accepts; ``None``: the model's own
             context length (its ``max_position_embeddings``), which a larger value may not exceed.
-        dtype: weight dtype of a server the engine starts; float32 on CPU keeps its log-probs equal to the trainer's.
+        dtype: weight dtype of a server the engine starts; ``auto``: the policy's base dtype (``model.dtype``'s
+            choice), which keeps its log-probs equal to the trainer's in float32.
         enforce_eager: start the server without graph compilation (faster start-up).
         max_lora_rank: the largest LoRA rank a server the engine starts accepts.
         seed: base seed of a server the engine starts (each request also gets its own from the sampling spec).
@@ -111,7 +111,7 @@ class VLLMServerEngine:
         server_adapter_dir: str | None = None,
         kv_cache_gib: float = 1.0,
         max_model_len: int | None = None,
-        dtype: str = "float32",
+        dtype: str = "auto",
         enforce_eager: bool = True,
         max_lora_rank: int = 64,
         seed: int = 0,
@@ -181,7 +181,7 @@ class VLLMServerEngine:
             raise InputError(f"this engine serves {self._model_path!r}, not {base_path!r}: use one engine per model")
         self._model_path, self._vocab_size = base_path, policy_vocab_size(model)
         if not self.urls:  # a server of this process's own: nobody else loads adapters there
-            self._start_server(base_path)  # once; afterwards it reports a server that has died since
+            self._start_server(base_path, engine_dtype(self.dtype, model))  # once; later it reports a dead server
             self._adapter_name = self._load_everywhere(model)
             return
         if self._pool is None:
@@ -256,13 +256,13 @@ class VLLMServerEngine:
         return self._temp_dir
 
     # --- a server of our own, on loopback ----------------------------------------------------------------------
-    def _start_server(self, model_path: str) -> None:
+    def _start_server(self, model_path: str, dtype: str) -> None:
         if self._server is not None:
             if self._server.poll() is not None:
                 raise RuntimeError(f"the vLLM server exited with code {self._server.returncode}:\n{self._log_tail()}")
             return
         address = server_address(port=self.port, api_key=self.api_key)  # loopback (never exposed by default)
-        command = server_command(model_path, address, self)
+        command = server_command(model_path, address, self, dtype)
         self._log_path = self._local_adapter_dir() / "server.log"
         env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # an in-process setting; the server keeps its own default

@@ -17,12 +17,9 @@ from transformers import AutoModelForCausalLM
 
 from lit_grpo.errors import InputError
 from lit_grpo.run.input_check import lora_target_problem
+from lit_grpo.run.dtype_choice import auto_dtype
 from lit_grpo.run.model_files import (
     Shapes,
-    auto_dtype_note,
-    base_dtype,
-    checkpoint_dtype,
-    cpu_bf16,
     expected_adapter_shapes,
     misfit,
     refuse_remote_code,
@@ -114,6 +111,22 @@ def completion_stop_ids(tokenizer: Any, model: Any) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def run_base_dtype(model_path: str, dtype: str, trainer: Any, trust_remote_code: bool = False) -> torch.dtype:
+    """``dtype`` as a torch dtype. For ``auto``: ``lit_grpo.run.dtype_choice.auto_dtype`` on the ``trainer``'s device
+    (the CPU without one), the memory shared by the processes of this node, said in one line by rank 0; rank 0's
+    choice is every rank's (ranks that read the memory a moment apart must not train different weights)."""
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    if trainer is None:
+        choice = auto_dtype(model_path, "cpu", 1, trust_remote_code)
+    else:
+        device = trainer.strategy.root_device.type
+        processes = trainer.num_devices if device == "cpu" else 1  # CPU processes on this node share its memory
+        choice = trainer.strategy.broadcast(auto_dtype(model_path, device, processes, trust_remote_code))
+    rank_zero_info(choice.line)
+    return choice.dtype
+
+
 def load_policy(
     model_path: str,
     lora_rank: int,
@@ -123,12 +136,12 @@ def load_policy(
     init_adapter: str | None = None,
     attn_implementation: str = "sdpa",
     trust_remote_code: bool = False,
-    dtype: str = "auto",
+    dtype: str | torch.dtype = "auto",
     gradient_checkpointing: bool = False,
 ) -> PeftModel:
-    """The base model in ``dtype`` (whatever the checkpoint's own; ``auto`` keeps the checkpoint's and prints one
-    line saying what it chose, see ``auto_dtype_note``) with a trainable LoRA adapter named ``default`` in float32
-    (every base weight frozen), with non-reentrant gradient checkpointing if asked.
+    """The base model in ``dtype`` (whatever the checkpoint's own; ``auto`` as ``run_base_dtype`` picks it for a run
+    on the CPU, with its one line) with a trainable LoRA adapter named ``default`` in float32 (every base weight
+    frozen), with non-reentrant gradient checkpointing if asked.
     An ``init_adapter`` is read from safetensors only (a pickled ``adapter_model.bin`` could run code)."""
     refuse_remote_code(model_path, trust_remote_code)
     if init_adapter is not None and not (Path(init_adapter).expanduser() / "adapter_model.safetensors").is_file():
@@ -136,9 +149,7 @@ def load_policy(
             f"init_adapter: {init_adapter!r} has no adapter_model.safetensors; adapters are read from safetensors "
             "only (convert a pickled adapter_model.bin you trust with safetensors.torch.save_file)"
         )
-    chosen = base_dtype(model_path, dtype)
-    if dtype == "auto":  # say what auto chose, and when float32 would compute faster on this CPU
-        rank_zero_info(auto_dtype_note(checkpoint_dtype(model_path), chosen, cpu_bf16()))
+    chosen = dtype if isinstance(dtype, torch.dtype) else run_base_dtype(model_path, dtype, None, trust_remote_code)
     base = AutoModelForCausalLM.from_pretrained(
         model_path,
         dtype=chosen,

@@ -36,7 +36,7 @@ from lit_grpo.policy.logprobs import (
     sampler_agreement,
 )
 from lit_grpo.policy.measures import HeldOutMeasures
-from lit_grpo.policy.model_loading import completion_stop_ids, load_policy
+from lit_grpo.policy.model_loading import completion_stop_ids, load_policy, run_base_dtype
 from lit_grpo.policy.objective import Objective, module_config_problems
 from lit_grpo.policy.online_dpo import online_dpo_loss
 from lit_grpo.policy.packed import TokenLogprobs
@@ -107,10 +107,10 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
             by min(pi_old / pi_sampler, C). ``None`` turns it off (right for fp32, where the two agree).
         attn_implementation: the transformers attention kernel: ``sdpa`` or ``eager``.
         trust_remote_code: allow the model's own code from its repository to run; off unless you trust it.
-        dtype: the dtype of the frozen base weights: ``auto`` (the checkpoint's own ``dtype`` in its config.json:
-            ``bfloat16`` for most released checkpoints, ``float32`` for the shipped tiny models; ``float32`` when
-            the config names none or another), ``float32``, ``bfloat16`` (half the memory) or ``float16``. The LoRA
-            weights, their gradients and optimizer state, the heads and every log-softmax stay in float32.
+        dtype: the dtype of the frozen base weights: ``auto`` (the checkpoint's own on a GPU; on a CPU without
+            arithmetic in the checkpoint's half precision, float32 where it fits in memory, docs/guide.md#dtype),
+            ``float32``, ``bfloat16`` (half the memory) or ``float16``. The LoRA weights, their gradients and
+            optimizer state, the heads and every log-softmax stay in float32.
         gradient_checkpointing: keep one activation per layer and recompute the rest in backward (non-reentrant,
             so it works with PEFT's frozen embeddings and the packed forward): activation memory drops from every
             layer's intermediates to one layer's, for about a third more compute.
@@ -201,8 +201,8 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         self.tokenizer = load_tokenizer(path, hp.trust_remote_code)
         self.policy = load_policy(
             path, hp.lora_rank, hp.lora_alpha, hp.lora_dropout, hp.lora_target_modules,
-            hp.init_adapter, hp.attn_implementation, hp.trust_remote_code, hp.dtype, hp.gradient_checkpointing,
-        )
+            hp.init_adapter, hp.attn_implementation, hp.trust_remote_code,
+            run_base_dtype(path, hp.dtype, self._trainer, hp.trust_remote_code), hp.gradient_checkpointing)
         problem = head_problem(self.policy)
         if problem:
             raise InputError(f"model_name_or_path: {problem}")

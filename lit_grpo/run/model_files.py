@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import platform
 import typing
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -145,69 +142,13 @@ def checkpoint_dtype(model_path: str) -> Any:
 
 
 def base_dtype(model_path: str, dtype: str) -> torch.dtype:
-    """The frozen base's dtype: ``dtype`` itself, or for ``auto`` the one the checkpoint's config names (its
-    ``dtype``, or ``torch_dtype`` in older files) when it is one of ``BASE_DTYPES``, else float32."""
+    """A model's dtype: ``dtype`` itself, or for ``auto`` the one the checkpoint's config names (its ``dtype``, or
+    ``torch_dtype`` in older files) when it is one of ``BASE_DTYPES``, else float32. A reward model's ``auto``; the
+    policy's is ``lit_grpo.run.dtype_choice.auto_dtype``, which also weighs the CPU and the memory."""
     if dtype != "auto":
         return getattr(torch, dtype)
     named = checkpoint_dtype(model_path)
     return getattr(torch, named) if named in BASE_DTYPES else torch.float32
-
-
-BF16_ARITHMETIC = ("avx512_bf16", "amx_bf16", "avx_ne_convert")  # x86 instructions that compute on bf16 natively
-
-
-@dataclass(frozen=True)
-class CpuBf16:
-    """What an x86 CPU offers bf16 weights: the ``BF16_ARITHMETIC`` instructions it has, and whether oneDNN packs
-    bf16 linear weights on it (avx512bw, avx512vl and avx512dq, or avx_ne_convert: the hf engine's condition in
-    ``lit_grpo.engines.cpu_weights``)."""
-
-    arithmetic: tuple[str, ...]
-    packs: bool
-
-
-def cpu_bf16() -> CpuBf16 | None:
-    """This CPU's ``CpuBf16``, from torch's cpuinfo (``torch.cpu.get_capabilities()``); ``None`` off x86, where
-    torch cannot say, or when CUDA is present (the model is then expected to compute there)."""
-    if torch.cuda.is_available() or platform.machine().lower() not in {"x86_64", "amd64", "i386", "i686", "x86"}:
-        return None
-    try:
-        capabilities = dict(torch.cpu.get_capabilities())
-    except (AttributeError, RuntimeError):
-        return None
-    avx512 = all(capabilities.get(flag, False) for flag in ("avx512_bw", "avx512_vl", "avx512_dq"))
-    forced_off = os.environ.get("LIT_GRPO_CPU_NO_BF16_PACKING", "") not in ("", "0")  # the engine's override
-    packs = (avx512 or bool(capabilities.get("avx_ne_convert", False))) and not forced_off
-    return CpuBf16(tuple(flag for flag in BF16_ARITHMETIC if capabilities.get(flag, False)), packs)
-
-
-def auto_dtype_note(named: Any, chosen: torch.dtype, cpu: CpuBf16 | None) -> str:
-    """The one line ``model.dtype: auto`` prints: what the checkpoint names (``named``, as ``checkpoint_dtype``
-    reads it), the dtype loaded (``chosen``, as ``base_dtype`` picks it) and, for a bf16 choice on a CPU without
-    bf16 arithmetic (``cpu``; ``None`` leaves the CPU out), that float32 is faster there. Auto keeps the checkpoint's
-    dtype whatever the CPU: choosing float32 changes the numbers and doubles the memory, so it is the user's call.
-
-    >>> auto_dtype_note("float32", torch.float32, CpuBf16(arithmetic=(), packs=False))
-    'model.dtype auto: the checkpoint is float32; loading it in float32'
-    """
-    loaded = str(chosen).removeprefix("torch.")
-    if named is None:
-        return f"model.dtype auto: the checkpoint's config names no dtype; loading it in {loaded}"
-    if named not in BASE_DTYPES:
-        return (f"model.dtype auto: the checkpoint is {named}, not a dtype the base is loaded in "
-                f"({', '.join(BASE_DTYPES)}); loading it in {loaded}")
-    head = f"model.dtype auto: the checkpoint is {named}; loading it in {loaded}"
-    if chosen != torch.bfloat16:
-        return head
-    if cpu is None:
-        return f"{head} (half the memory of float32)"
-    if cpu.arithmetic:
-        return f"{head} (half the memory of float32; this CPU has bf16 arithmetic: {', '.join(cpu.arithmetic)})"
-    missing = f"{head} (half the memory). This CPU has no bf16 arithmetic (none of {', '.join(BF16_ARITHMETIC)})"
-    if not cpu.packs:  # measured on such a CPU (issue 34): a Qwen2.5-0.5B head took 300 ms in bf16, 193 in fp32
-        return (f"{missing} and oneDNN cannot pack bf16 weights on it: float32 is faster here, at twice the memory: "
-                "set model.dtype float32 to choose it")
-    return f"{missing}: float32 may be faster here, at twice the memory: set model.dtype float32 to compare"
 
 
 REMOTE_CODE_FLAG = "model.trust_remote_code"
