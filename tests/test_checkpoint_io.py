@@ -134,11 +134,15 @@ def test_a_failed_background_write_is_raised_on_the_training_thread(tmp_path, mo
     writer.save_checkpoint({"epoch": 0}, last)
     writer.wait()
 
+    returned = threading.Event()
+
     def disk_full(descriptor):
+        returned.wait(timeout=60)  # fail once the save has returned, however the two threads are scheduled
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(checkpoint_io.os, "fsync", disk_full)
     writer.save_checkpoint({"epoch": 1}, last)  # returns: the write fails in the background
+    returned.set()
     with pytest.raises(OSError, match="No space left"):
         writer.save_checkpoint({"epoch": 2}, last)  # the next save raises it, writes nothing
     assert load_checkpoint(last) == {"epoch": 0}
