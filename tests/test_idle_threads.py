@@ -13,11 +13,22 @@ from lit_grpo.run.idle_threads import WAIT_POLICY, idle_threads_sleep
 
 def test_sets_passive_when_unset_and_torch_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(WAIT_POLICY, raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     monkeypatch.delitem(sys.modules, "torch")
     assert idle_threads_sleep() is True
     import os
 
     assert os.environ[WAIT_POLICY] == "PASSIVE"
+
+
+def test_a_spin_count_of_the_users_wins_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(WAIT_POLICY, raising=False)
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
+    monkeypatch.delitem(sys.modules, "torch")
+    assert idle_threads_sleep() is False
+    import os
+
+    assert WAIT_POLICY not in os.environ
 
 
 def test_the_users_setting_wins(monkeypatch: pytest.MonkeyPatch) -> None:

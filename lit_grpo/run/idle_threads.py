@@ -1,5 +1,5 @@
 """Torch's idle OpenMP threads sleep in the command instead of spinning (``OMP_WAIT_POLICY=PASSIVE``, unless the
-user set the variable).
+user set it or ``GOMP_SPINCOUNT``).
 
 GNU OpenMP (the ``libgomp`` torch's CPU wheels load) keeps each worker thread spinning for a while after a parallel
 region, so that the next region starts without a wake-up. A training loop on a small model enters a region every
@@ -19,12 +19,13 @@ import os
 import sys
 
 WAIT_POLICY = "OMP_WAIT_POLICY"
+USER_SETTINGS = (WAIT_POLICY, "GOMP_SPINCOUNT")  # either, set by the user, is their choice of how threads wait
 
 
 def idle_threads_sleep() -> bool:
-    """Set ``OMP_WAIT_POLICY=PASSIVE`` for this process and its children unless the user set it or torch is loaded
-    already (too late to matter); True if set."""
-    if WAIT_POLICY in os.environ or "torch" in sys.modules:
+    """Set ``OMP_WAIT_POLICY=PASSIVE`` for this process and its children unless the user set it (or libgomp's
+    ``GOMP_SPINCOUNT``) or torch is loaded already (too late to matter); True if set."""
+    if any(name in os.environ for name in USER_SETTINGS) or "torch" in sys.modules:
         return False
     os.environ[WAIT_POLICY] = "PASSIVE"
     return True
