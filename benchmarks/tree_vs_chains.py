@@ -12,8 +12,8 @@ Protocol 2 (issue 41), the same for every variant:
 - rates: every variant starts on ``GRID_START`` on the tuning seed ``--tune-seed`` (not one of ``--seeds``); the
   rate with the best validation return is chosen (ties: an interior rate, then the smaller); while it sits at an
   edge of the grid the grid grows by a factor 2 on that side, within ``LR_LIMITS`` (``chosen_rate``);
-- then every variant at its chosen rate on ``--seeds`` (seed-major: a table cut short compares every variant on
-  the same seeds); then the best tree and the best chains (by validation return on the tuning seed) at 3x budget;
+- then every variant at its chosen rate on ``--seeds``, the variants in the order of their tuning-seed validation
+  return (a table cut short has the leading variants' full intervals); then the best tree and the best chains (by validation return on the tuning seed) at 3x budget;
 - runs go ``--parallel`` at a time with ``--threads`` torch threads each (2 x 1 by default, the same for every
   variant; the setting is recorded in each row);
 - rows go to ``--results`` tagged ``protocol: 2`` and the warm start's hash; a run found there is skipped, so the
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import sys
 import time
@@ -37,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from tree_vs_chains_report import report  # noqa: E402
-from tree_vs_chains_run import GAME_ROUNDS, PROTOCOL, model_id  # noqa: E402
+from tree_vs_chains_run import GAME_ROUNDS, PROTOCOL, marker, model_id  # noqa: E402
 
 GRID_START = (5e-4, 1e-3, 2e-3)
 LR_LIMITS = (6.25e-5, 8e-3)
@@ -127,8 +128,11 @@ def plan(rows: list[dict], game: str, args: argparse.Namespace) -> tuple[list[di
                 chosen[variant] = rate
         wanted += [{"variant": variant, "seed": args.tune_seed, "lr": lr, "budget": budget, "arguments": arguments}
                    for lr in missing]
-    for seed in args.seeds:
-        for variant in chosen:
+    # the variants by validation return on the tuning seed, best first, each through all its seeds: a table cut
+    # short has the full intervals of the leading variants (the order uses no evaluation seed)
+    ranked = sorted(chosen, key=lambda v: -tuning(rows, v, args.tune_seed, budget)[chosen[v]])
+    for variant in ranked:
+        for seed in args.seeds:
             wanted.append({"variant": variant, "seed": seed, "lr": chosen[variant], "budget": budget,
                            "arguments": arguments_of[variant]})
     if args.long and all(v in chosen for v in variants):
@@ -164,7 +168,8 @@ def run_missing(args: argparse.Namespace, game: str) -> None:
             if process.poll() is not None:
                 del running[key]
         wanted, _ = plan(load_rows(args.results, game), game, args)
-        wanted = [w for w in wanted if (w["variant"], w["seed"], w["lr"], w["budget"]) not in running]
+        wanted = [w for w in wanted if (w["variant"], w["seed"], w["lr"], w["budget"]) not in running
+                  and not going_elsewhere({**w, "game": game, "results": str(args.results)})]
         late = datetime.datetime.now(datetime.timezone.utc) >= until
         if (not wanted or late) and not running:
             return
@@ -176,6 +181,16 @@ def run_missing(args: argparse.Namespace, game: str) -> None:
             if w["variant"] == "warm-start":
                 break  # alone: the grid's first rows follow it
         time.sleep(5)
+
+
+def going_elsewhere(run: dict) -> bool:
+    """Whether another scheduler's process is running ``run`` (its marker names a live pid)."""
+    going = marker(run)
+    try:
+        os.kill(int(going.read_text()), 0)
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return False
+    return True
 
 
 def main() -> None:

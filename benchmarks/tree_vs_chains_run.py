@@ -40,7 +40,8 @@ GAMES = {"hidden-operands": ("data/tiny-llama-hidden", "lit_grpo.tasks.games.Hid
 GAME_ROUNDS = {"hidden-operands": 3, "calculator": 3, "stale-digits": 4}  # rollout depth and evaluation rounds
 ORDERED_GAMES = {"stale-digits"}  # the tasks with a train_order_seed (each seed its own prompt order)
 COMMON = ["--model.loss_variant", "clip", "--model.aggregation", "seq-mean", "--model.kl_coef", "0.04",
-          "--data.prompts_per_epoch", "16", "--data.minibatch_size", "64", "--data.max_new_tokens", "5"]
+          "--data.prompts_per_epoch", "16", "--data.minibatch_size", "64", "--data.max_new_tokens", "5",
+          "--data.val_max_prompts", "8"]  # the command's own validation before training: cheap, unused here
 
 
 def model_id(game: str) -> str:
@@ -128,8 +129,24 @@ def append(results: Path, row: dict) -> None:
         file.write(json.dumps(row) + "\n")
 
 
+def marker(run: dict) -> Path:
+    """The file that says this run is going (its pid inside), so a scheduler started again does not repeat it."""
+    folder = Path(run["results"]).with_suffix(".running")
+    return folder / f"{run['game']}_{run['variant']}_{run['seed']}_{run['lr']}_{run['budget']}"
+
+
 def main() -> None:
     run = json.loads(sys.argv[1])
+    going = marker(run)
+    going.parent.mkdir(parents=True, exist_ok=True)
+    going.write_text(str(os.getpid()))
+    try:
+        one_run(run)
+    finally:
+        going.unlink(missing_ok=True)
+
+
+def one_run(run: dict) -> None:
     torch.set_num_threads(run["threads"])
     row = {"protocol": PROTOCOL, "model": model_id(run["game"]), **{k: run[k] for k in
            ("game", "variant", "seed", "lr", "budget", "threads")}}
