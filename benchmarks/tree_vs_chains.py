@@ -111,6 +111,12 @@ def plan(rows: list[dict], game: str, args: argparse.Namespace) -> tuple[list[di
     budget = args.budget or GAME_BUDGET.get(game, 14000)
     wanted: list[dict] = [{"variant": "warm-start", "seed": 0, "lr": 0.0, "budget": 0, "arguments": []}]
     chosen: dict[str, float] = {}
+    if args.single:  # an ablation outside the grids: each variant at one rate on the tuning seed
+        for variant, lr in (item.split("@") for item in args.single):
+            wanted.append({"variant": variant, "seed": args.tune_seed, "lr": float(lr), "budget": budget,
+                           "arguments": variant_arguments(variant, game, SCOPES["sd-none"])})
+        done = {(r["variant"], r["seed"], r["lr"], r["budget"]) for r in rows}
+        return [w for w in wanted if (w["variant"], w["seed"], w["lr"], w["budget"]) not in done], chosen
     variants = args.variants or GAME_VARIANTS[game]
     best_tree = best_of([v for v in variants if v in TREES], rows, args.tune_seed, budget)
     arguments_of: dict[str, list[str]] = {}
@@ -201,6 +207,8 @@ def main() -> None:
     parser.add_argument("--tune-seed", type=int, default=0, help="the seed of every variant's rate grid")
     parser.add_argument("--budget", type=int, default=None, help="policy tokens per run (default: GAME_BUDGET)")
     parser.add_argument("--long", action="store_true", help="also the best tree and best chains at 3x budget")
+    parser.add_argument("--single", nargs="+", default=None, metavar="VARIANT@LR",
+                        help="instead of the protocol: each VARIANT at LR on the tuning seed (an ablation)")
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--launch-until", default="23:59", help="UTC HH:MM after which no run starts")
