@@ -42,7 +42,8 @@ from tree_vs_chains_run import GAME_ROUNDS, PROTOCOL, marker, model_id  # noqa: 
 
 GRID_START = (5e-4, 1e-3, 2e-3)
 LR_LIMITS = (6.25e-5, 8e-3)
-GAME_BUDGET = {"stale-digits": 36000}  # policy tokens; the earlier games: 14,000 (about 4,000 segments)
+GAME_BUDGET = {"stale-digits": 36000, "hidden-operands": 12000, "calculator": 11000}  # about what 10,000 and
+# 4,000 segments cost under protocol 1
 SCOPES = {"sd-tree": "tree", "sd-siblings": "siblings", "sd-none": "none"}
 TREES = [f"tree-{short}-{scope}" for short in ("mean", "os") for scope in SCOPES]
 CHAINS = ["chains-grpo", "chains-centred", "chains-ppo"]

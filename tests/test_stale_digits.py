@@ -107,3 +107,14 @@ def test_a_training_order_seed_reorders_the_same_training_prompts_and_nothing_el
     assert sorted(r["prompt"] + r["answer"] for r in train) == sorted(r["prompt"] + r["answer"] for r in other)
     assert [r["prompt"] for r in train[:16]] != [r["prompt"] for r in other[:16]]
     assert base.heldout_records() == reordered.heldout_records()
+
+
+@pytest.mark.parametrize("name", ["HiddenOperandsTask", "CalculatorTask"])
+def test_the_earlier_games_take_a_training_order_seed_too(name):
+    from lit_grpo.tasks import games
+
+    base, reordered = getattr(games, name)(), getattr(games, name)(train_order_seed=1)
+    train, other = base.train_records(), reordered.train_records()
+    assert sorted(r["prompt"] + r["answer"] for r in train) == sorted(r["prompt"] + r["answer"] for r in other)
+    assert [r["prompt"] for r in train[:16]] != [r["prompt"] for r in other[:16]]
+    assert base.heldout_records() == reordered.heldout_records()
