@@ -37,8 +37,8 @@ def grid_table(rows: list[dict], variants: list[str], args: argparse.Namespace, 
 
 
 def seed_table(rows: list[dict], variants: list[str], args: argparse.Namespace, budget: int,
-               chosen: dict[str, float], warm: dict) -> dict[str, tuple[float, float]]:
-    """Print the table at ``budget``; returns variant -> (mean, half-width) of test return."""
+               chosen: dict[str, float], warm: dict) -> dict[str, list[float]]:
+    """Print the table at ``budget``; returns variant -> the test return of each seed."""
     print(f"\nseeds {' '.join(map(str, args.seeds))} at the chosen rates, {budget} policy tokens a run, test prompts "
           "(mean ± 95% t-interval over seeds):")
     print("| variant | lr | seeds | test return | accuracy | questions / episode | gap closed from answering at once "
@@ -59,7 +59,7 @@ def seed_table(rows: list[dict], variants: list[str], args: argparse.Namespace, 
               + f" | {at_once[0]:.0%} ± {at_once[1]:.0%} | {from_warm[0]:.0%} ± {from_warm[1]:.0%} | "
               f"{statistics.fmean(tokens):.0f} ({min(tokens):.0f}-{max(tokens):.0f}) | "
               f"{statistics.fmean(r['epochs'] for r in runs):.0f} |")
-        finals[variant] = ret
+        finals[variant] = [r["test_return"] for r in runs]
     return finals
 
 
@@ -88,21 +88,25 @@ def report(rows: list[dict], game: str, args: argparse.Namespace, chosen: dict[s
         plot(game, finals, warm, goal, budget)
 
 
-def plot(game: str, finals: dict[str, tuple[float, float]], warm: dict, goal: float, budget: int) -> None:
+def plot(game: str, finals: dict[str, list[float]], warm: dict, goal: float, budget: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(8, 4.5))
-    names = list(finals)
-    axes.errorbar(range(len(names)), [finals[n][0] for n in names], yerr=[finals[n][1] for n in names], fmt="o",
-                  capsize=4, color="black")
-    for y, label, style in ((warm["test_oracle"], "oracle", "-"), (goal, "75% of the gap", "--"),
+    names = sorted(finals, key=lambda n: -statistics.fmean(finals[n]))
+    intervals = [interval(finals[n]) for n in names]
+    axes.errorbar(range(len(names)), [m for m, _ in intervals], yerr=[h for _, h in intervals], fmt="o", capsize=4,
+                  color="black", label="mean ± 95% t-interval")
+    for i, name in enumerate(names):  # each seed's run
+        axes.scatter([i + 0.12] * len(finals[name]), finals[name], s=9, color="tab:blue", zorder=3,
+                     label="one seed" if i == 0 else None)
+    for y, label, style in ((warm["test_oracle"], "oracle", "-"), (goal, "75% of the gap to the oracle", "--"),
                             (warm["test_answer_at_once"], "answering at once", ":"),
                             (warm["test_return"], "warm start", "-.")):
-        axes.axhline(y, linestyle=style, color="grey", linewidth=1)
-        axes.annotate(label, (len(names) - 0.5, y), fontsize=7, va="bottom", ha="right", color="grey")
+        axes.axhline(y, linestyle=style, color="grey", linewidth=1, label=label)
+    axes.legend(fontsize=7, loc="lower left")
     axes.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
     axes.set_ylabel("held-out (test) return, mean ± 95% t-interval")
     axes.set_title(f"{game}: {budget} policy tokens a run, each variant at its chosen rate")
