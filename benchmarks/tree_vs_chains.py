@@ -1,328 +1,225 @@
-"""Tree rollouts against chains on the multi-round games, at an equal budget of generated segments, over seeds.
+"""Tree rollouts against chains on the multi-round games, each normalisation, at an equal budget of policy tokens.
 
-Each run trains through the ``lit-grpo`` command from the game's warm-start model until ``--budget`` policy segments
-(every round's completion counted, ``data.completion_budget``) are spent, then plays the held-out prompts greedily
-(the game's rounds: 3, or 4 for the decision-hard stale-digits game) with the saved adapter: mean return, accuracy, questions per episode. Per game, every variant first
-gets the same learning-rate sweep (``SWEEP_LRS``) on ``--sweep-seed``; the best held-out return there fixes its rate
-for ``--seeds``. Each finished run is appended to ``--results`` (JSON lines, tagged with the warm start's hash) and
-skipped when found there, so the table can be built over several sittings or extended with other seeds. The decision
-signal of each rollout shape (``decision_signal.py``) is measured once per game at the warm start. ``--report``
-prints the tables (mean and 95% t-interval over seeds, the share of the warm-start-to-oracle gap closed) and draws
-each game's learning curves (training return per epoch) into ``docs/``.
+Protocol 2 (issue 41), the same for every variant:
 
-The decision-hard game (issue 35, ``stale-digits``, 4 rounds) is the default; its variants are the two tree
-value modes at ``[4, 2, 2, 2]``, a tree whose last-round answers are sampled 8 wide (``[2, 2, 2, 8]``), and chains
-(8 episodes) with GRPO and with PPO, at 10,000 segments per run.
+- budget: ``--budget`` policy tokens per run (36,000 on the decision-hard game, about what 10,000 segments cost
+  under protocol 1); the last epoch is cut to the prompts the rest pays for (``token_budget.py``), the actual
+  count is reported;
+- prompt order: seed ``s`` trains with ``--seed_everything s --data.seed s`` and the task's ``train_order_seed s``
+  (each seed its own order of the same training prompts);
+- held-out prompts share no text with a training prompt (``StaleDigitsTask.unshared``); the validation prompts
+  choose rates, the test prompts are the table's;
+- rates: every variant starts on ``GRID_START`` on the tuning seed ``--tune-seed`` (not one of ``--seeds``); the
+  rate with the best validation return is chosen (ties: an interior rate, then the smaller); while it sits at an
+  edge of the grid the grid grows by a factor 2 on that side, within ``LR_LIMITS`` (``chosen_rate``);
+- then every variant at its chosen rate on ``--seeds``, the variants in the order of their tuning-seed validation
+  return (a table cut short has the leading variants' full intervals); then the best tree and the best chains (by validation return on the tuning seed) at 3x budget;
+- runs go ``--parallel`` at a time with ``--threads`` torch threads each (2 x 1 by default, the same for every
+  variant; the setting is recorded in each row);
+- rows go to ``--results`` tagged ``protocol: 2`` and the warm start's hash; a run found there is skipped, so the
+  command resumes where it stopped. Protocol 1's rows stay in ``tree_vs_chains.jsonl``.
 
-Usage:
-    .venv/bin/python benchmarks/tree_vs_chains.py                  # runs what is missing, then reports
-    .venv/bin/python benchmarks/tree_vs_chains.py --report         # the tables from what is there
-    .venv/bin/python benchmarks/tree_vs_chains.py --games calculator --seeds 6 7   # an earlier game
-
-Run it alone on the machine: runs take the 2 cores, and wall time is reported.
+    .venv/bin/python benchmarks/tree_vs_chains.py            # runs what is missing, then reports
+    .venv/bin/python benchmarks/tree_vs_chains.py --report   # the tables and the plot from what is there
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import hashlib
+import datetime
 import json
 import os
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from lit_grpo.engines import HFEngine, SamplingSpec  # noqa: E402
-from lit_grpo.policy.model_loading import load_policy
-from lit_grpo.run.model_files import load_tokenizer
-from lit_grpo.tasks.games import CalculatorTask, HiddenOperandsTask  # noqa: E402
-from lit_grpo.tasks.stale_digits import StaleDigitsTask  # noqa: E402
-from lit_grpo.rollout.trees import greedy_trees  # noqa: E402
-from lit_grpo.tree import depth_first  # noqa: E402
-from decision_signal import SHAPES, decision_signal, widths_for  # noqa: E402
+from tree_vs_chains_report import report  # noqa: E402
+from tree_vs_chains_run import GAME_ROUNDS, PROTOCOL, marker, model_id  # noqa: E402
 
-GAMES = {"hidden-operands": ("data/tiny-llama-hidden", "lit_grpo.tasks.games.HiddenOperandsTask", HiddenOperandsTask),
-         "calculator": ("data/tiny-llama-calculator", "lit_grpo.tasks.games.CalculatorTask", CalculatorTask),
-         "stale-digits": ("data/tiny-llama-stale", "lit_grpo.tasks.stale_digits.StaleDigitsTask",
-                            StaleDigitsTask)}
-GAME_ROUNDS = {"hidden-operands": 3, "calculator": 3, "stale-digits": 4}  # rollout depth and evaluation rounds
-# the variants each game's table compares (the decision-hard game: the ones issue 35 names)
-GAME_VARIANTS = {"stale-digits": ["tree-mean", "tree-optimal-stopping", "tree-wide-answers", "chains-grpo",
-                                    "chains-ppo"]}
-COMMON = ["--model.loss_variant", "clip", "--model.aggregation", "seq-mean", "--model.kl_coef", "0.04",
-          "--data.prompts_per_epoch", "16", "--data.minibatch_size", "64", "--data.max_new_tokens", "5",
-          "--data.val_max_prompts", "100"]
-VARIANTS = {  # the arguments of each variant; BRANCHING is the widths of a 3-round game (widths_for stretches them)
-    "tree-mean": ["--data.rollout", "tree", "--data.branching", "BRANCHING", "--model.tree_value_mode", "mean"],
-    "tree-optimal-stopping": ["--data.rollout", "tree", "--data.branching", "BRANCHING",
-                              "--model.tree_value_mode", "optimal_stopping"],
-    "tree-os-sibling-std": ["--data.rollout", "tree", "--data.branching", "BRANCHING",
-                            "--model.tree_value_mode", "optimal_stopping", "--model.tree_std_scope", "siblings"],
-    # the last round's answers compared 8 at a time, as a chain group compares its 8 episodes
-    "tree-wide-answers": ["--data.rollout", "tree", "--data.branching", "BRANCHING",
-                          "--model.tree_value_mode", "optimal_stopping"],
-    "chains-grpo": ["--data.rollout", "chains", "--data.group_size", "8", "--data.branching", "BRANCHING",
-                    "--model.advantage_mode", "grpo"],
-    "chains-ppo": ["--data.rollout", "chains", "--data.group_size", "8", "--data.branching", "BRANCHING",
-                   "--model.advantage_mode", "gae", "--model.gamma", "1.0", "--model.gae_lambda", "0.95"],
-}
-WIDTHS = {"tree-mean": [4, 2, 2], "tree-optimal-stopping": [4, 2, 2], "tree-os-sibling-std": [4, 2, 2],
-          "tree-wide-answers": [2, 2, 8], "chains-grpo": [8, 1, 1], "chains-ppo": [8, 1, 1]}
+GRID_START = (5e-4, 1e-3, 2e-3)
+LR_LIMITS = (6.25e-5, 8e-3)
+GAME_BUDGET = {"stale-digits": 36000, "hidden-operands": 12000, "calculator": 11000}  # about what 10,000 and
+# 4,000 segments cost under protocol 1
+SCOPES = {"sd-tree": "tree", "sd-siblings": "siblings", "sd-none": "none"}
+TREES = [f"tree-{short}-{scope}" for short in ("mean", "os") for scope in SCOPES]
+CHAINS = ["chains-grpo", "chains-centred", "chains-ppo"]
+GAME_VARIANTS = {"stale-digits": ["chains-centred", "tree-os-sd-none", "tree-mean-sd-none", "chains-grpo",
+                                  "tree-os-sd-tree", "tree-mean-sd-tree", "tree-os-sd-siblings",
+                                  "tree-mean-sd-siblings", "chains-ppo", "tree-wide-answers"],
+                 # the earlier games: the variants without a std (issue 41: did sigma hold the trees back there?)
+                 "hidden-operands": ["chains-centred", "tree-mean-sd-none", "tree-os-sd-none"],
+                 "calculator": ["chains-centred", "tree-mean-sd-none", "tree-os-sd-none"]}
 
 
-GAME_BUDGET = {"stale-digits": 10000}  # four rounds of cue-dependent decisions: 4,000 segments left every variant
-# at "never ask" (return ~0.08 against the oracle's 0.644; seed-0 runs at lr 2.5e-4)
+def widths(base: list[int], rounds: int) -> str:
+    """A 3-round width list stretched to ``rounds`` by repeating its middle width before the last one."""
+    return json.dumps(base[:-1] + [base[-2]] * (rounds - len(base)) + base[-1:]).replace(" ", "")
 
 
-def budget_of(args: argparse.Namespace, game: str) -> int:
-    """Policy segments per run: ``--budget``, else the game's (4,000 for the earlier games)."""
-    return args.budget or GAME_BUDGET.get(game, 4000)
+def variant_arguments(variant: str, game: str, wide_scope: str | None = None) -> list[str]:
+    """The command-line arguments of ``variant`` on ``game`` (``wide_scope``: the 8-wide tree's normalisation)."""
+    rounds = GAME_ROUNDS[game]
+    if variant.startswith("chains-"):
+        mode = {"chains-grpo": ["--model.advantage_mode", "grpo"],
+                "chains-centred": ["--model.advantage_mode", "centered"],
+                "chains-ppo": ["--model.advantage_mode", "gae", "--model.gamma", "1.0", "--model.gae_lambda", "0.95"]}
+        return ["--data.rollout", "chains", "--data.group_size", "8", "--data.branching", widths([8, 1, 1], rounds),
+                *mode[variant]]
+    if variant == "tree-wide-answers":  # the last round's answers compared 8 at a time, as a chain group's 8
+        return ["--data.rollout", "tree", "--data.branching", widths([2, 2, 8], rounds),
+                "--model.tree_value_mode", "optimal_stopping", "--model.tree_std_scope", str(wide_scope)]
+    _, short, scope = variant.split("-", 2)
+    return ["--data.rollout", "tree", "--data.branching", widths([4, 2, 2], rounds), "--model.tree_value_mode",
+            {"mean": "mean", "os": "optimal_stopping"}[short], "--model.tree_std_scope", SCOPES[scope]]
 
 
-def variants_of(args: argparse.Namespace, game: str) -> list[str]:
-    """The variants compared on ``game``: ``--variants``, else the game's own list, else the first five."""
-    return args.variants or GAME_VARIANTS.get(game, [v for v in VARIANTS if v != "tree-wide-answers"])
+def chosen_rate(returns: dict[float, float]) -> tuple[float | None, float | None]:
+    """``(chosen rate, None)`` once the best validation return sits at an interior rate of the grid (or at a limit
+    of ``LR_LIMITS``), else ``(None, the next rate to run)``. ``returns``: rate -> validation return.
+
+    Ties: an interior rate before an edge one, then the smaller. Example: {5e-4: 0.1, 1e-3: 0.3, 2e-3: 0.2}
+    chooses 1e-3; {5e-4: 0.1, 1e-3: 0.2, 2e-3: 0.3} asks for 4e-3."""
+    rates = sorted(returns)
+    best = max(returns.values())
+    tied = [r for r in rates if returns[r] == best]
+    interior = [r for r in tied if rates[0] < r < rates[-1]]
+    if interior:
+        return interior[0], None
+    edge = tied[0]
+    beyond = edge * 2 if edge == rates[-1] and len(rates) > 1 else edge / 2
+    if not LR_LIMITS[0] <= beyond <= LR_LIMITS[1]:
+        return edge, None
+    return None, beyond
 
 
-def variant_arguments(variant: str, game: str) -> list[str]:
-    """``VARIANTS[variant]`` with its widths stretched to the game's rounds."""
-    widths = str(widths_for(WIDTHS[variant], GAME_ROUNDS[game]))
-    return [widths if argument == "BRANCHING" else argument for argument in VARIANTS[variant]]
-SWEEP_LRS = (2.5e-4, 5e-4, 1e-3)  # every variant's learning rates on the sweep seed
-HELDOUT = 500
-# Student's t 0.975 quantiles by degrees of freedom (no SciPy dependency for eleven numbers)
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-
-
-def train(game: str, variant: str, seed: int, lr: float, budget: int, work: Path) -> tuple[Path, dict]:
-    """One training run through the command: its adapter, and its training return per epoch, policy tokens
-    generated and wall seconds."""
-    model, task_path, _ = GAMES[game]
-    command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--seed_everything", str(seed), "--data.seed", str(seed),
-               "--model.model_name_or_path", model, "--data.task", task_path, *COMMON, *variant_arguments(variant, game),
-               "--model.optimizer", "torch.optim.AdamW", "--model.optimizer.lr", str(lr),
-               "--model.optimizer.weight_decay", "0.0", "--data.completion_budget", str(budget),
-               "--trainer.max_epochs", "100000", "--trainer.check_val_every_n_epoch", "100000",
-               "--trainer.default_root_dir", str(work), "--trainer.enable_progress_bar", "false",
-               "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(work)]
-    started = time.time()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    seconds = time.time() - started
-    if done.returncode != 0:
-        raise RuntimeError(f"{game}/{variant}/seed {seed} failed:\n{done.stderr[-3000:]}")
-    (metrics,) = work.rglob("metrics.csv")
-    curve, tokens = training_returns(metrics)
-    (adapter,) = [p.parent for p in work.rglob("adapter_model.safetensors") if p.parent.name == "adapter"]
-    return adapter, {"curve": curve, "policy_tokens": tokens, "seconds": seconds}
-
-
-def training_returns(metrics: Path) -> tuple[list[float], float]:
-    """The mean leaf return of each epoch's rollouts (``rollout/mean_return``), in epoch order, and the policy tokens
-    generated over the run (``rollout/policy_tokens`` summed)."""
-    import csv
-
-    with metrics.open() as file:
-        rows = [row for row in csv.DictReader(file) if row.get("rollout/mean_return")]
-    return [float(row["rollout/mean_return"]) for row in rows], sum(float(row["rollout/policy_tokens"]) for row in rows)
-
-
-def evaluate(game: str, adapter: Path | None) -> dict[str, float]:
-    """Greedy held-out episodes: mean return, accuracy and questions per episode."""
-    model, _, task_class = GAMES[game]
-    task = task_class()
-    tokenizer = load_tokenizer(str(ROOT / model))
-    policy = load_policy(str(ROOT / model), 16, 32, 0.0, "all-linear", init_adapter=None if adapter is None else
-                         str(adapter), dtype="float32")
-    engine = HFEngine()
-    engine.push_policy(policy)
-    spec = SamplingSpec(max_new_tokens=5, stop_token_ids=(tokenizer.eos_token_id,))
-    records = list(task.heldout_records())[:HELDOUT]
-    with torch.no_grad():
-        roots = greedy_trees(task, engine, tokenizer, records, GAME_ROUNDS[game], spec)
-    returns, correct, questions = [], [], []
-    for root in roots:
-        path = depth_first(root)[1:]
-        returns.append(sum(node.reward for node in path))
-        correct.append(float(bool(getattr(path[-1], "correct", False))))
-        questions.append(float(sum(getattr(node, "kind", "") == "ask" for node in path)))
-    return {"return": statistics.fmean(returns), "accuracy": statistics.fmean(correct),
-            "questions": statistics.fmean(questions), "oracle_return": task.oracle_return(records)}
-
-
-def done_runs(results: Path) -> list[dict]:
-    return [json.loads(line) for line in results.read_text().splitlines() if line.strip()] if results.is_file() else []
-
-
-@functools.cache  # the weights do not change during a run; hashing 12 MB per results row did
-def model_id(game: str) -> str:
-    """The first 12 hex digits of the warm-start weights' sha256: rows of another warm start never mix in."""
-    return hashlib.sha256((ROOT / GAMES[game][0] / "model.safetensors").read_bytes()).hexdigest()[:12]
-
-
-def chosen_lrs(rows: list[dict], game: str, args: argparse.Namespace) -> dict[str, float]:
-    """Each variant's learning rate: the best held-out return on the sweep seed (ties: the smaller rate)."""
-    chosen = {}
-    for variant in variants_of(args, game):
-        sweep = [r for r in rows if r["game"] == game and r["variant"] == variant and r["seed"] == args.sweep_seed
-                 and r.get("budget") == budget_of(args, game)]
-        if {r["lr"] for r in sweep} >= set(SWEEP_LRS):
-            chosen[variant] = max(sweep, key=lambda r: (r["return"], -r["lr"]))["lr"]
-    return chosen
-
-
-def run_one(args: argparse.Namespace, game: str, variant: str, seed: int, lr: float) -> None:
-    key = (game, variant, seed, lr, budget_of(args, game))
-    if any((r["game"], r["variant"], r.get("seed"), r.get("lr"), r.get("budget")) == key for r in current(args, game)):
-        return
-    with tempfile.TemporaryDirectory() as work:
-        adapter, run = train(game, variant, seed, lr, budget_of(args, game), Path(work))
-        scores = evaluate(game, adapter)
-    append(args.results, {"game": game, "model": model_id(game), "variant": variant, "seed": seed, "lr": lr,
-                          "budget": budget_of(args, game), **scores, **run})
-    print(f"{game} {variant} seed {seed} lr {lr}: return {scores['return']:.3f} accuracy {scores['accuracy']:.3f} "
-          f"questions {scores['questions']:.2f} ({run['seconds']:.0f} s, {run['policy_tokens']:.0f} policy tokens)",
-          flush=True)
-
-
-def current(args: argparse.Namespace, game: str) -> list[dict]:
-    """The results rows of ``game`` made with today's warm start."""
+def load_rows(path: Path, game: str) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
     model = model_id(game)
-    return [r for r in done_runs(args.results) if r["game"] == game and r.get("model") == model]
+    return [r for r in rows if r.get("protocol") == PROTOCOL and r["game"] == game and r["model"] == model]
 
 
-def run_missing(args: argparse.Namespace) -> None:
-    """Per game: the warm start's scores and decision signal, the sweep on the sweep seed (every variant, every
-    rate in ``SWEEP_LRS``), then the other seeds seed by seed at each variant's chosen rate (a table cut short still
-    compares every variant)."""
-    for game in args.games:
-        rows = current(args, game)
-        model, _, task_class = GAMES[game]
-        if not any(r["variant"] == "warm-start" for r in rows):
-            append(args.results, {"game": game, "model": model_id(game), "variant": "warm-start", "seed": 0, "lr": 0.0,
-                                  "budget": 0, **evaluate(game, None), "seconds": 0.0, "curve": [],
-                                  "policy_tokens": 0.0})
-        for variant in SHAPES:
-            if not any(r["variant"] == f"signal:{variant}" for r in rows):
-                append(args.results, {"game": game, "model": model_id(game), "variant": f"signal:{variant}",
-                                      **decision_signal(str(ROOT / model), task_class(), variant,
-                                                        rounds=GAME_ROUNDS[game])})
-        for lr in SWEEP_LRS:
-            for variant in variants_of(args, game):
-                run_one(args, game, variant, args.sweep_seed, lr)
-        chosen = chosen_lrs(current(args, game), game, args)
+def tuning(rows: list[dict], variant: str, seed: int, budget: int) -> dict[float, float]:
+    return {r["lr"]: r["val_return"] for r in rows if r["variant"] == variant and r["seed"] == seed
+            and r["budget"] == budget}
+
+
+def plan(rows: list[dict], game: str, args: argparse.Namespace) -> tuple[list[dict], dict[str, float]]:
+    """The runs still wanted, in priority order, and the rates chosen so far (variant -> rate)."""
+    budget = args.budget or GAME_BUDGET.get(game, 14000)
+    wanted: list[dict] = [{"variant": "warm-start", "seed": 0, "lr": 0.0, "budget": 0, "arguments": []}]
+    chosen: dict[str, float] = {}
+    if args.single:  # an ablation outside the grids: each variant at one rate on the tuning seed
+        for variant, lr in (item.split("@") for item in args.single):
+            wanted.append({"variant": variant, "seed": args.tune_seed, "lr": float(lr), "budget": budget,
+                           "arguments": variant_arguments(variant, game, SCOPES["sd-none"])})
+        done = {(r["variant"], r["seed"], r["lr"], r["budget"]) for r in rows}
+        return [w for w in wanted if (w["variant"], w["seed"], w["lr"], w["budget"]) not in done], chosen
+    variants = args.variants or GAME_VARIANTS[game]
+    best_tree = best_of([v for v in variants if v in TREES], rows, args.tune_seed, budget)
+    arguments_of: dict[str, list[str]] = {}
+    for variant in variants:
+        if variant == "tree-wide-answers" and best_tree is None:
+            continue  # its normalisation is the best 4-2-2 tree's, known once their grids are done
+        scope = None if best_tree is None else SCOPES[best_tree.split("-", 2)[2]]
+        arguments = arguments_of[variant] = variant_arguments(variant, game, scope)
+        grid = tuning(rows, variant, args.tune_seed, budget)
+        missing = [lr for lr in GRID_START if lr not in grid]
+        if not missing:
+            rate, further = chosen_rate(grid)
+            missing = [further] if further else []
+            if rate is not None:
+                chosen[variant] = rate
+        wanted += [{"variant": variant, "seed": args.tune_seed, "lr": lr, "budget": budget, "arguments": arguments}
+                   for lr in missing]
+    # the variants by validation return on the tuning seed, best first, each through all its seeds: a table cut
+    # short has the full intervals of the leading variants (the order uses no evaluation seed)
+    ranked = sorted(chosen, key=lambda v: -tuning(rows, v, args.tune_seed, budget)[chosen[v]])
+    for variant in ranked:
         for seed in args.seeds:
-            for variant in variants_of(args, game):
-                run_one(args, game, variant, seed, chosen[variant])
+            wanted.append({"variant": variant, "seed": seed, "lr": chosen[variant], "budget": budget,
+                           "arguments": arguments_of[variant]})
+    if args.long and all(v in chosen for v in variants):
+        for best in (best_of([v for v in variants if v.startswith("tree")], rows, args.tune_seed, budget),
+                     best_of([v for v in variants if v.startswith("chains")], rows, args.tune_seed, budget)):
+            wanted += [{"variant": best, "seed": seed, "lr": chosen[best], "budget": 3 * budget,
+                        "arguments": arguments_of[best]} for seed in args.seeds]
+    done = {(r["variant"], r["seed"], r["lr"], r["budget"]) for r in rows}
+    return [w for w in wanted if (w["variant"], w["seed"], w["lr"], w["budget"]) not in done], chosen
 
 
-def append(results: Path, row: dict) -> None:
-    results.parent.mkdir(parents=True, exist_ok=True)
-    with results.open("a") as file:
-        file.write(json.dumps(row) + "\n")
+def best_of(variants: list[str], rows: list[dict], seed: int, budget: int) -> str | None:
+    """The variant with the best validation return on the tuning seed at its chosen rate (None until every one
+    of ``variants`` has chosen; ties: the first listed)."""
+    best = {}
+    for variant in variants:
+        grid = tuning(rows, variant, seed, budget)
+        rate = chosen_rate(grid)[0] if set(GRID_START) <= set(grid) else None
+        if rate is None:
+            return None
+        best[variant] = grid[rate]
+    return max(best, key=best.get) if best else None
 
 
-def interval(values: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% t-interval (0 for one value; 1.96 beyond the table)."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, 0.0
-    quantile = T_975.get(len(values) - 1, 1.96)
-    return mean, quantile * statistics.stdev(values) / len(values) ** 0.5
+def run_missing(args: argparse.Namespace, game: str) -> None:
+    """Keep ``--parallel`` runs going, each the most important one not done nor running, until none is wanted or
+    ``--launch-until`` (UTC ``HH:MM``) has passed."""
+    running: dict[tuple, subprocess.Popen] = {}
+    until = datetime.datetime.combine(datetime.datetime.now(datetime.timezone.utc).date(),
+                                      datetime.time.fromisoformat(args.launch_until), datetime.timezone.utc)
+    while True:
+        for key, process in list(running.items()):
+            if process.poll() is not None:
+                del running[key]
+        wanted, _ = plan(load_rows(args.results, game), game, args)
+        wanted = [w for w in wanted if (w["variant"], w["seed"], w["lr"], w["budget"]) not in running
+                  and not going_elsewhere({**w, "game": game, "results": str(args.results)})]
+        late = datetime.datetime.now(datetime.timezone.utc) >= until
+        if (not wanted or late) and not running:
+            return
+        while wanted and not late and len(running) < args.parallel:
+            w = wanted.pop(0)
+            run = {**w, "game": game, "results": str(args.results), "threads": args.threads}
+            running[(w["variant"], w["seed"], w["lr"], w["budget"])] = subprocess.Popen(
+                [sys.executable, str(ROOT / "benchmarks" / "tree_vs_chains_run.py"), json.dumps(run)], cwd=ROOT)
+            if w["variant"] == "warm-start":
+                break  # alone: the grid's first rows follow it
+        time.sleep(5)
 
 
-def report(args: argparse.Namespace) -> None:
-    for game in args.games:
-        rows = [r for r in current(args, game) if r.get("budget") in (budget_of(args, game), 0, None)]
-        warm = next((r for r in rows if r["variant"] == "warm-start"), None)
-        if warm is None:
-            continue
-        oracle = warm["oracle_return"]
-        print(f"\n{game} (warm start {model_id(game)}): warm-start return {warm['return']:.3f} (accuracy "
-              f"{warm['accuracy']:.3f}, questions {warm['questions']:.2f}); oracle return {oracle:.3f}; budget "
-              f"{budget_of(args, game)} segments per run")
-        chosen = chosen_lrs(rows, game, args)
-        print(f"\nlearning-rate sweep, seed {args.sweep_seed}, held-out return:")
-        print("| variant | " + " | ".join(f"lr {lr:g}" for lr in SWEEP_LRS) + " | chosen |")
-        print("|---|" + "---|" * (len(SWEEP_LRS) + 1))
-        for variant in variants_of(args, game):
-            cells = [next((f"{r['return']:.3f}" for r in rows if r["variant"] == variant and r["lr"] == lr
-                           and r["seed"] == args.sweep_seed), "-") for lr in SWEEP_LRS]
-            print(f"| {variant} | " + " | ".join(cells) + f" | {chosen.get(variant, '-')} |")
-        print(f"\nseeds {' '.join(map(str, args.seeds))} at the chosen rates (mean ± 95% t-interval):")
-        print("| variant | seeds | held-out return | accuracy | questions / episode | gap closed | policy tokens | wall s |")
-        print("|---|---|---|---|---|---|---|---|")
-        finals = {}
-        for variant in variants_of(args, game):
-            runs = [r for r in rows if r["variant"] == variant and r["seed"] in args.seeds
-                    and r["lr"] == chosen.get(variant)]
-            if not runs:
-                continue
-            finals[variant] = runs
-            cells = [interval([r[key] for r in runs]) for key in ("return", "accuracy", "questions")]
-            g = interval([(r["return"] - warm["return"]) / (oracle - warm["return"]) for r in runs])
-            print(f"| {variant} | {len(runs)} | " + " | ".join(f"{m:.3f} ± {h:.3f}" for m, h in cells)
-                  + f" | {g[0]:.0%} ± {g[1]:.0%} | {statistics.fmean(r['policy_tokens'] for r in runs):.0f} | "
-                  f"{statistics.fmean(r['seconds'] for r in runs):.0f} |")
-        print("\ndecision signal at the warm start (benchmarks/decision_signal.py; 40 held-out prompts x 8 rollouts):")
-        print("| variant | sign agrees with the oracle | median SNR | both kinds sampled | episodes per first "
-              "segment | segments per prompt |")
-        print("|---|---|---|---|---|---|")
-        for r in rows:
-            if r["variant"].startswith("signal:"):
-                print(f"| {r['variant'][7:]} | {r['agreement']:.3f} | {r['snr']:.2f} | {r['defined']:.2f} | "
-                      f"{r['episodes_per_decision']:.2f} | {r['segments']:.1f} |")
-        plot(game, finals, args)
-
-
-def plot(game: str, finals: dict[str, list[dict]], args: argparse.Namespace) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(6, 4))
-    for variant, runs in finals.items():
-        curves = [r["curve"] for r in runs if r["curve"]]
-        if not curves:
-            continue
-        length = min(len(c) for c in curves)
-        mean = [statistics.fmean(c[i] for c in curves) for i in range(length)]
-        axes.plot(range(length), mean, label=f"{variant} ({len(curves)} seeds)")
-    axes.set_xlabel("epoch (16 prompts each, the same prompts in every run)")
-    axes.set_ylabel("training return (mean over seeds)")
-    axes.set_title(f"{game}: {budget_of(args, game)} segments per run, at each variant's chosen lr")
-    axes.legend()
-    out = ROOT / "docs" / f"tree_vs_chains_{game}.png"
-    figure.savefig(out, dpi=100, bbox_inches="tight")
-    print(f"learning curves: {out.relative_to(ROOT)}")
+def going_elsewhere(run: dict) -> bool:
+    """Whether another scheduler's process is running ``run`` (its marker names a live pid)."""
+    going = marker(run)
+    try:
+        os.kill(int(going.read_text()), 0)
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return False
+    return True
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--games", nargs="+", default=["stale-digits"], choices=list(GAMES),
-                        help="default: the decision-hard game (issue 35); the earlier games' rows are kept")
-    parser.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS),
-                        help="default: the game's variants (GAME_VARIANTS), else all but tree-wide-answers")
+    parser.add_argument("--games", nargs="+", default=["stale-digits"], choices=list(GAME_VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=None, help="default: the game's (GAME_VARIANTS)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
-    parser.add_argument("--sweep-seed", type=int, default=0, help="the seed of every variant's learning-rate sweep")
-    parser.add_argument("--budget", type=int, default=None, help="policy segments generated per run (default: "
-                        "the game's, GAME_BUDGET, else 4000)")
-    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "tree_vs_chains.jsonl")
-    parser.add_argument("--report", action="store_true", help="only print the table from the results file")
+    parser.add_argument("--tune-seed", type=int, default=0, help="the seed of every variant's rate grid")
+    parser.add_argument("--budget", type=int, default=None, help="policy tokens per run (default: GAME_BUDGET)")
+    parser.add_argument("--long", action="store_true", help="also the best tree and best chains at 3x budget")
+    parser.add_argument("--single", nargs="+", default=None, metavar="VARIANT@LR",
+                        help="instead of the protocol: each VARIANT at LR on the tuning seed (an ablation)")
+    parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--launch-until", default="23:59", help="UTC HH:MM after which no run starts")
+    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "tree_vs_chains_v2.jsonl")
+    parser.add_argument("--report", action="store_true", help="only print the tables from the results file")
     args = parser.parse_args()
-    torch.set_num_threads(2)
-    if not args.report:
-        run_missing(args)
-    report(args)
+    for game in args.games:
+        if not args.report:
+            run_missing(args, game)
+        report(load_rows(args.results, game), game, args, plan(load_rows(args.results, game), game, args)[1])
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ back into the tree it is given:
 - ``sibling_advantages``: ``A(c) = (Q(c) - mean of Q over c's siblings, c included) / (sigma_tree + eps)``, with
   ``sigma_tree`` the population std of all the leaf returns. The ablation ``std_scope="siblings"`` divides by the
   population std of the sibling group's Q instead (each decision normalised on its own, as GRPO normalises a group).
+  ``std_scope="none"`` divides by nothing: ``A(c) = Q(c) - mean of Q over c's siblings``, in the reward's own units
+  (as Dr. GRPO's ``drgrpo``/``centered`` leave a chain group's returns). A decision whose alternatives rarely differ
+  is then not magnified: with a std, the one sibling that asked at a cue where the rest answered gets about the
+  same large advantage whether its return was good or bad (issue 41).
 
 Exact zeros (the flat-group rule of docs/guide.md#the-math, carried over): a tree whose leaf returns are all equal
 gets 0.0 on every node, and so does every sibling group whose ``Q`` values are all equal. "Equal" allows a spread of
@@ -32,7 +36,7 @@ Worked example (``eps`` = 1e-6), root -> [terminal r=1, terminal r=-1, continuin
 leaf returns 1, -1, 0.75 (mean 0.25, sigma_tree = sqrt(0.7916667) = 0.8897565). ``mean``: V(continuing) = 1, so
 Q = 0.75; V(root) = (1 - 1 + 0.75) / 3 = 0.25; advantages (1 - 0.25, -1 - 0.25, 0.75 - 0.25) / 0.8897575 =
 0.8429263, -1.4048771, 0.5619509, and 0 for the only child. ``optimal_stopping``: V(root) = max(mean(1, -1),
-0.75) = 0.75; the advantages are the same, since every Q is.
+0.75) = 0.75; the advantages are the same, since every Q is. ``std_scope="none"``: 0.75, -1.25, 0.5 and 0.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from lit_grpo.losses.advantages import check_choice
 
 ValueMode = Literal["mean", "optimal_stopping"]
 VALUE_MODES: tuple[str, ...] = get_args(ValueMode)
-StdScope = Literal["tree", "siblings"]
+StdScope = Literal["tree", "siblings", "none"]
 STD_SCOPES: tuple[str, ...] = get_args(StdScope)
 
 FLAT_RTOL = 1e-12
@@ -216,13 +220,13 @@ def tree_advantages(root: Node, values: dict[Node, float], eps: float = 1e-6,
     """The advantage of every node but the root, from the node values ``values`` (as ``node_values`` gives them).
 
     A(c) = (Q(c) - mean over c's siblings s, c included, of Q(s)) / (sigma + eps), with sigma the population std of
-    ``leaf_returns(root)`` (``std_scope="tree"``) or of the siblings' Q (``"siblings"``). A tree whose leaf returns
-    are flat (see ``FLAT_RTOL``) gets exactly 0 on every node.
+    ``leaf_returns(root)`` (``std_scope="tree"``) or of the siblings' Q (``"siblings"``); ``"none"`` divides by
+    nothing (not even eps). A tree whose leaf returns are flat (see ``FLAT_RTOL``) gets exactly 0 on every node.
 
     Example, ``mean`` values, root -> [continuing r=-0.1 -> [terminal 1, terminal -1], terminal 0.5]: leaf returns
     0.9, -1.1, 0.5 (sigma_tree 0.8640988); the root's children have Q -0.1 and 0.5, the question's children 1 and
     -1. In depth-first order (question, 1, -1, 0.5), ``tree``: -0.3471821, 1.1572738, -1.1572738, 0.3471821;
-    ``siblings``: -0.9999967, 0.9999990, -0.9999990, 0.9999967.
+    ``siblings``: -0.9999967, 0.9999990, -0.9999990, 0.9999967; ``none``: -0.3, 1.0, -1.0, 0.3.
     """
     check_choice("std scope", std_scope, STD_SCOPES)
     paths = leaf_paths(root)
@@ -235,9 +239,19 @@ def tree_advantages(root: Node, values: dict[Node, float], eps: float = 1e-6,
     advantages: dict[Node, float] = {}
     for node in (n for n in nodes if n.children):
         child_q = [child.reward + values[child] for child in node.children]
-        scale = tree_scale if std_scope == "tree" else statistics.pstdev(child_q) + eps
+        scale = sibling_scale(std_scope, tree_scale, child_q, eps)
         advantages.update(zip(node.children, sibling_advantages(child_q, scale, tol)))
     return advantages
+
+
+def sibling_scale(std_scope: str, tree_scale: float, child_q: Sequence[float], eps: float) -> float:
+    """What one sibling group's centred Q values are divided by: ``tree_scale`` (sigma_tree + eps) for ``tree``,
+    the population std of ``child_q`` plus ``eps`` for ``siblings``, exactly 1.0 for ``none``."""
+    if std_scope == "tree":
+        return tree_scale
+    if std_scope == "siblings":
+        return statistics.pstdev(child_q) + eps
+    return 1.0
 
 
 def assign_advantages(root: Node, value_mode: str = "mean", eps: float = 1e-6, std_scope: str = "tree") -> None:
@@ -245,7 +259,7 @@ def assign_advantages(root: Node, value_mode: str = "mean", eps: float = 1e-6, s
 
     Every node gets ``value`` and ``q`` (a terminal node: value 0, q = its reward; the root: q = root.reward +
     V(root)); every node but the root gets ``advantage``, and the root's is set to None. ``value_mode`` is
-    ``mean`` or ``optimal_stopping`` and ``std_scope`` ``tree`` or ``siblings`` (see the module docstring). Raises
+    ``mean`` or ``optimal_stopping`` and ``std_scope`` ``tree``, ``siblings`` or ``none`` (see the module docstring). Raises
     ``ValueError`` on an unknown mode or a malformed tree (``validate_tree``) before writing anything.
     """
     values = node_values(root, value_mode)

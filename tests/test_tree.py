@@ -359,6 +359,51 @@ def test_std_scope_divides_by_the_whole_tree_or_by_each_sibling_group(scope):
     assert [n.advantage for n in depth_first(root)[1:]] == pytest.approx(expected, rel=1e-12, abs=0)
 
 
+@pytest.mark.parametrize("mode, expected", [
+    # root Q: 0.5, -1, -0.1 + V(q); V(q) is mean(1, -1, 0.9) = 0.3 (mean) or max(mean(1, -1), 0.9) = 0.9
+    # (optimal_stopping), so Q(q) is 0.2 or 0.8 and the root's sibling mean -0.1 or 0.1.
+    # q's children Q 1, -1, 0.9 (V(q2) = 1 in both modes): mean 0.3 -> 0.7, -1.3, 0.6. q2's children: flat -> 0.
+    ("mean", [0.6, -0.9, 0.3, 0.7, -1.3, 0.6, 0.0, 0.0]),
+    ("optimal_stopping", [0.4, -1.1, 0.7, 0.7, -1.3, 0.6, 0.0, 0.0]),
+])
+def test_std_scope_none_leaves_advantages_in_reward_units(mode, expected):
+    # root -> [answer 0.5, answer -1, q r=-0.1 -> [answer 1, answer -1, q2 r=-0.1 -> [answer 1, answer 1]]]
+    root = ask(0.0, leaf(0.5), leaf(-1.0), ask(-0.1, leaf(1.0), leaf(-1.0), ask(-0.1, leaf(1.0), leaf(1.0))))
+    assign_advantages(root, mode, std_scope="none")
+    advantages = [n.advantage for n in depth_first(root)[1:]]
+    assert advantages == pytest.approx(expected, rel=1e-12, abs=1e-15)  # no eps in a divisor: 1e-6 would show
+    assert advantages[-2:] == [0.0, 0.0]  # a flat sibling group is exactly zero
+
+
+def test_std_scope_none_is_the_divided_scopes_times_their_divisor():
+    # the tree of test_std_scope_divides_by_the_whole_tree_or_by_each_sibling_group: the same centring, no division
+    trees = {scope: ask(0.0, ask(-0.1, leaf(1.0), leaf(-1.0)), leaf(0.5)) for scope in ("none", "tree")}
+    for scope, root in trees.items():
+        assign_advantages(root, "mean", std_scope=scope)
+    sigma_tree = math.sqrt((0.8**2 + 1.2**2 + 0.4**2) / 3) + 1e-6
+    undivided = [n.advantage for n in depth_first(trees["none"])[1:]]
+    assert undivided == pytest.approx([-0.3, 1.0, -1.0, 0.3], rel=1e-12, abs=0)
+    assert [n.advantage * sigma_tree for n in depth_first(trees["tree"])[1:]] == pytest.approx(undivided, rel=1e-12)
+
+
+def test_std_scope_none_keeps_a_flat_tree_exactly_zero():
+    root = ask(0.0, leaf(0.7), ask(-0.1, leaf(0.8)), leaf(0.7))  # every leaf return 0.7 (up to rounding)
+    assign_advantages(root, "optimal_stopping", std_scope="none")
+    assert [n.advantage for n in depth_first(root)[1:]] == [0.0, 0.0, 0.0, 0.0]
+
+
 def test_unknown_std_scope_names_the_choices():
-    with pytest.raises(ValueError, match="unknown std scope 'batch'; valid choices: tree, siblings"):
+    with pytest.raises(ValueError, match="unknown std scope 'batch'; valid choices: tree, siblings, none"):
         assign_advantages(ask(0.0, leaf(1.0), leaf(0.0)), std_scope="batch")
+
+
+@pytest.mark.parametrize("scope, refused", [("tree", False), ("siblings", True), ("none", True)])
+def test_a_tree_std_scope_other_than_the_default_is_refused_with_chains(scope, refused):
+    from lit_grpo.run.rules import combination_problems
+
+    problems = combination_problems({"tree_std_scope": scope}, {"rollout": "chains"})
+    assert problems == ([f"model.tree_std_scope '{scope}' with data.rollout 'chains': only a tree has sibling groups "
+                         "and a tree-wide std to divide by or not (chains choose with model.advantage_mode: grpo "
+                         "divides by the group's std, drgrpo and centered do not); it takes data.rollout 'tree'"]
+                        if refused else [])
+    assert combination_problems({"tree_std_scope": scope}, {"rollout": "tree"}) == []

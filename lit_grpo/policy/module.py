@@ -91,7 +91,8 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         tree_value_mode: node values of ``tree`` rollouts: ``mean`` (Bellman expectation over the sampled
             children) or ``optimal_stopping`` (the better of answering now and asking, by the sampled future).
         tree_std_scope: what divides a ``tree`` rollout's sibling-relative advantages: the std of the whole
-            ``tree``'s leaf returns, or of each ``siblings`` group's Q (an ablation).
+            ``tree``'s leaf returns, of each ``siblings`` group's Q, or nothing (``none``: advantages in the
+            reward's units, as ``drgrpo`` leaves chains; docs/benchmarks.md compares them).
         vf_coef: weight of the value loss (``gae`` only).
         vf_clip: PPO's value clipping range around the old values; ``None`` turns it off.
         gamma: GAE discount.

@@ -49,8 +49,9 @@ FEATURES: tuple[Feature, ...] = (
     Feature("model.advantage_mode", lambda v: v == "gae", ("grouped", "chains"),
             "PPO's value head and GAE run along one trajectory per row or chain; a tree's branches share their "
             "ancestors, and trees use tree-relative advantages"),
-    Feature("model.tree_std_scope", lambda v: v == "siblings", ("tree",),
-            "only a tree has sibling groups: each decision's alternatives sampled from one context"),
+    Feature("model.tree_std_scope", lambda v: v != "tree", ("tree",),
+            "only a tree has sibling groups and a tree-wide std to divide by or not (chains choose with "
+            "model.advantage_mode: grpo divides by the group's std, drgrpo and centered do not)"),
     Feature("model.kl_in", lambda v: v == "reward", ("grouped",),
             "the KL penalty is folded into the reward of a single-round completion"),
     Feature("model.tis_cap", lambda v: v is not None, ("grouped",),

@@ -12,6 +12,14 @@ from lit_grpo.tasks.splits import halves
 HIDDEN = ("a", "b")  # the operands that may be hidden, revealed in this order
 
 
+def reordered(train: list[PromptRecord], seed: int | None) -> list[PromptRecord]:
+    """``train`` shuffled with ``seed`` (the same prompts in another order: each seed of a benchmark its own order);
+    as it is for ``None``."""
+    if seed is not None:
+        random.Random(seed).shuffle(train)
+    return train
+
+
 class HiddenOperandsTask(AskOrAnswerTask):
     """Two-digit addition ``a+b`` with each operand hidden (``?``) with probability ``hidden_probability``, so 0, 1
     or 2 operands are unknown (the base model's addition skill carries over; only the questions are new).
@@ -36,6 +44,8 @@ class HiddenOperandsTask(AskOrAnswerTask):
         heldout_size: held-out prompts, disjoint (by operand pair) from the training ones: half validation, half
             test.
         split_seed: seed of the split, of which operands are hidden, and of the training order.
+        train_order_seed: when set, the training prompts are shuffled with this seed (same prompts, another order);
+            ``None`` keeps the split's order.
         use_chat_template: see ``Task``.
     """
 
@@ -49,6 +59,7 @@ class HiddenOperandsTask(AskOrAnswerTask):
         no_answer_reward: float = -0.5,
         heldout_size: int = 500,
         split_seed: int = 0,
+        train_order_seed: int | None = None,
         use_chat_template: bool = False,
     ) -> None:
         if not 0 <= hidden_probability <= 1:
@@ -56,6 +67,7 @@ class HiddenOperandsTask(AskOrAnswerTask):
         super().__init__(correct_reward, wrong_reward, ask_cost, malformed_reward, no_answer_reward, heldout_size,
                          split_seed, use_chat_template)
         self.hidden_probability = hidden_probability
+        self.train_order_seed = train_order_seed
 
     def split(self) -> tuple[list[PromptRecord], list[PromptRecord], list[PromptRecord]]:
         """Every operand pair, shuffled; the first ``heldout_size`` held out, their first half validating and the
@@ -64,7 +76,7 @@ class HiddenOperandsTask(AskOrAnswerTask):
         pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
         rng.shuffle(pairs)
         records = [self.record(a, b, [n for n in HIDDEN if rng.random() < self.hidden_probability]) for a, b in pairs]
-        return (records[self.heldout_size:], *halves(records[: self.heldout_size]))
+        return (reordered(records[self.heldout_size:], self.train_order_seed), *halves(records[: self.heldout_size]))
 
     @staticmethod
     def record(a: int, b: int, hidden: list[str]) -> PromptRecord:
@@ -110,6 +122,8 @@ class CalculatorTask(AskOrAnswerTask):
         heldout_size: held-out prompts, disjoint (by operand tuple) from the training ones: half validation, half
             test.
         split_seed: seed of the prompts, the split and the training order.
+        train_order_seed: when set, the training prompts are shuffled with this seed (same prompts, another order);
+            ``None`` keeps the split's order.
         use_chat_template: see ``Task``.
     """
 
@@ -126,6 +140,7 @@ class CalculatorTask(AskOrAnswerTask):
         no_answer_reward: float = -0.5,
         heldout_size: int = 300,
         split_seed: int = 0,
+        train_order_seed: int | None = None,
         use_chat_template: bool = False,
     ) -> None:
         if not operand_counts or any(k not in (2, 3, 4) for k in operand_counts):
@@ -134,6 +149,7 @@ class CalculatorTask(AskOrAnswerTask):
         super().__init__(correct_reward, wrong_reward, ask_cost, malformed_reward, no_answer_reward, heldout_size,
                          split_seed, use_chat_template)
         self.operand_counts = tuple(operand_counts)
+        self.train_order_seed = train_order_seed
 
     def split(self) -> tuple[list[PromptRecord], list[PromptRecord], list[PromptRecord]]:
         """``PROMPTS`` distinct operand tuples, an equal share for each operand count, shuffled; the first
@@ -146,7 +162,7 @@ class CalculatorTask(AskOrAnswerTask):
                 tuples.add(tuple(rng.randint(self.LOW, self.HIGH) for _ in range(count)))
             records.extend(self.record(list(t)) for t in sorted(tuples))
         rng.shuffle(records)
-        return (records[self.heldout_size:], *halves(records[: self.heldout_size]))
+        return (reordered(records[self.heldout_size:], self.train_order_seed), *halves(records[: self.heldout_size]))
 
     @staticmethod
     def record(operands: list[int]) -> PromptRecord:

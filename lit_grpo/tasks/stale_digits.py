@@ -73,9 +73,12 @@ class StaleDigitsTask(AskOrAnswerTask):
         idle_ask_cost: cost of a question answered ``none;`` (nothing stale was left).
         malformed_reward: reward of a segment that is neither an answer nor ``?``.
         no_answer_reward: reward of an episode closed at ``max_depth`` without an answer.
-        heldout_size: held-out prompts; their codes never occur in training. The codes are divided: the records of
-            the first half of the held-out codes (rounded up) validate, the rest test.
+        heldout_size: held-out prompts; their codes never occur in training, nor their texts (``unshared``). The
+            codes are divided: the records of the first half of the held-out codes (rounded up) validate, the rest
+            test.
         split_seed: seed of the split, of which digits are stale and of the stale values.
+        train_order_seed: when set, the training prompts are shuffled with this seed (the same prompts, another
+            order: each seed of a benchmark sees its own order); ``None`` keeps the split's order.
         use_chat_template: see ``Task``.
     """
 
@@ -90,6 +93,7 @@ class StaleDigitsTask(AskOrAnswerTask):
         no_answer_reward: float = -0.5,
         heldout_size: int = 500,
         split_seed: int = 0,
+        train_order_seed: int | None = None,
         use_chat_template: bool = False,
     ) -> None:
         if len(stale_probabilities) != len(CUES) or not all(0 <= p <= 1 for p in stale_probabilities):
@@ -100,11 +104,13 @@ class StaleDigitsTask(AskOrAnswerTask):
         super().__init__(correct_reward, wrong_reward, ask_cost, malformed_reward, no_answer_reward, heldout_size,
                          split_seed, use_chat_template)
         self.stale_probabilities = tuple(stale_probabilities)
+        self.train_order_seed = train_order_seed
         self.rules = Rules(correct_reward, wrong_reward, ask_cost, idle_ask_cost)
 
     def split(self) -> tuple[list[PromptRecord], list[PromptRecord], list[PromptRecord]]:
         """Every code of digits 1..9 under every cue, staleness drawn per record; held out by code, and the held-out
-        codes divided between validation and test (a code's four cues on one side)."""
+        codes divided between validation and test (a code's four cues on one side). A held-out record whose text a
+        training prompt has is redrawn (``unshared``); the training prompts are those of before that rule."""
         rng = random.Random(self.split_seed)
         triples = list(itertools.product(range(1, 10), repeat=len(NAMES)))
         rng.shuffle(triples)
@@ -114,9 +120,37 @@ class StaleDigitsTask(AskOrAnswerTask):
         train = [r for group in records[heldout_triples:] for r in group]
         rng.shuffle(heldout)
         rng.shuffle(train)
-        validation_codes = set(triples[: -(-heldout_triples // 2)])
-        validation = [r for r in heldout if tuple(r["digits"]) in validation_codes]
-        return train, validation, [r for r in heldout if tuple(r["digits"]) not in validation_codes]
+        validation_codes = triples[: -(-heldout_triples // 2)]
+        test_codes = triples[len(validation_codes):heldout_triples]
+        heldout = self.unshared(heldout, {r["prompt"] for r in train}, validation_codes, test_codes)
+        if self.train_order_seed is not None:
+            random.Random(self.train_order_seed).shuffle(train)
+        validation = [r for r in heldout if tuple(r["digits"]) in set(validation_codes)]
+        return train, validation, [r for r in heldout if tuple(r["digits"]) not in set(validation_codes)]
+
+    def unshared(self, heldout: list[PromptRecord], train_texts: set[str], validation_codes: list[tuple[int, ...]],
+                 test_codes: list[tuple[int, ...]]) -> list[PromptRecord]:
+        """``heldout`` with every record whose text is a training prompt's replaced by one that is no training
+        prompt's, keeping its cue, which digits are stale (so the oracle's return is unchanged) and its side of the
+        validation/test division: first its own code with the stale digits' shown values redrawn, then (a record
+        with nothing stale shows its own code, so only another code can help) other codes of its side.
+
+        Why: a stale code can show any digits, so 187 of the 500 held-out texts were a training prompt's (with
+        another answer). Draws come from their own generator, so the training prompts and the held-out records
+        that were not shared are exactly as before."""
+        rng = random.Random(f"{self.split_seed}:unshared")
+        side = {code: codes for codes in (validation_codes, test_codes) for code in codes}
+        kept = []
+        for record in heldout:
+            attempt = 0
+            while record["prompt"] in train_texts:
+                own = tuple(record["digits"])
+                digits = list(own) if attempt < 20 else list(rng.choice(side[own]))
+                shown = [rng.choice([d for d in range(1, 10) if d != x]) if name in record["stale"] else x
+                         for name, x in zip(NAMES, digits)]
+                record, attempt = self.record(digits, shown, record["cue"]), attempt + 1
+            kept.append(record)
+        return kept
 
     def draw(self, digits: list[int], cue: str, rng: random.Random) -> PromptRecord:
         p = self.stale_probabilities[CUES.index(cue)]

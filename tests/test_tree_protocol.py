@@ -1,0 +1,57 @@
+"""The rules of benchmarks/tree_vs_chains.py's protocol 2 (issue 41), worked out by hand: the rate grid, the
+policy-token budget's last epoch, the widths stretched to a game's rounds, the t-interval and the gap closed."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from token_budget import prompts_paid_for  # noqa: E402
+from tree_vs_chains import chosen_rate, variant_arguments, widths  # noqa: E402
+from tree_vs_chains_report import gap_closed, interval  # noqa: E402
+
+
+@pytest.mark.parametrize("returns, expected", [
+    ({5e-4: 0.1, 1e-3: 0.3, 2e-3: 0.2}, (1e-3, None)),  # interior best: chosen
+    ({5e-4: 0.1, 1e-3: 0.2, 2e-3: 0.3}, (None, 4e-3)),  # best at the top: the grid grows up
+    ({5e-4: 0.3, 1e-3: 0.2, 2e-3: 0.1}, (None, 2.5e-4)),  # best at the bottom: it grows down
+    ({5e-4: 0.096, 1e-3: 0.096, 2e-3: 0.096}, (1e-3, None)),  # a flat grid: the interior tie
+    ({2.5e-4: 0.4, 5e-4: 0.4, 1e-3: 0.4, 2e-3: 0.1}, (5e-4, None)),  # ties: the smaller interior one
+    ({2e-3: 0.1, 4e-3: 0.2, 8e-3: 0.3}, (8e-3, None)),  # 1.6e-2 is past the limit 8e-3: chosen at the edge
+    ({6.25e-5: 0.3, 1.25e-4: 0.2, 2.5e-4: 0.1}, (6.25e-5, None)),  # and at the lower limit
+])
+def test_the_rate_grid_grows_until_the_best_rate_is_interior(returns, expected):
+    assert chosen_rate(returns) == expected
+
+
+@pytest.mark.parametrize("rest, spent, prompts, expected", [
+    (36000, 0, 0, 16),  # before any epoch: a full epoch
+    (20000, 16000, 16 * 25, 16),  # 40 tokens a prompt: 500 prompts' worth left
+    (100, 400, 16, 4),  # 25 tokens a prompt: 4 prompts
+    (110, 400, 16, 4),  # 4.4 rounds to 4
+    (10, 400, 16, 0),  # 0.4 of a prompt: the run stops
+    (0, 36000, 900, 0),
+    (-5, 36005, 900, 0),  # the budget overshot: stop
+])
+def test_the_last_epoch_draws_the_prompts_the_rest_of_the_budget_pays_for(rest, spent, prompts, expected):
+    assert prompts_paid_for(rest, spent, prompts, 16) == expected
+
+
+def test_widths_stretch_a_three_round_shape_by_its_middle_width():
+    assert widths([4, 2, 2], 4) == "[4,2,2,2]"
+    assert widths([2, 2, 8], 4) == "[2,2,2,8]"
+    assert widths([8, 1, 1], 3) == "[8,1,1]"
+    assert variant_arguments("tree-os-sd-none", "stale-digits")[-4:] == [
+        "--model.tree_value_mode", "optimal_stopping", "--model.tree_std_scope", "none"]
+    assert variant_arguments("chains-centred", "stale-digits")[-2:] == ["--model.advantage_mode", "centered"]
+
+
+def test_interval_and_gap_closed_by_hand():
+    # 0.4, 0.5, 0.6: mean 0.5, sample sd 0.1, half-width 4.303 * 0.1 / sqrt(3) = 0.2484338
+    mean, half = interval([0.4, 0.5, 0.6])
+    assert mean == pytest.approx(0.5, abs=1e-12) and half == pytest.approx(0.2484338, abs=1e-7)
+    assert interval([0.3]) == (0.3, 0.0)
+    assert gap_closed(0.096, 0.096, 0.644) == 0.0
+    assert gap_closed(0.508, 0.096, 0.644) == pytest.approx(0.7518248, abs=1e-7)  # the goal's 0.508 is 75%
