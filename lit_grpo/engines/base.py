@@ -37,6 +37,8 @@ class RolloutEngine(Protocol):
 
     # Optional: ``samples_from_copy = True`` says push_policy copies the weights (or saves the adapter), so the engine
     # may draw the next rollouts while the model trains (``data.max_staleness``); engines without it are refused there.
+    # Optional: ``metrics``, a ``dict[str, float]`` of the engine's own counters, logged as ``rollout/<name>`` after
+    # each draw (read through ``engine_metrics``).
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSpec) -> list[list[Completion]]:
         """``n`` completions for each prompt (given as token ids), in prompt order."""
@@ -46,6 +48,11 @@ class RolloutEngine(Protocol):
 
     def close(self) -> None:
         """Release the engine's resources; generating afterwards is an error."""
+
+
+def engine_metrics(engine: Any) -> dict[str, float]:
+    """A copy of the engine's optional ``metrics`` (``RolloutEngine``), empty for an engine without them."""
+    return dict(getattr(engine, "metrics", None) or {})
 
 
 def engine_dtype(configured: str, model: Any) -> str:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from lit_grpo.buffers.protocols import SamplingPolicy
+from lit_grpo.engines.base import engine_metrics
 from lit_grpo.errors import InputError
 
 
@@ -142,7 +143,7 @@ def drawing(data: DrawingData, module: SamplingPolicy, records: list, epoch: int
     def draw() -> Drawn:
         start = time.perf_counter()
         buffer = data.draw_grouped(module, records, epoch)
-        return Drawn(buffer, records, dict(getattr(data.engine, "metrics", {})), time.perf_counter() - start)
+        return Drawn(buffer, records, engine_metrics(data.engine), time.perf_counter() - start)
     return draw
 
 

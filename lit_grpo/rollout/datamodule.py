@@ -17,6 +17,7 @@ from lit_grpo.buffers.protocols import RiskThresholdSource, SamplingPolicy
 from lit_grpo.buffers.report import RolloutReport, frozen
 from lit_grpo.buffers.tree_layout import tree_buffer
 from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
+from lit_grpo.engines.base import engine_metrics
 from lit_grpo.errors import refuse
 from lit_grpo.risk.probes import probe_records
 from lit_grpo.risk.rule import RiskRule
@@ -260,7 +261,7 @@ class RolloutDataModule(HeldOutLoaders, pl.LightningDataModule):
             buffer = tree_buffer(roots, module.tokenizer, self.temperature, self.max_new_tokens, self.rollout)
             self.prompts.count(buffer.input_ids.shape[0])
         scored = time.perf_counter()
-        self.engine_metrics = dict(getattr(self.engine, "metrics", {}))  # as they stood after this draw
+        self.engine_metrics = engine_metrics(self.engine)  # as they stood after this draw
         return buffer, records, {"push": pushed - clock, "generate": generated - pushed - self.scoring.seconds,
                                  "score": scored - generated + self.scoring.seconds}
 
