@@ -125,6 +125,7 @@ def test_last_is_a_whole_checkpoint_at_every_moment(tmp_path, monkeypatch):
     finally:
         done.set()
         watcher.join()
+    seen.append(load_checkpoint(last)["epoch"] if whole(last) else None)  # the watcher's last look may predate the end
     assert None not in seen and seen == sorted(seen) and seen[0] == 0 and seen[-1] == 2  # never missing or partial
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
 
