@@ -60,8 +60,8 @@ def seed_table(rows: list[dict], variants: list[str], args: argparse.Namespace, 
     print("|---|---|---|---|---|---|---|---|---|---|")
     finals = {}
     for variant in variants:
-        runs = [r for r in rows if r["variant"] == variant and r["seed"] in args.seeds and r["budget"] == budget
-                and r["lr"] == chosen.get(variant)]
+        runs = sorted((r for r in rows if r["variant"] == variant and r["seed"] in args.seeds
+                       and r["budget"] == budget and r["lr"] == chosen.get(variant)), key=lambda r: r["seed"])
         if not runs:
             continue
         ret, acc, questions = (interval([r[f"test_{k}"] for r in runs]) for k in ("return", "accuracy", "questions"))
