@@ -136,12 +136,13 @@ def plan(rows: list[dict], game: str, args: argparse.Namespace) -> tuple[list[di
         wanted += [{"variant": variant, "seed": args.tune_seed, "lr": lr, "budget": budget, "arguments": arguments}
                    for lr in missing]
     # the variants by validation return on the tuning seed, best first, each through all its seeds: a table cut
-    # short has the full intervals of the leading variants (the order uses no evaluation seed)
-    ranked = sorted(chosen, key=lambda v: -tuning(rows, v, args.tune_seed, budget)[chosen[v]])
-    for variant in ranked:
-        for seed in args.seeds:
-            wanted.append({"variant": variant, "seed": seed, "lr": chosen[variant], "budget": budget,
-                           "arguments": arguments_of[variant]})
+    # short has the full intervals of the leading variants (the order uses no evaluation seed); variants tied there
+    # go seed by seed, so each has the same seeds when the table is cut
+    pairs = sorted(((v, seed) for v in chosen for seed in args.seeds),
+                   key=lambda p: (-tuning(rows, p[0], args.tune_seed, budget)[chosen[p[0]]], p[1]))
+    for variant, seed in pairs:
+        wanted.append({"variant": variant, "seed": seed, "lr": chosen[variant], "budget": budget,
+                       "arguments": arguments_of[variant]})
     if args.long and all(v in chosen for v in variants):
         for best in (best_of([v for v in variants if v.startswith("tree")], rows, args.tune_seed, budget),
                      best_of([v for v in variants if v.startswith("chains")], rows, args.tune_seed, budget)):

@@ -19,6 +19,20 @@ def interval(values: list[float]) -> tuple[float, float]:
     return mean, T_975.get(len(values) - 1, 1.96) * statistics.stdev(values) / len(values) ** 0.5
 
 
+def ask_until_none(game: str) -> tuple[float, float] | None:
+    """Return and questions per episode, on the stale-digits test prompts, of the cue-blind policy "ask until the
+    reply is ``none;`` (or three digits are revealed), then answer right" (None for the other games)."""
+    if game != "stale-digits":
+        return None
+    from lit_grpo.tasks.stale_digits import StaleDigitsTask  # noqa: PLC0415
+
+    task = StaleDigitsTask()
+    episodes = [(1 - 3 * task.ask_cost, 3) if len(r["stale"]) == 3 else
+                (task.correct_reward - task.ask_cost * len(r["stale"]) - task.rules.idle_ask_cost, len(r["stale"]) + 1)
+                for r in task.test_records()]
+    return statistics.fmean(e[0] for e in episodes), statistics.fmean(e[1] for e in episodes)
+
+
 def gap_closed(value: float, start: float, oracle: float) -> float:
     """The share of the gap from ``start`` to ``oracle`` that ``value`` closes (1: the oracle's return)."""
     return (value - start) / (oracle - start)
@@ -46,8 +60,8 @@ def seed_table(rows: list[dict], variants: list[str], args: argparse.Namespace, 
     print("|---|---|---|---|---|---|---|---|---|---|")
     finals = {}
     for variant in variants:
-        runs = [r for r in rows if r["variant"] == variant and r["seed"] in args.seeds and r["budget"] == budget
-                and r["lr"] == chosen.get(variant)]
+        runs = sorted((r for r in rows if r["variant"] == variant and r["seed"] in args.seeds
+                       and r["budget"] == budget and r["lr"] == chosen.get(variant)), key=lambda r: r["seed"])
         if not runs:
             continue
         ret, acc, questions = (interval([r[f"test_{k}"] for r in runs]) for k in ("return", "accuracy", "questions"))
@@ -78,6 +92,10 @@ def report(rows: list[dict], game: str, args: argparse.Namespace, chosen: dict[s
           f"{warm['val_answer_at_once']:.3f}, oracle {warm['val_oracle']:.3f}")
     goal = warm["test_answer_at_once"] + 0.75 * (warm["test_oracle"] - warm["test_answer_at_once"])
     print(f"75% of the answer-at-once-to-oracle gap on the test prompts: {goal:.3f}")
+    blind = ask_until_none(game)
+    if blind:
+        print(f"the cue-blind policy 'ask until none; is replied, then answer right': {blind[0]:.3f} "
+              f"({blind[1]:.2f} questions)")
     variants = args.variants or GAME_VARIANTS[game]
     variants = [*variants, *sorted({r["variant"] for r in rows} - set(variants) - {"warm-start"})]
     grid_table(rows, variants, args, budget, chosen)
@@ -85,10 +103,11 @@ def report(rows: list[dict], game: str, args: argparse.Namespace, chosen: dict[s
     if any(r["budget"] == 3 * budget for r in rows):
         seed_table(rows, variants, args, 3 * budget, chosen, warm)
     if finals:
-        plot(game, finals, warm, goal, budget)
+        plot(game, finals, warm, goal, budget, blind)
 
 
-def plot(game: str, finals: dict[str, list[float]], warm: dict, goal: float, budget: int) -> None:
+def plot(game: str, finals: dict[str, list[float]], warm: dict, goal: float, budget: int,
+         blind: tuple[float, float] | None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -104,7 +123,8 @@ def plot(game: str, finals: dict[str, list[float]], warm: dict, goal: float, bud
                      label="one seed" if i == 0 else None)
     for y, label, style in ((warm["test_oracle"], "oracle", "-"), (goal, "75% of the gap to the oracle", "--"),
                             (warm["test_answer_at_once"], "answering at once", ":"),
-                            (warm["test_return"], "warm start", "-.")):
+                            (warm["test_return"], "warm start", "-."),
+                            *([(blind[0], "ask until 'none;' at every cue", (0, (1, 4)))] if blind else [])):
         axes.axhline(y, linestyle=style, color="grey", linewidth=1, label=label)
     axes.legend(fontsize=7, loc="lower left")
     axes.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
