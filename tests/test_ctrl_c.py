@@ -41,16 +41,20 @@ def test_sigterm_while_the_configuration_is_parsed_stays_sigterms(monkeypatch, c
     assert "stopped by SIGTERM before training began" in capsys.readouterr().err
 
 
-def test_ctrl_c_while_the_command_loads_its_libraries_is_one_line_and_exit_130():
-    # the Ctrl-C arrives as Lightning is imported, the command's first seconds (as the console script runs it)
-    code = """
+# a program prefix: the import of Lightning is interrupted, as a Ctrl-C in the first seconds would
+INTERRUPTED_LIGHTNING_IMPORT = """
 import sys
 class Interrupts:
     def find_spec(self, name, path=None, target=None):
         if name == "lightning":
             raise KeyboardInterrupt
 sys.meta_path.insert(0, Interrupts())
-sys.argv = ["lit-grpo", "fit"]
+"""
+
+
+def test_ctrl_c_while_the_command_loads_its_libraries_is_one_line_and_exit_130():
+    # the Ctrl-C arrives as Lightning is imported, the command's first seconds (as the console script runs it)
+    code = INTERRUPTED_LIGHTNING_IMPORT + """sys.argv = ["lit-grpo", "fit"]
 from lit_grpo.cli import main
 """
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -61,14 +65,7 @@ from lit_grpo.cli import main
 
 
 def test_an_interrupted_import_from_python_stays_an_interrupted_import():
-    code = """
-import sys
-class Interrupts:
-    def find_spec(self, name, path=None, target=None):
-        if name == "lightning":
-            raise KeyboardInterrupt
-sys.meta_path.insert(0, Interrupts())
-try:
+    code = INTERRUPTED_LIGHTNING_IMPORT + """try:
     import lit_grpo.cli
 except KeyboardInterrupt:
     print("KeyboardInterrupt")
