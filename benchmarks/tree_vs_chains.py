@@ -144,8 +144,10 @@ def plan(rows: list[dict], game: str, args: argparse.Namespace) -> tuple[list[di
         wanted.append({"variant": variant, "seed": seed, "lr": chosen[variant], "budget": budget,
                        "arguments": arguments_of[variant]})
     if args.long and all(v in chosen for v in variants):
-        for best in (best_of([v for v in variants if v.startswith("tree")], rows, args.tune_seed, budget),
-                     best_of([v for v in variants if v.startswith("chains")], rows, args.tune_seed, budget)):
+        longer = [best_of([v for v in variants if v.startswith("tree")], rows, args.tune_seed, budget),
+                  best_of([v for v in variants if v.startswith("chains")], rows, args.tune_seed, budget),
+                  *(args.long_also or [])]  # --long-also: named after the table, marked so in the report
+        for best in dict.fromkeys(v for v in longer if v in chosen):
             wanted += [{"variant": best, "seed": seed, "lr": chosen[best], "budget": 3 * budget,
                         "arguments": arguments_of[best]} for seed in args.seeds]
     done = {(r["variant"], r["seed"], r["lr"], r["budget"]) for r in rows}
@@ -209,6 +211,8 @@ def main() -> None:
     parser.add_argument("--tune-seed", type=int, default=0, help="the seed of every variant's rate grid")
     parser.add_argument("--budget", type=int, default=None, help="policy tokens per run (default: GAME_BUDGET)")
     parser.add_argument("--long", action="store_true", help="also the best tree and best chains at 3x budget")
+    parser.add_argument("--long-also", nargs="+", default=None, metavar="VARIANT",
+                        help="with --long: these variants at 3x budget too, after the protocol's two")
     parser.add_argument("--single", nargs="+", default=None, metavar="VARIANT@LR",
                         help="instead of the protocol: each VARIANT at LR on the tuning seed (an ablation)")
     parser.add_argument("--parallel", type=int, default=2)
