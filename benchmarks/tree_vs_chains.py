@@ -50,9 +50,16 @@ CHAINS = ["chains-grpo", "chains-centred", "chains-ppo"]
 GAME_VARIANTS = {"stale-digits": ["chains-centred", "tree-os-sd-none", "tree-mean-sd-none", "chains-grpo",
                                   "tree-os-sd-tree", "tree-mean-sd-tree", "tree-os-sd-siblings",
                                   "tree-mean-sd-siblings", "chains-ppo", "tree-wide-answers"],
-                 # the earlier games: the variants without a std (issue 41: did sigma hold the trees back there?)
-                 "hidden-operands": ["chains-centred", "tree-mean-sd-none", "tree-os-sd-none"],
-                 "calculator": ["chains-centred", "tree-mean-sd-none", "tree-os-sd-none"]}
+                 # the earlier games: the variants without a std and their pairs with one (issue 41: did sigma hold
+                 # the trees back there too? each pair differs in the std alone, under the same protocol)
+                 "hidden-operands": ["chains-centred", "tree-mean-sd-none", "tree-os-sd-none", "chains-grpo",
+                                     "tree-mean-sd-tree", "tree-os-sd-tree"],
+                 "calculator": ["chains-centred", "tree-mean-sd-none", "tree-os-sd-none", "chains-grpo",
+                                "tree-mean-sd-tree", "tree-os-sd-tree"]}
+# what the 4-2-2 trees share that chains do not, one change each from `tree-os-sd-none` (run with --variants; not
+# in GAME_VARIANTS, so they never become the "best tree" of --long): the first round 8 wide as a chain group, and
+# question groups 4 wide at rounds 2-3 (the 8-wide last-round answers are `tree-wide-answers`)
+ABLATIONS = {"tree-wide-first": [8, 2, 2], "tree-wide-questions": [4, 4, 2]}
 
 
 def widths(base: list[int], rounds: int) -> str:
@@ -69,6 +76,9 @@ def variant_arguments(variant: str, game: str, wide_scope: str | None = None) ->
                 "chains-ppo": ["--model.advantage_mode", "gae", "--model.gamma", "1.0", "--model.gae_lambda", "0.95"]}
         return ["--data.rollout", "chains", "--data.group_size", "8", "--data.branching", widths([8, 1, 1], rounds),
                 *mode[variant]]
+    if variant in ABLATIONS:
+        return ["--data.rollout", "tree", "--data.branching", widths(ABLATIONS[variant], rounds),
+                "--model.tree_value_mode", "optimal_stopping", "--model.tree_std_scope", "none"]
     if variant == "tree-wide-answers":  # the last round's answers compared 8 at a time, as a chain group's 8
         return ["--data.rollout", "tree", "--data.branching", widths([2, 2, 8], rounds),
                 "--model.tree_value_mode", "optimal_stopping", "--model.tree_std_scope", str(wide_scope)]
