@@ -73,10 +73,13 @@ def answer_depths(table: StateTable, score: Sequence[float], thresholds: np.ndar
 def curve(table: StateTable, score: Sequence[float], records: Sequence[int],
           thresholds: Sequence[float] | None = None) -> list[tuple[float, float, float]]:
     """``(threshold, questions per episode, mean return)`` of the draft rule at each threshold; by default never
-    asking (inf) and every distinct score at a depth before the last, in increasing order."""
+    asking (inf), every distinct score at a depth before the last in increasing order, and asking at every depth
+    before the last (-inf: a rule's curve reaches ``rounds - 1`` questions whatever its scores' ties; without it a
+    score with many equal values, as sampled disagreement's 0 where all 8 samples agree, stopped short)."""
     if thresholds is None:
         rows = np.asarray(records, dtype=int)[:, None] * table.rounds + np.arange(table.rounds - 1)
-        thresholds = [float("inf"), *sorted(set(np.asarray(score, dtype=float)[rows].ravel().tolist()))]
+        scores = sorted(set(np.asarray(score, dtype=float)[rows].ravel().tolist()))
+        thresholds = [float("inf"), *scores, -float("inf")]
     levels = np.array(thresholds, dtype=float)
     depth = answer_depths(table, score, levels, records)  # [T, R]
     returns = np.take_along_axis(np.broadcast_to(depth_returns(table, records), (len(levels), len(records),
