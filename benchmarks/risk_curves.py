@@ -184,12 +184,12 @@ def main() -> None:
     for game in args.games:
         path = args.results or results_path(game)
         if args.build:
+            sys.stdout.flush()  # this game's lines after the last game's report, also into a file
             subprocess.run([sys.executable, str(ROOT / "benchmarks" / "risk_draft.py"), "--game", game, "--results",
                             str(path), "--train-prompts", str(args.train_prompts), "--seeds",
                             *map(str, args.seeds)], check=True)
-        rows = stored_rows(path, game)
         print(f"\n{path.name}", end="")
-        report(game, rows, args.splits)
+        report(game, stored_rows(path, game), args.splits)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,8 +149,8 @@ def scores(drafting: Drafting, train: dict, test: dict, seed: int) -> tuple[dict
 
 def state_rewards(test: dict, rounds: int) -> StateTable:
     """The held-out table's rewards as ``risk_episodes`` replays them."""
-    return StateTable(rounds, torch.tensor(test["answer_reward"]).view(-1, rounds).numpy(),
-                      torch.tensor(test["ask_reward"]).view(-1, rounds).numpy())
+    return StateTable(rounds, np.array(test["answer_reward"], dtype=float).reshape(-1, rounds),
+                      np.array(test["ask_reward"], dtype=float).reshape(-1, rounds))
 
 
 def rule_curve(test: dict, score: torch.Tensor, rounds: int) -> list[tuple[float, float, float]]:
