@@ -131,8 +131,8 @@ def report(game: str, rows: list[dict], splits: int) -> None:
     oracle = statistics.fmean(r["targets"]["oracle"] for r in rows)
     policy = statistics.fmean(r["targets"]["policy"] for r in rows)
     low, high = min(oracle, policy), max(oracle, policy)
-    print(f"\n## {game}: {len(rows)} seeds, {tables[0].records} held-out prompts x {tables[0].rounds} depths; ask rates "
-          f"from the oracle's {oracle:.2f} to the policy's {policy:.2f} questions per episode; policy alone "
+    print(f"\n## {game}: {len(rows)} seeds, {tables[0].records} held-out prompts x {tables[0].rounds} depths; ask "
+          f"rates from the oracle's {oracle:.2f} to the policy's {policy:.2f} questions per episode; policy alone "
           f"{statistics.fmean(r['rules']['policy alone']['return'] for r in rows):.3f}"
           + (f"; oracle {rows[0]['oracle']['return']:.3f}" if "oracle" in rows[0] else ""))
     records = list(range(tables[0].records))

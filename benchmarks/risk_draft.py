@@ -111,8 +111,8 @@ def states(drafting: Drafting, records: list[dict]) -> dict:
     """Every record after 0 .. rounds - 1 questions: context, draft, error, informed, reward of answering, reward of
     the question asked from there (``task.step``: on stale-digits an idle question costs more), and the features of
     the draft head and of the pre-answer probe (rows ordered record-major)."""
-    table = {"record": [], "questions": [], "context": [], "draft": [], "error": [], "informed": [], "answer_reward": [],
-             "ask_reward": []}
+    table = {key: [] for key in ("record", "questions", "context", "draft", "error", "informed", "answer_reward",
+                                 "ask_reward")}
     for index, record in enumerate(records):
         for questions in range(drafting.rounds):
             table["record"].append(index)
