@@ -2,16 +2,21 @@
 
 The game (``--game``): the calculator (``CalculatorTask``: sums of 2 to 4 operands, a question reduces two of them)
 played by its warm start ``data/tiny-llama-calculator``, whose informed answers fail often enough to rank (~12% of
-the drafts wrong once the oracle's calls are made, measured: the report's first line); ``hidden-operands`` is
-there too, but with the first token forced to a digit its informed drafts are ~97% right, too few errors to rank.
-The decision states are every prompt after 0, 1 and 2 questions (the replies the game gives); at each the policy
-drafts its greedy answer (first token forced to a digit) and the draft is right or wrong.
+the drafts wrong once the oracle's calls are made, measured: the report's first line), 3 rounds; ``stale-digits``
+(``StaleDigitsTask``, the decision-hard game, warm start ``data/tiny-llama-stale``), 4 rounds, where a question whose
+reply is ``none;`` costs ``idle_ask_cost`` instead of ``ask_cost``; ``hidden-operands`` is there too, but with the
+first token forced to a digit its informed drafts are ~97% right, too few errors to rank. The decision states are
+every held-out prompt (``heldout_records``: validation, then test) after 0 .. rounds - 1 questions (the replies the
+game gives); at each the policy drafts its greedy answer (first token forced to a digit) and the draft is right or
+wrong. Each state's row keeps the reward of answering there and the reward of the question asked from there (what
+``task.step`` gives), so risk_curves.py replays every game's episodes exactly with no constant of its own.
 
 Per seed: the draft-reading head (``lit_grpo.risk.draft.LogisticHead`` on ``draft_features``: the hidden state at
 the draft's last token and its token log-probs) and the pre-answer probe (the same regression on the state before
 the answer, ``context_features``: hidden state, top log-prob, entropy — what the risk head of ``risk/head.py`` reads)
-are fitted on the states of ``--train-prompts`` training prompts drawn with the seed; the held-out states (300
-prompts, the same for every seed) are scored by them and by the baselines of benchmarks/risk.py: 1 - the draft's
+are fitted on the states of ``--train-prompts`` training prompts drawn with the seed; the held-out states (every
+held-out prompt, or the first ``--heldout``; the same for every seed) are scored by them and by the baselines of
+benchmarks/risk.py: 1 - the draft's
 first-token probability, the entropy before it, minus its log-prob, 1 - its smallest token probability,
 disagreement of 8 answers sampled at temperature 1 (seeded), and the "information still hidden" flag.
 
@@ -23,7 +28,8 @@ the head is also played through ``DraftRule`` in ``greedy_trees`` as a check tha
 
     .venv/bin/python benchmarks/risk_draft.py [--seeds 0 1 2] [--train-prompts 600] [--game calculator]
 
-Rows go to ``benchmarks/results/risk_draft.jsonl`` (skipped when there); the report reuses risk_report.py's
+Rows go to the game's file (``risk_episodes.results_path``: the calculator's ``benchmarks/results/risk_draft.jsonl``,
+stale-digits' ``risk_draft_stale_digits.jsonl``; a seed already there is skipped); the report reuses risk_report.py's
 AUROC / E-AURC / ECE / Learn-then-Test code. Run it alone: it takes the 2 cores.
 """
 
@@ -38,6 +44,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +57,8 @@ from lit_grpo.policy.risk_features import context_features, draft_features  # no
 from lit_grpo.risk.draft import DraftRule, LogisticHead  # noqa: E402
 from lit_grpo.run.model_files import load_tokenizer  # noqa: E402
 from lit_grpo.tasks.games import CalculatorTask, HiddenOperandsTask  # noqa: E402
+from lit_grpo.tasks.stale_digits import StaleDigitsTask  # noqa: E402
+from risk_episodes import StateTable, curve, results_path  # noqa: E402
 from risk_report import (  # noqa: E402
     SIGNALS,
     calibration,
@@ -60,18 +69,17 @@ from risk_report import (  # noqa: E402
 )
 from risk_signals import agreement, play  # noqa: E402
 
-GAMES = {"hidden-operands": (ROOT / "data" / "tiny-llama-hidden", HiddenOperandsTask),
-         "calculator": (ROOT / "data" / "tiny-llama-calculator", CalculatorTask)}
-RESULTS = ROOT / "benchmarks" / "results" / "risk_draft.jsonl"
-ROUNDS, HELDOUT = 3, 300
+GAMES = {"hidden-operands": (ROOT / "data" / "tiny-llama-hidden", HiddenOperandsTask, 3),
+         "calculator": (ROOT / "data" / "tiny-llama-calculator", CalculatorTask, 3),
+         "stale-digits": (ROOT / "data" / "tiny-llama-stale", StaleDigitsTask, 4)}  # warm start, task, decision rounds
 
 
 class Drafting:
     """The policy's greedy drafts (first token forced to an answer) and their features, on one engine."""
 
     def __init__(self, game: str) -> None:
-        model, task_class = GAMES[game]
-        self.task = task_class()
+        model, task_class, self.rounds = GAMES[game]
+        self.task, self.game = task_class(), game
         self.tokenizer = load_tokenizer(str(model))
         self.policy = load_policy(str(model), 16, 32, 0.0, "all-linear", dtype="float32")
         self.policy.eval()
@@ -100,11 +108,13 @@ class Drafting:
 
 
 def states(drafting: Drafting, records: list[dict]) -> dict:
-    """Every record after 0 .. ROUNDS - 1 questions: context, draft, error, informed, reward of answering, and the
-    features of the draft head and of the pre-answer probe (rows ordered record-major)."""
-    table = {"record": [], "questions": [], "context": [], "draft": [], "error": [], "informed": [], "answer_reward": []}
+    """Every record after 0 .. rounds - 1 questions: context, draft, error, informed, reward of answering, reward of
+    the question asked from there (``task.step``: on stale-digits an idle question costs more), and the features of
+    the draft head and of the pre-answer probe (rows ordered record-major)."""
+    table = {key: [] for key in ("record", "questions", "context", "draft", "error", "informed", "answer_reward",
+                                 "ask_reward")}
     for index, record in enumerate(records):
-        for questions in range(ROUNDS):
+        for questions in range(drafting.rounds):
             table["record"].append(index)
             table["questions"].append(questions)
             table["context"].append(drafting.context(record, questions))
@@ -114,7 +124,8 @@ def states(drafting: Drafting, records: list[dict]) -> dict:
         step = drafting.task.step(record, questions + 1, drafting.tokenizer.decode(draft, skip_special_tokens=True))
         table["error"].append(not step.correct)
         table["answer_reward"].append(step.reward)
-        table["informed"].append(questions >= drafting.task.oracle_questions(record))
+        table["ask_reward"].append(drafting.task.step(record, questions + 1, "?").reward)
+        table["informed"].append(questions >= drafting.task.informed_questions(record))
     table["draft_features"] = draft_features(drafting.policy, table["context"], table["draft"], drafting.pad)
     table["context_features"] = context_features(drafting.policy, table["context"], drafting.pad)
     return table
@@ -136,27 +147,29 @@ def scores(drafting: Drafting, train: dict, test: dict, seed: int) -> tuple[dict
             "info_hidden": torch.tensor([float(not i) for i in test["informed"]])}, head
 
 
-def rule_curve(test: dict, score: torch.Tensor, ask_cost: float) -> list[tuple[float, float, float]]:
-    """``(threshold, questions per episode, mean return)`` of the draft rule at every distinct threshold: at each
-    state ask while the score is above the threshold (the last round answers), else commit the draft."""
-    per_record: dict[int, list[int]] = {}
-    for row, index in enumerate(test["record"]):
-        per_record.setdefault(index, []).append(row)
-    thresholds = sorted({float(s) for s in score}) + [float("inf")]
-    curve = []
-    for threshold in [-float("inf"), *thresholds]:
-        returns, asks = [], []
-        for rows in per_record.values():
-            spent = 0.0
-            for depth, row in enumerate(rows):
-                if depth < len(rows) - 1 and float(score[row]) > threshold:
-                    spent += ask_cost
-                    continue
-                returns.append(test["answer_reward"][row] - spent)
-                asks.append(depth)
-                break
-        curve.append((threshold, statistics.fmean(asks), statistics.fmean(returns)))
-    return curve
+def state_rewards(test: dict, rounds: int) -> StateTable:
+    """The held-out table's rewards as ``risk_episodes`` replays them."""
+    return StateTable(rounds, np.array(test["answer_reward"], dtype=float).reshape(-1, rounds),
+                      np.array(test["ask_reward"], dtype=float).reshape(-1, rounds))
+
+
+def rule_curve(test: dict, score: torch.Tensor, rounds: int) -> list[tuple[float, float, float]]:
+    """``(threshold, questions per episode, mean return)`` of the draft rule at every distinct threshold (and
+    always asking, never asking): at each state ask while the score is above the threshold (the last round
+    answers), else commit the draft; each question costs what the table says it cost there."""
+    table = state_rewards(test, rounds)
+    thresholds = [-float("inf"), *sorted({float(s) for s in score}), float("inf")]
+    return curve(table, score.tolist(), list(range(table.records)), thresholds)
+
+
+def midway_threshold(score: torch.Tensor) -> float:
+    """Halfway between the median-low score and the next larger one: no state sits at the threshold, where the
+    score recomputed in another batch (a last-bit difference) could flip the played rule's decision (seen: a state
+    at exactly the median asked once more when played than in the table)."""
+    values = sorted({float(s) for s in score})
+    low = statistics.median_low(float(s) for s in score)
+    above = [v for v in values if v > low]
+    return (low + above[0]) / 2 if above else low
 
 
 def return_at(curve: list[tuple[float, float, float]], ask_rate: float) -> float:
@@ -180,20 +193,24 @@ def one_seed(drafting: Drafting, seed: int, train_prompts: int, test: dict, held
     started = time.time()
     train = states(drafting, train_records)
     signal, head = scores(drafting, train, test, seed)
-    policy_alone = play(drafting.task, drafting.engine, drafting.tokenizer, heldout, ROUNDS, drafting.spec)
+    rounds = drafting.rounds
+    policy_alone = play(drafting.task, drafting.engine, drafting.tokenizer, heldout, rounds, drafting.spec)
     oracle_rate = statistics.fmean(drafting.task.oracle_questions(r) for r in heldout)
     targets = {"policy": policy_alone["ask_rate"], "oracle": oracle_rate}
     rules = {"policy alone": policy_alone}
     for name, score in signal.items():
-        curve = rule_curve(test, score, drafting.task.ask_cost)
-        rules[name] = {f"return@{k}": return_at(curve, rate) for k, rate in targets.items()}
-        rules[name]["best"] = max(c[2] for c in curve)
-    tau = statistics.median_low(float(p) for p in signal["head"])  # one operating point, played for real
+        points = rule_curve(test, score, rounds)
+        rules[name] = {f"return@{k}": return_at(points, rate) for k, rate in targets.items()}
+        rules[name]["best"] = max(c[2] for c in points)
+    tau = midway_threshold(signal["head"])  # one operating point, played for real
     rule = DraftRule(drafting.features, head, tau, drafting.task.defer_token_ids(drafting.tokenizer),
-                     drafting.answer_ids, last_round=ROUNDS)
-    played = play(drafting.task, drafting.engine, drafting.tokenizer, heldout, ROUNDS, drafting.spec, rule)
-    table = next(c for c in rule_curve(test, signal["head"], drafting.task.ask_cost) if c[0] == tau)
-    return {"seed": seed, "train_prompts": train_prompts, "errors": test["error"], "informed": test["informed"],
+                     drafting.answer_ids, last_round=rounds)
+    played = play(drafting.task, drafting.engine, drafting.tokenizer, heldout, rounds, drafting.spec, rule)
+    table = curve(state_rewards(test, rounds), signal["head"].tolist(), list(range(len(heldout))), [tau])[0]
+    return {"seed": seed, "game": drafting.game, "rounds": rounds, "train_prompts": train_prompts,
+            "errors": test["error"], "informed": test["informed"], "answer_rewards": test["answer_reward"],
+            "ask_rewards": test["ask_reward"],
+            "oracle": {"ask_rate": oracle_rate, "return": drafting.task.oracle_return(heldout)},
             "train_errors": sum(train["error"]), "train_states": len(train["error"]),
             "scores": {k: v.tolist() for k, v in signal.items()}, "rules": rules, "targets": targets,
             "played_check": {"tau": tau, "played": played, "table": {"ask_rate": table[1], "return": table[2]}},
@@ -234,20 +251,34 @@ def report(rows: list[dict], alpha: float, delta: float) -> None:
               f"{check['table']['ask_rate']:.3f}")
 
 
+def stored(results: Path, game: str, train_prompts: int) -> list[dict]:
+    """The rows of ``game`` in ``results`` (rows without a game are the calculator's first ones); refused when a row
+    of that game was drawn from another number of training prompts (rows of two setups never mix)."""
+    if not results.exists():
+        return []
+    rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("game", "calculator") == game]
+    other = sorted({r["train_prompts"] for r in rows} - {train_prompts})
+    if other:
+        raise SystemExit(f"{results} holds {game} rows of {other} training prompts, not {train_prompts}: another file")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--train-prompts", type=int, default=600, help="training prompts drawn per seed (of 900)")
+    parser.add_argument("--train-prompts", type=int, default=600, help="training prompts drawn per seed")
     parser.add_argument("--alpha", type=float, default=0.05, help="target selective error of Learn-then-Test")
     parser.add_argument("--delta", type=float, default=0.1, help="Learn-then-Test's level")
     parser.add_argument("--report-only", action="store_true")
-    parser.add_argument("--heldout", type=int, default=HELDOUT, help="held-out prompts (the same for every seed)")
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--heldout", type=int, default=None,
+                        help="the first N held-out prompts (default: all of them, validation then test)")
+    parser.add_argument("--results", type=Path, default=None, help="default: the game's file (risk_episodes)")
     parser.add_argument("--game", choices=list(GAMES), default="calculator")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    results = args.results
-    done = {json.loads(line)["seed"] for line in results.read_text().splitlines()} if results.exists() else set()
+    results = args.results or results_path(args.game)
+    done = {r["seed"] for r in stored(results, args.game, args.train_prompts)}
     missing = [s for s in args.seeds if s not in done]
     if missing and not args.report_only:
         drafting = Drafting(args.game)
@@ -260,7 +291,7 @@ def main() -> None:
                 with results.open("a") as file:
                     file.write(json.dumps(row) + "\n")
                 print(f"seed {seed}: {row['seconds']:.0f} s", flush=True)
-    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    rows = stored(results, args.game, args.train_prompts)
     report([r for r in rows if r["seed"] in args.seeds], args.alpha, args.delta)
 
 
