@@ -7,20 +7,29 @@ Protocol 2 (issue 41), the same for every variant:
   count is reported;
 - prompt order: seed ``s`` trains with ``--seed_everything s --data.seed s`` and the task's ``train_order_seed s``
   (each seed its own order of the same training prompts);
-- held-out prompts share no text with a training prompt (``StaleDigitsTask.unshared``); the validation prompts
-  choose rates, the test prompts are the table's;
+- held-out prompts share no text with a training prompt on the decision-hard game (``StaleDigitsTask.unshared``)
+  and the calculator (distinct operand tuples); on hidden operands a prompt with a hidden operand is named by its
+  visible one, so 370 of the 500 held-out texts are a training prompt's (another answer; the pair is held out);
+  the validation prompts choose rates, the test prompts are the table's;
 - rates: every variant starts on ``GRID_START`` on the tuning seed ``--tune-seed`` (not one of ``--seeds``); the
   rate with the best validation return is chosen (ties: an interior rate, then the smaller); while it sits at an
   edge of the grid the grid grows by a factor 2 on that side, within ``LR_LIMITS`` (``chosen_rate``);
 - then every variant at its chosen rate on ``--seeds``, the variants in the order of their tuning-seed validation
-  return (a table cut short has the leading variants' full intervals); then the best tree and the best chains (by validation return on the tuning seed) at 3x budget;
+  return (a table cut short has the leading variants' full intervals); with ``--long``, on the decision-hard game,
+  the best tree and the best chains (by validation return on the tuning seed) at 3x budget, then ``--long-also``;
 - runs go ``--parallel`` at a time with ``--threads`` torch threads each (2 x 1 by default, the same for every
   variant; the setting is recorded in each row);
 - rows go to ``--results`` tagged ``protocol: 2`` and the warm start's hash; a run found there is skipped, so the
   command resumes where it stopped. Protocol 1's rows stay in ``tree_vs_chains.jsonl``.
 
-    .venv/bin/python benchmarks/tree_vs_chains.py            # runs what is missing, then reports
+    .venv/bin/python benchmarks/tree_vs_chains.py --long     # runs what is missing (3 games), then reports
     .venv/bin/python benchmarks/tree_vs_chains.py --report   # the tables and the plot from what is there
+    .venv/bin/python benchmarks/tree_vs_chains.py --games stale-digits --long --long-also chains-centred --seeds 1 2 3
+    .venv/bin/python benchmarks/tree_vs_chains.py --games stale-digits --variants tree-wide-first \
+        tree-wide-questions --seeds 1 2 3                       # the ablations (ABLATIONS)
+
+Games (``--games``, default all three, in that order): the decision-hard game (stale digits), then the two earlier
+ones (hidden operands, calculator) with each variant without a std beside its pair with one.
 """
 
 from __future__ import annotations
@@ -56,6 +65,9 @@ GAME_VARIANTS = {"stale-digits": ["chains-centred", "tree-os-sd-none", "tree-mea
                                      "tree-mean-sd-tree", "tree-os-sd-tree"],
                  "calculator": ["chains-centred", "tree-mean-sd-none", "tree-os-sd-none", "chains-grpo",
                                 "tree-mean-sd-tree", "tree-os-sd-tree"]}
+GAME_SEEDS = {"stale-digits": [1, 2, 3, 4, 5], "hidden-operands": [1, 2, 3], "calculator": [1, 2, 3]}  # the
+# earlier games' reruns got 3 evaluation seeds: the session's compute, spent first on the decision-hard game
+LONG_GAMES = ("stale-digits",)  # --long's 3x-budget runs: the decision-hard game's (issue 41's question)
 # what the 4-2-2 trees share that chains do not, one change each from `tree-os-sd-none` (run with --variants; not
 # in GAME_VARIANTS, so they never become the "best tree" of --long): the first round 8 wide as a chain group, and
 # question groups 4 wide at rounds 2-3 (the 8-wide last-round answers are `tree-wide-answers`)
@@ -153,7 +165,7 @@ def plan(rows: list[dict], game: str, args: argparse.Namespace) -> tuple[list[di
     for variant, seed in pairs:
         wanted.append({"variant": variant, "seed": seed, "lr": chosen[variant], "budget": budget,
                        "arguments": arguments_of[variant]})
-    if args.long and all(v in chosen for v in variants):
+    if args.long and game in LONG_GAMES and all(v in chosen for v in variants):
         longer = [best_of([v for v in variants if v.startswith("tree")], rows, args.tune_seed, budget),
                   best_of([v for v in variants if v.startswith("chains")], rows, args.tune_seed, budget),
                   *(args.long_also or [])]  # --long-also: named after the table, marked so in the report
@@ -215,9 +227,9 @@ def going_elsewhere(run: dict) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--games", nargs="+", default=["stale-digits"], choices=list(GAME_VARIANTS))
+    parser.add_argument("--games", nargs="+", default=list(GAME_VARIANTS), choices=list(GAME_VARIANTS))
     parser.add_argument("--variants", nargs="+", default=None, help="default: the game's (GAME_VARIANTS)")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
+    parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default: the game's (GAME_SEEDS)")
     parser.add_argument("--tune-seed", type=int, default=0, help="the seed of every variant's rate grid")
     parser.add_argument("--budget", type=int, default=None, help="policy tokens per run (default: GAME_BUDGET)")
     parser.add_argument("--long", action="store_true", help="also the best tree and best chains at 3x budget")
@@ -232,9 +244,11 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="only print the tables from the results file")
     args = parser.parse_args()
     for game in args.games:
+        game_args = argparse.Namespace(**{**vars(args), "seeds": args.seeds or GAME_SEEDS[game]})
         if not args.report:
-            run_missing(args, game)
-        report(load_rows(args.results, game), game, args, plan(load_rows(args.results, game), game, args)[1])
+            run_missing(game_args, game)
+        report(load_rows(args.results, game), game, game_args,
+               plan(load_rows(args.results, game), game, game_args)[1])
 
 
 if __name__ == "__main__":
