@@ -121,7 +121,11 @@ def chosen_rate(returns: dict[float, float]) -> tuple[float | None, float | None
 def load_rows(path: Path, game: str) -> list[dict]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
     model = model_id(game)
-    return [r for r in rows if r.get("protocol") == PROTOCOL and r["game"] == game and r["model"] == model]
+    kept: dict[tuple, dict] = {}  # the first row of each run: two schedulers can race to one (same seeds, same row)
+    for r in rows:
+        if r.get("protocol") == PROTOCOL and r["game"] == game and r["model"] == model:
+            kept.setdefault((r["variant"], r["seed"], r["lr"], r["budget"]), r)
+    return list(kept.values())
 
 
 def tuning(rows: list[dict], variant: str, seed: int, budget: int) -> dict[float, float]:
