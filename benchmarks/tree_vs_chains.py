@@ -25,8 +25,7 @@ Protocol 2 (issue 41), the same for every variant:
     .venv/bin/python benchmarks/tree_vs_chains.py --long     # runs what is missing (3 games), then reports
     .venv/bin/python benchmarks/tree_vs_chains.py --report   # the tables and the plot from what is there
     .venv/bin/python benchmarks/tree_vs_chains.py --games stale-digits --long --long-also chains-centred --seeds 1 2 3
-    .venv/bin/python benchmarks/tree_vs_chains.py --games stale-digits --variants tree-wide-first \
-        tree-wide-questions --seeds 1 2 3                       # the ablations (ABLATIONS)
+    .venv/bin/python benchmarks/tree_vs_chains.py --variants tree-wide-first tree-wide-questions  # the ablations
 
 Games (``--games``, default all three, in that order): the decision-hard game (stale digits), then the two earlier
 ones (hidden operands, calculator) with each variant without a std beside its pair with one.
@@ -65,8 +64,7 @@ GAME_VARIANTS = {"stale-digits": ["chains-centred", "tree-os-sd-none", "tree-mea
                                      "tree-mean-sd-tree", "tree-os-sd-tree"],
                  "calculator": ["chains-centred", "tree-mean-sd-none", "tree-os-sd-none", "chains-grpo",
                                 "tree-mean-sd-tree", "tree-os-sd-tree"]}
-GAME_SEEDS = {"stale-digits": [1, 2, 3, 4, 5], "hidden-operands": [1, 2, 3], "calculator": [1, 2, 3]}  # the
-# earlier games' reruns got 3 evaluation seeds: the session's compute, spent first on the decision-hard game
+GAME_SEEDS = {"stale-digits": [1, 2, 3, 4, 5], "hidden-operands": [1, 2, 3, 4, 5], "calculator": [1, 2, 3, 4, 5]}
 LONG_GAMES = ("stale-digits",)  # --long's 3x-budget runs: the decision-hard game's (issue 41's question)
 # what the 4-2-2 trees share that chains do not, one change each from `tree-os-sd-none` (run with --variants; not
 # in GAME_VARIANTS, so they never become the "best tree" of --long): the first round 8 wide as a chain group, and
@@ -251,8 +249,10 @@ def main() -> None:
         game_args = argparse.Namespace(**{**vars(args), "seeds": args.seeds or GAME_SEEDS[game]})
         if not args.report:
             run_missing(game_args, game)
-        report(load_rows(args.results, game), game, game_args,
-               plan(load_rows(args.results, game), game, game_args)[1])
+        rows = load_rows(args.results, game)
+        shown = game_args.variants or [*GAME_VARIANTS[game], *(a for a in ABLATIONS if any(r["variant"] == a
+                                                                                          for r in rows))]
+        report(rows, game, game_args, plan(rows, game, argparse.Namespace(**{**vars(game_args), "variants": shown}))[1])
 
 
 if __name__ == "__main__":
