@@ -169,7 +169,7 @@ def plan(rows: list[dict], game: str, args: argparse.Namespace) -> tuple[list[di
     if args.long and game in LONG_GAMES and all(v in chosen for v in variants):
         longer = [best_of([v for v in variants if v.startswith("tree")], rows, args.tune_seed, budget),
                   best_of([v for v in variants if v.startswith("chains")], rows, args.tune_seed, budget),
-                  *(args.long_also or [])]  # --long-also: named after the table, marked so in the report
+                  *(args.long_also or [])]  # --long-also: named by the user, not by the protocol
         for best in dict.fromkeys(v for v in longer if v in chosen):
             wanted += [{"variant": best, "seed": seed, "lr": chosen[best], "budget": 3 * budget,
                         "arguments": arguments_of[best]} for seed in args.seeds]

@@ -1,6 +1,7 @@
 """The rules of benchmarks/tree_vs_chains.py's protocol 2 (issue 41), worked out by hand: the rate grid, the
 policy-token budget's last epoch, the widths stretched to a game's rounds, the t-interval and the gap closed."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from token_budget import prompts_paid_for  # noqa: E402
-from tree_vs_chains import chosen_rate, variant_arguments, widths  # noqa: E402
+from tree_vs_chains import chosen_rate, load_rows, model_id, variant_arguments, widths  # noqa: E402
 from tree_vs_chains_report import gap_closed, interval  # noqa: E402
 
 
@@ -46,6 +47,24 @@ def test_widths_stretch_a_three_round_shape_by_its_middle_width():
     assert variant_arguments("tree-os-sd-none", "stale-digits")[-4:] == [
         "--model.tree_value_mode", "optimal_stopping", "--model.tree_std_scope", "none"]
     assert variant_arguments("chains-centred", "stale-digits")[-2:] == ["--model.advantage_mode", "centered"]
+
+
+def test_each_ablation_widens_one_group_of_the_4_2_2_tree():
+    tail = ["--model.tree_value_mode", "optimal_stopping", "--model.tree_std_scope", "none"]
+    assert variant_arguments("tree-wide-first", "stale-digits") == [
+        "--data.rollout", "tree", "--data.branching", "[8,2,2,2]", *tail]
+    assert variant_arguments("tree-wide-questions", "stale-digits") == [
+        "--data.rollout", "tree", "--data.branching", "[4,4,4,2]", *tail]
+    assert variant_arguments("tree-wide-questions", "calculator")[3] == "[4,4,2]"  # 3 rounds
+
+
+def test_a_run_written_twice_counts_once(tmp_path):
+    row = {"protocol": 2, "model": model_id("calculator"), "game": "calculator", "variant": "chains-centred",
+           "seed": 3, "lr": 5e-4, "budget": 11000, "test_return": 0.677}
+    other = {**row, "seed": 4, "test_return": 0.6}
+    results = tmp_path / "rows.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in (row, other, {**row, "test_return": 0.1})))
+    assert load_rows(results, "calculator") == [row, other]  # the first of the two seed-3 rows
 
 
 def test_interval_and_gap_closed_by_hand():
