@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -20,3 +21,12 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_model(tmp_path_factory.mktemp("tiny-gpt2"), "gpt2")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C as a terminal delivers it, even when the suite itself was started with SIGINT ignored (``nohup cmd &``
+    from a script: a shell without job control starts background commands so). The Ctrl-C tests send SIGINT to
+    the run and to themselves; an inherited ``SIG_IGN`` would reach every command they start (a handler, unlike an
+    ignored signal, is reset at exec) and make them fail for the way the suite was launched."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
