@@ -97,6 +97,20 @@ def truncated_arrow(target: Path) -> None:
     target.write_bytes(whole[: len(whole) // 2])
 
 
+def damaged_saved_dataset(target: Path) -> None:
+    """A ``save_to_disk`` directory whose Arrow file keeps its header and offsets but whose string bytes are garbage
+    (not UTF-8): ``datasets`` maps it unchecked, and the first row read fails."""
+    import datasets
+
+    datasets.Dataset.from_dict({"prompt": [f"{i}+1=" for i in range(50)],
+                                "answer": [str(i + 1) for i in range(50)]}).save_to_disk(str(target))
+    arrow = next(target.glob("*.arrow"))
+    whole = bytearray(arrow.read_bytes())
+    start = whole.find(b"0+1=")
+    whole[start:start + 100] = b"\xff" * 100
+    arrow.write_bytes(bytes(whole))
+
+
 def sentiment_reward_model(tmp: Path, model: Path) -> list[str]:
     """A ``DatasetTask`` scored by a tiny random two-label (NEGATIVE/POSITIVE) classifier given without a label."""
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
@@ -259,6 +273,10 @@ CASES = [
     Case("arrow-damaged", "a truncated Arrow file", dataset_file("p.arrow", truncated_arrow),
          "data file '<tmp>/p.arrow' (split 'train') is a damaged Arrow file (truncated or corrupted; its reader "
          "says"),
+    Case("arrow-saved-garbage", "a save_to_disk folder whose Arrow body is garbage (its header intact)",
+         dataset_file("saved", damaged_saved_dataset),
+         "data file '<tmp>/saved' (split 'train') is a save_to_disk directory whose Arrow data is damaged (truncated or "
+         "corrupted; its reader says UnicodeDecodeError"),
     Case("arrow-not-arrow", "a CSV named .arrow", dataset_file("p.arrow", b"prompt,answer\n1+1=,2\n"),
          "data file '<tmp>/p.arrow' is not an Arrow file (it lacks the Arrow format's opening marker): it is "
          "damaged, or another format under the .arrow suffix; it starts as text ('prompt,a')"),

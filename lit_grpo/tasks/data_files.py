@@ -91,24 +91,27 @@ def refuse_unreadable(path: str, local: Path) -> None:
 
 
 def load_dataset_rows(path: str, local: Path, split: str) -> list[dict[str, Any]]:
-    """``split`` of a file, a directory or a cached hub id, through ``datasets``."""
+    """``split`` of a file, a directory or a cached hub id, through ``datasets``. The rows are decoded inside the
+    same guard as the load: a ``save_to_disk`` directory is memory-mapped unchecked, so a damaged Arrow body there
+    first fails while its rows are read (a ``UnicodeDecodeError`` from a string column, say)."""
     import datasets
 
-    suffix = local.suffix if local.is_file() else ""
+    saved = (local / "dataset_info.json").is_file() or (local / "dataset_dict.json").is_file()
+    suffix = local.suffix if local.is_file() else "saved" if saved else ""
     try:
         with offline(), quiet_datasets():
             if local.suffix in FILE_BUILDERS and local.is_file():
                 data = datasets.load_dataset(FILE_BUILDERS[local.suffix], data_files={split: str(local)}, split=split)
-            elif (local / "dataset_info.json").is_file() or (local / "dataset_dict.json").is_file():
+            elif saved:
                 data = datasets.load_from_disk(str(local))
                 data = data[split] if isinstance(data, datasets.DatasetDict) else data
             else:  # a folder of data files, or a hub id in the cache
                 data = datasets.load_dataset(str(local) if local.is_dir() else path, split=split)
+            return [dict(row) for row in data]
     except (FileNotFoundError, ValueError, KeyError, OSError, datasets.exceptions.DatasetNotFoundError,
-            datasets.exceptions.DatasetGenerationError) as error:
+            datasets.exceptions.DatasetGenerationError) as error:  # ValueError covers UnicodeDecodeError, ArrowInvalid
         reason = (json_syntax_problem(local) if suffix == ".json" else None) or datasets_reason(error, suffix)
         raise InputError(f"data file {path!r} (split {split!r}) {reason} (data.task.path: {SOURCES})") from None
-    return [dict(row) for row in data]
 
 
 def read_jsonl_rows(path: Path) -> list[Row]:

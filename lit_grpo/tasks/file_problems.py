@@ -174,7 +174,8 @@ def folder_problem(folder: Path, suffixes: tuple[str, ...]) -> str | None:
 
 
 def datasets_reason(error: BaseException, suffix: str) -> str:
-    """What a ``datasets`` error reading a file of ``suffix`` (``""`` for a folder or a hub id) says about it, in
+    """What a ``datasets`` error reading a file of ``suffix`` (``""`` for a folder or a hub id, ``"saved"`` for a
+    ``save_to_disk`` directory, whose Arrow files are read unchecked until a row is decoded) says about it, in
     the user's terms: the cause it wraps (a ``DatasetGenerationError`` hides the reader's own error in its
     ``__cause__``); an Arrow or Parquet file whose reader failed is damaged, whatever the reader's error (a
     truncated Arrow file has ended in a ``UnicodeDecodeError``)."""
@@ -183,6 +184,9 @@ def datasets_reason(error: BaseException, suffix: str) -> str:
         chain.append(chain[-1].__cause__ or chain[-1].__context__)
     cause = chain[-1]
     first_line = str(cause).splitlines()[0] if str(cause) else ""
+    if suffix == "saved":
+        return (f"is a save_to_disk directory whose Arrow data is damaged (truncated or corrupted; its reader says "
+                f"{type(cause).__name__}: {first_line})")
     if suffix in (".arrow", ".parquet"):
         return (f"is a damaged {suffix[1:].capitalize()} file (truncated or corrupted; its reader says "
                 f"{type(cause).__name__}: {first_line})")
