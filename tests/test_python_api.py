@@ -144,6 +144,20 @@ def test_setup_refuses_a_trainer_that_does_not_reload_every_epoch():
         set_up(trainer)
 
 
+def test_validate_and_test_run_under_lightnings_default_reload(tiny_llama_dir, tmp_path):
+    # neither trains an epoch, so the every-epoch reload that fit needs is not asked of them (issue 47)
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4)
+    data = RolloutDataModule(task=DigitShareTask(), prompts_per_epoch=4, group_size=2, minibatch_size=4,
+                             max_new_tokens=3, val_max_prompts=4, val_batch_size=4)
+    trainer = pl.Trainer(default_root_dir=tmp_path, **QUIET)  # reload_dataloaders_every_n_epochs: Lightning's 0
+    validated = trainer.validate(module, datamodule=data)
+    tested = trainer.test(module, datamodule=data)
+    assert 0.0 <= validated[0]["val/accuracy"] <= 1.0
+    assert 0.0 <= tested[0]["test/accuracy"] <= 1.0
+    with pytest.raises(InputError, match=r"needs Trainer\(reload_dataloaders_every_n_epochs=1\)"):
+        trainer.fit(module, datamodule=data)  # fit still refuses it, on the same trainer
+
+
 def fit_adapter(tiny_llama_dir: Path, root: Path, **trainer_args: object) -> dict[str, torch.Tensor]:
     pl.seed_everything(0)
     module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4,

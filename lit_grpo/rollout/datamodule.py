@@ -165,7 +165,9 @@ class RolloutDataModule(HeldOutLoaders, pl.LightningDataModule):
         module: SamplingPolicy = self.trainer.lightning_module
         trainer = self.trainer
         sampler = getattr(trainer._accelerator_connector, "use_distributed_sampler", False)  # no public attribute
-        facts = TrainerFacts(trainer.world_size, sampler, trainer.reload_dataloaders_every_n_epochs)
+        # fresh rollouts every epoch matter to fit alone: validate and test train no epoch, so any reload setting runs
+        reload = trainer.reload_dataloaders_every_n_epochs if stage == "fit" else None
+        facts = TrainerFacts(trainer.world_size, sampler, reload)
         problems = cross_knob_problems(dict(module.model_arguments), self.settings, self.engine, self.task, facts)
         refuse("the module and the data do not fit together", problems)
         self.task.use_device(self.trainer.strategy.root_device)  # a reward model runs beside the policy
