@@ -27,6 +27,7 @@ def interrupted_before_training() -> NoReturn:
 THE_COMMAND = __name__ == "__main__" or Path(sys.argv[0]).name == "lit-grpo"
 
 try:  # the libraries take seconds to load: a Ctrl-C then is one line too, not an import's traceback
+    from jsonargparse import ArgumentError
     from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
     from lightning.pytorch.callbacks import Callback, ModelCheckpoint
     from lightning.pytorch.cli import LightningCLI
@@ -34,12 +35,13 @@ try:  # the libraries take seconds to load: a Ctrl-C then is one line too, not a
     from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
     from lit_grpo.callbacks import RolloutMetrics
-    from lit_grpo.config_check import config_problems, merged_config
+    from lit_grpo.config_check import config_problems
     from lit_grpo.engines.server_pool import Refused, ServersUnavailable
     from lit_grpo.errors import InputError
     from lit_grpo.policy.module import PolicyModule
     from lit_grpo.rollout.datamodule import RolloutDataModule
     from lit_grpo.run.checkpoint_io import BackgroundCheckpointIO
+    from lit_grpo.run.command_line import merged_config
     from lit_grpo.run.distributed import share_cores
     from lit_grpo.run.host_memory import return_freed_memory
     from lit_grpo.run.nonfinite import NonFiniteTrainingError
@@ -89,6 +91,9 @@ class LitGRPOCLI(LightningCLI):
         kwargs.setdefault("trainer_defaults", TRAINER_DEFAULTS)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)  # the optimizer is PolicyModule's own argument
+        # jsonargparse raises instead of exiting (its subcommand parsers inherit it), so that parse_arguments can list
+        # every problem of a refused input before jsonargparse's own message
+        kwargs["parser_kwargs"] = {"exit_on_error": False, **(kwargs.get("parser_kwargs") or {})}
         super().__init__(PolicyModule, RolloutDataModule, *args, **kwargs)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
@@ -180,15 +185,27 @@ class LitGRPOCLI(LightningCLI):
         ``tests/test_private_apis.py`` fails when an upgrade renames it or stops merging the checkpoint's values."""
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
-        argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
-        config = merged_config(argv)
-        if config is not None:
-            problems = config_problems(config)
-            if problems:
-                listing = "\n".join(f"  - {problem}" for problem in problems)
-                print(f"lit-grpo: the configuration has {len(problems)} problem(s):\n{listing}", file=sys.stderr)
-                raise SystemExit(2)
-        super().parse_arguments(parser, args)
+        """jsonargparse reads the arguments, every form it and LightningCLI document, exactly as a plain LightningCLI
+        does; the configuration check then reports every problem of what it read, at once. Where jsonargparse
+        refuses the input it names its first problem only: the check then reads the files and options itself
+        (run/command_line.py) to list them all, and jsonargparse's own message stands where it finds none."""
+        raw = None if isinstance(args, dict) else merged_config(list(sys.argv[1:] if args is None else args))
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as error:
+            report_problems(config_problems(raw) if raw is not None else [])
+            parser.exit_on_error = True  # jsonargparse's own report: the subcommand's usage, the error, exit code 2
+            parser.error(str(error), error)
+        subcommand = self.config.get("subcommand")
+        report_problems(config_problems((self.config[subcommand] if subcommand else self.config).as_dict()))
+
+
+def report_problems(problems: list[str]) -> None:
+    """Every problem of the configuration in one message, exit code 2; nothing when there is none."""
+    if problems:
+        listing = "\n".join(f"  - {problem}" for problem in problems)
+        print(f"lit-grpo: the configuration has {len(problems)} problem(s):\n{listing}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 class ServerOutageAdvice(Callback):

@@ -9,21 +9,19 @@ from __future__ import annotations
 import inspect
 import pkgutil
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import yaml
-from jsonargparse import ArgumentParser, get_loader
+from jsonargparse import ArgumentParser
 
 from lit_grpo.config_names import accepted_keys, did_you_mean, with_package
 from lit_grpo.errors import InputError
-from lit_grpo.policy.module import PolicyModule
+from lit_grpo.policy.module import PolicyModule, lr_scheduler_entry
 from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.run.command_line import CLASS_KEYS
 from lit_grpo.run.distributed import config_world_size
 from lit_grpo.run.rules import TrainerFacts, cross_knob_problems, risk_decision_problems
 from lit_grpo.run.strategy import strategy_problems
 
-SUBCOMMANDS = ("fit", "validate", "test", "predict")
 RISK_CALLBACK = "lit_grpo.callbacks.risk.RiskThreshold"  # by name: only cli.py imports the callbacks
 # weights_only: Lightning writes it into every run's config.yaml, which must come back as the resume command's --config
 TOP_LEVEL_KEYS = {"config", "seed_everything", "trainer", "model", "data", "ckpt_path", "weights_only", "metrics",
@@ -32,120 +30,11 @@ METRICS_CALLBACK = "lit_grpo.callbacks.metrics.RolloutMetrics"  # the ``metrics:
 CALLBACK_PACKAGES = ("lightning.pytorch.callbacks", "lit_grpo.callbacks")  # where a bare callback name is found
 
 
-def merged_config(args: list[str]) -> dict[str, Any] | None:
-    """The subcommand's config from its ``--config`` files and ``--a.b=value`` overrides; None for ``--help``."""
-    if not args or any(a in ("-h", "--help") or a.startswith("--print_config") for a in args):
-        return None
-    if args[0] in SUBCOMMANDS:
-        args = args[1:]
-    elif not args[0].startswith("-"):
-        return None  # a subcommand jsonargparse will reject with its own message
-    merged: dict[str, Any] = {}
-    for key, value in split_options(args):
-        if key in ("config", "c"):
-            deep_merge(merged, read_config_file(value))
-        else:
-            set_dotted(merged, key.split("."), load_yaml(value) if value is not None else True)
-    return merged
-
-
-def read_config_file(name: str | None) -> dict[str, Any]:
-    """A ``--config`` file's settings; ``InputError`` naming the file when it is missing, not YAML, has a key twice,
-    or is not a mapping of sections."""
-    path = Path(name or "")
-    if not path.is_file():
-        raise InputError(f"--config {name!r}: {'a directory' if path.is_dir() else 'no such file'}; give a YAML file")
-    try:
-        text = path.read_text(encoding="utf-8")
-        duplicates = duplicate_keys(text)
-        settings = load_yaml(text)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        mark, problem = getattr(error, "problem_mark", None), getattr(error, "problem", None)
-        detail = (f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None and problem
-                  else " ".join(str(error).split()))
-        raise InputError(f"--config {name!r} cannot be read as YAML: {detail}") from None
-    if duplicates:
-        raise InputError(f"--config {name!r} sets {', '.join(duplicates)} twice; keep one")
-    if settings is None:
-        raise InputError(f"--config {name!r} is empty; give sections such as model:, data:, trainer:")
-    if not isinstance(settings, dict):
-        kind = {"list": "a list", "int": "a number", "float": "a number", "str": "a string"}.get(
-            type(settings).__name__, type(settings).__name__)
-        raise InputError(f"--config {name!r} holds {kind}, not a mapping of sections (model:, data:, trainer:, ...)")
-    return settings
-
-
-def duplicate_keys(text: str) -> list[str]:
-    """Dotted keys set twice in one mapping of a YAML text (YAML loaders keep the last silently), with lines."""
-    found: list[str] = []
-
-    def walk(node: Any, path: list[str]) -> None:
-        if isinstance(node, yaml.MappingNode):
-            seen: set[str] = set()
-            for key, value in node.value:
-                name = str(key.value)
-                if name in seen:
-                    found.append(f"{'.'.join([*path, name])} (line {key.start_mark.line + 1})")
-                seen.add(name)
-                walk(value, [*path, name])
-        elif isinstance(node, yaml.SequenceNode):
-            for item in node.value:
-                walk(item, path)
-
-    walk(yaml.compose(text, Loader=yaml.SafeLoader), [])
-    return found
-
-
-def load_yaml(text: str) -> Any:
-    """YAML as jsonargparse reads it (``1e-3`` is a float there, a string to plain PyYAML): its current loader."""
-    return get_loader("yaml")(text)
-
-
 def import_object(path: str) -> Any:
     """The object at a ``class_path`` (``package.module.Name``), as jsonargparse imports it: a dotted path only."""
     if not isinstance(path, str) or "." not in path:
         raise ValueError(f"expected a dotted import path, got {path!r}")
     return pkgutil.resolve_name(path)
-
-
-def set_dotted(config: dict[str, Any], keys: list[str], value: Any) -> None:
-    """``config[a][b][c] = value``; a class given by name (``--data.task X``) becomes ``{"class_path": X}``."""
-    node = config
-    for part in keys[:-1]:
-        child = node.get(part)
-        if isinstance(child, str):
-            child = {"class_path": child}
-        elif not isinstance(child, dict):
-            child = {}
-        node[part] = child
-        node = child
-    node[keys[-1]] = value
-
-
-def is_option(arg: str) -> bool:
-    """``--key`` or a short flag such as ``-c``; ``-0.25`` is a value."""
-    return arg.startswith("--") or (len(arg) == 2 and arg[0] == "-" and arg[1].isalpha())
-
-
-def split_options(args: list[str]) -> list[tuple[str, str | None]]:
-    """``["--a=1", "--b", "2", "--flag", "-c", "x"]`` -> ``[("a", "1"), ("b", "2"), ("flag", None), ("c", "x")]``."""
-    pairs: list[tuple[str, str | None]] = []
-    index = 0
-    while index < len(args):
-        key, sep, value = args[index].lstrip("-").partition("=")
-        if not sep and index + 1 < len(args) and not is_option(args[index + 1]):
-            value, index = args[index + 1], index + 1
-        pairs.append((key, value if (sep or value) else None))
-        index += 1
-    return pairs
-
-
-def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> None:
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            deep_merge(base[key], value)
-        else:
-            base[key] = value
 
 
 def signature_defaults(cls: type) -> dict[str, Any]:
@@ -278,8 +167,8 @@ def config_problems(config: dict[str, Any]) -> list[str]:
             problems.append(f"{key}: expected a mapping of {key}.* settings, got {value!r}")
             sections[key] = {}
     model_cfg, data_cfg, trainer_cfg = (dict(sections[k]) for k in ("model", "data", "trainer"))
-    optimizer_bad = optimizer_problems(model_cfg.pop("optimizer", None))
-    problems += optimizer_bad
+    problems += optimizer_problems(model_cfg.pop("optimizer", None))
+    problems += lr_scheduler_problems(model_cfg.pop("lr_scheduler", None))
     model_bad = key_problems("model", PolicyModule, model_cfg)
     for key in {"class_path", "init_args"} & set(model_bad):  # data.task's nesting, which model: does not take
         model_bad[key] = (f"model.{key}: model: takes PolicyModule's settings directly (model.kl_coef, not "
@@ -351,31 +240,70 @@ def trainer_value_problems(trainer_cfg: dict[str, Any]) -> list[str]:
 
 
 def optimizer_problems(spec: Any) -> list[str]:
-    """``model.optimizer``: a torch optimizer class (by name or class_path) that accepts its arguments, built once
-    on a stand-in parameter so its own checks (a negative learning rate, ...) speak before any work; lr must be
-    positive (0 would train nothing)."""
-    if spec is None:
-        return []
-    if isinstance(spec, str):
-        spec = {"class_path": spec}
-    if not isinstance(spec, dict) or not isinstance(spec.get("class_path"), str):
-        return ["model.optimizer: name the optimizer class too, e.g. --model.optimizer AdamW --model.optimizer.lr "
-                "1e-4 (or class_path: torch.optim.AdamW with init_args in YAML)"]
+    """``model.optimizer``: a torch optimizer that accepts its arguments, built once on a stand-in parameter so its
+    own checks (a negative momentum, ...) speak before any work; lr must be positive (0 would train nothing)."""
     import torch
 
-    path = spec["class_path"] if "." in spec["class_path"] else f"torch.optim.{spec['class_path']}"
-    args = {**{k: v for k, v in spec.items() if k not in ("class_path", "init_args")}, **(spec.get("init_args") or {})}
-    try:
-        cls = import_object(path)
-    except Exception:  # noqa: BLE001
-        return [f"model.optimizer: cannot import {spec['class_path']!r}"]
+    args = class_arguments(spec)
     if isinstance(args.get("lr"), (int, float)) and not args["lr"] > 0:
         return [f"model.optimizer.lr: must be > 0, got {args['lr']}"]
+    return built_class_problems("model.optimizer", spec, "torch.optim", "AdamW",
+                                lambda cls: cls([torch.nn.Parameter(torch.zeros(1))], **args))
+
+
+def lr_scheduler_problems(spec: Any) -> list[str]:
+    """``model.lr_scheduler``: a scheduler that accepts its arguments, built once on a stand-in optimizer and made
+    into the module's scheduler entry (``lr_scheduler_entry``: a ReduceLROnPlateau needs a monitored metric), so a
+    missing ``total_steps`` or an unmonitored plateau speaks before any work."""
+    import torch
+
+    args = class_arguments(spec)
+    stand_in = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    return built_class_problems("model.lr_scheduler", spec, "torch.optim.lr_scheduler", "StepLR",
+                                lambda cls: lr_scheduler_entry(cls(stand_in, **args)))
+
+
+def class_arguments(spec: Any) -> dict[str, Any]:
+    """A ``{class_path, init_args}`` value's arguments (jsonargparse also takes them beside ``class_path``)."""
+    if not isinstance(spec, dict):
+        return {}
+    return {**{k: v for k, v in spec.items() if k not in CLASS_KEYS}, **(spec.get("init_args") or {})}
+
+
+def built_class_problems(section: str, spec: Any, package: str, example: str, build: Callable[[type], Any]) -> list[str]:
+    """A class given by name (read in ``package``) or import path that imports, and that ``build`` makes without an
+    error; the error names the class and the arguments given (those that differ from its defaults)."""
+    if spec is None:
+        return []
+    spec = {"class_path": spec} if isinstance(spec, str) else spec
+    if not isinstance(spec, dict) or not isinstance(spec.get("class_path"), str):
+        return [f"{section}: name the class too, e.g. --{section} {example} --{section}.<argument> <value> (or "
+                f"class_path: {package}.{example} with init_args in YAML)"]
+    name = spec["class_path"]
     try:
-        cls([torch.nn.Parameter(torch.zeros(1))], **args)
-    except Exception as error:  # noqa: BLE001 - the optimizer's own message names the bad argument
-        return [f"model.optimizer: {spec['class_path']}({', '.join(f'{k}={v!r}' for k, v in args.items())}): {error}"]
+        cls = import_object(name if "." in name else f"{package}.{name}")
+    except Exception:  # noqa: BLE001
+        return [f"{section}: cannot import {name!r}"]
+    accepted = inspect.signature(cls).parameters
+    unknown = [key for key in class_arguments(spec) if key not in accepted]
+    if unknown and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+        return [f"{section}.{key}: unknown key{did_you_mean(key, list(accepted)[1:])}" for key in unknown]
+    try:
+        build(cls)
+    except InputError as error:  # a rule of ours, complete in itself
+        return [str(error)]
+    except Exception as error:  # noqa: BLE001 - the class's own message names the bad argument
+        given = ", ".join(f"{k}={v!r}" for k, v in class_arguments(spec).items() if not is_default(cls, k, v))
+        return [f"{section}: {name.rsplit('.', 1)[-1]}({given}): {error}"]
     return []
+
+
+def is_default(cls: type, name: str, value: Any) -> bool:
+    """Whether ``value`` is ``cls``'s own default for argument ``name`` (a tuple default equals the list of its
+    items, as YAML and jsonargparse give it)."""
+    default = signature_defaults(cls).get(name, inspect.Parameter.empty)
+    both_sequences = isinstance(value, (list, tuple)) and isinstance(default, (list, tuple))
+    return (list(value) == list(default)) if both_sequences else (value is default or value == default)
 
 
 def named_class(data_cfg: dict[str, Any], key: str, default: type, package: str) -> Any:

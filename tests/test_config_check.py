@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lit_grpo.config_check import config_problems, merged_config, split_options
+from lit_grpo.config_check import config_problems
+from lit_grpo.run.command_line import merged_config, split_options
 
 
 @pytest.fixture

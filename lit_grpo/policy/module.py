@@ -124,7 +124,9 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
             padded forward. Falls back to the padded forward, with an info message, where the attention kernel takes
             no custom mask. PPO's value-head forward (``advantage_mode: gae``) stays padded.
         optimizer: the optimizer over the trainable parameters; ``None`` means AdamW(lr=5e-4, weight_decay=0).
-        lr_scheduler: an optional learning-rate scheduler, stepped every optimizer step.
+        lr_scheduler: an optional learning-rate scheduler, stepped every optimizer step (``--model.lr_scheduler StepLR
+            --model.lr_scheduler.step_size 100``); a plateau scheduler is stepped once an epoch on its metric:
+            ``lightning.pytorch.cli.ReduceLROnPlateau`` with ``monitor`` (``rollout/reward_mean``, say).
     """
 
     def __init__(
@@ -232,8 +234,7 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         )
         if self.scheduler_factory is None:
             return optimizer
-        scheduler = self.scheduler_factory(optimizer)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {"optimizer": optimizer, "lr_scheduler": lr_scheduler_entry(self.scheduler_factory(optimizer))}
 
     # --- the epoch's buffer: no-grad passes, advantages, the risk head's fit (docs/guide.md#layout) ------------------
     def on_train_epoch_start(self) -> None:
@@ -363,3 +364,17 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
                                       batch["pair_id"], self.hparams.dpo_beta)
         self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp))
         return {"loss": loss, "stats": {f"dpo_{k}": v for k, v in stats.items()}}
+
+
+def lr_scheduler_entry(scheduler: Any) -> dict[str, Any]:
+    """Lightning's scheduler entry: stepped every optimizer step; a ``ReduceLROnPlateau`` once an epoch on the metric
+    it monitors (``lightning.pytorch.cli.ReduceLROnPlateau(optimizer, monitor, ...)``, as Lightning's own CLI
+    configures it); torch's own plateau names no metric and is refused."""
+    if not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        return {"scheduler": scheduler, "interval": "step"}
+    monitor = getattr(scheduler, "monitor", None)
+    if not isinstance(monitor, str):
+        raise InputError("model.lr_scheduler: a ReduceLROnPlateau needs the metric it watches: use "
+                         "lightning.pytorch.cli.ReduceLROnPlateau with monitor set to a metric logged every epoch "
+                         "(rollout/reward_mean, say)")
+    return {"scheduler": scheduler, "interval": "epoch", "monitor": monitor}
