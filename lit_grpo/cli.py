@@ -131,6 +131,12 @@ class LitGRPOCLI(LightningCLI):
         report_core_share(share_cores(trainer))  # before Lightning's launcher, which would count one node only
         return trainer
 
+    def before_instantiate_classes(self) -> None:
+        subcommand = self.config.get("subcommand")
+        note = settle_checkpoint_files((self.config[subcommand] if subcommand else self.config)["checkpoint"])
+        if note:
+            print(f"lit-grpo: {note}", file=sys.stderr)
+
     # LightningCLI calls before_<subcommand> before it takes the subcommand's arguments from config_init (an order
     # tests/test_private_apis.py pins)
     def before_fit(self) -> None:
@@ -206,6 +212,27 @@ def report_problems(problems: list[str]) -> None:
         listing = "\n".join(f"  - {problem}" for problem in problems)
         print(f"lit-grpo: the configuration has {len(problems)} problem(s):\n{listing}", file=sys.stderr)
         raise SystemExit(2)
+
+
+def settle_checkpoint_files(checkpoint: Any) -> str | None:
+    """The ``checkpoint:`` section's files when the user asks for more than the command's one ``last.ckpt`` (its
+    ``filename`` left at ``last``): ``save_top_k: -1`` keeps every epoch's checkpoint under Lightning's own name
+    (``epoch=N-step=M.ckpt``) with ``last.ckpt`` a link to the newest (nothing written twice); a top k by a monitored
+    metric is named the same, with ``last.ckpt`` written beside whenever one of them is (Lightning's ``save_last``).
+    Returns the line that tells the user, None when nothing changed (``checkpoint`` is changed in place)."""
+    if checkpoint.filename != ModelCheckpoint.CHECKPOINT_NAME_LAST:
+        return None
+    every_epoch = checkpoint.save_top_k == -1 and checkpoint.monitor is None
+    if not every_epoch and checkpoint.monitor is None:
+        return None  # the command's one file (save_top_k 1), or none (0); Lightning refuses k > 1 without a monitor
+    checkpoint.filename = None
+    if checkpoint.save_last is None:
+        checkpoint.save_last = "link" if every_epoch else True
+    kept = "every epoch's" if every_epoch else f"the top {checkpoint.save_top_k} by {checkpoint.monitor}"
+    last = {"link": "a link to the newest", True: "written beside whenever one of them is"}.get(
+        checkpoint.save_last, "not written (checkpoint.save_last: false)")
+    return (f"checkpoint: keeping {kept} checkpoint as epoch=N-step=M.ckpt (Lightning's name; set "
+            f"checkpoint.filename for another); last.ckpt is {last}")
 
 
 class ServerOutageAdvice(Callback):
@@ -296,6 +323,12 @@ def main(args: list[str] | None = None) -> None:
         raise SystemExit(1) from None
     except Refused as error:  # a 4xx (a wrong key, a server without runtime LoRA): every server would refuse it
         print(f"lit-grpo: {str(error).splitlines()[0]}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except MisconfigurationException as error:  # Lightning refusing a setting once it runs (a LearningRateMonitor
+        # without a logger; a plateau scheduler's metric never logged): the user's to change, not a bug
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print(f"lit-grpo: Lightning refused the configuration: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     except NonFiniteTrainingError as error:
         print(f"lit-grpo: {error}", file=sys.stderr)

@@ -185,3 +185,54 @@ def test_the_issues_three_commands_train(extra, tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert list(tmp_path.glob("quickstart/version_0/adapter/adapter_model.safetensors"))
+
+
+def checkpoint_section(**given: object):
+    from jsonargparse import Namespace
+
+    from lit_grpo.cli import CHECKPOINT_DEFAULTS
+
+    defaults = {key.removeprefix("checkpoint."): value for key, value in CHECKPOINT_DEFAULTS.items()}
+    return Namespace(**{"monitor": None, "save_last": None, **defaults, **given})
+
+
+def test_more_than_one_checkpoint_asked_for_gets_lightnings_names():
+    from lit_grpo.cli import settle_checkpoint_files
+
+    every = checkpoint_section(save_top_k=-1)
+    assert "every epoch's checkpoint" in settle_checkpoint_files(every)
+    assert (every.filename, every.save_last) == (None, "link")
+    best = checkpoint_section(save_top_k=3, monitor="val/accuracy")
+    assert "the top 3 by val/accuracy" in settle_checkpoint_files(best)
+    assert (best.filename, best.save_last) == (None, True)  # a link would name the best, not the newest
+    for unchanged in (checkpoint_section(), checkpoint_section(save_top_k=0),
+                      checkpoint_section(save_top_k=-1, filename="{epoch}")):
+        before = dict(vars(unchanged))
+        assert settle_checkpoint_files(unchanged) is None and vars(unchanged) == before
+
+
+@pytest.mark.slow
+def test_save_top_k_minus_one_keeps_every_epoch_and_resumes_from_last(tmp_path, capsys):
+    common = ["fit", "--config", str(ROOT / "configs/quickstart.yaml"), "--checkpoint.save_top_k", "-1",
+              "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.enable_progress_bar", "false"]
+    main([*common, "--trainer.max_epochs", "3"])
+    assert "keeping every epoch's checkpoint" in capsys.readouterr().err
+    folder = tmp_path / "quickstart/version_0/checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt", "epoch=2-step=12.ckpt", "last.ckpt"]
+    assert (folder / "last.ckpt").resolve() == (folder / "epoch=2-step=12.ckpt").resolve()  # a link, not a copy
+    main([*common, "--trainer.max_epochs", "4", "--ckpt_path", "last"])
+    assert (tmp_path / "quickstart/version_1/checkpoints/epoch=3-step=16.ckpt").is_file()  # went on from epoch 3
+
+
+@pytest.mark.slow
+def test_lightnings_own_refusal_while_running_is_one_line(tmp_path, capsys):
+    # LearningRateMonitor refuses a trainer without a logger when fit starts, after the configuration was read
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.logger", "false",
+              "--trainer.default_root_dir", str(tmp_path), "--trainer.callbacks+=LearningRateMonitor"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2, err
+    assert ("lit-grpo: Lightning refused the configuration: Cannot use `LearningRateMonitor` callback with `Trainer` "
+            "that has no logger.") in err
+    assert "Traceback" not in err

@@ -99,9 +99,12 @@ class BackgroundCheckpointIO(AsyncCheckpointIO):
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
         super().__init__(checkpoint_io if checkpoint_io is not None else BesideTargetCheckpointIO())
 
-    def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         self.wait()
-        super().save_checkpoint(*args, **kwargs)
+        if storage_options is None and is_local(path):  # the folder exists once this returns, as after a save in
+            # the foreground: Lightning links last.ckpt to the file just queued (ModelCheckpoint(save_last="link"))
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        super().save_checkpoint(checkpoint, path, storage_options)
 
     def load_checkpoint(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         self.wait()
