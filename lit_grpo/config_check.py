@@ -15,7 +15,8 @@ from jsonargparse import ArgumentParser
 
 from lit_grpo.config_names import accepted_keys, did_you_mean, with_package
 from lit_grpo.errors import InputError
-from lit_grpo.policy.module import PolicyModule, lr_scheduler_entry
+from lit_grpo.policy.module import PolicyModule
+from lit_grpo.policy.optimizers import lr_scheduler_entry
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.run.command_line import CLASS_KEYS
 from lit_grpo.run.distributed import config_world_size
@@ -277,7 +278,7 @@ def built_class_problems(section: str, spec: Any, package: str, example: str, bu
         return []
     spec = {"class_path": spec} if isinstance(spec, str) else spec
     if not isinstance(spec, dict) or not isinstance(spec.get("class_path"), str):
-        return [f"{section}: name the class too, e.g. --{section} {example} --{section}.<argument> <value> (or "
+        return [f"{section}: name the {section.rsplit('_', 1)[-1].rsplit('.', 1)[-1]} class too, e.g. --{section} {example} --{section}.<argument> <value> (or "
                 f"class_path: {package}.{example} with init_args in YAML)"]
     name = spec["class_path"]
     try:

@@ -180,7 +180,7 @@ CASES = [
          "model.optimizer: name the optimizer class too"),
     Case("optimizer-own-check", "`SGD` with `momentum: -3`",
          lambda tmp, m: ["--model.optimizer", "SGD", "--model.optimizer.lr", "0.1", "--model.optimizer.momentum", "-3"],
-         "model.optimizer: SGD(lr=0.1, momentum=-3): Invalid momentum value: -3"),
+         "model.optimizer: SGD(lr=0.1, momentum=-3.0): Invalid momentum value: -3.0"),
     Case("max-epochs", "`max_epochs: -5`", lambda tmp, m: ["--trainer.max_epochs", "-5"],
          "trainer.max_epochs: must be >= 0 (or -1 for no limit), got -5"),
     Case("lora-alpha", "`lora_alpha: -5`", lambda tmp, m: ["--model.lora_alpha", "-5"],

@@ -39,6 +39,7 @@ from lit_grpo.policy.measures import HeldOutMeasures
 from lit_grpo.policy.model_loading import completion_stop_ids, load_policy, run_base_dtype
 from lit_grpo.policy.objective import Objective, module_config_problems
 from lit_grpo.policy.online_dpo import online_dpo_loss
+from lit_grpo.policy.optimizers import lr_scheduler_entry
 from lit_grpo.policy.packed import TokenLogprobs
 from lit_grpo.policy.risk_features import HeadOnContexts, fit_on_replay
 from lit_grpo.policy.sampling_view import SamplingView
@@ -365,16 +366,3 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp))
         return {"loss": loss, "stats": {f"dpo_{k}": v for k, v in stats.items()}}
 
-
-def lr_scheduler_entry(scheduler: Any) -> dict[str, Any]:
-    """Lightning's scheduler entry: stepped every optimizer step; a ``ReduceLROnPlateau`` once an epoch on the metric
-    it monitors (``lightning.pytorch.cli.ReduceLROnPlateau(optimizer, monitor, ...)``, as Lightning's own CLI
-    configures it); torch's own plateau names no metric and is refused."""
-    if not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-        return {"scheduler": scheduler, "interval": "step"}
-    monitor = getattr(scheduler, "monitor", None)
-    if not isinstance(monitor, str):
-        raise InputError("model.lr_scheduler: a ReduceLROnPlateau needs the metric it watches: use "
-                         "lightning.pytorch.cli.ReduceLROnPlateau with monitor set to a metric logged every epoch "
-                         "(rollout/reward_mean, say)")
-    return {"scheduler": scheduler, "interval": "epoch", "monitor": monitor}
