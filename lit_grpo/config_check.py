@@ -27,6 +27,13 @@ RISK_CALLBACK = "lit_grpo.callbacks.risk.RiskThreshold"  # by name: only cli.py 
 # weights_only: Lightning writes it into every run's config.yaml, which must come back as the resume command's --config
 TOP_LEVEL_KEYS = {"config", "seed_everything", "trainer", "model", "data", "ckpt_path", "weights_only", "metrics",
                   "checkpoint"}
+# LightningCLI's top-level sections for an automatic configure_optimizers, which lit-grpo's module replaces with its
+# own arguments (the model is built in configure_model, after those sections would be instantiated over no parameters)
+MODULE_ARGUMENTS = {
+    "optimizer": "the optimizer is the module's argument here: --model.optimizer AdamW --model.optimizer.lr 1e-4",
+    "lr_scheduler": ("the scheduler is the module's argument here: --model.lr_scheduler StepLR "
+                     "--model.lr_scheduler.step_size 100"),
+}
 METRICS_CALLBACK = "lit_grpo.callbacks.metrics.RolloutMetrics"  # the ``metrics:`` section's class
 CALLBACK_PACKAGES = ("lightning.pytorch.callbacks", "lit_grpo.callbacks")  # where a bare callback name is found
 
@@ -157,7 +164,8 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     from lit_grpo.engines import HFEngine
     from lit_grpo.tasks import ArithmeticTask, Task
 
-    problems = [f"{key}: unknown top-level key{did_you_mean(key, TOP_LEVEL_KEYS)}" for key in config
+    problems = [f"{key}: {MODULE_ARGUMENTS[key]}" if key in MODULE_ARGUMENTS else
+                f"{key}: unknown top-level key{did_you_mean(key, TOP_LEVEL_KEYS)}" for key in config
                 if key not in TOP_LEVEL_KEYS]
     if config.get("weights_only") is False:  # a checkpoint is data: never unpickled into code
         problems.append("weights_only: false would unpickle the checkpoint, running whatever code it carries; "

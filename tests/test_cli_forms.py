@@ -172,6 +172,17 @@ def test_a_refused_input_still_lists_every_problem(common, capsys):
     assert "Traceback" not in err
 
 
+def test_lightnings_top_level_optimizer_sections_point_to_the_modules(common, capsys):
+    # a plain LightningCLI with auto_configure_optimizers=False (Lightning's dependency-injection form) has no
+    # --optimizer either; here the refusal says where it went
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", *common, "--optimizer", "AdamW", "--optimizer.lr", "0.001", "--lr_scheduler", "StepLR"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert "optimizer: the optimizer is the module's argument here: --model.optimizer AdamW" in err
+    assert "lr_scheduler: the scheduler is the module's argument here: --model.lr_scheduler StepLR" in err
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [
     [f"--trainer.callbacks+={EARLY}", "--trainer.callbacks.monitor", "val/accuracy", "--trainer.callbacks.mode", "max"],
