@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import pickle
@@ -27,7 +29,6 @@ def interrupted_before_training() -> NoReturn:
 THE_COMMAND = __name__ == "__main__" or Path(sys.argv[0]).name == "lit-grpo"
 
 try:  # the libraries take seconds to load: a Ctrl-C then is one line too, not an import's traceback
-    from jsonargparse import ArgumentError
     from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
     from lightning.pytorch.callbacks import Callback, ModelCheckpoint
     from lightning.pytorch.cli import LightningCLI
@@ -41,11 +42,11 @@ try:  # the libraries take seconds to load: a Ctrl-C then is one line too, not a
     from lit_grpo.policy.module import PolicyModule
     from lit_grpo.rollout.datamodule import RolloutDataModule
     from lit_grpo.run.checkpoint_io import BackgroundCheckpointIO
-    from lit_grpo.run.command_line import merged_config
+    from lit_grpo.run.command_line import check_config_files, merged_config
     from lit_grpo.run.distributed import share_cores
     from lit_grpo.run.host_memory import return_freed_memory
     from lit_grpo.run.nonfinite import NonFiniteTrainingError
-    from lit_grpo.run.refusals import REPORT_BUG, input_refusal
+    from lit_grpo.run.refusals import REPORT_BUG, input_refusal, lightning_refusal
     from lit_grpo.run.resume import check_resume, find_last_checkpoint, resume_point
     from lit_grpo.run.run_dir import (
         check_writable,
@@ -91,9 +92,6 @@ class LitGRPOCLI(LightningCLI):
         kwargs.setdefault("trainer_defaults", TRAINER_DEFAULTS)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)  # the optimizer is PolicyModule's own argument
-        # jsonargparse raises instead of exiting (its subcommand parsers inherit it), so that parse_arguments can list
-        # every problem of a refused input before jsonargparse's own message
-        kwargs["parser_kwargs"] = {"exit_on_error": False, **(kwargs.get("parser_kwargs") or {})}
         super().__init__(PolicyModule, RolloutDataModule, *args, **kwargs)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
@@ -105,7 +103,7 @@ class LitGRPOCLI(LightningCLI):
         parser.set_defaults(CHECKPOINT_DEFAULTS)
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
-        section = self.config_init.get(str(self.subcommand), self.config_init)  # the subcommand's, when it has one
+        section = subcommand_section(self.config_init)
         settings = {**section["trainer"], **kwargs}
         # the always-on checkpoint callback steps aside when the user turns checkpointing off
         callbacks = settings.get("callbacks") or []
@@ -132,8 +130,7 @@ class LitGRPOCLI(LightningCLI):
         return trainer
 
     def before_instantiate_classes(self) -> None:
-        subcommand = self.config.get("subcommand")
-        note = settle_checkpoint_files((self.config[subcommand] if subcommand else self.config)["checkpoint"])
+        note = settle_checkpoint_files(subcommand_section(self.config)["checkpoint"])
         if note:
             print(f"lit-grpo: {note}", file=sys.stderr)
 
@@ -193,17 +190,30 @@ class LitGRPOCLI(LightningCLI):
     def parse_arguments(self, parser: Any, args: Any) -> None:
         """jsonargparse reads the arguments, every form it and LightningCLI document, exactly as a plain LightningCLI
         does; the configuration check then reports every problem of what it read, at once. Where jsonargparse
-        refuses the input it names its first problem only: the check then reads the files and options itself
-        (run/command_line.py) to list them all, and jsonargparse's own message stands where it finds none."""
-        raw = None if isinstance(args, dict) else merged_config(list(sys.argv[1:] if args is None else args))
+        refuses the input it names its first problem only (and exits): the check then reads the files and options
+        itself (run/command_line.py) to list them all, and jsonargparse's own message stands where it finds none."""
+        argv = None if isinstance(args, dict) else list(sys.argv[1:] if args is None else args)
+        said = io.StringIO()  # jsonargparse's usage and error, held until it is known whether the check speaks
         try:
-            super().parse_arguments(parser, args)
-        except ArgumentError as error:
-            report_problems(config_problems(raw) if raw is not None else [])
-            parser.exit_on_error = True  # jsonargparse's own report: the subcommand's usage, the error, exit code 2
-            parser.error(str(error), error)
-        subcommand = self.config.get("subcommand")
-        report_problems(config_problems((self.config[subcommand] if subcommand else self.config).as_dict()))
+            with contextlib.redirect_stderr(said):
+                super().parse_arguments(parser, args)
+        except SystemExit as stop:
+            if stop.code == 2 and argv is not None:  # refused: every problem the check finds, before any work
+                merged = merged_config(argv)
+                report_problems(config_problems(merged) if merged is not None else [])
+            sys.stderr.write(said.getvalue())
+            raise
+        sys.stderr.write(said.getvalue())
+        if argv is not None:
+            check_config_files(argv)  # what jsonargparse reads without a word: a key set twice in one file
+        report_problems(config_problems(subcommand_section(self.config).as_dict()))
+
+
+def subcommand_section(config: Any) -> Any:
+    """The subcommand's part of a parsed (or instantiated) configuration; the whole one for a CLI without
+    subcommands (``run=False``)."""
+    subcommand = config.get("subcommand")
+    return config[subcommand] if subcommand else config
 
 
 def report_problems(problems: list[str]) -> None:
@@ -218,21 +228,22 @@ def settle_checkpoint_files(checkpoint: Any) -> str | None:
     """The ``checkpoint:`` section's files when the user asks for more than the command's one ``last.ckpt`` (its
     ``filename`` left at ``last``): ``save_top_k: -1`` keeps every epoch's checkpoint under Lightning's own name
     (``epoch=N-step=M.ckpt``) with ``last.ckpt`` a link to the newest (nothing written twice); a top k by a monitored
-    metric is named the same, with ``last.ckpt`` written beside whenever one of them is (Lightning's ``save_last``).
-    Returns the line that tells the user, None when nothing changed (``checkpoint`` is changed in place)."""
-    if checkpoint.filename != ModelCheckpoint.CHECKPOINT_NAME_LAST:
-        return None
-    every_epoch = checkpoint.save_top_k == -1 and checkpoint.monitor is None
-    if not every_epoch and checkpoint.monitor is None:
-        return None  # the command's one file (save_top_k 1), or none (0); Lightning refuses k > 1 without a monitor
+    metric is named the same, with ``last.ckpt`` written beside whenever one of them is (Lightning's ``save_last``;
+    a link would name the best, not the newest). Returns the line that tells the user, None when nothing changed
+    (``checkpoint`` is changed in place)."""
+    keep = checkpoint.save_top_k
+    if checkpoint.filename != ModelCheckpoint.CHECKPOINT_NAME_LAST or keep == 0:
+        return None  # the user's own names, or no top-k file at all
+    if keep == 1 and checkpoint.monitor is None:
+        return None  # the command's one file; Lightning itself refuses k > 1 without a monitor
     checkpoint.filename = None
     if checkpoint.save_last is None:
-        checkpoint.save_last = "link" if every_epoch else True
-    kept = "every epoch's" if every_epoch else f"the top {checkpoint.save_top_k} by {checkpoint.monitor}"
+        checkpoint.save_last = "link" if keep == -1 and checkpoint.monitor is None else True
+    kept = "every epoch's checkpoint" if keep == -1 else f"the best {keep} checkpoint(s) by {checkpoint.monitor}"
     last = {"link": "a link to the newest", True: "written beside whenever one of them is"}.get(
         checkpoint.save_last, "not written (checkpoint.save_last: false)")
-    return (f"checkpoint: keeping {kept} checkpoint as epoch=N-step=M.ckpt (Lightning's name; set "
-            f"checkpoint.filename for another); last.ckpt is {last}")
+    return (f"checkpoint: keeping {kept} as epoch=N-step=M.ckpt (Lightning's name; set checkpoint.filename for "
+            f"another); last.ckpt is {last}")
 
 
 class ServerOutageAdvice(Callback):
@@ -328,7 +339,7 @@ def main(args: list[str] | None = None) -> None:
         # without a logger; a plateau scheduler's metric never logged): the user's to change, not a bug
         if os.environ.get(DEBUG_ENV):
             raise
-        print(f"lit-grpo: Lightning refused the configuration: {error}", file=sys.stderr)
+        print(f"lit-grpo: {lightning_refusal(error)}", file=sys.stderr)
         raise SystemExit(2) from None
     except NonFiniteTrainingError as error:
         print(f"lit-grpo: {error}", file=sys.stderr)

@@ -25,8 +25,8 @@ from lit_grpo.run.strategy import strategy_problems
 
 RISK_CALLBACK = "lit_grpo.callbacks.risk.RiskThreshold"  # by name: only cli.py imports the callbacks
 # weights_only: Lightning writes it into every run's config.yaml, which must come back as the resume command's --config
-TOP_LEVEL_KEYS = {"config", "seed_everything", "trainer", "model", "data", "ckpt_path", "weights_only", "metrics",
-                  "checkpoint"}
+# beside the subcommands' own (subcommand_arguments: ckpt_path, weights_only, verbose, return_predictions)
+TOP_LEVEL_KEYS = {"config", "seed_everything", "trainer", "model", "data", "metrics", "checkpoint"}
 # LightningCLI's top-level sections for an automatic configure_optimizers, which lit-grpo's module replaces with its
 # own arguments (the model is built in configure_model, after those sections would be instantiated over no parameters)
 MODULE_ARGUMENTS = {
@@ -36,6 +36,16 @@ MODULE_ARGUMENTS = {
 }
 METRICS_CALLBACK = "lit_grpo.callbacks.metrics.RolloutMetrics"  # the ``metrics:`` section's class
 CALLBACK_PACKAGES = ("lightning.pytorch.callbacks", "lit_grpo.callbacks")  # where a bare callback name is found
+
+
+def subcommand_arguments() -> set[str]:
+    """The arguments a subcommand takes beside the classes' sections: its Trainer method's, less what the command
+    builds (the model, the data module, loaders)."""
+    from lightning.pytorch import Trainer
+
+    built = {"self", "model", "datamodule", "train_dataloaders", "val_dataloaders", "dataloaders"}
+    return {name for method in (Trainer.fit, Trainer.validate, Trainer.test, Trainer.predict)
+            for name in inspect.signature(method).parameters if name not in built}
 
 
 def import_object(path: str) -> Any:
@@ -75,7 +85,7 @@ def key_problems(section: str, cls: type | Callable, values: dict[str, Any]) -> 
     accepted = accepted_keys(cls)
 
     def problem(key: str, alongside: list[str]) -> str | None:
-        if accepted is not None and key.removesuffix("+") not in accepted:  # ``key+=``: jsonargparse's append
+        if accepted is not None and key not in accepted:
             return f"{section}.{key}: unknown key{did_you_mean(key, accepted)}"
         try:
             parser.parse_object({**{k: values[k] for k in alongside if k != key}, key: values[key]}, defaults=False)
@@ -133,7 +143,7 @@ def class_path_problems(section: str, spec: Any, base: type) -> list[str]:
     if not (isinstance(cls, type) and issubclass(cls, base)):
         return [f"{section}: {spec['class_path']!r} is not a subclass of {base.__module__}.{base.__name__}"]
     # jsonargparse also takes a subclass's arguments beside class_path, without the init_args level
-    init_args = {**{k: v for k, v in spec.items() if k not in ("class_path", "init_args", "dict_kwargs")},
+    init_args = {**{k: v for k, v in spec.items() if k not in CLASS_KEYS},
                  **(spec.get("init_args") or {})}
     unimportable = nested_import_problems(section, init_args)
     rest = {k: v for k, v in init_args.items() if k not in unimportable}
@@ -164,9 +174,9 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     from lit_grpo.engines import HFEngine
     from lit_grpo.tasks import ArithmeticTask, Task
 
+    accepted = TOP_LEVEL_KEYS | subcommand_arguments()
     problems = [f"{key}: {MODULE_ARGUMENTS[key]}" if key in MODULE_ARGUMENTS else
-                f"{key}: unknown top-level key{did_you_mean(key, TOP_LEVEL_KEYS)}" for key in config
-                if key not in TOP_LEVEL_KEYS]
+                f"{key}: unknown top-level key{did_you_mean(key, accepted)}" for key in config if key not in accepted]
     if config.get("weights_only") is False:  # a checkpoint is data: never unpickled into code
         problems.append("weights_only: false would unpickle the checkpoint, running whatever code it carries; "
                         "lit-grpo's checkpoints hold tensors and plain containers: leave it unset (or true)")
@@ -185,7 +195,7 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     data_bad = key_problems("data", RolloutDataModule, {k: v for k, v in data_cfg.items() if k not in ("task", "engine")})
     trainer_bad = key_problems("trainer", Trainer, {k: v for k, v in trainer_cfg.items() if k not in ("callbacks", "logger", "plugins", "strategy")})
     problems += list(model_bad.values()) + list(data_bad.values()) + list(trainer_bad.values())
-    problems += class_path_problems("data.task", data_cfg.get("task"), Task)
+    problems += class_path_problems("data.task", with_package(data_cfg.get("task"), ("lit_grpo.tasks",)), Task)
     problems += section_problems(config, trainer_cfg)
     # value checks see the defaults in place of values already reported, so each problem is reported once
     model_args = {**signature_defaults(PolicyModule), **without(model_cfg, model_bad)}
@@ -215,6 +225,7 @@ def risk_callback_problems(callbacks: Any, task: Any) -> list[str]:
 
     problems = []
     for spec in callbacks if isinstance(callbacks, list) and task is not None else []:
+        spec = with_package({"class_path": spec} if isinstance(spec, str) else spec, CALLBACK_PACKAGES)
         path = spec.get("class_path") if isinstance(spec, dict) else None
         try:
             cls = import_object(path) if isinstance(path, str) else None
@@ -256,7 +267,7 @@ def optimizer_problems(spec: Any) -> list[str]:
     args = class_arguments(spec)
     if isinstance(args.get("lr"), (int, float)) and not args["lr"] > 0:
         return [f"model.optimizer.lr: must be > 0, got {args['lr']}"]
-    return built_class_problems("model.optimizer", spec, "torch.optim", "AdamW",
+    return built_class_problems("model.optimizer", "optimizer", spec, "torch.optim", "AdamW",
                                 lambda cls: cls([torch.nn.Parameter(torch.zeros(1))], **args))
 
 
@@ -268,7 +279,7 @@ def lr_scheduler_problems(spec: Any) -> list[str]:
 
     args = class_arguments(spec)
     stand_in = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    return built_class_problems("model.lr_scheduler", spec, "torch.optim.lr_scheduler", "StepLR",
+    return built_class_problems("model.lr_scheduler", "scheduler", spec, "torch.optim.lr_scheduler", "StepLR",
                                 lambda cls: lr_scheduler_entry(cls(stand_in, **args)))
 
 
@@ -279,14 +290,15 @@ def class_arguments(spec: Any) -> dict[str, Any]:
     return {**{k: v for k, v in spec.items() if k not in CLASS_KEYS}, **(spec.get("init_args") or {})}
 
 
-def built_class_problems(section: str, spec: Any, package: str, example: str, build: Callable[[type], Any]) -> list[str]:
+def built_class_problems(section: str, kind: str, spec: Any, package: str, example: str,
+                         build: Callable[[type], Any]) -> list[str]:
     """A class given by name (read in ``package``) or import path that imports, and that ``build`` makes without an
     error; the error names the class and the arguments given (those that differ from its defaults)."""
     if spec is None:
         return []
     spec = {"class_path": spec} if isinstance(spec, str) else spec
     if not isinstance(spec, dict) or not isinstance(spec.get("class_path"), str):
-        return [f"{section}: name the {section.rsplit('_', 1)[-1].rsplit('.', 1)[-1]} class too, e.g. --{section} {example} --{section}.<argument> <value> (or "
+        return [f"{section}: name the {kind} class too, e.g. --{section} {example} --{section}.<argument> <value> (or "
                 f"class_path: {package}.{example} with init_args in YAML)"]
     name = spec["class_path"]
     try:

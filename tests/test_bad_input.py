@@ -245,7 +245,7 @@ def test_what_counts_as_a_refusal_of_input():
         pass
     assert input_refusal(error) is None
     assert str(input_refusal(MisconfigurationException("`every_n_epochs` must be >= 0"))) == (
-        "the configuration could not be built: `every_n_epochs` must be >= 0")
+        "Lightning refused the configuration: `every_n_epochs` must be >= 0")
     wrapped = ValueError("Does not validate against any of the Union subtypes")
     wrapped.__cause__ = InputError("RewardModel 'x' is not a sequence-classification checkpoint")
     assert input_refusal(wrapped) is wrapped.__cause__

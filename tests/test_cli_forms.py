@@ -97,6 +97,11 @@ def common(tmp_path, tiny_llama_dir):
             "--trainer.default_root_dir", str(tmp_path)]
 
 
+CALLBACKS_BUILT = {"append-two": 2, "list-of-dicts": 2, "everything-at-once": 2, "optimizer-by-name": 0,
+                   "optimizer-import-path": 0, "optimizer-dict": 0, "optimizer-init-args": 0,
+                   "scheduler-import-path": 0, "scheduler-by-name": 0, "scheduler-dict": 0, "plateau": 0}  # else 1
+
+
 @pytest.mark.parametrize("form", FORMS, ids=list(FORMS))
 def test_each_documented_form_builds_what_a_plain_lightning_cli_builds(form, common, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -104,8 +109,7 @@ def test_each_documented_form_builds_what_a_plain_lightning_cli_builds(form, com
     ours, theirs = LitGRPOCLI(args=args, run=False), plain_cli(args)
     assert user_callbacks(ours.trainer) == user_callbacks(theirs.trainer)
     assert optimizer_and_scheduler(ours.model) == optimizer_and_scheduler(theirs.model)
-    expected_callbacks = sum(arg.count("Stopping") + arg.count("Averaging") + arg.count("Monitor") for arg in args)
-    assert len(user_callbacks(ours.trainer)) == expected_callbacks  # the form reached the trainer, not just parsed
+    assert len(user_callbacks(ours.trainer)) == CALLBACKS_BUILT.get(form, 1)  # it reached the trainer
 
 
 def test_the_forms_take_effect(common, tmp_path, monkeypatch):
@@ -144,13 +148,57 @@ def test_a_dict_from_python_is_checked_and_built(tiny_llama_dir, tmp_path, monke
     assert "data.group_size 1 with model.advantage_mode 'grpo'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag, name", [("--trainer.callbacks.help", "EarlyStopping"),
-                                        ("--model.optimizer.help", "Adam"), ("--model.lr_scheduler.help", "StepLR")])
-def test_help_for_a_class(flag, name, capsys):
+@pytest.mark.parametrize("flag, name, option", [
+    ("--trainer.callbacks.help", "EarlyStopping", "--trainer.callbacks.monitor MONITOR"),
+    ("--model.optimizer.help", "Adam", "[--model.optimizer.lr LR]"),
+    ("--model.lr_scheduler.help", "StepLR", "--model.lr_scheduler.step_size STEP_SIZE")])
+def test_help_for_a_class(flag, name, option, capsys):
     with pytest.raises(SystemExit) as stop:
         main(["fit", flag, name])
     assert stop.value.code == 0
-    assert "--" in capsys.readouterr().out
+    assert option in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("subcommand", ["validate", "test", "predict"])
+def test_the_other_subcommands_parse_a_shipped_config(subcommand, tmp_path, monkeypatch):
+    # each subcommand has arguments of its own (verbose, return_predictions) beside the classes' sections
+    from lit_grpo.cli import subcommand_section
+
+    monkeypatch.chdir(tmp_path)
+    seen = {}
+
+    class ParseOnly(LitGRPOCLI):
+        def before_instantiate_classes(self) -> None:
+            seen.update(subcommand_section(self.config).as_dict())
+            raise SystemExit(0)
+
+    with pytest.raises(SystemExit) as stop:
+        ParseOnly(args=[subcommand, "--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.logger", "false"])
+    assert stop.value.code == 0 and seen["model"]["model_name_or_path"] == "data/tiny-llama"
+
+
+def test_jsonargparse_refusal_with_nothing_else_found_is_its_own_message(capsys):
+    # what the check cannot see (an argument of the default task, whose class the input does not name):
+    # jsonargparse's words, with the subcommand's usage
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--data.task.nonsense", "1"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert err.startswith("usage: ") and " fit " in err.splitlines()[0], err
+    assert "Option 'nonsense' is not accepted" in err and "Traceback" not in err
+
+
+def test_a_value_that_is_not_yaml_is_text_to_the_check_as_to_jsonargparse(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--model.kl_coef", "[1", "--data.group_size", "1"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "the configuration has 2 problem(s)" in err and "Traceback" not in err, err
+
+
+def test_a_config_given_as_text_is_read_as_jsonargparse_reads_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cli = LitGRPOCLI(args=["--config", '{"trainer": {"max_epochs": 3, "logger": false}}'], run=False)
+    assert cli.trainer.max_epochs == 3
 
 
 def test_a_refused_input_still_lists_every_problem(common, capsys):
@@ -214,9 +262,13 @@ def test_more_than_one_checkpoint_asked_for_gets_lightnings_names():
     assert "every epoch's checkpoint" in settle_checkpoint_files(every)
     assert (every.filename, every.save_last) == (None, "link")
     best = checkpoint_section(save_top_k=3, monitor="val/accuracy")
-    assert "the top 3 by val/accuracy" in settle_checkpoint_files(best)
+    assert "the best 3 checkpoint(s) by val/accuracy" in settle_checkpoint_files(best)
     assert (best.filename, best.save_last) == (None, True)  # a link would name the best, not the newest
+    every_monitored = checkpoint_section(save_top_k=-1, monitor="val/accuracy")
+    assert "every epoch's checkpoint" in settle_checkpoint_files(every_monitored)
+    assert every_monitored.save_last is True  # saved only where the metric is logged: a link could lag
     for unchanged in (checkpoint_section(), checkpoint_section(save_top_k=0),
+                      checkpoint_section(save_top_k=0, monitor="val/accuracy"),
                       checkpoint_section(save_top_k=-1, filename="{epoch}")):
         before = dict(vars(unchanged))
         assert settle_checkpoint_files(unchanged) is None and vars(unchanged) == before
@@ -247,3 +299,23 @@ def test_lightnings_own_refusal_while_running_is_one_line(tmp_path, capsys):
     assert ("lit-grpo: Lightning refused the configuration: Cannot use `LearningRateMonitor` callback with `Trainer` "
             "that has no logger.") in err
     assert "Traceback" not in err
+
+
+def test_a_last_link_to_a_write_cut_short_resumes_from_the_newest_whole_file(tmp_path):
+    # save_last "link": killed while the newest epoch's file was still being written in the background
+    from types import SimpleNamespace
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lit_grpo.run.resume import find_last_checkpoint
+
+    folder = tmp_path / "runs/quickstart/version_0/checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "epoch=0-step=4.ckpt").write_bytes(b"0")
+    (folder / "epoch=1-step=8.ckpt").write_bytes(b"1")
+    (folder / "last.ckpt").symlink_to("epoch=2-step=12.ckpt")  # never written
+    logger = SimpleNamespace(save_dir=str(tmp_path / "runs"), name="quickstart")
+    trainer = SimpleNamespace(callbacks=[ModelCheckpoint()], loggers=[logger])
+    assert find_last_checkpoint(trainer) == str(folder / "epoch=1-step=8.ckpt")
+    (folder / "epoch=2-step=12.ckpt").write_bytes(b"2")
+    assert find_last_checkpoint(trainer) == str(folder / "last.ckpt")

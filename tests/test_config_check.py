@@ -160,6 +160,26 @@ def test_merged_config_none_for_help_and_unknown_subcommands(args):
     assert merged_config(args) is None
 
 
+def test_merged_config_reads_appends_and_class_arguments_as_jsonargparse_does(tmp_path):
+    path = tmp_path / "a.yaml"
+    path.write_text("trainer:\n  callbacks:\n    - class_path: LearningRateMonitor\n")
+    args = ["fit", "--config", str(path), "--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "m",
+            "--trainer.callbacks+", '{"class_path": "StochasticWeightAveraging", "init_args": {"swa_lrs": 0.1}}',
+            "--trainer.callbacks.init_args.swa_epoch_start", "2", "--model.optimizer", "SGD",
+            "--model.optimizer.lr", "0.5", "--model.lr_scheduler.init_args.gamma", "0.9"]
+    assert merged_config(args) == {
+        "trainer": {"callbacks": [  # the file's, then each append with the arguments that followed it
+            {"class_path": "LearningRateMonitor"},
+            {"class_path": "EarlyStopping", "init_args": {"monitor": "m"}},
+            {"class_path": "StochasticWeightAveraging", "init_args": {"swa_lrs": 0.1, "swa_epoch_start": 2}}]},
+        "model": {"optimizer": {"class_path": "SGD", "init_args": {"lr": 0.5}},
+                  "lr_scheduler": {"init_args": {"gamma": 0.9}}},
+    }
+    listed = ["fit", "--trainer.callbacks+=[EarlyStopping, LearningRateMonitor]", "--trainer.callbacks.mode=max"]
+    assert merged_config(listed)["trainer"]["callbacks"] == [  # a list extends; the arguments go to its last
+        "EarlyStopping", {"class_path": "LearningRateMonitor", "init_args": {"mode": "max"}}]
+
+
 def test_split_options():
     pairs = split_options(["--a=1", "--b", "2", "--flag", "--c", "-3"])
     assert pairs == [("a", "1"), ("b", "2"), ("flag", None), ("c", "-3")]
@@ -337,7 +357,9 @@ def test_keys_one_level_down_get_the_top_levels_check():
     strategy = {"class_path": "lightning.pytorch.strategies.DDPStrategy", "init_args": {"find_unused_parameter": True}}
     assert config_problems({"trainer": {"strategy": strategy}}) == [
         "trainer.strategy.find_unused_parameter: unknown key"]  # a **kwargs class: refused, nothing close to suggest
-    assert config_problems({"trainer": {"strategy": "ddp", "callbacks+": "ModelCheckpoint"}}) == []  # alias, append
+    appended = merged_config(["fit", "--trainer.strategy", "ddp", "--trainer.callbacks+=ModelCheckpoint"])
+    assert appended == {"trainer": {"strategy": "ddp", "callbacks": ["ModelCheckpoint"]}}  # an alias, then an append
+    assert config_problems(appended) == []
     assert config_problems({"model": {"init_args": {"kl_coef": 0.1}}}) == [
         "model.init_args: model: takes PolicyModule's settings directly (model.kl_coef, not model.init_args.kl_coef)"]
     assert config_problems({"metrics": 5}) == ["metrics: expected a mapping of metrics.* settings, got 5"]

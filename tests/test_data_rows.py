@@ -211,3 +211,16 @@ def test_a_list_answer_or_an_odd_prompt_is_kept_where_no_reward_compares_answers
     assert all(isinstance(r["answer"], list) for r in task.train_records())  # only accuracy's reference
     with pytest.raises(InputError, match="rows.jsonl:1: the answer \\('answer'\\) is list"):
         DatasetTask(rows(tmp_path, records)).train_records()  # exact match would compare its repr
+
+
+def test_a_saved_dataset_without_the_split_asked_for_names_the_splits_it_has(tmp_path):
+    import datasets
+
+    from lit_grpo.errors import InputError
+    from lit_grpo.tasks.data_files import load_rows
+
+    rows = datasets.Dataset.from_dict({"prompt": ["1+1="], "answer": ["2"]})
+    datasets.DatasetDict({"train": rows, "validation": rows}).save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(InputError, match=r"holds the splits \['train', 'validation'\], not 'test'"):
+        load_rows(str(tmp_path / "saved"), "test")
+    assert [row for _, row in load_rows(str(tmp_path / "saved"), "validation")] == [{"prompt": "1+1=", "answer": "2"}]

@@ -365,4 +365,3 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
                                       batch["pair_id"], self.hparams.dpo_beta)
         self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp))
         return {"loss": loss, "stats": {f"dpo_{k}": v for k, v in stats.items()}}
-

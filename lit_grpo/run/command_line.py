@@ -39,18 +39,27 @@ def merged_config(args: list[str]) -> dict[str, Any] | None:
         if key in ("config", "c"):
             deep_merge(merged, read_config_file(value))
         else:
-            apply_option(merged, key, load_yaml(value) if value is not None else True)
+            apply_option(merged, key, option_value(value) if value is not None else True)
     return merged
 
 
+def check_config_files(args: list[str]) -> None:
+    """The ``--config`` files among ``args`` that jsonargparse read: ``InputError`` naming one that sets a key twice
+    (a YAML loader keeps the last silently)."""
+    for key, value in split_options(args):
+        if key in ("config", "c") and value is not None and Path(value).is_file():
+            read_config_file(value)
+
+
 def read_config_file(name: str | None) -> dict[str, Any]:
-    """A ``--config`` file's settings; ``InputError`` naming the file when it is missing, not YAML, has a key twice,
-    or is not a mapping of sections."""
+    """A ``--config`` file's settings (or the mapping given in its place, as jsonargparse takes a YAML or JSON text
+    there); ``InputError`` naming the file when it is missing, not YAML, has a key twice, or is not a mapping of
+    sections."""
     path = Path(name or "")
-    if not path.is_file():
+    if not path.is_file() and not isinstance(inline_mapping(name), dict):
         raise InputError(f"--config {name!r}: {'a directory' if path.is_dir() else 'no such file'}; give a YAML file")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8") if path.is_file() else str(name)
         duplicates = duplicate_keys(text)
         settings = load_yaml(text)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
@@ -67,6 +76,22 @@ def read_config_file(name: str | None) -> dict[str, Any]:
             type(settings).__name__, type(settings).__name__)
         raise InputError(f"--config {name!r} holds {kind}, not a mapping of sections (model:, data:, trainer:, ...)")
     return settings
+
+
+def option_value(text: str) -> Any:
+    """A command-line value as jsonargparse takes it: YAML where it is YAML, else the text itself (``[1``)."""
+    try:
+        return load_yaml(text)
+    except yaml.YAMLError:
+        return text
+
+
+def inline_mapping(text: str | None) -> Any:
+    """``text`` read as YAML when it holds a mapping (``--config '{"trainer": {"max_epochs": 1}}'``), else None."""
+    try:
+        return load_yaml(text) if text and ("{" in text or ":" in text) else None
+    except yaml.YAMLError:
+        return None
 
 
 def duplicate_keys(text: str) -> list[str]:

@@ -64,6 +64,12 @@ def raised_by_builder(error: BaseException) -> bool:
     return traceback is not None and is_within(module_of(traceback.tb_frame), ("jsonargparse",))
 
 
+def lightning_refusal(error: MisconfigurationException) -> InputError:
+    """Lightning's refusal of a setting, while the classes are built or once the run starts (a
+    ``LearningRateMonitor`` without a logger): the user's to change, worded once."""
+    return InputError(f"Lightning refused the configuration: {error}")
+
+
 def input_refusal(error: BaseException) -> InputError | None:
     """The ``InputError`` to show for ``error`` raised while the configuration's classes were built; None when it
     is a bug in lit-grpo. jsonargparse wraps a class's refusal in its report of a union type's members, so the
@@ -72,7 +78,7 @@ def input_refusal(error: BaseException) -> InputError | None:
         if isinstance(each, InputError):
             return each
         if isinstance(each, MisconfigurationException):
-            return InputError(f"the configuration could not be built: {each}")
+            return lightning_refusal(each)
     root = error
     while root.__cause__ is not None:  # the union reports' "from": the refusal they wrap
         root = root.__cause__

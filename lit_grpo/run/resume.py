@@ -27,9 +27,18 @@ def find_last_checkpoint(trainer: Any) -> str | None:
     save_dir = getattr(logger, "save_dir", None)
     if save_dir is None:
         return None
-    found = [path for path in (Path(save_dir) / (logger.name or "")).glob("*/checkpoints/last*.ckpt")
-             if path.exists()]  # a link naming nothing is skipped
+    found = [newest_whole(path) for path in (Path(save_dir) / (logger.name or "")).glob("*/checkpoints/last*.ckpt")]
+    found = [path for path in found if path is not None]
     return str(max(found, key=lambda path: path.stat().st_mtime)) if found else None
+
+
+def newest_whole(last: Path) -> Path | None:
+    """``last`` where it names a file; where it is a link to a file not yet written (``save_last: link``, the run
+    killed while the background write was in flight), the newest other checkpoint beside it, each written whole."""
+    if last.exists():
+        return last
+    beside = [path for path in last.parent.glob("*.ckpt") if path.is_file() and not path.is_symlink()]
+    return max(beside, key=lambda path: path.stat().st_mtime) if beside else None
 
 
 def resume_point(trainer: Any) -> str:

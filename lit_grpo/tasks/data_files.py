@@ -104,10 +104,15 @@ def load_dataset_rows(path: str, local: Path, split: str) -> list[dict[str, Any]
                 data = datasets.load_dataset(FILE_BUILDERS[local.suffix], data_files={split: str(local)}, split=split)
             elif saved:
                 data = datasets.load_from_disk(str(local))
+                if isinstance(data, datasets.DatasetDict) and split not in data:
+                    raise InputError(f"data file {path!r} holds the splits {sorted(data)}, not {split!r} "
+                                     "(data.task.path)")
                 data = data[split] if isinstance(data, datasets.DatasetDict) else data
             else:  # a folder of data files, or a hub id in the cache
                 data = datasets.load_dataset(str(local) if local.is_dir() else path, split=split)
             return [dict(row) for row in data]
+    except InputError:
+        raise
     except (FileNotFoundError, ValueError, KeyError, OSError, datasets.exceptions.DatasetNotFoundError,
             datasets.exceptions.DatasetGenerationError) as error:  # ValueError covers UnicodeDecodeError, ArrowInvalid
         reason = (json_syntax_problem(local) if suffix == ".json" else None) or datasets_reason(error, suffix)
