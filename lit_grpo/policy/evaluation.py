@@ -12,10 +12,13 @@ from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 
 
-class GreedyEvaluation:
-    """Accumulates greedy rewards and exact-answer accuracy over held-out prompts, for any loop or hook."""
+class GreedyEvaluation(torch.nn.Module):
+    """Accumulates greedy rewards and exact-answer accuracy over held-out prompts, for any loop or hook. A module, so
+    that its metrics' states move with the policy's (on a GPU, Lightning's validation batches are there, and DDP
+    reduces the states with the GPU's backend); they are not saved (torchmetrics' states are not persistent)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.reward = MeanMetric()
         self.accuracy = MeanMetric()
         self.reward_name = "reward"
@@ -23,8 +26,10 @@ class GreedyEvaluation:
     def update(self, batch: dict[str, torch.Tensor]) -> None:
         # a multi-round task's greedy "reward" is the episode's return: the batch names it so for the logs
         self.reward_name = "return" if "return" in batch else "reward"
-        self.reward.update(batch[self.reward_name])
-        self.accuracy.update(batch["correct"].float())
+        # the batch may be on another device: Lightning's loops move it to the module's, a loader read outside
+        # them (validation before training) leaves it where the rollout side made it
+        self.reward.update(batch[self.reward_name].to(self.reward.device))
+        self.accuracy.update(batch["correct"].float().to(self.accuracy.device))
 
     def compute(self) -> dict[str, float]:
         metrics = {self.reward_name: float(self.reward.compute()), "accuracy": float(self.accuracy.compute())}
