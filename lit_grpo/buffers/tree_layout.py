@@ -31,6 +31,7 @@ class SegmentNode(Node):
     truncated: bool = False
     record: PromptRecord = field(default_factory=dict)
     allowed: tuple[int, ...] | None = None
+    episode: Any = None  # the task's state after this node's turn (a tool task's conversation and environment)
 
 
 def policy_nodes(root: SegmentNode) -> list[SegmentNode]:

@@ -14,7 +14,8 @@ from lit_grpo.buffers.tree_layout import SegmentNode, chain_returns
 from lit_grpo.engines.base import RolloutEngine, SamplingSpec
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks.base import PromptRecord
-from lit_grpo.tasks.multiround import MultiRoundTask
+from lit_grpo.rollout.turn_tokens import reply_ids
+from lit_grpo.tasks.multiround import EnvStep, MultiRoundTask
 from lit_grpo.tree import close_with_no_answer, depth_first
 
 Decide = Callable[[list[list[int]], int], Sequence["tuple[int, ...] | None"]]
@@ -35,7 +36,11 @@ def expand_trees(
     children, all open nodes of all trees in one engine call. A question still open after the last round is
     closed by the environment with the task's no-answer reward. ``decide`` (the risk rule) restricts the first
     token of some open nodes' children; the restriction is kept on each child for the trainer."""
-    roots = [SegmentNode(context=tuple(task.prompt_ids(r, tokenizer)), record=r) for r in records]
+    roots = []
+    for record in records:
+        episode = task.start_episode(copy.deepcopy(record))  # the environment is user code: it gets a copy
+        roots.append(SegmentNode(context=tuple(task.episode_prompt_ids(record, episode, tokenizer)), record=record,
+                                 episode=episode))
     open_nodes: list[SegmentNode] = list(roots)
     for depth, width in enumerate(branching, start=1):
         if not open_nodes:
@@ -51,7 +56,7 @@ def expand_trees(
         next_open = []
         for parent, context, completions, allowed in zip(open_nodes, contexts, groups, constraints):
             for completion in completions:
-                child = segment_child(task, tokenizer, parent.record, depth, context, completion)
+                child = segment_child(task, tokenizer, parent, depth, context, completion)
                 child.allowed = allowed
                 parent.children.append(child)
                 if not child.terminal:
@@ -63,17 +68,30 @@ def expand_trees(
 
 
 def segment_child(
-    task: MultiRoundTask, tokenizer: Any, record: PromptRecord, depth: int, context: list[int], completion: Any
+    task: MultiRoundTask, tokenizer: Any, parent: SegmentNode, depth: int, context: list[int], completion: Any
 ) -> SegmentNode:
-    """The node for one generated segment, scored by the environment."""
+    """The node for one generated segment, scored by the environment; a continuing one carries the reply's ids."""
     text = tokenizer.decode(list(completion.token_ids), skip_special_tokens=True)
-    step = task.step(copy.deepcopy(record), depth, text)  # the environment is user code: it gets a copy
-    reply = tuple(tokenizer(step.reply, add_special_tokens=False)["input_ids"]) if not step.terminal else ()
+    truncated = completion.finish_reason == "length"
+    # the environment is user code: it gets a copy of the record
+    step = task.turn(copy.deepcopy(parent.record), parent.episode, depth, text, tokenizer, truncated)
     return SegmentNode(
         reward=step.reward, terminal=step.terminal, context=tuple(context), segment=tuple(completion.token_ids),
-        logprobs=tuple(completion.logprobs or ()), reply=reply, kind=step.kind, correct=step.correct,
-        truncated=completion.finish_reason == "length", record=record,
+        logprobs=tuple(completion.logprobs or ()), reply=reply_tokens(tokenizer, step, completion, depth),
+        kind=step.kind, correct=step.correct, truncated=truncated, record=parent.record, episode=step.episode,
     )
+
+
+def reply_tokens(tokenizer: Any, step: EnvStep, completion: Any, depth: int) -> tuple[int, ...]:
+    """The reply's ids: a chat reply rendered by the template after the turn's last sampled token (the token rule,
+    ``turn_tokens``), a text reply tokenized alone (the games), none after a terminal segment."""
+    if step.terminal:
+        return ()
+    if step.chat_reply is not None:
+        reply = step.chat_reply
+        return tuple(reply_ids(tokenizer, reply.conversation, reply.messages, reply.tools,
+                               end_of_turn=completion.token_ids[-1], turn=depth))
+    return tuple(tokenizer(step.reply, add_special_tokens=False)["input_ids"])
 
 
 def greedy_episodes(

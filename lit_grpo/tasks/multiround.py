@@ -13,16 +13,27 @@ from lit_grpo.errors import InputError
 from lit_grpo.tasks.base import PromptRecord, Task
 from lit_grpo.tasks.splits import halves
 
-SegmentKind = Literal["answer", "ask", "malformed"]
+SegmentKind = Literal["answer", "ask", "malformed", "call", "cut"]
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """A reply given as chat messages (tool results): the rollout renders their ids through the chat template, as
+    the conversation with them minus the conversation without them (``rollout/turn_tokens.py``)."""
+
+    conversation: tuple[dict[str, Any], ...]  # every message up to and including the assistant turn replied to
+    messages: tuple[dict[str, Any], ...]  # the reply (``tool`` messages)
+    tools: tuple[dict[str, Any], ...] = ()  # the tools' schemas, as the prompt rendered them
 
 
 @dataclass(frozen=True)
 class EnvStep:
     """What the environment makes of one policy segment.
 
-    ``terminal`` segments end the episode (an answer, or a malformed segment); a continuing one (a question) gets
-    ``reply``, text the environment inserts into the context before the next round; those tokens carry no loss.
-    ``reward`` is the segment's immediate reward r(c).
+    ``terminal`` segments end the episode (an answer, or a malformed segment); a continuing one (a question, a tool
+    call) gets ``reply``, text the environment inserts into the context before the next round, or ``chat_reply``,
+    messages the chat template renders; those tokens carry no loss. ``reward`` is the segment's immediate reward
+    r(c); ``episode`` is the state the next turn continues from (a task's own; None for the games).
     """
 
     kind: SegmentKind
@@ -30,6 +41,8 @@ class EnvStep:
     terminal: bool
     reply: str = ""
     correct: bool = False
+    chat_reply: ChatReply | None = None
+    episode: Any = None
 
 
 class MultiRoundTask(Task):
@@ -52,6 +65,20 @@ class MultiRoundTask(Task):
     @abstractmethod
     def malformed_reward(self) -> float:
         """The reward of a segment that is neither an answer nor a question."""
+
+    def start_episode(self, prompt_record: PromptRecord) -> Any:
+        """The state an episode starts from (None: the games keep none beyond their record)."""
+        return None
+
+    def episode_prompt_ids(self, prompt_record: PromptRecord, episode: Any, tokenizer: Any) -> list[int]:
+        """The first turn's context: the prompt's ids (an episode's start may add to it)."""
+        return self.prompt_ids(prompt_record, tokenizer)
+
+    def turn(self, prompt_record: PromptRecord, episode: Any, round_index: int, segment_text: str, tokenizer: Any,
+             truncated: bool) -> EnvStep:
+        """The environment's response to round ``round_index``'s segment, from the episode's state (the parent's:
+        siblings share it, so a task that changes it works on its own copy). The games answer by ``step``."""
+        return self.step(prompt_record, round_index, segment_text)
 
     def defer_token_ids(self, tokenizer: Any) -> list[int]:
         """The first tokens that start a defer (a question): the only ones the risk rule allows when it forces a

@@ -1,0 +1,56 @@
+"""The token rule of multi-turn episodes (docs/guide.md#tools-and-environments): what is trained is what was
+sampled. An assistant turn's ids are the engine's, never re-tokenized; what comes between two turns (the tool
+messages and the next assistant header) is the chat template's rendering of the conversation with those messages
+minus its rendering without them, cut where the sampled turn ended (its end-of-turn token): the ids the template puts
+after that token (Qwen's newline after ``<|im_end|>``) belong to the reply, as in TRL.
+
+A template that is not append-only (it rewrites an earlier turn once a later message is added, as some drop past
+reasoning) would make the trained context differ from what the model saw: the first episode that shows it is
+refused with the turn and the tokens where the two renderings part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from lit_grpo.errors import InputError
+
+
+def rendered_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
+                 generation_prompt: bool) -> list[int]:
+    """The chat template's ids of ``messages`` (with the tools' schemas), as the model's family renders them."""
+    ids = tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else None, tokenize=True,
+                                        add_generation_prompt=generation_prompt, return_dict=False)
+    return list(ids)
+
+
+def reply_ids(tokenizer: Any, conversation: Sequence[dict[str, Any]], reply: Sequence[dict[str, Any]],
+              tools: Sequence[dict[str, Any]] | None, end_of_turn: int, turn: int) -> list[int]:
+    """The ids between assistant turn ``turn`` (the last message of ``conversation``, which the engine ended with
+    ``end_of_turn``) and the next one: ``reply``'s messages and the next assistant header.
+
+    ``InputError`` where the rendering with ``reply`` does not begin with the rendering without it up to that turn's
+    end (a template that is not append-only), naming the turn and the first tokens that differ.
+    """
+    before = rendered_ids(tokenizer, conversation, tools, generation_prompt=False)
+    after = rendered_ids(tokenizer, [*conversation, *reply], tools, generation_prompt=True)
+    ends = [index for index, token in enumerate(before) if token == end_of_turn]
+    if not ends:
+        raise InputError(f"the chat template renders assistant turn {turn} without its end-of-turn token "
+                         f"{tokenizer.convert_ids_to_tokens(end_of_turn)!r}: the sampled turn cannot be placed in "
+                         "the conversation")
+    cut = ends[-1] + 1
+    if after[:cut] != before[:cut]:
+        at = next(i for i, (a, b) in enumerate(zip(after, before)) if a != b) if len(after) >= cut else len(after)
+        raise InputError(
+            f"the chat template is not append-only: adding the reply to assistant turn {turn} rewrites the "
+            f"conversation before it from token {at} on ({shown(tokenizer, before[at:at + 8])} becomes "
+            f"{shown(tokenizer, after[at:at + 8])}), so the tokens trained would not be the tokens the model saw; "
+            "use a template that renders earlier turns the same whatever follows (e.g. a family's *_training "
+            "template)")
+    return after[cut:]
+
+
+def shown(tokenizer: Any, ids: Sequence[int]) -> str:
+    return repr(tokenizer.decode(list(ids)))

@@ -1,0 +1,174 @@
+"""Multi-turn tool episodes (issue 48) through the tree expansion with a scripted engine (the unit under test is the
+turn logic; engines are tested for real elsewhere), on Qwen2.5's released chat template as TRL 1.16 ships it: the
+tokens trained are the tokens sampled, each tool reply is the template's own rendering, a template that rewrites
+earlier turns is refused, and a branching environment gives each child its own state."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+import pytest
+from transformers import AutoTokenizer
+
+from lit_grpo.buffers.tree_layout import policy_nodes
+from lit_grpo.engines import Completion, SamplingSpec
+from lit_grpo.errors import InputError
+from lit_grpo.rollout.trees import expand_trees
+from lit_grpo.rollout.turn_tokens import reply_ids
+from lit_grpo.tasks.tool_task import ToolTask
+from lit_grpo.tree import depth_first
+
+
+def qwen_tokenizer():
+    """The tiny chat model's BPE tokenizer with Qwen2.5's template and TRL's response parsing for it."""
+    from trl.chat_template_utils import add_response_schema
+
+    tokenizer = AutoTokenizer.from_pretrained("data/tiny-qwen2-chat")
+    tokenizer.chat_template = (files("trl") / "chat_templates" / "qwen2_5.jinja").read_text()
+    return add_response_schema(tokenizer)
+
+
+TOKENIZER = qwen_tokenizer()
+END = TOKENIZER.convert_tokens_to_ids("<|im_end|>")
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+def exact_answer(prompts, completions, answer, **columns):
+    """TRL's conversational reward: the last assistant message's text against the row's answer."""
+    return [float(c[-1]["content"].strip() == a) for c, a in zip(completions, answer)]
+
+
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
+
+
+class ScriptedEngine:
+    """Gives each context the completions ``script(turn, context_text)`` names (a fake engine)."""
+
+    def __init__(self, script):
+        self.script, self.contexts = script, []
+
+    def generate(self, prompts, n, sampling):
+        self.contexts += prompts
+        out = []
+        for prompt in prompts:
+            text = TOKENIZER.decode(prompt)
+            turn = text.count("<|im_start|>assistant")
+            texts = self.script(turn, text)
+            assert len(texts) == n
+            out.append([Completion(tuple(TOKENIZER(t, add_special_tokens=False)["input_ids"]) + (END,),
+                                   tuple(-0.25 for _ in range(len(TOKENIZER(t)["input_ids"]) + 1)), "stop")
+                        for t in texts])
+        return out
+
+
+def grow(task, script, branching):
+    record = {"prompt": [{"role": "user", "content": "What is 3+4?"}], "answer": "7"}
+    engine = ScriptedEngine(script)
+    (root,) = expand_trees(task, engine, TOKENIZER, [record], branching,
+                           SamplingSpec(max_new_tokens=64, stop_token_ids=(END,)))
+    return root, engine
+
+
+def test_a_tool_reply_is_the_templates_rendering_after_the_turns_end():
+    conversation = [{"role": "user", "content": "What is 3+4?"},
+                    {"role": "assistant", "content": "", "tool_calls": [
+                        {"type": "function", "function": {"name": "add", "arguments": {"a": 3, "b": 4}}}]}]
+    reply = [{"role": "tool", "name": "add", "content": "7"}]
+    ids = reply_ids(TOKENIZER, conversation, reply, None, END, turn=1)
+    # the newline Qwen's template writes after <|im_end|> is the reply's first token: the model sampled up to
+    # <|im_end|> and stopped
+    assert TOKENIZER.decode(ids) == ("\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n"
+                                     "<|im_start|>assistant\n")
+
+
+def test_an_episode_trains_exactly_the_sampled_tokens_and_scores_the_conversation():
+    task = ToolTask([], tools=[add], rewards=[exact_answer], max_turns=3)
+    root, engine = grow(task, lambda turn, text: [CALL] if turn == 1 else ["7"], [1, 1, 1])
+    first, second = policy_nodes(root)
+    assert (first.kind, first.terminal, second.kind, second.terminal) == ("call", False, "answer", True)
+    assert second.reward == 1.0 and second.correct
+    # the second turn's context: the prompt, the first turn's sampled ids, the template's reply; nothing retokenized
+    assert second.context == first.context + first.segment + first.reply
+    assert engine.contexts[1] == list(second.context)
+    assert TOKENIZER.decode(first.reply).startswith("\n<|im_start|>user\n<tool_response>\n7\n</tool_response>")
+    assert [m["role"] for m in second.episode.completion] == ["assistant", "tool", "assistant"]
+    assert second.episode.calls == {"add": 1} and second.episode.failures == {}
+    # the prompt: Qwen's tool system prompt with add's schema, then the user's question
+    prompt_text = TOKENIZER.decode(root.context)
+    assert '"name": "add"' in prompt_text and prompt_text.endswith("What is 3+4?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_failed_call_is_the_models_to_read_and_a_malformed_one_ends_the_episode():
+    task = ToolTask([], tools=[add], rewards=[exact_answer], max_turns=2)
+    wrong = '<tool_call>\n{"name": "sub", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
+    broken = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": }\n</tool_call>'
+    root, _ = grow(task, lambda turn, text: [wrong, broken] if turn == 1 else ["8"], [2, 1])
+    asked, malformed = root.children
+    assert asked.episode.failures == {"sub": 1}
+    assert "there is no tool 'sub'" in TOKENIZER.decode(asked.reply)
+    assert (asked.children[0].kind, asked.children[0].reward) == ("answer", 0.0)
+    assert (malformed.kind, malformed.terminal, malformed.reward) == ("malformed", True, -1.0)
+
+
+def test_a_call_at_the_last_turn_ends_the_episode_scored_as_it_stands():
+    task = ToolTask([], tools=[add], rewards=[exact_answer], max_turns=2)
+    root, _ = grow(task, lambda turn, text: [CALL], [1, 1])
+    last = policy_nodes(root)[-1]
+    assert (last.kind, last.terminal, last.reward) == ("cut", True, 0.0)
+
+
+class Tally:
+    """An environment: its state is one episode's, copied where the tree branches."""
+
+    def reset(self, **row):
+        self.total = 0
+        return " Use the tally."
+
+    def bump(self, by: int) -> int:
+        """Add to the tally.
+
+        Args:
+            by: How much.
+        """
+        self.total += by
+        return self.total
+
+    def get_reward(self) -> float:
+        return float(self.total)
+
+
+def test_branching_gives_each_child_its_own_environment_state():
+    task = ToolTask([], environment=Tally, max_turns=3)
+    bump = '<tool_call>\n{"name": "bump", "arguments": {"by": %d}}\n</tool_call>'
+    root, _ = grow(task, lambda turn, text: [bump % 1, bump % 10] if turn == 1 else ["done"] * 2 if turn == 3
+                   else [bump % 100, "done"], [2, 2, 2])
+    leaves = [n for n in depth_first(root) if n.terminal]
+    # 1 then (100 then done | done) and 10 then (100 then done | done): no child sees a sibling's calls
+    assert sorted(leaf.reward for leaf in leaves) == [1.0, 10.0, 101.0, 101.0, 110.0, 110.0]
+    assert TOKENIZER.decode(root.context).count("What is 3+4? Use the tally.") == 1  # reset's text, added once
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused():
+    rewriting = ("{% for m in messages %}<|im_start|>{{ m.role }}\n"
+                 "{% if m.role == 'assistant' and not loop.last %}[earlier]{% else %}{{ m.content }}{% endif %}"
+                 "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "call"}]
+    with pytest.raises(InputError, match=r"not append-only: adding the reply to assistant turn 1 rewrites the "
+                                         r"conversation before it from token 11 on \('call<\|im_end\|>\\n' becomes "
+                                         r"'\[earlier\]<\|im_end\|>"):
+        reply_ids(with_template(rewriting), conversation, [{"role": "tool", "content": "7"}], None, END, turn=1)
+
+
+def with_template(template):
+    tokenizer = AutoTokenizer.from_pretrained("data/tiny-qwen2-chat")
+    tokenizer.chat_template = template
+    return tokenizer
