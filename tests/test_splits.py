@@ -29,6 +29,8 @@ CHAT_DATA = "data/chat-addition/train.parquet"
 REQUIRED_ARGUMENTS: dict[str, dict[str, Any]] = {
     "DatasetTask": {"path": CHAT_DATA, "answer_column": "solution"},
     "JsonlTask": {"path": "<jsonl>"},  # a file written by the test
+    "ToolTask": {"records": [{"prompt": f"What is {i}+1?", "answer": str(i + 1)} for i in range(40)],
+                 "rewards": ["lit_grpo.tasks.tools.environment_tools"], "heldout_size": 10},  # any function: not run
 }
 
 
@@ -74,7 +76,8 @@ def assert_disjoint_splits(task: Task) -> None:
 
 def test_the_shipped_tasks_are_the_ones_covered_here():
     assert set(shipped_task_classes()) == {"ArithmeticTask", "SortTask", "ClarifyTask", "HiddenOperandsTask",
-                                           "CalculatorTask", "StaleDigitsTask", "DatasetTask", "JsonlTask"}
+                                           "CalculatorTask", "StaleDigitsTask", "DatasetTask", "JsonlTask",
+                                           "ToolTask"}
 
 
 @pytest.mark.parametrize("name", sorted(shipped_task_classes()))

@@ -47,6 +47,7 @@ def exact_answer(prompts, completions, answer, **columns):
     return [float(c[-1]["content"].strip() == a) for c, a in zip(completions, answer)]
 
 
+RECORDS = [{"prompt": f"What is {i}+4?", "answer": str(i + 4)} for i in range(10)]
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
 
 
@@ -91,7 +92,7 @@ def test_a_tool_reply_is_the_templates_rendering_after_the_turns_end():
 
 
 def test_an_episode_trains_exactly_the_sampled_tokens_and_scores_the_conversation():
-    task = ToolTask([], tools=[add], rewards=[exact_answer], max_turns=3)
+    task = ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=3)
     root, engine = grow(task, lambda turn, text: [CALL] if turn == 1 else ["7"], [1, 1, 1])
     first, second = policy_nodes(root)
     assert (first.kind, first.terminal, second.kind, second.terminal) == ("call", False, "answer", True)
@@ -108,7 +109,7 @@ def test_an_episode_trains_exactly_the_sampled_tokens_and_scores_the_conversatio
 
 
 def test_a_failed_call_is_the_models_to_read_and_a_malformed_one_ends_the_episode():
-    task = ToolTask([], tools=[add], rewards=[exact_answer], max_turns=2)
+    task = ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=2)
     wrong = '<tool_call>\n{"name": "sub", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
     broken = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": }\n</tool_call>'
     root, _ = grow(task, lambda turn, text: [wrong, broken] if turn == 1 else ["8"], [2, 1])
@@ -120,7 +121,7 @@ def test_a_failed_call_is_the_models_to_read_and_a_malformed_one_ends_the_episod
 
 
 def test_a_call_at_the_last_turn_ends_the_episode_scored_as_it_stands():
-    task = ToolTask([], tools=[add], rewards=[exact_answer], max_turns=2)
+    task = ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=2)
     root, _ = grow(task, lambda turn, text: [CALL], [1, 1])
     last = policy_nodes(root)[-1]
     assert (last.kind, last.terminal, last.reward) == ("cut", True, 0.0)
@@ -147,7 +148,7 @@ class Tally:
 
 
 def test_branching_gives_each_child_its_own_environment_state():
-    task = ToolTask([], environment=Tally, max_turns=3)
+    task = ToolTask(records=RECORDS, environment=Tally, max_turns=3)
     bump = '<tool_call>\n{"name": "bump", "arguments": {"by": %d}}\n</tool_call>'
     root, _ = grow(task, lambda turn, text: [bump % 1, bump % 10] if turn == 1 else ["done"] * 2 if turn == 3
                    else [bump % 100, "done"], [2, 2, 2])

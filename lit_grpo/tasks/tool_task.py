@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import json
+import pkgutil
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 from lit_grpo.errors import InputError
 from lit_grpo.tasks.base import PromptRecord
 from lit_grpo.tasks.multiround import ChatReply, EnvStep, MultiRoundTask
+from lit_grpo.tasks.splits import halves
 from lit_grpo.tasks.tools import ToolBox
 
 
@@ -43,36 +46,57 @@ class ToolTask(MultiRoundTask):
     """Prompts with tools (functions) or an environment, scored by reward functions over the whole conversation.
 
     Args:
-        records: the episodes' rows: ``prompt`` (a conversation, or text for one user message) and any columns the
-            environment's ``reset`` and the rewards read.
-        tools: tool functions (type hints and a Google-style docstring each).
-        environment: a class (TRL's ``environment_factory``): one instance per episode, ``reset(**row)`` before its
-            first turn (text it returns is added to the last user message), its public methods the tools, its
-            ``get_reward()`` (when it has one) added to the rewards. Copied with ``copy.deepcopy`` where a tree
-            branches, so each child has its own state.
-        rewards: functions with TRL's signature, ``f(prompts, completions, **columns) -> list[float | None]``, given
-            the conversations (and ``environments=``); their sum is the episode's reward.
+        path: the episodes' rows, a data file as ``DatasetTask`` reads one (``prompt``: a conversation, or text for
+            one user message; any other columns the environment's ``reset`` and the rewards read).
+        records: the rows themselves, from Python (instead of ``path``).
+        tools: tool functions (type hints and a Google-style docstring each), or their import paths.
+        environment: a class, or its import path (TRL's ``environment_factory``): one instance per episode,
+            ``reset(**row)`` before its first turn (text it returns is added to the last user message), its public
+            methods the tools, its ``get_reward()`` (when it has one) added to the rewards. Copied with
+            ``copy.deepcopy`` where a tree branches, so each child has its own state.
+        rewards: functions (or their import paths) with TRL's signature, ``f(prompts, completions, **columns) ->
+            list[float | None]``, given the conversations (and ``environments=``); their sum is the episode's reward.
         max_turns: assistant turns at most (TRL's ``max_tool_calling_iterations`` + 1); a turn that still calls a
             tool at the limit ends the episode, scored as it stands.
-        malformed_reward: the reward of a turn whose call cannot be read.
+        malformed_reward: the reward of a turn whose call cannot be read (and of a reward that fails).
         success_reward: an episode with at least this reward counts as correct (``val/accuracy``).
         tool_timeout: seconds a call may run before it answers an error.
         max_tool_chars: the longest answer the model sees.
+        heldout_size: rows held out, disjoint from training: half validation, half test.
+        split_seed: seed of the held-out draw.
     """
 
-    def __init__(self, records: Sequence[PromptRecord], tools: Sequence[Callable] = (), environment: type | None = None,
-                 rewards: Sequence[RewardFunction] = (), max_turns: int = 4, malformed_reward: float = -1.0,
-                 success_reward: float = 1.0, tool_timeout: float | None = 10.0, max_tool_chars: int = 4000) -> None:
+    def __init__(self, path: str | None = None, records: Sequence[PromptRecord] | None = None,
+                 tools: Sequence[Callable | str] = (), environment: type | str | None = None,
+                 rewards: Sequence[RewardFunction | str] = (), max_turns: int = 4, malformed_reward: float = -1.0,
+                 success_reward: float = 1.0, tool_timeout: float | None = 10.0, max_tool_chars: int = 4000,
+                 heldout_size: int = 100, split_seed: int = 0) -> None:
         super().__init__(use_chat_template=True)
-        if not rewards and not callable(getattr(environment, "get_reward", None)):
+        if (path is None) == (records is None):
+            raise InputError("ToolTask: give path (a data file) or records (rows from Python), one of them")
+        self.environment = imported(environment) if isinstance(environment, str) else environment
+        if not rewards and not callable(getattr(self.environment, "get_reward", None)):
             raise InputError("ToolTask: give rewards, or an environment with get_reward() (it then owns the reward)")
-        self.records, self.tools, self.environment = list(records), list(tools), environment
-        self.rewards, self.max_turns = list(rewards), max_turns
-        self._malformed, self.success_reward = malformed_reward, success_reward
+        self.path, self.given = path, None if records is None else [dict(r) for r in records]
+        self.tools = [imported(t) if isinstance(t, str) else t for t in tools]
+        self.rewards = [imported(r) if isinstance(r, str) else r for r in rewards]
+        self.max_turns, self._malformed, self.success_reward = max_turns, malformed_reward, success_reward
         self.tool_timeout, self.max_tool_chars = tool_timeout, max_tool_chars
+        self.heldout_size, self.split_seed = heldout_size, split_seed
 
     def split(self) -> tuple[list[PromptRecord], list[PromptRecord], list[PromptRecord]]:
-        return self.records, [], []
+        """The rows shuffled by ``split_seed``; the first ``heldout_size`` held out, halved into validation and
+        test; the rest trains."""
+        from lit_grpo.tasks.data_files import load_rows
+
+        rows = self.given if self.given is not None else [row for _, row in load_rows(str(self.path), "train")]
+        if not 2 <= self.heldout_size < len(rows):
+            raise InputError(f"ToolTask: heldout_size must be in [2, {len(rows) - 1}] for {len(rows)} rows, got "
+                             f"{self.heldout_size}")
+        order = list(range(len(rows)))
+        random.Random(self.split_seed).shuffle(order)
+        shuffled = [rows[i] for i in order]
+        return (shuffled[self.heldout_size:], *halves(shuffled[:self.heldout_size]))
 
     @property
     def no_answer_reward(self) -> float:
@@ -147,6 +171,14 @@ class ToolTask(MultiRoundTask):
             return self.failure_reward
         applied = [float(v) for v in values if v is not None]
         return sum(applied) if applied else self.failure_reward
+
+
+def imported(path: str) -> Any:
+    """The object at an import path (``package.module.name``), named in the error where it does not import."""
+    try:
+        return pkgutil.resolve_name(path)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise InputError(f"ToolTask: {path!r} does not import ({error})") from None
 
 
 def conversation(prompt: Any) -> list[dict[str, Any]]:
