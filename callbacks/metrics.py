@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +38,7 @@ def rollout_stats(buffer: RolloutBuffer) -> dict[str, float]:
         stats[f"rewards/{name}/std"] = applied.std(correction=0).item() if applied.numel() else float("nan")
     if buffer.trees is not None:
         stats.update(tree_stats(buffer.trees))
+        stats.update(tool_stats(buffer.trees))
     if buffer.ref_logp is not None and buffer.old_logp is not None:
         # k3 of the sampled tokens, averaged over counted tokens: the KL of the sampling policy to pi_ref
         delta = (buffer.ref_logp - buffer.old_logp)[buffer.completion_mask]
@@ -65,6 +67,44 @@ def tree_stats(roots: list[Any]) -> dict[str, float]:
         "zero_variance_sibling_frac": sum(flat) / max(len(flat), 1),
         "episodes_per_decision": sum(leaves) / max(len(leaves), 1),
     }
+
+
+def tool_stats(roots: list[Any]) -> dict[str, float]:
+    """A tool task's episodes (their leaves' ``Episode``): tool calls per episode and failed calls per call (TRL's
+    ``tools/call_frequency`` and ``tools/failure_frequency``), each tool's calls and failures per episode, turns per
+    episode, and the shares of episodes cut at the turn limit and of malformed turns. Empty for other tasks."""
+    from lit_grpo.tasks.tool_task import Episode
+
+    leaves = [(node, depth) for root in roots for node, depth in leaves_with_depth(root)
+              if isinstance(node.episode, Episode)]
+    if not leaves:
+        return {}
+    episodes = len(leaves)
+    calls, failures = Counter(), Counter()
+    for leaf, _ in leaves:
+        calls.update(leaf.episode.calls)
+        failures.update(leaf.episode.failures)
+    total = sum(calls.values())
+    stats = {"tools/call_frequency": total / episodes,
+             "tools/failure_frequency": sum(failures.values()) / total if total else 0.0,
+             "tools/turns_per_episode": sum(depth for _, depth in leaves) / episodes,
+             "tools/cut_episodes": sum(leaf.kind == "cut" for leaf, _ in leaves) / episodes,
+             "tools/malformed_episodes": sum(leaf.kind == "malformed" for leaf, _ in leaves) / episodes}
+    for name in sorted(calls):
+        stats[f"tools/calls/{name}"] = calls[name] / episodes
+        stats[f"tools/failures/{name}"] = failures[name] / episodes
+    return stats
+
+
+def leaves_with_depth(root: Any) -> list[tuple[Any, int]]:
+    """Every terminal node under ``root`` with its depth (the root is 0), depth first."""
+    found, pending = [], [(root, 0)]
+    while pending:
+        node, depth = pending.pop()
+        if node.terminal and not node.children:
+            found.append((node, depth))
+        pending.extend((child, depth + 1) for child in reversed(node.children))
+    return found
 
 
 def max_depth(node: Any) -> int:
@@ -144,7 +184,8 @@ class RolloutMetrics(pl.Callback):
         stats.update(report.engine_metrics)  # e.g. the vllm_server engine's servers_alive
         for name, value in stats.items():  # over ranks: counts add up, the rest are means of equal shares
             reduce = "sum" if name in ("policy_tokens", "reward_errors") else "mean"
-            pl_module.log(f"rollout/{name}", value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx=reduce,
+            key = name if name.startswith("tools/") else f"rollout/{name}"  # TRL's names for the tool figures
+            pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx=reduce,
                           batch_size=1)
         prepared = pl_module.preparation_timings if isinstance(pl_module, PreparesEpochs) else {}
         for name, seconds in {**report.timings, **prepared}.items():

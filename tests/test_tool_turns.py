@@ -173,3 +173,19 @@ def with_template(template):
     tokenizer = AutoTokenizer.from_pretrained("data/tiny-qwen2-chat")
     tokenizer.chat_template = template
     return tokenizer
+
+
+def test_the_tool_figures_of_an_epoch_are_trls_and_per_tool():
+    from lit_grpo.callbacks.metrics import tool_stats
+
+    task = ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=2)
+    wrong = '<tool_call>\n{"name": "sub", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
+    broken = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": }\n</tool_call>'
+    root, _ = grow(task, lambda turn, text: [CALL, wrong, broken, "7"] if turn == 1 else [CALL], [4, 1])
+    # episodes: add then a call at the limit (cut, 2 turns; the call at the limit is not run, as in TRL); sub
+    # (failed) then cut; malformed (1 turn); "7" (1 turn): 2 calls run, 1 failed
+    stats = tool_stats([root])
+    assert stats == {"tools/call_frequency": 2 / 4, "tools/failure_frequency": 1 / 2,
+                     "tools/turns_per_episode": 6 / 4, "tools/cut_episodes": 2 / 4, "tools/malformed_episodes": 1 / 4,
+                     "tools/calls/add": 1 / 4, "tools/failures/add": 0.0,
+                     "tools/calls/sub": 1 / 4, "tools/failures/sub": 1 / 4}
