@@ -189,3 +189,21 @@ def test_the_tool_figures_of_an_epoch_are_trls_and_per_tool():
                      "tools/turns_per_episode": 6 / 4, "tools/cut_episodes": 2 / 4, "tools/malformed_episodes": 1 / 4,
                      "tools/calls/add": 1 / 4, "tools/failures/add": 0.0,
                      "tools/calls/sub": 1 / 4, "tools/failures/sub": 1 / 4}
+
+
+def test_the_rules_ask_a_tool_task_for_turns_one_width_each_and_no_risk_head():
+    from lit_grpo.config_check import signature_defaults
+    from lit_grpo.rollout.datamodule import RolloutDataModule
+    from lit_grpo.run.rules import multi_round_problems
+
+    task = ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=3)
+    data = signature_defaults(RolloutDataModule)
+    assert multi_round_problems({**data, "rollout": "grouped"}, ToolTask) == [
+        "data.task ToolTask runs episodes over turns: use data.rollout 'chains' (group-relative on each episode's "
+        "return, TRL's multi-turn GRPO) or 'tree' (branching at every turn)"]
+    assert multi_round_problems({**data, "rollout": "chains", "branching": [8, 1, 1]}, task) == []
+    assert multi_round_problems({**data, "rollout": "tree", "branching": [4, 2]}, task) == [
+        "data.branching [4, 2] names 2 turn(s), data.task ToolTask allows max_turns 3: give one width per turn"]
+    assert multi_round_problems({**data, "rollout": "tree", "branching": [4, 2, 2]}, task, {"risk": {"atoms": 5}}) == [
+        "model.risk with data.task ToolTask: the risk head needs a task that names the first tokens that defer; a "
+        "tool task's turns are read by its template's parser"]

@@ -222,14 +222,33 @@ def staleness_problems(max_staleness: int, rollout: str, engine: Any, old_logp_s
     return problems
 
 
-def multi_round_problems(data_args: dict[str, Any], task: Any) -> list[str]:
-    """Tree and chain rollouts need a multi-round task (``task``: the task or its class; None when unknown)."""
+def multi_round_problems(data_args: dict[str, Any], task: Any, model_args: dict[str, Any] | None = None) -> list[str]:
+    """Tree and chain rollouts need a multi-round task (``task``: the task or its class; None when unknown); a task
+    that runs its own turns (tools) needs them, one width per turn, and takes no risk head (it names no first
+    tokens that defer)."""
     rollout = data_args["rollout"]
     cls = task if isinstance(task, type) or task is None else type(task)
-    if rollout in ("tree", "chains") and cls is not None and not issubclass(cls, MultiRound):
+    if cls is None:
+        return []
+    name = cls.__name__.removeprefix("LazyInstance_")
+    if rollout in ("tree", "chains") and not issubclass(cls, MultiRound):
         return [f"data.rollout {rollout!r} needs a multi-round task (a MultiRoundTask subclass), got data.task "
-                f"{cls.__name__.removeprefix('LazyInstance_')}; use data.rollout 'grouped' or a MultiRoundTask"]
-    return []
+                f"{name}; use data.rollout 'grouped' or a MultiRoundTask"]
+    if not getattr(cls, "owns_turns", False):  # MultiRoundTask's declared flag
+        return []
+    problems = []
+    if rollout == "grouped":
+        problems.append(f"data.task {name} runs episodes over turns: use data.rollout 'chains' (group-relative on "
+                        "each episode's return, TRL's multi-turn GRPO) or 'tree' (branching at every turn)")
+    turns = getattr(task, "max_turns", None)  # an instance's; a class given by name has none to compare yet
+    branching = data_args.get("branching")
+    if rollout != "grouped" and isinstance(turns, int) and isinstance(branching, list) and len(branching) != turns:
+        problems.append(f"data.branching {branching} names {len(branching)} turn(s), data.task {name} allows "
+                        f"max_turns {turns}: give one width per turn")
+    if (model_args or {}).get("risk") is not None:
+        problems.append(f"model.risk with data.task {name}: the risk head needs a task that names the first tokens "
+                        "that defer; a tool task's turns are read by its template's parser")
+    return problems
 
 
 def cross_knob_problems(model_args: dict[str, Any] | None, data_args: dict[str, Any] | None, engine: Any = None,
@@ -244,7 +263,7 @@ def cross_knob_problems(model_args: dict[str, Any] | None, data_args: dict[str, 
     model = model_args or {}
     problems += data_knob_problems(data_args)
     problems += [] if model_args is None else group_of_one_problems(model_args, data_args)
-    problems += multi_round_problems(data_args, task)
+    problems += multi_round_problems(data_args, task, model_args)
     problems += combination_problems(model_args, data_args)
     problems += staleness_problems(data_args.get("max_staleness", 0), data_args["rollout"], engine,
                                    model.get("old_logp_source"), model.get("tis_cap"))

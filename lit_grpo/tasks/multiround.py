@@ -7,7 +7,7 @@ import random
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from lit_grpo.errors import InputError
 from lit_grpo.tasks.base import PromptRecord, Task
@@ -51,6 +51,10 @@ class MultiRoundTask(Task):
     Subclasses define ``step``; ``no_answer_reward`` scores an episode cut off at ``max_depth`` rounds and
     ``malformed_reward`` a segment that is neither an answer nor a question.
     """
+
+    # True for a task that drives its episodes through ``turn`` with a state of its own (a tool task), read by the
+    # rules (run/rules.py) by this name: such a task needs turns (chains or a tree), one width per turn
+    owns_turns: ClassVar[bool] = False
 
     @abstractmethod
     def step(self, prompt_record: PromptRecord, round_index: int, segment_text: str) -> EnvStep:

@@ -66,6 +66,8 @@ class ToolTask(MultiRoundTask):
         split_seed: seed of the held-out draw.
     """
 
+    owns_turns = True
+
     def __init__(self, path: str | None = None, records: Sequence[PromptRecord] | None = None,
                  tools: Sequence[Callable | str] = (), environment: type | str | None = None,
                  rewards: Sequence[RewardFunction | str] = (), max_turns: int = 4, malformed_reward: float = -1.0,
