@@ -207,3 +207,15 @@ def test_the_rules_ask_a_tool_task_for_turns_one_width_each_and_no_risk_head():
     assert multi_round_problems({**data, "rollout": "tree", "branching": [4, 2, 2]}, task, {"risk": {"atoms": 5}}) == [
         "model.risk with data.task ToolTask: the risk head needs a task that names the first tokens that defer; a "
         "tool task's turns are read by its template's parser"]
+
+
+def test_an_environment_class_written_for_trl_owns_the_reward():
+    from lit_grpo.tasks.tool_arithmetic import ArithmeticEnvironment
+
+    task = ToolTask(records=RECORDS, environment="lit_grpo.tasks.tool_arithmetic.ArithmeticEnvironment", max_turns=3)
+    submit = '<tool_call>\n{"name": "submit", "arguments": {"result": %d}}\n</tool_call>'
+    root, _ = grow(task, lambda turn, text: [submit % 7, submit % 8] if turn == 1 else ["done"], [2, 1, 1])
+    right, wrong = root.children
+    assert (right.children[0].reward, wrong.children[0].reward) == (1.0, 0.0)  # get_reward, per leaf
+    assert isinstance(right.children[0].episode.toolbox.environment, ArithmeticEnvironment)
+    assert "Submit the result with the submit tool." in TOKENIZER.decode(root.context)  # what reset returned

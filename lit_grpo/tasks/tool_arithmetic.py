@@ -51,3 +51,43 @@ def arithmetic_rows(count: int, seed: int) -> list[dict[str, Any]]:
             result = a * c + b
         rows.setdefault(question, {"prompt": f"What is {question}?", "answer": str(result), "steps": steps})
     return list(rows.values())
+
+
+class ArithmeticEnvironment:
+    """The same problems as an environment written to TRL 1.16's ``environment_factory`` contract: ``reset(**row)``
+    keeps the row's answer, the public methods are the tools, and the environment owns the reward: ``get_reward()``
+    is 1.0 once ``submit`` was given the right answer."""
+
+    def reset(self, answer: str, **row: Any) -> str | None:
+        self.answer, self.submitted = int(answer), None
+        return " Submit the result with the submit tool."
+
+    def add(self, a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return a + b
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return a * b
+
+    def submit(self, result: int) -> str:
+        """Submit the final result.
+
+        Args:
+            result: The value of the expression.
+        """
+        self.submitted = result
+        return "submitted"
+
+    def get_reward(self) -> float:
+        return float(self.submitted == self.answer)
