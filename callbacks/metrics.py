@@ -73,10 +73,12 @@ def tool_stats(roots: list[Any]) -> dict[str, float]:
     """A tool task's episodes (their leaves' ``Episode``): tool calls per episode and failed calls per call (TRL's
     ``tools/call_frequency`` and ``tools/failure_frequency``), each tool's calls and failures per episode, turns per
     episode, and the shares of episodes cut at the turn limit and of malformed turns. Empty for other tasks."""
+    from lit_grpo.buffers.tree_layout import SegmentNode
     from lit_grpo.tasks.tool_task import Episode
 
+    # a node the environment closed at the depth limit is a plain Node, with no episode
     leaves = [(node, depth) for root in roots for node, depth in leaves_with_depth(root)
-              if isinstance(node.episode, Episode)]
+              if isinstance(node, SegmentNode) and isinstance(node.episode, Episode)]
     if not leaves:
         return {}
     episodes = len(leaves)

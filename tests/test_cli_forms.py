@@ -43,7 +43,11 @@ FORMS = {
         {"class_path": LR_MONITOR, "init_args": {"logging_interval": "step"}}])],
     "one-dict": ["--trainer.callbacks", json.dumps({"class_path": SWA, "init_args": {"swa_lrs": 0.001}})],
     "one-by-name": ["--trainer.callbacks=EarlyStopping", "--trainer.callbacks.monitor=val/accuracy"],
+    "class-path-and-init-args": ["--trainer.callbacks.class_path", "EarlyStopping",
+                                 "--trainer.callbacks.init_args.monitor", "val/accuracy"],
     "optimizer-by-name": ["--model.optimizer", "Adam", "--model.optimizer.lr", "0.01"],
+    "optimizer-class-path": ["--model.optimizer.class_path", "torch.optim.SGD", "--model.optimizer.init_args.lr",
+                             "0.1"],
     "optimizer-import-path": ["--model.optimizer=torch.optim.SGD", "--model.optimizer.lr=0.1",
                               "--model.optimizer.momentum=0.9"],
     "optimizer-dict": ["--model.optimizer", json.dumps({"class_path": "torch.optim.SGD", "init_args": {"lr": 0.1}})],
@@ -98,6 +102,7 @@ def common(tmp_path, tiny_llama_dir):
 
 
 CALLBACKS_BUILT = {"append-two": 2, "list-of-dicts": 2, "everything-at-once": 2, "optimizer-by-name": 0,
+                   "optimizer-class-path": 0,
                    "optimizer-import-path": 0, "optimizer-dict": 0, "optimizer-init-args": 0,
                    "scheduler-import-path": 0, "scheduler-by-name": 0, "scheduler-dict": 0, "plateau": 0}  # else 1
 

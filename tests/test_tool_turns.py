@@ -219,3 +219,13 @@ def test_an_environment_class_written_for_trl_owns_the_reward():
     assert (right.children[0].reward, wrong.children[0].reward) == (1.0, 0.0)  # get_reward, per leaf
     assert isinstance(right.children[0].episode.toolbox.environment, ArithmeticEnvironment)
     assert "Submit the result with the submit tool." in TOKENIZER.decode(root.context)  # what reset returned
+
+
+def test_the_tool_figures_skip_what_is_not_a_tool_episode():
+    # the games' trees: segments without an episode, and the plain Node the environment closes a tree with
+    from lit_grpo.buffers.tree_layout import SegmentNode
+    from lit_grpo.callbacks.metrics import tool_stats
+    from lit_grpo.tree import Node
+
+    root = SegmentNode(children=[SegmentNode(terminal=True, segment=(1,)), Node(terminal=True)])
+    assert tool_stats([root]) == {}
