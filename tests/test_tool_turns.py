@@ -229,3 +229,14 @@ def test_the_tool_figures_skip_what_is_not_a_tool_episode():
 
     root = SegmentNode(children=[SegmentNode(terminal=True, segment=(1,)), Node(terminal=True)])
     assert tool_stats([root]) == {}
+
+
+def test_a_call_without_arguments_is_answered_an_error_not_a_crash():
+    # the template renders a call's arguments with tojson: a call the model wrote without them must still render
+    task = ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=2)
+    bare = '<tool_call>\n{"name": "add"}\n</tool_call>'
+    root, _ = grow(task, lambda turn, text: [bare] if turn == 1 else ["7"], [1, 1])
+    (asked,) = root.children
+    assert asked.episode.failures == {"add": 1}
+    assert "missing a required argument: 'a'" in TOKENIZER.decode(asked.reply)
+    assert asked.children[0].reward == 1.0

@@ -204,6 +204,15 @@ def parsed_turn(tokenizer: Any, text: str, schemas: Sequence[dict[str, Any]]) ->
         message = tokenizer.parse_response(text, prefix="", tools=list(schemas) or None)
     except (ValueError, KeyError, TypeError, json.JSONDecodeError):
         return None
-    message = {"role": "assistant", "content": message.get("content") or "", **(
-        {"tool_calls": message["tool_calls"]} if message.get("tool_calls") else {})}
-    return message
+    calls = [well_formed(call) for call in message.get("tool_calls") or []]
+    return {"role": "assistant", "content": message.get("content") or "", **({"tool_calls": calls} if calls else {})}
+
+
+def well_formed(call: Any) -> dict[str, Any]:
+    """A parsed call as the template renders it: a function with a name and an arguments object (a call that lacks
+    them keeps what it has, with ``{}`` arguments, and the tool box answers it an error)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    function = function if isinstance(function, dict) else {}
+    arguments = function.get("arguments")
+    return {"type": "function", "function": {**function, "name": str(function.get("name", "")),
+                                             "arguments": arguments if isinstance(arguments, (dict, str)) else {}}}

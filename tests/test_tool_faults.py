@@ -1,0 +1,55 @@
+"""Faults are the model's, not the run's (issue 48): tools that raise, hang past their timeout, return what is not
+text, or answer megabytes, through the ``lit-grpo`` command on the shipped tool model (which calls its tools on
+every episode): the run finishes, the failures are counted in ``tools/failure_frequency``, and nothing waits past
+the tool timeout."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+
+
+def run(tmp_path: Path, tools: str, *extra: str) -> tuple[subprocess.CompletedProcess, dict[str, float], float]:
+    command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--config", str(ROOT / "configs/tools.yaml"),
+               "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false",
+               "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(tmp_path),
+               "--data.prompts_per_epoch", "2", "--data.group_size", "2", "--data.branching", "[2, 1, 1]",
+               "--data.val_max_prompts", "2", "--data.task.init_args.tools", tools,
+               "--data.task.init_args.tool_timeout", "0.5", *extra]
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600,
+                            env={**os.environ, "PYTHONPATH": str(TESTS)})
+    seconds = time.perf_counter() - start
+    logged: dict[str, float] = {}
+    for path in tmp_path.glob("**/metrics.csv"):
+        with path.open() as handle:
+            for row in csv.DictReader(handle):
+                logged.update({k: float(v) for k, v in row.items() if k.startswith("tools/") and v})
+    return result, logged, seconds
+
+
+@pytest.mark.slow
+def test_raising_and_hanging_tools_are_answered_counted_and_not_waited_for(tmp_path):
+    result, logged, seconds = run(tmp_path, "[faulty_tools.add, faulty_tools.multiply]")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert logged["tools/call_frequency"] > 0
+    assert logged["tools/failure_frequency"] == 1.0  # every call raised or timed out
+    # 4 episodes of at most 2 calls, each hung call cut at 0.5 s: the 30 s sleeps are never waited for
+    assert seconds < 120
+
+
+@pytest.mark.slow
+def test_a_megabyte_answer_is_cut_and_the_run_goes_on(tmp_path):
+    result, logged, _ = run(tmp_path, "[long_answer_tools.add, lit_grpo.tasks.tool_arithmetic.multiply]",
+                            "--data.task.init_args.max_tool_chars", "50")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert logged["tools/failure_frequency"] < 1.0  # a long answer is cut, not failed
