@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -30,3 +31,17 @@ def pytest_configure(config: pytest.Config) -> None:
     ignored signal, is reset at exec) and make them fail for the way the suite was launched."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# TRL's import sets VLLM_LOGGING_LEVEL=ERROR in os.environ (trl/_compat.py) when vLLM is installed; the tool tests
+# import TRL while the suite collects, and every vLLM server started after that would inherit it and log no INFO
+# line (tests/failover_check.py reads "Loaded new LoRA adapter" from a real server's log). The suite's children get
+# the environment the suite started with.
+VLLM_LOGGING_LEVEL = os.environ.get("VLLM_LOGGING_LEVEL")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if VLLM_LOGGING_LEVEL is None:
+        os.environ.pop("VLLM_LOGGING_LEVEL", None)
+    else:
+        os.environ["VLLM_LOGGING_LEVEL"] = VLLM_LOGGING_LEVEL

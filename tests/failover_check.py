@@ -96,7 +96,8 @@ class RealServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = root / f"vllm-{self.port}.log"
-        env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+        # INFO: loaded_adapters reads vLLM's own log lines (a library imported in this process may have lowered it)
+        env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_LOGGING_LEVEL": "INFO"}
         with open(self.log, "wb") as log:  # a session of its own: stopping it stops its engine process too
             self.process = subprocess.Popen(vllm_serve_command(model, self.port), stdout=log,
                                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
