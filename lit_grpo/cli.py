@@ -193,17 +193,19 @@ class LitGRPOCLI(LightningCLI):
         refuses the input it names its first problem only (and exits): the check then reads the files and options
         itself (run/command_line.py) to list them all, and jsonargparse's own message stands where it finds none."""
         argv = None if isinstance(args, dict) else list(sys.argv[1:] if args is None else args)
-        said = io.StringIO()  # jsonargparse's usage and error, held until it is known whether the check speaks
+        said = io.StringIO()  # what jsonargparse writes, held until it is known whether the check speaks instead
         try:
             with contextlib.redirect_stderr(said):
                 super().parse_arguments(parser, args)
         except SystemExit as stop:
             if stop.code == 2 and argv is not None:  # refused: every problem the check finds, before any work
+                held, said = said, io.StringIO()  # silent while the check speaks (an unreadable file: its one line)
                 merged = merged_config(argv)
                 report_problems(config_problems(merged) if merged is not None else [])
-            sys.stderr.write(said.getvalue())
+                said = held  # the check found nothing: jsonargparse's own words stand
             raise
-        sys.stderr.write(said.getvalue())
+        finally:  # also ahead of an error of another kind, which shows its own traceback
+            sys.stderr.write(said.getvalue())
         if argv is not None:
             check_config_files(argv)  # what jsonargparse reads without a word: a key set twice in one file
         report_problems(config_problems(subcommand_section(self.config).as_dict()))
