@@ -142,9 +142,7 @@ def class_path_problems(section: str, spec: Any, base: type) -> list[str]:
         return [f"{section}: cannot import class_path {spec['class_path']!r}"]
     if not (isinstance(cls, type) and issubclass(cls, base)):
         return [f"{section}: {spec['class_path']!r} is not a subclass of {base.__module__}.{base.__name__}"]
-    # jsonargparse also takes a subclass's arguments beside class_path, without the init_args level
-    init_args = {**{k: v for k, v in spec.items() if k not in CLASS_KEYS},
-                 **(spec.get("init_args") or {})}
+    init_args = class_arguments(spec)
     unimportable = nested_import_problems(section, init_args)
     rest = {k: v for k, v in init_args.items() if k not in unimportable}
     return list(unimportable.values()) + list(key_problems(section, cls, rest).values())
@@ -233,7 +231,7 @@ def risk_callback_problems(callbacks: Any, task: Any) -> list[str]:
             cls = None
         names = {f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__} if isinstance(cls, type) else set()
         if RISK_CALLBACK in names:
-            decision = {**spec, **(spec.get("init_args") or {})}.get("decision", "threshold")
+            decision = class_arguments(spec).get("decision", "threshold")
             problems += risk_decision_problems(decision, task.__name__, names_answer_tokens(task))
     return problems
 

@@ -17,6 +17,7 @@ from typing import Any
 from lit_grpo.errors import InputError
 from lit_grpo.tasks.base import PromptRecord
 from lit_grpo.tasks.multiround import ChatReply, EnvStep, MultiRoundTask
+from lit_grpo.tasks.reward_functions import import_reward
 from lit_grpo.tasks.splits import halves
 from lit_grpo.tasks.tools import ToolBox
 
@@ -54,7 +55,8 @@ class ToolTask(MultiRoundTask):
             ``reset(**row)`` before its first turn (text it returns is added to the last user message), its public
             methods the tools, its ``get_reward()`` (when it has one) added to the rewards. Copied with
             ``copy.deepcopy`` where a tree branches, so each child has its own state.
-        rewards: functions (or their import paths) with TRL's signature, ``f(prompts, completions, **columns) ->
+        rewards: functions (or ``package.module.function`` / ``path/to/file.py:function``, as DatasetTask reads
+            them) with TRL's signature, ``f(prompts, completions, **columns) ->
             list[float | None]``, given the conversations (and ``environments=``); their sum is the episode's reward.
         max_turns: assistant turns at most (TRL's ``max_tool_calling_iterations`` + 1); a turn that still calls a
             tool at the limit ends the episode, scored as it stands.
@@ -81,7 +83,7 @@ class ToolTask(MultiRoundTask):
             raise InputError("ToolTask: give rewards, or an environment with get_reward() (it then owns the reward)")
         self.path, self.given = path, None if records is None else [dict(r) for r in records]
         self.tools = [imported(t) if isinstance(t, str) else t for t in tools]
-        self.rewards = [imported(r) if isinstance(r, str) else r for r in rewards]
+        self.rewards = [import_reward(r) if isinstance(r, str) else r for r in rewards]  # DatasetTask's reading
         self.max_turns, self._malformed, self.success_reward = max_turns, malformed_reward, success_reward
         self.tool_timeout, self.max_tool_chars = tool_timeout, max_tool_chars
         self.heldout_size, self.split_seed = heldout_size, split_seed
