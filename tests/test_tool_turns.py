@@ -240,3 +240,19 @@ def test_a_call_without_arguments_is_answered_an_error_not_a_crash():
     assert asked.episode.failures == {"add": 1}
     assert "missing a required argument: 'a'" in TOKENIZER.decode(asked.reply)
     assert asked.children[0].reward == 1.0
+
+
+def test_a_model_without_response_parsing_or_rows_too_few_is_refused_by_name():
+    task = ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=2)
+    plain = with_template(TOKENIZER.chat_template)  # Qwen2.5's template, no response_template
+    with pytest.raises(InputError, match=r"tiny-qwen2-chat' has no response_template, so its tool calls cannot be "
+                                         r"read"):
+        grow_with(task, plain)
+    with pytest.raises(InputError, match=r"heldout_size must be in \[2, 9\] for 10 rows, got 10"):
+        ToolTask(records=RECORDS, rewards=[exact_answer], heldout_size=10).split()
+
+
+def grow_with(task, tokenizer):
+    record = {"prompt": "What is 3+4?", "answer": "7"}
+    engine = ScriptedEngine(lambda turn, text: [CALL])
+    expand_trees(task, engine, tokenizer, [record], [1, 1], SamplingSpec(max_new_tokens=64, stop_token_ids=(END,)))
