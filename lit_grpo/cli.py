@@ -43,7 +43,7 @@ try:  # the libraries take seconds to load: a Ctrl-C then is one line too, not a
     from lit_grpo.rollout.datamodule import RolloutDataModule
     from lit_grpo.run.checkpoint_io import BackgroundCheckpointIO
     from lit_grpo.run.command_line import check_config_files, merged_config
-    from lit_grpo.run.distributed import share_cores
+    from lit_grpo.run.distributed import release_process_group, share_cores
     from lit_grpo.run.host_memory import return_freed_memory
     from lit_grpo.run.nonfinite import NonFiniteTrainingError
     from lit_grpo.run.refusals import REPORT_BUG, input_refusal, lightning_refusal
@@ -315,6 +315,14 @@ def quiet_third_parties() -> None:
 def main(args: list[str] | None = None) -> None:
     quiet_third_parties()
     return_freed_memory()  # before the model loads: its weights and every step's activations use the setting
+    try:
+        run_command(args)
+    finally:
+        release_process_group()
+
+
+def run_command(args: list[str] | None) -> None:
+    """The command's run, each kind of failure its one message and exit code."""
     try:
         LitGRPOCLI(args=args)
     except InputError as error:  # a bad input is the user's to fix: its message, not a traceback

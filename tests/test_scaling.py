@@ -196,3 +196,25 @@ def test_cli_refuses_fsdp_on_cpu_with_one_message(capfd, monkeypatch):
         "(Lightning runs it on CUDA devices only); on CPU use --trainer.strategy ddp (with --trainer.accelerator "
         "cpu, gloo), or run on GPUs with --trainer.accelerator gpu",
     ]
+
+
+def test_the_command_destroys_its_process_group_before_the_interpreter_finalises(monkeypatch, tmp_path):
+    """A gloo group left to interpreter finalisation can abort a rank that finished (exit -6, seen on a CI run of the
+    loopback launch above): the command destroys it itself, on a failing path too."""
+    import lit_grpo.cli as cli
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+
+    def refused(args):
+        assert torch.distributed.is_initialized()  # the group lives while the run runs
+        raise cli.InputError("a bad input")
+
+    monkeypatch.setattr(cli, "LitGRPOCLI", refused)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            cli.main(["fit"])
+        assert exited.value.code == 2
+        assert not torch.distributed.is_initialized()
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

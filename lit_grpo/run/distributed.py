@@ -140,3 +140,14 @@ def usable_cores() -> int:
 def threads_per_process(cores: int, processes: int) -> int:
     """Each process's share of the cores: ``cores // processes``, never below one thread."""
     return max(1, cores // processes)
+
+
+def release_process_group() -> None:
+    """Destroys the default process group, if this process made one, while the interpreter is whole.
+
+    Lightning destroys it at exit for NCCL only; a gloo group left to the interpreter's finalisation can abort the
+    process (SIGABRT, "terminate called without an active exception": gloo's worker threads still hold work whose
+    tensors need the GIL being torn down), a rank's successful run then exiting -6. Local, not a collective: safe
+    on every path, whatever the other ranks are doing."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
