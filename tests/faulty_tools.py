@@ -24,5 +24,33 @@ def multiply(a: int, b: int) -> int:
         a: The first number.
         b: The second number.
     """
-    time.sleep(30)  # past any tool_timeout the test sets
+    time.sleep(3600)  # past any tool_timeout, and past the test's own limit: waited for, the test fails
     return object()  # and then not JSON
+
+
+class PickyArithmetic:
+    """The shipped arithmetic environment's tools, with a reset that raises for a third of the rows (answers divisible
+    by 3), as a user's environment may for rows it cannot use."""
+
+    def reset(self, answer: str, **row: object) -> None:
+        if int(answer) % 3 == 0:
+            raise LookupError(f"no record for {answer}")
+        self.answer = int(answer)
+
+    def add(self, a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return a + b
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return a * b

@@ -55,13 +55,13 @@ def test_reward_worker_scores_raise_hang_and_death_as_failures():
         died = worker.score(RECORD, "die", [1])
         assert (died.reward, died.error) == (0.0, "RuntimeError: the reward's worker process died (exit code 3)")
         assert worker.score(RECORD, "4", [1]).reward == 0.0 and worker.score(RECORD, "3", [1]).reward == 1.0
-        process = worker._process
+        process = worker.child.process
         process.terminate()  # the child must not inherit a handler that ignores SIGTERM (Lightning installs one)
         process.join(timeout=10)
         assert process.exitcode == -15
     finally:
         worker.close()
-    assert worker._process is None
+    assert worker.child.process is None
 
 
 class AlwaysHangs(ArithmeticTask):

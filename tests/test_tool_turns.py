@@ -256,3 +256,28 @@ def grow_with(task, tokenizer):
     record = {"prompt": "What is 3+4?", "answer": "7"}
     engine = ScriptedEngine(lambda turn, text: [CALL])
     expand_trees(task, engine, tokenizer, [record], [1, 1], SamplingSpec(max_new_tokens=64, stop_token_ids=(END,)))
+
+
+class PickyEnvironment:
+    """Refuses to start for one row (a row whose data the environment cannot use), as a user's reset may."""
+
+    def reset(self, answer: str, **row) -> None:
+        if answer == "6":
+            raise ValueError("no such record")
+
+    def get_reward(self) -> float:
+        return 1.0
+
+
+def test_a_row_whose_reset_raises_is_skipped_with_one_warning_and_every_row_failing_is_refused():
+    task = ToolTask(records=RECORDS, environment=PickyEnvironment, max_turns=1)
+    engine = ScriptedEngine(lambda turn, text: ["7"])
+    spec = SamplingSpec(max_new_tokens=64, stop_token_ids=(END,))
+    with pytest.warns(UserWarning, match=r"skipped 1 of 3 rows whose environment reset raised \(first: ValueError: "
+                                         r"no such record\); the run goes on without them"):
+        roots = expand_trees(task, engine, TOKENIZER, RECORDS[1:4], [1], spec)
+    assert [root.record["answer"] for root in roots] == ["5", "7"]  # the rows either side, each played
+    assert all(len(root.children) == 1 for root in roots)
+    with pytest.raises(InputError, match=r"every one of 1 rows failed to start its episode \(the environment's reset "
+                                         r"raised; first: ValueError: no such record\)"):
+        expand_trees(task, engine, TOKENIZER, RECORDS[2:3], [1], spec)

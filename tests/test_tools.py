@@ -9,6 +9,7 @@ import time
 import pytest
 
 from lit_grpo.errors import InputError
+from lit_grpo.tasks.tool_worker import ToolWorker
 from lit_grpo.tasks.tools import ToolBox, environment_tools, tool_schema
 
 
@@ -42,11 +43,14 @@ def broken(x: int) -> int:
 
 
 def sleepy(seconds: float) -> str:
-    """Sleeps.
+    """Sleeps, or spins (a hung tool that keeps a core busy) when asked for more than 10 seconds.
 
     Args:
         seconds: How long.
     """
+    if seconds > 10:
+        while True:
+            pass
     time.sleep(seconds)
     return "awake"
 
@@ -128,6 +132,9 @@ def test_calls_answer_as_tool_messages():
         "content"] == "2"  # arguments as JSON text
 
 
+TOOLS = [add, broken, sleepy, chatty, opaque, quits]
+
+
 @pytest.mark.parametrize("bad_call, failure, error", [
     (call("subtract", a=1, b=2), "unknown", "there is no tool 'subtract'; the tools are add, broken, sleepy, chatty, "
                                             "opaque, quits"),
@@ -140,20 +147,51 @@ def test_calls_answer_as_tool_messages():
     ({"type": "function", "function": {"name": "add", "arguments": "{a: 1"}}, "malformed",
      "the arguments of add are not JSON: '{a: 1'"),
 ])
-def test_every_failed_call_is_an_error_message_and_counted(bad_call, failure, error):
-    outcome = ToolBox([add, broken, sleepy, chatty, opaque, quits]).call(bad_call)
+@pytest.mark.parametrize("in_worker", [False, True], ids=["in-process", "in-worker"])
+def test_every_failed_call_is_an_error_message_and_counted(bad_call, failure, error, in_worker):
+    worker = ToolWorker({tool.__name__: tool for tool in TOOLS}, timeout=30.0) if in_worker else None
+    try:
+        outcome = ToolBox(TOOLS, worker=worker).call(bad_call)
+    finally:
+        if worker is not None:
+            worker.close()
     assert outcome.failure == failure
     assert outcome.message["role"] == "tool"
     assert content(outcome)["error"].startswith(error)
 
 
-def test_a_hung_tool_answers_at_its_timeout():
-    box = ToolBox([sleepy], timeout=0.2)
-    start = time.perf_counter()
-    outcome = box.call(call("sleepy", seconds=30))
-    assert time.perf_counter() - start < 2  # the call is not waited for past its timeout (a daemon thread)
-    assert (outcome.failure, content(outcome)) == ("timeout", {"error": "timed out after 0.2 s"})
-    assert box.call(call("sleepy", seconds=0)).message["content"] == "awake"
+def test_a_hung_tool_is_stopped_at_its_timeout_and_the_next_call_answers():
+    worker = ToolWorker({"sleepy": sleepy}, timeout=0.5)
+    box = ToolBox([sleepy], worker=worker)
+    try:
+        assert box.call(call("sleepy", seconds=0)).message["content"] == "awake"
+        spinning = worker.child.process
+        outcome = box.call(call("sleepy", seconds=3600))  # spins: no thread could stop it
+        assert (outcome.failure, content(outcome)) == ("timeout", {"error": "timed out after 0.5 s"})
+        assert spinning.exitcode == -9 and worker.child.process is None  # killed: it holds no core any more
+        assert box.call(call("sleepy", seconds=0)).message["content"] == "awake"  # a fresh child
+    finally:
+        worker.close()
+    with pytest.raises(InputError, match="tool_timeout must be positive"):
+        ToolWorker({}, timeout=0)
+
+
+def test_an_environments_state_comes_back_from_the_worker():
+    worker = ToolWorker({"add": add}, timeout=30.0)
+    counter = Counter()
+    counter.reset(start=1)
+    box = ToolBox([add], environment=counter, worker=worker)
+    try:
+        assert box.call(call("increment", by=1)).message["content"] == "2"
+        assert box.call(call("increment", by=1)).message["content"] == "3"  # the state the first call left
+        assert box.environment.value == 3 and box.environment.get_reward() == 1.0
+        assert box.call(call("add", a=2, b=5)).message["content"] == "7"
+        box.environment.unpicklable = lambda: None
+        with pytest.raises(InputError, match=r"the environment Counter cannot be sent to the tools' worker process "
+                                             r".*set tool_timeout null"):
+            box.call(call("increment", by=1))
+    finally:
+        worker.close()
 
 
 def test_a_long_answer_is_cut_with_a_note():

@@ -116,6 +116,7 @@ class VLLMEngine:
                 kv_cache_memory_bytes=int(self.kv_cache_gib * 2**30),
                 enforce_eager=self.enforce_eager,
                 tensor_parallel_size=self.tensor_parallel_size,
+                enable_prefix_caching=True,  # vLLM's default, pinned: a tool episode's later turns reuse its prefix
                 enable_lora=self.push_strategy == "adapter",
                 max_lora_rank=self.max_lora_rank,
                 max_loras=1,

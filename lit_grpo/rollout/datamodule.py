@@ -357,3 +357,4 @@ class RolloutDataModule(HeldOutLoaders, pl.LightningDataModule):
             self.engine_sync.forget()  # a closed engine holds no policy: the next stage pushes it again
         if isinstance(self.scorer, RewardWorker):
             self.scorer.close()
+        self.task.close()  # a tool task's worker process

@@ -10,16 +10,16 @@ rewards are called in-process as before.
 
 from __future__ import annotations
 
-import ctypes
-import multiprocessing
-import signal
-import sys
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
-import torch
-
+from lit_grpo.run.worker_process import (
+    ChildProcess,
+    WorkerDied,
+    WorkerTimedOut,
+    become_worker,
+)
 from lit_grpo.tasks.base import PromptRecord, ScoredCompletion, Task
 from lit_grpo.tasks.dataset import DatasetTask
 from lit_grpo.tasks.reward_answers import Column, plain_copy
@@ -28,27 +28,11 @@ from lit_grpo.tasks.reward_functions import Completions, is_batched
 Answer = TypeVar("Answer")
 
 
-def die_with_parent() -> None:
-    """Linux: have the kernel SIGKILL this process when its parent dies (elsewhere: a no-op)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-
-
 def serve_rewards(connection: Connection, task: Task) -> None:
     """The child's loop until it receives None: ``("group", records, texts, ids)`` is answered with
     ``task.score_group``'s scores, ``("column", index, batch)`` with ``task.column`` (a ``DatasetTask``'s reward
     ``index`` on ``batch``)."""
-    # a forked child inherits the trainer's signal handlers (Lightning's SIGTERM handler only sets a flag): restore
-    # the defaults so terminate() ends it, and let it die with its parent, even one that was SIGKILLed
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it then ends this child
-    die_with_parent()
-    # the parent's OpenMP thread pool does not survive a fork: a torch op using it (a reward model's forward) would
-    # wait forever for threads that do not exist in this process; one thread runs it inline
-    torch.set_num_threads(1)
+    become_worker()
     while True:
         request = connection.recv()
         if request is None:
@@ -69,8 +53,7 @@ class RewardWorker:
         if timeout <= 0:
             raise ValueError(f"reward timeout must be positive, got {timeout}")
         self.task, self.timeout = task, timeout
-        self._process: Any = None
-        self._connection: Connection | None = None
+        self.child = ChildProcess(serve_rewards, (task,), "lit-grpo-rewards")
 
     def score(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> ScoredCompletion:
         return self.score_group([prompt_record], [completion_text], [completion_ids])[0]
@@ -110,47 +93,14 @@ class RewardWorker:
         """The child's answer to ``request`` (a call on ``count`` completions), or ``failed(error)`` when it takes
         longer than ``timeout`` seconds or the child dies (the child is then killed; the next call starts a fresh
         one)."""
-        if self._process is None or not self._process.is_alive():
-            self._start()
-        assert self._connection is not None
-        self._connection.send(request)
         try:
-            if self._connection.poll(self.timeout):
-                return self._connection.recv()
+            return self.child.ask(request, self.timeout)
+        except WorkerTimedOut:
             unit = "call" if count > 1 else "completion"
-            error = f"TimeoutError: the reward took longer than {self.timeout}s per {unit}"
-        except (EOFError, OSError):
-            self._process.join(timeout=5)  # reap it, for its exit code
-            error = f"RuntimeError: the reward's worker process died (exit code {self._process.exitcode})"
-        self._stop(kill=True)
-        return failed(error)
-
-    def _start(self) -> None:
-        # a forked child cannot use CUDA once the parent has: then spawn (a reward model reloads itself there)
-        fork = "fork" in multiprocessing.get_all_start_methods() and not torch.cuda.is_initialized()
-        context = multiprocessing.get_context("fork" if fork else "spawn")
-        parent, child = context.Pipe()
-        self._process = context.Process(target=serve_rewards, args=(child, self.task), daemon=True,
-                                        name="lit-grpo-rewards")
-        self._process.start()
-        child.close()
-        self._connection = parent
-
-    def _stop(self, kill: bool) -> None:
-        if self._process is None:
-            return
-        if not kill and self._process.is_alive():
-            try:
-                self._connection.send(None)
-                self._process.join(timeout=5)
-            except (BrokenPipeError, OSError):
-                pass
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
-        self._connection.close()
-        self._process, self._connection = None, None
+            return failed(f"TimeoutError: the reward took longer than {self.timeout}s per {unit}")
+        except WorkerDied as died:
+            return failed(f"RuntimeError: the reward's worker process died ({died})")
 
     def close(self) -> None:
         """End the child process (idempotent)."""
-        self._stop(kill=False)
+        self.child.close()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -15,7 +16,8 @@ from lit_grpo.engines.base import RolloutEngine, SamplingSpec
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks.base import PromptRecord
 from lit_grpo.rollout.turn_tokens import reply_ids
-from lit_grpo.tasks.multiround import EnvStep, MultiRoundTask
+from lit_grpo.errors import InputError
+from lit_grpo.tasks.multiround import EnvStep, MultiRoundTask, RowUnavailable
 from lit_grpo.tree import close_with_no_answer, depth_first
 
 Decide = Callable[[list[list[int]], int], Sequence["tuple[int, ...] | None"]]
@@ -36,11 +38,7 @@ def expand_trees(
     children, all open nodes of all trees in one engine call. A question still open after the last round is
     closed by the environment with the task's no-answer reward. ``decide`` (the risk rule) restricts the first
     token of some open nodes' children; the restriction is kept on each child for the trainer."""
-    roots = []
-    for record in records:
-        episode = task.start_episode(copy.deepcopy(record))  # the environment is user code: it gets a copy
-        roots.append(SegmentNode(context=tuple(task.episode_prompt_ids(record, episode, tokenizer)), record=record,
-                                 episode=episode))
+    roots = started_roots(task, tokenizer, records)
     open_nodes: list[SegmentNode] = list(roots)
     for depth, width in enumerate(branching, start=1):
         if not open_nodes:
@@ -64,6 +62,27 @@ def expand_trees(
         open_nodes = next_open
     for node in open_nodes:  # cut off at max_depth
         close_with_no_answer(node, task.no_answer_reward)
+    return roots
+
+
+def started_roots(task: MultiRoundTask, tokenizer: Any, records: Sequence[PromptRecord]) -> list[SegmentNode]:
+    """One root per record whose episode starts; a record whose episode cannot (``RowUnavailable``: an environment's
+    ``reset`` raised) is skipped with one warning for the batch. None starting is the task's error to fix."""
+    roots, skipped = [], []
+    for record in records:
+        try:
+            episode = task.start_episode(copy.deepcopy(record))  # the environment is user code: it gets a copy
+        except RowUnavailable as error:
+            skipped.append(str(error))
+            continue
+        roots.append(SegmentNode(context=tuple(task.episode_prompt_ids(record, episode, tokenizer)), record=record,
+                                 episode=episode))
+    if skipped and not roots:
+        raise InputError(f"every one of {len(records)} rows failed to start its episode (the environment's reset "
+                         f"raised; first: {skipped[0]}): fix the environment or the rows")
+    if skipped:
+        warnings.warn(f"skipped {len(skipped)} of {len(records)} rows whose environment reset raised (first: "
+                      f"{skipped[0]}); the run goes on without them", stacklevel=2)
     return roots
 
 

@@ -173,6 +173,10 @@ class Task(ABC):
         """Where the policy runs (the data module tells the task at setup, before the model loads): for rewards that
         run a model."""
 
+    def close(self) -> None:
+        """Release what the task started (a tool task's worker process); the DataModule's teardown calls it. Here:
+        nothing."""
+
     def chat_text(self, prompt_record: PromptRecord, tokenizer: Any) -> str | None:
         """The prompt as the tokenizer's chat template renders it (generation prompt added), or ``None`` for a
         plain prompt: a conversation always goes through the template (system message kept); a string only with

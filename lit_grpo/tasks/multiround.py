@@ -16,6 +16,11 @@ from lit_grpo.tasks.splits import halves
 SegmentKind = Literal["answer", "ask", "malformed", "call", "cut"]
 
 
+class RowUnavailable(Exception):
+    """A row whose episode cannot start (an environment's ``reset`` raised for it): the rollout skips the row with
+    one warning and goes on, as a failed call is the model's to read, not the run's to stop."""
+
+
 @dataclass(frozen=True)
 class ChatReply:
     """A reply given as chat messages (tool results): the rollout renders their ids through the chat template, as

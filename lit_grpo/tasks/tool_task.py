@@ -16,9 +16,10 @@ from typing import Any
 
 from lit_grpo.errors import InputError
 from lit_grpo.tasks.base import PromptRecord
-from lit_grpo.tasks.multiround import ChatReply, EnvStep, MultiRoundTask
+from lit_grpo.tasks.multiround import ChatReply, EnvStep, MultiRoundTask, RowUnavailable
 from lit_grpo.tasks.reward_functions import import_reward
 from lit_grpo.tasks.splits import halves
+from lit_grpo.tasks.tool_worker import ToolWorker
 from lit_grpo.tasks.tools import ToolBox
 
 
@@ -62,7 +63,9 @@ class ToolTask(MultiRoundTask):
             tool at the limit ends the episode, scored as it stands.
         malformed_reward: the reward of a turn whose call cannot be read (and of a reward that fails).
         success_reward: an episode with at least this reward counts as correct (``val/accuracy``).
-        tool_timeout: seconds a call may run before it answers an error.
+        tool_timeout: seconds a call may run before it answers an error; with a timeout the calls run in a worker
+            process that is killed at it (an environment's state then travels with each call: it must pickle).
+            null: the calls run in the training process, unbounded.
         max_tool_chars: the longest answer the model sees.
         heldout_size: rows held out, disjoint from training: half validation, half test.
         split_seed: seed of the held-out draw.
@@ -78,6 +81,9 @@ class ToolTask(MultiRoundTask):
         super().__init__(use_chat_template=True)
         if (path is None) == (records is None):
             raise InputError("ToolTask: give path (a data file) or records (rows from Python), one of them")
+        if tool_timeout is not None and tool_timeout <= 0:
+            raise InputError(f"ToolTask: tool_timeout must be positive (seconds), or null to run calls unbounded in "
+                             f"the training process; got {tool_timeout}")
         self.environment = imported(environment) if isinstance(environment, str) else environment
         if not rewards and not callable(getattr(self.environment, "get_reward", None)):
             raise InputError("ToolTask: give rewards, or an environment with get_reward() (it then owns the reward)")
@@ -87,6 +93,7 @@ class ToolTask(MultiRoundTask):
         self.max_turns, self._malformed, self.success_reward = max_turns, malformed_reward, success_reward
         self.tool_timeout, self.max_tool_chars = tool_timeout, max_tool_chars
         self.heldout_size, self.split_seed = heldout_size, split_seed
+        self._worker: ToolWorker | None = None
 
     def split(self) -> tuple[list[PromptRecord], list[PromptRecord], list[PromptRecord]]:
         """The rows shuffled by ``split_seed``; the first ``heldout_size`` held out, halved into validation and
@@ -121,12 +128,27 @@ class ToolTask(MultiRoundTask):
         environment = self.environment() if self.environment is not None else None
         messages = conversation(prompt_record["prompt"])
         if environment is not None:
-            added = environment.reset(**{k: v for k, v in prompt_record.items() if k != "prompt"})
+            try:
+                added = environment.reset(**{k: v for k, v in prompt_record.items() if k != "prompt"})
+            except Exception as error:  # noqa: BLE001 - user code failing for one row: that row is skipped
+                raise RowUnavailable(f"{type(error).__name__}: {error}") from error
             if added:  # TRL: text reset returns is appended to the last user message
                 last = max(i for i, m in enumerate(messages) if m["role"] == "user")
                 messages[last] = {**messages[last], "content": f"{messages[last]['content']}{added}"}
-        box = ToolBox(self.tools, environment, self.tool_timeout, self.max_tool_chars)
+        box = ToolBox(self.tools, environment, self.tool_worker(), self.max_tool_chars)
         return Episode(messages, len(messages), box, tuple(box.schemas()))
+
+    def tool_worker(self) -> ToolWorker | None:
+        """The task's one ``ToolWorker`` (started at the first call), None without a timeout."""
+        if self.tool_timeout is None:
+            return None
+        if self._worker is None:
+            self._worker = ToolWorker({tool.__name__: tool for tool in self.tools}, self.tool_timeout)
+        return self._worker
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
 
     def episode_prompt_ids(self, prompt_record: PromptRecord, episode: Episode, tokenizer: Any) -> list[int]:
         ids = tokenizer.apply_chat_template(episode.messages, tools=list(episode.schemas) or None, tokenize=True,

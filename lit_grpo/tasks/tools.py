@@ -11,15 +11,14 @@ note the model sees.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lit_grpo.errors import InputError
+from lit_grpo.tasks.tool_worker import ToolWorker, Unreadable, run_call
 
 ENVIRONMENT_HOOKS = ("reset", "get_reward")  # an environment's methods that are not tools
 
@@ -61,12 +60,12 @@ class ToolBox:
     Args:
         functions: the tool functions (shared by every episode: TRL's tools are stateless).
         environment: the episode's environment instance, or None.
-        timeout: seconds one call may run; past it the call answers an error and the episode's tools are not
-            waited for (the call is left running on a daemon thread: Python cannot stop a thread).
+        worker: the task's ``ToolWorker`` (calls in a child process, each bounded by its timeout: a call past it
+            answers an error and its child is killed); None: calls run here, unbounded.
         max_chars: the longest answer the model sees; a longer one is cut, with a note.
     """
 
-    def __init__(self, functions: Sequence[Callable], environment: Any = None, timeout: float | None = None,
+    def __init__(self, functions: Sequence[Callable], environment: Any = None, worker: ToolWorker | None = None,
                  max_chars: int = 4000) -> None:
         tools = [*functions, *(environment_tools(environment) if environment is not None else [])]
         self.tools: dict[str, Callable] = {}
@@ -76,7 +75,8 @@ class ToolBox:
                 raise InputError(f"tool {name!r} is given twice (a function and an environment method, or two "
                                  "functions); tool names must be unique")
             self.tools[name] = tool
-        self.environment, self.timeout, self.max_chars = environment, timeout, max_chars
+        self.environment, self.worker, self.max_chars = environment, worker, max_chars
+        self.functions = {function.__name__ for function in functions}  # the rest are the environment's
 
     def schemas(self) -> list[dict[str, Any]]:
         """The tools' JSON schemas, in the order given (the chat template's ``tools=``)."""
@@ -104,12 +104,25 @@ class ToolBox:
             inspect.signature(tool).bind(**arguments)
         except TypeError as error:
             return failed(name, "arguments", f"{name}: {error}")
-        return self.answer(name, *run_with_timeout(tool, arguments, self.timeout))
+        if self.worker is None:
+            return self.answer(name, *run_call(tool, arguments))
+        method = name not in self.functions
+        result, error, environment = self.worker.call(name, arguments, self.environment if method else None)
+        if method:
+            self.use_environment(environment)  # what the call did to the environment's state, done here too
+        return self.answer(name, result, error)
+
+    def use_environment(self, environment: Any) -> None:
+        """Make ``environment`` (the state a call in the worker left) this episode's, its methods the tools."""
+        self.environment = environment
+        self.tools.update({tool.__name__: tool for tool in environment_tools(environment)})
 
     def answer(self, name: str, result: Any, error: str | None) -> ToolOutcome:
         """The ``tool`` message of a call that returned ``result`` (or raised: ``error``)."""
         if error is not None:
             return failed(name, "timeout" if error.startswith("timed out") else "raised", error)
+        if isinstance(result, Unreadable):  # the worker's stand-in for a result it could not send
+            return failed(name, "unreadable", f"{name} returned a {result.type_name}, which is neither text nor JSON")
         if isinstance(result, str):
             content = result
         else:
@@ -127,26 +140,3 @@ class ToolBox:
 def failed(name: str, kind: str, text: str) -> ToolOutcome:
     """A failed call's message, as TRL's: ``{"error": ...}`` as the tool's content."""
     return ToolOutcome({"role": "tool", "name": name, "content": json.dumps({"error": text})}, failure=kind)
-
-
-def run_with_timeout(tool: Callable, arguments: dict[str, Any], timeout: float | None) -> tuple[Any, str | None]:
-    """``(result, None)`` or ``(None, error text)``; a coroutine function is run to its end; past ``timeout``
-    seconds the call is abandoned on its daemon thread."""
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            result = tool(**arguments)
-            outcome["result"] = asyncio.run(result) if inspect.iscoroutine(result) else result
-        except (Exception, SystemExit) as error:  # noqa: BLE001 - a tool's exit is its failure, not the run's
-            outcome["error"] = f"{type(error).__name__}: {error}"
-
-    if timeout is None:
-        target()
-    else:
-        worker = threading.Thread(target=target, daemon=True, name=f"tool-{getattr(tool, '__name__', 'call')}")
-        worker.start()
-        worker.join(timeout)
-        if worker.is_alive():
-            return None, f"timed out after {timeout:g} s"
-    return outcome.get("result"), outcome.get("error")
