@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -73,12 +74,7 @@ def tool_stats(roots: list[Any]) -> dict[str, float]:
     """A tool task's episodes (their leaves' ``Episode``): tool calls per episode and failed calls per call (TRL's
     ``tools/call_frequency`` and ``tools/failure_frequency``), each tool's calls and failures per episode, turns per
     episode, and the shares of episodes cut at the turn limit and of malformed turns. Empty for other tasks."""
-    from lit_grpo.buffers.tree_layout import SegmentNode
-    from lit_grpo.tasks.tool_task import Episode
-
-    # a node the environment closed at the depth limit is a plain Node, with no episode
-    leaves = [(node, depth) for root in roots for node, depth in leaves_with_depth(root)
-              if isinstance(node, SegmentNode) and isinstance(node.episode, Episode)]
+    leaves = tool_leaves(roots)
     if not leaves:
         return {}
     episodes = len(leaves)
@@ -96,6 +92,47 @@ def tool_stats(roots: list[Any]) -> dict[str, float]:
         stats[f"tools/calls/{name}"] = calls[name] / episodes
         stats[f"tools/failures/{name}"] = failures[name] / episodes
     return stats
+
+
+def tool_leaves(roots: list[Any]) -> list[tuple[Any, int]]:
+    """The leaves of a tool task's trees that hold their ``Episode``, with their depths (a node the environment
+    closed at the depth limit is a plain Node, with no episode)."""
+    from lit_grpo.buffers.tree_layout import SegmentNode
+    from lit_grpo.tasks.tool_task import Episode
+
+    return [(node, depth) for root in roots for node, depth in leaves_with_depth(root)
+            if isinstance(node, SegmentNode) and isinstance(node.episode, Episode)]
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """One chat message on one line: an assistant's calls as ``name(arguments)``, a tool's answer by the tool's
+    name."""
+    role, content = message.get("role", "?"), str(message.get("content") or "")
+    calls = [call.get("function", {}) for call in message.get("tool_calls") or []]
+    called = " ".join(f"{c.get('name')}({json.dumps(c.get('arguments'))})" for c in calls)
+    name = f"({message['name']})" if role == "tool" and message.get("name") else ""
+    return f"**{role}{name}**: " + " ".join(part for part in (content.strip(), called) if part)
+
+
+def table_cell(text: str) -> str:
+    """``text`` as one markdown table cell (its pipes escaped, its newlines spaces)."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def conversations_table(roots: list[Any], max_rows: int) -> str:
+    """A markdown table of the first tool episodes: the prompt's last message, the whole conversation after it
+    (assistant turns, their calls and the tool messages) and the episode's return. Empty for other tasks."""
+    leaves = tool_leaves(roots)[:max_rows]
+    if not leaves:
+        return ""
+    lines = ["| prompt | conversation | return |", "|---|---|---|"]
+    for leaf, _ in leaves:
+        episode = leaf.episode
+        prompt = message_text(episode.messages[episode.prompt_messages - 1])
+        turns = "<br>".join(message_text(m) for m in episode.completion)
+        cell = lambda text: text.replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {cell(prompt)} | {cell(turns)} | {leaf.reward:.3f} |")
+    return "\n".join(lines)
 
 
 def leaves_with_depth(root: Any) -> list[tuple[Any, int]]:
@@ -252,3 +289,6 @@ class RolloutMetrics(pl.Callback):
         logger = trainer.logger
         if logger is not None and hasattr(logger.experiment, "add_text"):
             logger.experiment.add_text("rollout/samples", samples_table(buffer, self.table_rows), trainer.global_step)
+            conversations = conversations_table(list(buffer.trees or []), self.table_rows)
+            if conversations:  # a tool task's episodes, whole
+                logger.experiment.add_text("rollout/conversations", conversations, trainer.global_step)

@@ -281,3 +281,21 @@ def test_a_row_whose_reset_raises_is_skipped_with_one_warning_and_every_row_fail
     with pytest.raises(InputError, match=r"every one of 1 rows failed to start its episode \(the environment's reset "
                                          r"raised; first: ValueError: no such record\)"):
         expand_trees(task, engine, TOKENIZER, RECORDS[2:3], [1], spec)
+
+
+def test_the_sample_table_shows_whole_conversations_with_the_tool_messages():
+    from lit_grpo.callbacks.metrics import conversations_table
+
+    task = ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=2)
+    root, _ = grow(task, lambda turn, text: [CALL] if turn == 1 else ["7"], [1, 1])
+    assert conversations_table([root], 4).splitlines() == [
+        "| prompt | conversation | return |", "|---|---|---|",
+        '| **user**: What is 3+4? | **assistant**: add({"a": 3, "b": 4})<br>**tool(add)**: 7<br>**assistant**: 7 '
+        "| 1.000 |"]
+    assert conversations_table([game_tree()], 4) == ""  # not a tool task's tree: no table
+
+
+def game_tree():
+    from lit_grpo.buffers.tree_layout import SegmentNode
+
+    return SegmentNode(children=[SegmentNode(terminal=True, segment=(1,))])
