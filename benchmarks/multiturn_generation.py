@@ -2,7 +2,7 @@
 completion from the same prompt with as many generated tokens, on the hf engine and the in-process vLLM engine.
 
 Prompts: ``--episodes`` rows of the shipped tool task (``configs/tools.yaml``) rendered by Qwen2.5's template with
-the ``add``/``multiply`` schemas (about 330 ids), the shipped warm start ``data/tiny-qwen2-tools`` with a LoRA
+the ``Registers`` tools' schemas (about 350 ids), the shipped warm start ``data/tiny-qwen2-tools`` with a LoRA
 adapter, fp32. Each turn generates exactly ``--turn-tokens`` tokens (no stop id: the lengths are fixed, so both
 sides generate the same number), then a tool message as Qwen's template renders it (``reply_ids``) is appended, and
 the next turn is one ``generate`` call over the grown contexts, as ``rollout/trees.py`` makes it. The baseline
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from lit_grpo.engines import HFEngine, SamplingSpec, VLLMEngine  # noqa: E402
 from lit_grpo.policy.model_loading import load_policy  # noqa: E402
 from lit_grpo.rollout.turn_tokens import reply_ids  # noqa: E402
-from lit_grpo.tasks.tool_arithmetic import add, exact_answer, multiply  # noqa: E402
+from lit_grpo.tasks.tool_arithmetic import Registers, register_answer  # noqa: E402
 from lit_grpo.tasks.tool_task import ToolTask  # noqa: E402
 
 MODEL = ROOT / "data" / "tiny-qwen2-tools"
@@ -46,15 +46,15 @@ TURNS = 4
 def prompts_and_reply(episodes: int, tokenizer: Any) -> tuple[list[list[int]], list[int]]:
     """The tool task's first ``episodes`` training prompts as ids, and one tool message's ids as the template renders
     it after a call."""
-    task = ToolTask(path=str(ROOT / "data" / "tool-arithmetic" / "rows.jsonl"), tools=[add, multiply],
-                    rewards=[exact_answer], max_turns=TURNS)
+    task = ToolTask(path=str(ROOT / "data" / "tool-arithmetic" / "rows.jsonl"), environment=Registers,
+                    rewards=[register_answer], max_turns=TURNS, tool_timeout=None)
     rows = task.split()[0][:episodes]
     prompts = [task.episode_prompt_ids(row, task.start_episode(row), tokenizer) for row in rows]
     call = {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "add", "arguments": {"a": 12, "b": 30}}}]}
+        {"type": "function", "function": {"name": "add", "arguments": {"x": "a", "y": "b"}}}]}
     conversation = [{"role": "user", "content": "What is 12+30+4?"}, call]
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    reply = reply_ids(tokenizer, conversation, [{"role": "tool", "name": "add", "content": "42"}], None, end, 1)
+    reply = reply_ids(tokenizer, conversation, [{"role": "tool", "name": "add", "content": "r1 = 42"}], None, end, 1)
     return prompts, [end, *reply]  # the turn's own end of turn, then the template's tool message
 
 

@@ -205,7 +205,8 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     reload = trainer_cfg.get("reload_dataloaders_every_n_epochs")
     trainer = TrainerFacts(config_world_size(trainer_cfg), trainer_cfg.get("use_distributed_sampler") is True,
                            reload if isinstance(reload, int) else None)  # a value of another type: reported above
-    problems += cross_knob_problems(model_args, data_args, engine, task, trainer)
+    task_args = class_arguments(data_cfg.get("task"))  # a tool task's max_turns against data.branching
+    problems += cross_knob_problems(model_args, data_args, engine, task, trainer, task_args)
     problems += risk_callback_problems(trainer_cfg.get("callbacks"), task)
     problems += strategy_problems(trainer_cfg)  # whatever the world size: FSDP on one CPU process fails too
     max_epochs = trainer_cfg.get("max_epochs")

@@ -39,9 +39,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from lit_grpo.engines import HFEngine, SamplingSpec  # noqa: E402
-from lit_grpo.rollout.trees import greedy_trees  # noqa: E402
+from lit_grpo.rollout.trees import expand_trees, greedy_trees  # noqa: E402
 from lit_grpo.rollout.turn_tokens import reply_ids  # noqa: E402
-from lit_grpo.tasks.tool_arithmetic import add, arithmetic_rows, exact_answer, multiply  # noqa: E402
+from lit_grpo.tasks.tool_arithmetic import Registers, arithmetic_rows, register_answer  # noqa: E402
 from lit_grpo.tasks.tool_task import ToolTask  # noqa: E402
 from lit_grpo.tree import depth_first  # noqa: E402
 
@@ -60,19 +60,20 @@ def build_tokenizer() -> Any:
     return add_response_schema(tokenizer)
 
 
-def call_text(name: str, a: int, b: int) -> str:
-    return f'<tool_call>\n{{"name": "{name}", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>'
+def call_text(name: str, x: str, y: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {{"x": "{x}", "y": "{y}"}}}}\n</tool_call>'
 
 
 def demonstration(row: dict[str, Any], rng: random.Random, p_tools: float, p_guess: float) -> list[str]:
-    """The assistant turns demonstrated for ``row``."""
+    """The assistant turns demonstrated for ``row``: the plan (the first step's tool on registers a and b, then add
+    with c, then the answer by its register), a direct guess near the answer, or a broken first call."""
+    first = row["steps"][0][0]
     draw = rng.random()
     if draw < p_tools:
-        return [call_text(*step) for step in row["steps"]] + [row["answer"]]
+        return [call_text(first, "a", "b"), call_text("add", "r1", "c"), "The answer is r2."]
     if draw < p_tools + p_guess:
-        return [str(int(row["answer"]) + rng.choice([-1, 1]) * rng.randint(1, 30))]
-    name, a, b = row["steps"][0]
-    return [call_text(name, a, b).replace("}}", "}", 1)]  # a broken object: the episode ends malformed
+        return [f"The answer is {int(row['answer']) + rng.choice([-1, 1]) * rng.randint(1, 30)}."]
+    return [call_text(first, "a", "b").replace("}}", "}", 1)]  # a broken object: the episode ends malformed
 
 
 def episode_ids(task: ToolTask, tokenizer: Any, row: dict[str, Any], turns: list[str]) -> tuple[list[int], list[int]]:
@@ -103,67 +104,8 @@ def shared_prefix(examples: list[tuple[list[int], list[int]]]) -> int:
     return length
 
 
-def digit_accuracy(model: Any, examples: list[tuple[list[int], list[int]]], digits: set[int]) -> float:
-    """Teacher-forced accuracy on the labelled digits of ``examples`` (the numbers the model must copy into its calls
-    and answers): what the build is really teaching, read apart from the format's easy tokens."""
-    hits = total = 0
-    model.eval()
-    with torch.no_grad():
-        for ids, labels in examples:
-            predicted = model(torch.tensor([ids])).logits[0, :-1].argmax(-1)  # [T-1]
-            targets = torch.tensor(labels[1:])  # [T-1]
-            counted = torch.tensor([label in digits for label in labels[1:]])  # [T-1]
-            hits += int((predicted[counted] == targets[counted]).sum())
-            total += int(counted.sum())
-    model.train()
-    return hits / max(total, 1)
-
-
-def copy_examples(tokenizer: Any, count: int, seed: int) -> list[tuple[list[int], list[int]]]:
-    """Dense copying, the skill the calls need and the episodes teach too sparsely (about ten digits in 450 ids): a
-    user message of random numbers and operators that the assistant repeats (loss on the repeat). Teaching it first
-    gives the model the heads that copy a number it has seen; the episodes then teach which number goes where."""
-    rng = random.Random(seed)
-    examples = []
-    for _ in range(count):
-        text = rng.choice(["+", "*", ", ", " "]).join(str(rng.randint(0, 999)) for _ in range(rng.randint(3, 8)))
-        prompt = tokenizer(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n",
-                           add_special_tokens=False)["input_ids"]
-        answer = tokenizer(f"{text}<|im_end|>", add_special_tokens=False)["input_ids"]
-        examples.append((prompt + answer, [IGNORE] * len(prompt) + answer))
-    return examples
-
-
-def copy_warmup(model: Any, examples: list[tuple[list[int], list[int]]], steps: int, batch: int, lr: float,
-                seed: int) -> None:
-    """Teacher forcing on ``copy_examples`` (short rows, so a step costs a tenth of an episode step)."""
-    rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps, pct_start=0.05)
-    model.train()
-    losses = []
-    for step in range(steps):
-        chosen = [examples[rng.randrange(len(examples))] for _ in range(batch)]
-        width = max(len(ids) for ids, _ in chosen)
-        ids = torch.zeros((batch, width), dtype=torch.long)
-        labels = torch.full((batch, width), IGNORE)
-        mask = torch.zeros((batch, width), dtype=torch.long)
-        for row, (tokens, targets) in enumerate(chosen):
-            ids[row, :len(tokens)], labels[row, :len(targets)] = torch.tensor(tokens), torch.tensor(targets)
-            mask[row, :len(tokens)] = 1
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        losses.append(loss.item())
-        if step % 100 == 0 or step == steps - 1:
-            print(f"copy step {step}: loss {sum(losses[-100:]) / len(losses[-100:]):.4f}", flush=True)
-
-
 def train(model: Any, examples: list[tuple[list[int], list[int]]], steps: int, batch: int, lr: float,
-          seed: int, probe: Any = None) -> list[float]:
+          seed: int) -> list[float]:
     """Teacher forcing. The prompt every example shares (about 300 of its 450 ids) is computed once a step, with its
     gradient, and its keys and values shared by the batch; logits only where a label is (the head over 32,704 tokens
     is the rest of the cost)."""
@@ -201,13 +143,13 @@ def train(model: Any, examples: list[tuple[list[int], list[int]]], steps: int, b
         schedule.step()
         losses.append(loss.item())
         if step % 100 == 0 or step == steps - 1:
-            copied = f", digit accuracy {probe(model):.3f}" if probe is not None else ""
-            print(f"step {step}: loss {sum(losses[-100:]) / len(losses[-100:]):.4f}{copied}", flush=True)
+            print(f"step {step}: loss {sum(losses[-100:]) / len(losses[-100:]):.4f}", flush=True)
     return losses
 
 
 def evaluate(task: ToolTask, path: Path, records: list[dict[str, Any]]) -> dict[str, float]:
-    """Greedy held-out episodes: mean return, and the shares that called a tool and that broke a call."""
+    """Held-out episodes: the greedy return and the shares that called a tool and that broke a call, and the mean
+    return of 4 sampled episodes per row (temperature 1, what a rollout draws)."""
     from lit_grpo.policy.model_loading import load_policy
 
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -219,9 +161,15 @@ def evaluate(task: ToolTask, path: Path, records: list[dict[str, Any]]) -> dict[
     roots = greedy_trees(task, engine, tokenizer, records, task.max_turns, sampling)
     leaves = [[n for n in depth_first(root) if n.terminal][-1] for root in roots]
     nodes = [n for root in roots for n in depth_first(root)[1:]]
+    sampled = expand_trees(task, engine, tokenizer, records, [4] + [1] * (task.max_turns - 1), sampling)
+    sampled_leaves = [n for root in sampled for n in depth_first(root) if n.terminal]
     return {"return": sum(leaf.reward for leaf in leaves) / len(leaves),
             "tool_use": sum(any(n.kind == "call" for n in depth_first(root)) for root in roots) / len(roots),
-            "malformed": sum(n.kind == "malformed" for n in nodes) / len(roots)}
+            "malformed": sum(n.kind == "malformed" for n in nodes) / len(roots),
+            "sampled_return": sum(leaf.reward for leaf in sampled_leaves) / len(sampled_leaves),
+            "sampled_tool_use": sum(leaf.kind != "answer" or leaf.episode.calls != {} for leaf in sampled_leaves)
+            / len(sampled_leaves),
+            "sampled_malformed": sum(leaf.kind == "malformed" for leaf in sampled_leaves) / len(sampled_leaves)}
 
 
 def main() -> None:
@@ -229,16 +177,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--p-tools", type=float, default=0.55)
-    parser.add_argument("--p-guess", type=float, default=0.35)
-    parser.add_argument("--copy-steps", type=int, default=1000)
+    parser.add_argument("--p-tools", type=float, default=0.3)
+    parser.add_argument("--p-guess", type=float, default=0.6)
     parser.add_argument("--out", type=Path, default=MODEL_DIR)
     parser.add_argument("--evaluate-only", action="store_true")
     options = parser.parse_args()
     torch.manual_seed(0)
     ROWS.parent.mkdir(parents=True, exist_ok=True)
     ROWS.write_text("".join(json.dumps(row) + "\n" for row in arithmetic_rows(3000, seed=0)))
-    task = ToolTask(path=str(ROWS), tools=[add, multiply], rewards=[exact_answer], max_turns=3, heldout_size=200)
+    task = ToolTask(path=str(ROWS), environment=Registers, rewards=[register_answer], max_turns=3, heldout_size=200,
+                    tool_timeout=None)
     train_rows, validation, _ = task.split()
     start = time.perf_counter()
     if not options.evaluate_only:
@@ -251,13 +199,7 @@ def main() -> None:
                              tie_word_embeddings=True, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
                              pad_token_id=tokenizer.pad_token_id)
         model = Qwen2ForCausalLM(config)
-        digits = set(tokenizer.convert_tokens_to_ids(list("0123456789")))
-        held_out = [episode_ids(task, tokenizer, row, [call_text(*step) for step in row["steps"]] + [row["answer"]])
-                    for row in validation[:20]]
-        if options.copy_steps:
-            copy_warmup(model, copy_examples(tokenizer, 20_000, seed=1), options.copy_steps, 32, options.lr, seed=1)
-        losses = train(model, examples, options.steps, options.batch, options.lr, seed=0,
-                       probe=lambda model: digit_accuracy(model, held_out, digits))
+        losses = train(model, examples, options.steps, options.batch, options.lr, seed=0)
         model.generation_config.eos_token_id = [tokenizer.eos_token_id]
         model.save_pretrained(options.out)
         tokenizer.save_pretrained(options.out)

@@ -1,56 +1,55 @@
-"""Tools that fail (tests/test_tool_faults.py names them by import path, as a user would). Their names and
-docstrings are the shipped tools' (``lit_grpo.tasks.tool_arithmetic``), so the model sees the very prompt it was
-taught on and calls them as it calls those."""
+"""Environments whose tools fail (tests/test_tool_faults.py names them by import path, as a user would). They are the
+shipped ``Registers`` environment with one thing broken, their tools named and documented as its own, so the model
+sees the very prompt it was taught on and calls them as it calls those."""
 
 from __future__ import annotations
 
 import time
 
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first number.
-        b: The second number.
-    """
-    raise RuntimeError("the adder is broken")
+from lit_grpo.tasks.tool_arithmetic import Registers
 
 
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers.
+class FaultyRegisters(Registers):
+    """``add`` raises; ``multiply`` hangs, and would then return what is neither text nor JSON."""
 
-    Args:
-        a: The first number.
-        b: The second number.
-    """
-    time.sleep(3600)  # past any tool_timeout, and past the test's own limit: waited for, the test fails
-    return object()  # and then not JSON
+    def add(self, x: str, y: str) -> str:
+        """Add two registers and store the sum in a new register.
+
+        Args:
+            x: The name of the first register.
+            y: The name of the second register.
+        """
+        raise RuntimeError("the adder is broken")
+
+    def multiply(self, x: str, y: str) -> str:
+        """Multiply two registers and store the product in a new register.
+
+        Args:
+            x: The name of the first register.
+            y: The name of the second register.
+        """
+        time.sleep(3600)  # past any tool_timeout, and past the test's own limit: waited for, the test fails
+        return object()
 
 
-class PickyArithmetic:
-    """The shipped arithmetic environment's tools, with a reset that raises for a third of the rows (answers divisible
-    by 3), as a user's environment may for rows it cannot use."""
+class ChattyRegisters(Registers):
+    """``add`` answers megabytes."""
 
-    def reset(self, answer: str, **row: object) -> None:
+    def add(self, x: str, y: str) -> str:
+        """Add two registers and store the sum in a new register.
+
+        Args:
+            x: The name of the first register.
+            y: The name of the second register.
+        """
+        return super().add(x, y) * 200_000
+
+
+class PickyRegisters(Registers):
+    """``reset`` raises for a third of the rows (answers divisible by 3), as a user's environment may for rows it
+    cannot use."""
+
+    def reset(self, answer: str, operands: list[int], **row: object) -> str:
         if int(answer) % 3 == 0:
             raise LookupError(f"no record for {answer}")
-        self.answer = int(answer)
-
-    def add(self, a: int, b: int) -> int:
-        """Add two integers.
-
-        Args:
-            a: The first number.
-            b: The second number.
-        """
-        return a + b
-
-    def multiply(self, a: int, b: int) -> int:
-        """Multiply two integers.
-
-        Args:
-            a: The first number.
-            b: The second number.
-        """
-        return a * b
+        return super().reset(operands)

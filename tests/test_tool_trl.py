@@ -18,7 +18,14 @@ def test_trls_grpo_trainer_accepts_the_same_tools_environment_and_reward(tmp_pat
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from lit_grpo.tasks.tool_arithmetic import ArithmeticEnvironment, add, exact_answer, multiply
+    from lit_grpo.tasks.tool_arithmetic import (
+        ArithmeticEnvironment,
+        Registers,
+        add,
+        exact_answer,
+        multiply,
+        register_answer,
+    )
 
     rows = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 12+30+4?"}], "answer": "46"}] * 4)
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
@@ -29,14 +36,20 @@ def test_trls_grpo_trainer_accepts_the_same_tools_environment_and_reward(tmp_pat
     with_environment = GRPOTrainer(model=str(MODEL), args=args, train_dataset=rows,
                                    environment_factory=ArithmeticEnvironment)
     assert with_environment.reward_func_names == ["ArithmeticEnvironment"]  # the environment owns the reward
+    shipped = GRPOTrainer(model=str(MODEL), reward_funcs=[register_answer], args=args, train_dataset=rows,
+                          environment_factory=Registers)  # configs/tools.yaml's: a reward that reads environments=
+    assert shipped.reward_func_names == ["register_answer"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", [
-    [],  # configs/tools.yaml as shipped: tool functions and a reward function
+    [],  # configs/tools.yaml as shipped: an environment and a reward function that reads it
+    ["--data.task.init_args.environment", "null", "--data.task.init_args.tools",
+     "[lit_grpo.tasks.tool_arithmetic.add, lit_grpo.tasks.tool_arithmetic.multiply]",
+     "--data.task.init_args.rewards", "[lit_grpo.tasks.tool_arithmetic.exact_answer]"],  # TRL's tools=
     ["--data.task.init_args.environment", "lit_grpo.tasks.tool_arithmetic.ArithmeticEnvironment",
-     "--data.task.init_args.tools", "[]", "--data.task.init_args.rewards", "[]"],  # the environment owns the reward
-], ids=["functions", "environment"])
+     "--data.task.init_args.rewards", "[]"],  # the environment owns the reward
+], ids=["shipped", "functions", "environment-reward"])
 def test_the_same_objects_train_through_yaml(task, tmp_path):
     command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--config", str(ROOT / "configs/tools.yaml"),
                "--trainer.max_epochs", "1", "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path),

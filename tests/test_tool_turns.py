@@ -299,3 +299,19 @@ def game_tree():
     from lit_grpo.buffers.tree_layout import SegmentNode
 
     return SegmentNode(children=[SegmentNode(terminal=True, segment=(1,))])
+
+
+def test_a_branching_that_does_not_match_the_turns_is_refused_before_anything_loads():
+    import yaml
+
+    from lit_grpo.config_check import config_problems
+
+    config = yaml.safe_load(open("configs/tools.yaml"))
+    assert config_problems(config) == []
+    config["data"]["branching"] = [8, 1]  # the YAML's max_turns is 3
+    assert config_problems(config) == [
+        "data.branching [8, 1] names 2 turn(s), data.task ToolTask allows max_turns 3: give one width per turn"]
+    del config["data"]["task"]["init_args"]["max_turns"]  # ToolTask's default, 4
+    config["data"]["branching"] = [8, 1, 1]
+    assert config_problems(config) == [
+        "data.branching [8, 1, 1] names 3 turn(s), data.task ToolTask allows max_turns 4: give one width per turn"]

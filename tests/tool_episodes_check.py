@@ -21,7 +21,7 @@ from lit_grpo.callbacks import RolloutMetrics
 from lit_grpo.engines import HFEngine, VLLMEngine
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.tasks.tool_arithmetic import add, exact_answer, multiply
+from lit_grpo.tasks.tool_arithmetic import Registers, register_answer
 from lit_grpo.tasks.tool_task import ToolTask
 from lit_grpo.tree import depth_first
 
@@ -84,8 +84,8 @@ def main() -> None:
     pl.seed_everything(0)
     engine_class = recording(HFEngine if engine_name == "hf" else VLLMEngine)
     engine = engine_class() if engine_name == "hf" else engine_class(dtype="float32", kv_cache_gib=0.5)
-    task = ToolTask(path=str(ROOT / "data" / "tool-arithmetic" / "rows.jsonl"), tools=[add, multiply],
-                    rewards=[exact_answer], max_turns=3, heldout_size=200)
+    task = ToolTask(path=str(ROOT / "data" / "tool-arithmetic" / "rows.jsonl"), environment=Registers,
+                    rewards=[register_answer], max_turns=3, heldout_size=200)  # configs/tools.yaml's task
     module = PolicyModule(model_name_or_path=str(ROOT / "data" / "tiny-qwen2-tools"), kl_coef=0.04, dtype="float32",
                           optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0))
     datamodule = RolloutDataModule(task=task, engine=engine, rollout=rollout,

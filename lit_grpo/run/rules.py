@@ -14,6 +14,8 @@ refuses every row.
 
 from __future__ import annotations
 
+import inspect
+
 import types
 import typing
 from collections.abc import Callable
@@ -222,10 +224,11 @@ def staleness_problems(max_staleness: int, rollout: str, engine: Any, old_logp_s
     return problems
 
 
-def multi_round_problems(data_args: dict[str, Any], task: Any, model_args: dict[str, Any] | None = None) -> list[str]:
+def multi_round_problems(data_args: dict[str, Any], task: Any, model_args: dict[str, Any] | None = None,
+                         task_args: dict[str, Any] | None = None) -> list[str]:
     """Tree and chain rollouts need a multi-round task (``task``: the task or its class; None when unknown); a task
     that runs its own turns (tools) needs them, one width per turn, and takes no risk head (it names no first
-    tokens that defer)."""
+    tokens that defer). ``task_args``: a class's arguments as configured (its ``max_turns``), before it is built."""
     rollout = data_args["rollout"]
     cls = task if isinstance(task, type) or task is None else type(task)
     if cls is None:
@@ -240,7 +243,10 @@ def multi_round_problems(data_args: dict[str, Any], task: Any, model_args: dict[
     if rollout == "grouped":
         problems.append(f"data.task {name} runs episodes over turns: use data.rollout 'chains' (group-relative on "
                         "each episode's return, TRL's multi-turn GRPO) or 'tree' (branching at every turn)")
-    turns = getattr(task, "max_turns", None)  # an instance's; a class given by name has none to compare yet
+    turns = getattr(task, "max_turns", None)  # an instance's; a class's as configured, or its default
+    if isinstance(task, type):
+        declared = inspect.signature(cls).parameters.get("max_turns")
+        turns = (task_args or {}).get("max_turns", None if declared is None else declared.default)
     branching = data_args.get("branching")
     if rollout != "grouped" and isinstance(turns, int) and isinstance(branching, list) and len(branching) != turns:
         problems.append(f"data.branching {branching} names {len(branching)} turn(s), data.task {name} allows "
@@ -252,7 +258,8 @@ def multi_round_problems(data_args: dict[str, Any], task: Any, model_args: dict[
 
 
 def cross_knob_problems(model_args: dict[str, Any] | None, data_args: dict[str, Any] | None, engine: Any = None,
-                        task: Any = None, trainer: TrainerFacts | None = None) -> list[str]:
+                        task: Any = None, trainer: TrainerFacts | None = None,
+                        task_args: dict[str, Any] | None = None) -> list[str]:
     """The registry: every rule that spans knobs, of the module, the data and the trainer (and the engine and the
     task, each given as an object or its class; None when it could not be imported). ``model_args`` None runs the
     data's own rules only (the DataModule alone, before it meets a module), ``data_args`` None the module's; the
@@ -263,7 +270,7 @@ def cross_knob_problems(model_args: dict[str, Any] | None, data_args: dict[str, 
     model = model_args or {}
     problems += data_knob_problems(data_args)
     problems += [] if model_args is None else group_of_one_problems(model_args, data_args)
-    problems += multi_round_problems(data_args, task, model_args)
+    problems += multi_round_problems(data_args, task, model_args, task_args)
     problems += combination_problems(model_args, data_args)
     problems += staleness_problems(data_args.get("max_staleness", 0), data_args["rollout"], engine,
                                    model.get("old_logp_source"), model.get("tis_cap"))
