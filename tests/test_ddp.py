@@ -197,3 +197,53 @@ def test_config_check_reports_every_multi_rank_problem(tmp_path):
     assert config_problems(config) == []
     config["data"] = {"prompts_per_epoch": 6}
     assert len(config_problems(config)) == 1  # 4 ranks
+
+
+TREE_CHECK = Path(__file__).resolve().parent / "ddp_tree_check.py"
+
+
+@pytest.mark.slow
+def test_ranks_whose_trees_make_fewer_minibatches_serve_empty_ones_and_step_alike(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, str(TREE_CHECK), str(tmp_path)], capture_output=True, text=True,
+                            env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
+    padded = 0
+    for epoch0, epoch1 in zip(ranks[0]["epochs"], ranks[1]["epochs"]):
+        counts = (epoch0["planned"] + epoch0["padding"], epoch1["planned"] + epoch1["padding"])
+        assert counts[0] == counts[1] == max(epoch0["planned"], epoch1["planned"])  # as many as the rank with most
+        assert (epoch0["trained"], epoch1["trained"]) == counts
+        for epoch in (epoch0, epoch1):
+            assert epoch["padding_losses"] == [0.0] * epoch["padding"]  # nothing in them counts
+            padded += epoch["padding"]
+    assert padded > 0  # the ranks' trees did differ: the case was exercised
+    adapters = [torch.load(tmp_path / f"rank{r}_adapter.pt", weights_only=True) for r in range(2)]
+    assert all(torch.equal(adapters[0][name], adapters[1][name]) for name in adapters[0])  # one adapter
+
+
+def test_a_rank_pads_to_the_most_minibatches_and_its_empty_ones_count_nothing():
+    from lit_grpo.buffers.buffer import serve_plan
+    from lit_grpo.run.distributed import minibatch_padding
+
+    assert minibatch_padding(2, TwoRankStrategy(5, []), world_size=2) == 3
+    assert minibatch_padding(5, TwoRankStrategy(2, []), world_size=2) == 0
+    assert minibatch_padding(4, None, world_size=1) == 0
+    buffer = SimpleNamespace(
+        input_ids=torch.arange(12).reshape(3, 4), attention_mask=torch.ones(3, 4, dtype=torch.bool),
+        completion_mask=torch.tensor([[0, 1, 1, 0], [0, 0, 1, 1], [0, 1, 0, 0]], dtype=torch.bool),
+        advantages=torch.tensor([1.0, -1.0, 0.5]), old_logp=torch.zeros(3, 4), temperature=1.0, max_new_tokens=3,
+        ref_logp=None, sampler_logp=None, pair_role=None, values=None,
+        decision_index=torch.tensor([1, 2, 1]), first_token_allowed=torch.full((3, 1), -1),
+        inferred=torch.tensor([True, False, True]), rewards=torch.tensor([1.0, 0.0, 1.0]))
+    batches = serve_plan(buffer, [torch.tensor([0, 1]), torch.tensor([2])], accumulate=2, aggregation="token-mean",
+                         padding=2)
+    assert len(batches) == 4
+    # the first step: the two real minibatches' 5 tokens and 2 inferring rows; the second: the padding, nothing
+    assert [float(b["step_denominator"]) for b in batches] == [5.0, 5.0, 0.0, 0.0]
+    assert [float(b["step_risk_rows"]) for b in batches] == [2.0, 2.0, 0.0, 0.0]
+    for empty in batches[2:]:
+        assert not empty["completion_mask"].any() and not empty["inferred"].any()
+        assert torch.equal(empty["input_ids"], batches[1]["input_ids"])  # the last real one's shape and rows
+    assert batches[1]["completion_mask"].any()  # padding copies, never clears, a real minibatch

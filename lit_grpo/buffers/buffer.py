@@ -155,22 +155,38 @@ def minibatch_plan(buffer: RolloutBuffer, minibatch_size: int, ppo_epochs: int,
 
 
 def serve_plan(buffer: RolloutBuffer, plan: list[torch.Tensor], accumulate: int,
-               aggregation: str) -> list[dict[str, torch.Tensor]]:
-    """The minibatches of ``plan`` cut from the (prepared) buffer.
+               aggregation: str, padding: int = 0) -> list[dict[str, torch.Tensor]]:
+    """The minibatches of ``plan`` cut from the (prepared) buffer, then ``padding`` empty ones (``empty_minibatch``).
 
     Each minibatch carries each loss's count summed over the ``accumulate`` minibatches that make up its optimizer
     step, so the loss of a step does not depend on how it is split: ``step_denominator`` (the policy loss's
     aggregation), ``step_value_tokens`` (counted tokens: the value loss's) and ``step_risk_rows`` (rows that
-    inferred: the risk head's).
+    inferred: the risk head's). An empty minibatch counts zero in each.
     """
     batches = [minibatch(buffer, rows) for rows in plan]
     counts = [minibatch_counts(b, aggregation, buffer.max_new_tokens) for b in batches]
+    if padding and not batches:
+        raise RuntimeError("a rank with no rollouts cannot serve empty minibatches of their shape")
+    batches += [empty_minibatch(batches[-1]) for _ in range(padding)]
+    counts += [{key: torch.zeros_like(value) for key, value in counts[-1].items()} for _ in range(padding)]
     for index, batch in enumerate(batches):
         # Lightning accumulates consecutive batches and steps on the epoch's last batch even if the group is short
         step_start = index // accumulate * accumulate
         batch.update({key: torch.stack([c[key] for c in counts[step_start : step_start + accumulate]]).sum()
                       for key in counts[index]})
     return batches
+
+
+def empty_minibatch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``batch`` with nothing in it counting: no token in the loss (``completion_mask`` all False), no row inferring
+    (the risk head's rows). Under DDP a rank whose tree rollouts make fewer minibatches serves these, so that every
+    rank steps as often as the others (``run.distributed.minibatch_padding``): its loss and gradient are exactly
+    zero, and with the step counts summed over ranks the step is the other ranks' rows alone."""
+    empty = dict(batch)
+    empty["completion_mask"] = torch.zeros_like(batch["completion_mask"])
+    if "inferred" in batch:
+        empty["inferred"] = torch.zeros_like(batch["inferred"])
+    return empty
 
 
 def minibatch_counts(batch: dict[str, torch.Tensor], aggregation: str, max_new_tokens: int) -> dict[str, torch.Tensor]:

@@ -16,23 +16,26 @@ from lit_grpo.buffers.report import RolloutReport
 
 
 class EpochBatches(Dataset):
-    """The train loader's dataset: ``len(plan)`` minibatches of ``buffer``, available once ``serve`` has run.
+    """The train loader's dataset: ``len(plan)`` minibatches of ``buffer`` and ``padding`` empty ones (a DDP rank
+    whose tree rollouts make fewer minibatches than another's), available once ``serve`` has run.
 
     ``plan`` holds each minibatch's rows (``minibatch_plan``), drawn by the DataModule at the epoch's start; the
     minibatches are cut only after the module has prepared the buffer, so they carry its π_old and advantages.
     """
 
-    def __init__(self, buffer: RolloutBuffer, plan: list[torch.Tensor], report: RolloutReport | None = None) -> None:
-        self.buffer, self.plan, self.report = buffer, plan, report
+    def __init__(self, buffer: RolloutBuffer, plan: list[torch.Tensor], report: RolloutReport | None = None,
+                 padding: int = 0) -> None:
+        self.buffer, self.plan, self.report, self.padding = buffer, plan, report, padding
         self.batches: list[dict[str, torch.Tensor]] | None = None
 
     def serve(self, accumulate: int, aggregation: str) -> list[dict[str, torch.Tensor]]:
-        """Cut the minibatches from the prepared buffer, each with its optimizer step's counts (``serve_plan``)."""
-        self.batches = serve_plan(self.buffer, self.plan, accumulate, aggregation)
+        """Cut the minibatches from the prepared buffer, each with its optimizer step's counts, then ``padding``
+        empty ones (``serve_plan``)."""
+        self.batches = serve_plan(self.buffer, self.plan, accumulate, aggregation, self.padding)
         return self.batches
 
     def __len__(self) -> int:
-        return len(self.plan)
+        return len(self.plan) + self.padding
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if self.batches is None:

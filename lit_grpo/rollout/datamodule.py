@@ -32,7 +32,7 @@ from lit_grpo.rollout.reward_worker import RewardWorker
 from lit_grpo.rollout.scoring import TimedScoring
 from lit_grpo.rollout.settings import data_config_problems, resuming_after_finished_epoch
 from lit_grpo.rollout.trees import grow_epoch_trees
-from lit_grpo.run.distributed import rank_and_world
+from lit_grpo.run.distributed import minibatch_padding, rank_and_world
 from lit_grpo.run.rules import RolloutKind, TrainerFacts, choice_problems, cross_knob_problems, staleness_problems
 from lit_grpo.run.resume import task_notes
 from lit_grpo.run.rules import risk_decision_problems
@@ -203,8 +203,10 @@ class RolloutDataModule(HeldOutLoaders, pl.LightningDataModule):
         self._report = self.report(buffer)
         generator = torch.Generator().manual_seed(self.epoch_seed(epoch, "shuffle"))
         plan = minibatch_plan(buffer, self.minibatch_size, self.ppo_epochs, generator)
+        # trees differ in size from rank to rank (grouped rollouts never do): every rank steps as often as the others
+        padding = minibatch_padding(len(plan), trainer.strategy, trainer.world_size) if buffer.trees else 0
         # the module prepares the buffer and cuts these minibatches in its on_train_epoch_start (docs/guide.md#layout)
-        return DataLoader(EpochBatches(buffer, plan, self._report), batch_size=None, shuffle=False)
+        return DataLoader(EpochBatches(buffer, plan, self._report, padding), batch_size=None, shuffle=False)
 
     def report(self, buffer: RolloutBuffer) -> RolloutReport:
         """The epoch's ``RolloutReport``, once its rollouts are drawn (a draw ahead may be running already)."""

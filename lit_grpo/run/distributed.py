@@ -73,8 +73,8 @@ def global_step_denominators(batches: list[dict[str, torch.Tensor]], strategy: A
     counts = strategy.all_gather(torch.tensor([len(batches)], device=device)).cpu()  # [W, 1]
     if counts.min() != counts.max():
         raise RuntimeError(
-            f"ranks would train on different numbers of minibatches ({counts.flatten().tolist()}): their rollouts "
-            "differ in size (tree or chain rollouts?); use equal-size grouped rollouts with more than one rank"
+            f"ranks would train on different numbers of minibatches ({counts.flatten().tolist()}), which the data "
+            "module's padding (minibatch_padding) exists to prevent: a bug, to report with the config"
         )
     if not batches:
         return
@@ -82,6 +82,17 @@ def global_step_denominators(batches: list[dict[str, torch.Tensor]], strategy: A
     summed = strategy.reduce(local.to(device), reduce_op="sum").cpu()  # [num_batches, 3]
     for batch, counts in zip(batches, summed):
         batch.update(zip(STEP_COUNTS, counts))
+
+
+def minibatch_padding(count: int, strategy: Any, world_size: int) -> int:
+    """How many empty minibatches (``buffers.buffer.empty_minibatch``) this rank serves after its ``count`` so that
+    every rank serves as many as the one with the most: tree and chain rollouts differ in size from rank to rank,
+    and a rank that stepped fewer times would leave the others waiting in a gradient all-reduce. A collective:
+    every rank calls it."""
+    if world_size == 1:
+        return 0
+    counts = strategy.all_gather(torch.tensor([count], device=strategy.root_device)).cpu()  # [W, 1]
+    return int(counts.max()) - count
 
 
 def config_world_size(trainer_cfg: dict[str, Any]) -> int | None:
