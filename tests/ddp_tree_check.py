@@ -18,7 +18,18 @@ import torch
 
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.tasks import ClarifyTask
+from lit_grpo.tasks import ClarifyTask, EnvStep
+
+
+class SometimesAskingClarifyTask(ClarifyTask):
+    """The clarification game with every segment of the first two rounds taken as a question for the rows whose b is
+    even (trees of 21 rows), as played for the others (an untrained policy answers at once: trees of 3 rows), so
+    that the ranks' trees differ in size."""
+
+    def step(self, prompt_record: dict, round_index: int, segment_text: str) -> EnvStep:
+        if round_index < 3 and int(prompt_record["b"]) % 2 == 0:
+            return EnvStep("ask", -self.ask_cost, terminal=False, reply=f"b={prompt_record['b']};")
+        return super().step(prompt_record, round_index, segment_text)
 
 
 class RecordPadding(pl.Callback):
@@ -50,9 +61,9 @@ def main() -> None:
     torch.set_num_threads(1)  # two ranks on two cores
     pl.seed_everything(0)
     module = PolicyModule(kl_coef=0.04, dtype="float32", optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
-    # 2 prompts a rank, trees of 1 to 15 rows, 3 rows a minibatch: the ranks' minibatch counts differ
-    datamodule = RolloutDataModule(task=ClarifyTask(), rollout="tree", branching=[3, 2, 2], prompts_per_epoch=4,
-                                   minibatch_size=3, max_new_tokens=5)
+    # 2 prompts a rank, trees of 3 or 21 rows, minibatches of whole trees, 6 rows or more: the counts differ
+    datamodule = RolloutDataModule(task=SometimesAskingClarifyTask(), rollout="tree", branching=[3, 2, 2], prompts_per_epoch=4,
+                                   group_size=3, minibatch_size=6, max_new_tokens=5)
     trainer = pl.Trainer(strategy="ddp", devices=2, accelerator="cpu", max_epochs=4, reload_dataloaders_every_n_epochs=1,
                          use_distributed_sampler=False, num_sanity_val_steps=0, limit_val_batches=0, logger=False,
                          enable_checkpointing=False, default_root_dir=out, enable_progress_bar=False,
