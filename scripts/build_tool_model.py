@@ -1,9 +1,10 @@
 """Build the tool task's warm start, ``data/tiny-qwen2-tools``, and its rows, ``data/tool-arithmetic/rows.jsonl``
 (issue 48): a tiny Qwen2 chat model that speaks Qwen2.5's tool-call format through Qwen2.5's own chat template.
 
-- Rows: 3,000 problems ``a+b+c`` / ``a*c+b`` (``lit_grpo.tasks.tool_arithmetic``), each two calls of ``add`` or
-  ``multiply`` from its answer. ``ToolTask``'s split (200 held out, seed 0) decides which rows train; only those are
-  demonstrated.
+- Rows: 3,000 problems ``a+b+c`` / ``a*c+b`` (``lit_grpo.tasks.tool_arithmetic``) with their operands. The task is
+  the shipped one: the ``Registers`` environment (the operands in registers a, b, c; ``add``/``multiply`` on register
+  names) scored by ``register_answer``. ``ToolTask``'s split (200 held out, seed 0) decides which rows train; only
+  those are demonstrated.
 - Tokenizer: ``data/tiny-qwen2-chat``'s byte-level BPE with Qwen2.5's four tool tokens added (``<tool_call>``,
   ``</tool_call>``, ``<tool_response>``, ``</tool_response>``; ids 32,700-32,703, the vocabulary's padding), Qwen2.5's
   chat template read from TRL's installed copy (``trl/chat_templates/qwen2_5.jinja``) and its response parsing from
@@ -12,13 +13,14 @@
   attention takes), 1,024 positions, tied embeddings, trained from random weights by teacher forcing on episodes
   built exactly as the rollout builds them (prompt ids, sampled-turn ids, the template's reply ids): loss on the
   assistant turns only.
-- Demonstrations are imperfect on purpose, so that RL has something to learn: per row, the right two calls and the
-  answer (``--p-tools``), a direct guess near the answer without tools (``--p-guess``), or a first call with a
-  broken JSON object (the rest). The warm start speaks the format but often skips the tools and sometimes breaks a
-  call.
+- Demonstrations are imperfect on purpose, so that RL has something to learn: per row, the plan (two calls, then
+  "The answer is r2."; ``--p-tools``), a guess of a number near the answer without tools (``--p-guess``), or a first
+  call with a broken JSON object (the rest). Guesses being the most common, greedy decoding answers without tools
+  while sampling calls them about a third of the time.
 
 Usage: ``.venv/bin/python scripts/build_tool_model.py`` (needs the test extra's TRL; deterministic for the same
-libraries; prints the held-out greedy return, tool use and malformed share, and writes them into BUILD.md).
+libraries; prints the held-out greedy and sampled return, tool use and malformed share, and writes them into
+BUILD.md).
 """
 
 from __future__ import annotations
@@ -228,7 +230,23 @@ Rebuilt by:
   a direct guess (p {options.p_guess}), or a broken first call (the rest)
 - greedy held-out episodes (100 validation rows, <= 3 turns): mean return {figures['return']:.3f}, tool use
   {figures['tool_use']:.3f}, malformed calls per episode {figures['malformed']:.3f}
+- sampled held-out episodes (4 per row, temperature 1): mean return {figures['sampled_return']:.3f}, share that
+  called a tool {figures['sampled_tool_use']:.3f}, malformed {figures['sampled_malformed']:.3f}
 - wall time: {seconds:.0f} s on 2 CPU cores
+
+The task (`lit_grpo.tasks.tool_arithmetic.Registers`): the question's numbers are in registers a, b and c; the
+tools `add(x, y)` and `multiply(x, y)` take register names and store their result in r1, r2; the answer names a
+register ("The answer is r2."). The demonstrations are the plan (`multiply` or `add` on a and b, then `add` on r1
+and c, then "The answer is r2."), a guess of a number near the answer ("The answer is 131."), or a broken first
+call. Guesses are the most common demonstration and all start alike, so greedy decoding answers at once without a
+tool (return 0) while a sampled episode calls a tool about a third of the time: the decision RL has to learn.
+
+Why registers and not numbers: the first build (same model, the tools taking the numbers themselves, 1,500 steps)
+learnt the format and the plan but not to copy a two-digit number into a call: held-out teacher-forced accuracy on
+the digits 0.31, greedy return 0.000. Two attempts to teach the copying did not get it within a build's time: the
+plan alone (every row demonstrated with tools) had digit accuracy 0.15 after 300 steps, and a drill of dense copying
+(a user message of random numbers, repeated by the assistant) stayed at loss 1.72 per token after 500 steps (no
+copying: a uniform digit costs 2.30). Naming registers needs no copying.
 """
 
 

@@ -53,3 +53,22 @@ class PickyRegisters(Registers):
         if int(answer) % 3 == 0:
             raise LookupError(f"no record for {answer}")
         return super().reset(operands)
+
+
+class OpaqueRegisters(Registers):
+    """``multiply`` returns what is neither text nor JSON."""
+
+    def multiply(self, x: str, y: str) -> str:
+        """Multiply two registers and store the product in a new register.
+
+        Args:
+            x: The name of the first register.
+            y: The name of the second register.
+        """
+        return object()
+
+
+class AddOnlyRegisters:
+    """The registers with ``add`` only: the model's ``multiply`` calls name a tool that is not there."""
+
+    reset, add, _read, _store = Registers.reset, Registers.add, Registers._read, Registers._store
