@@ -56,10 +56,10 @@ class PickyRegisters(Registers):
 
 
 class OpaqueRegisters(Registers):
-    """``multiply`` returns what is neither text nor JSON."""
+    """``add`` returns what is neither text nor JSON."""
 
-    def multiply(self, x: str, y: str) -> str:
-        """Multiply two registers and store the product in a new register.
+    def add(self, x: str, y: str) -> str:
+        """Add two registers and store the sum in a new register.
 
         Args:
             x: The name of the first register.
@@ -68,7 +68,8 @@ class OpaqueRegisters(Registers):
         return object()
 
 
-class AddOnlyRegisters:
-    """The registers with ``add`` only: the model's ``multiply`` calls name a tool that is not there."""
+class MultiplyOnlyRegisters:
+    """The registers with ``multiply`` only: the model's ``add`` calls (every plan has one) name a tool that is not
+    there."""
 
-    reset, add, _read, _store = Registers.reset, Registers.add, Registers._read, Registers._store
+    reset, multiply, _read, _store = Registers.reset, Registers.multiply, Registers._read, Registers._store
