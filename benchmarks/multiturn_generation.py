@@ -9,9 +9,10 @@ the next turn is one ``generate`` call over the grown contexts, as ``rollout/tre
 generates ``4 x --turn-tokens`` tokens in one call. No tool runs: engine time only. Each figure is the median of
 ``--repeats``; the ratio is episode / baseline.
 
-The hf engine re-prefills each turn's whole context (its cache is the call's, not kept across calls): the cost of
-that, measured here, is the question. vLLM keeps the blocks of a context it has seen (prefix caching, pinned on by
-``VLLMEngine``), so a later turn prefills only its new ids.
+Engines: ``hf`` keeps a turn's key/value cache for the next (``HFEngine(keep_turn_cache=True)``, the default:
+``lit_grpo/engines/hf_turns.py``), so a later turn runs only its new ids; ``hf-refill`` is the same engine
+prefilling each turn's whole context again (``keep_turn_cache=False``), the cost the cache saves; ``vllm`` keeps the
+blocks of a context it has seen (prefix caching, pinned on by ``VLLMEngine``).
 
 Run alone (one benchmark at a time):
 
@@ -60,9 +61,9 @@ def prompts_and_reply(episodes: int, tokenizer: Any) -> tuple[list[list[int]], l
 
 def episode_seconds(engine: Any, prompts: list[list[int]], reply: list[int], turn_tokens: int) -> float:
     contexts = [list(p) for p in prompts]
-    spec = SamplingSpec(max_new_tokens=turn_tokens, stop_token_ids=(), seed=0)
     start = time.perf_counter()
-    for turn in range(TURNS):
+    for turn in range(TURNS):  # each turn but the last tells the engine another follows, as rollout/trees.py does
+        spec = SamplingSpec(max_new_tokens=turn_tokens, stop_token_ids=(), seed=turn, next_turn=turn < TURNS - 1)
         groups = engine.generate(contexts, 1, spec)
         contexts = [c + list(g[0].token_ids) + (reply if turn < TURNS - 1 else []) for c, g in zip(contexts, groups)]
     return time.perf_counter() - start
@@ -83,7 +84,7 @@ def measure(name: str, engine: Any, policy: Any, prompts: list[list[int]], reply
         episodes.append(episode_seconds(engine, prompts, reply, options.turn_tokens))
         singles.append(completion_seconds(engine, prompts, TURNS * options.turn_tokens))
     episode, single = statistics.median(episodes), statistics.median(singles)
-    print(f"{name:5s} | {len(prompts)} episodes x {TURNS} turns x {options.turn_tokens} tokens, "
+    print(f"{name:9s} | {len(prompts)} episodes x {TURNS} turns x {options.turn_tokens} tokens, "
           f"{len(reply)} reply ids a turn | episode {episode:.2f} s | one completion of "
           f"{TURNS * options.turn_tokens} tokens {single:.2f} s | ratio {episode / single:.2f}", flush=True)
 
@@ -93,13 +94,14 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--turn-tokens", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--engines", nargs="+", default=["hf", "vllm"])
+    parser.add_argument("--engines", nargs="+", default=["hf", "hf-refill", "vllm"])
     options = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     policy = load_policy(str(MODEL), 8, 16, 0.0, "all-linear")
     prompts, reply = prompts_and_reply(options.episodes, AutoTokenizer.from_pretrained(MODEL))
     print(f"prompt ids: {min(map(len, prompts))}-{max(map(len, prompts))}")
-    engines = {"hf": HFEngine, "vllm": lambda: VLLMEngine(dtype="float32", kv_cache_gib=1.0)}
+    engines = {"hf": HFEngine, "hf-refill": lambda: HFEngine(keep_turn_cache=False),
+               "vllm": lambda: VLLMEngine(dtype="float32", kv_cache_gib=1.0)}
     for name in options.engines:
         engine = engines[name]()
         measure(name, engine, policy, prompts, reply, options)

@@ -50,8 +50,13 @@ def run(config: str, engine: str, seed: int) -> dict[str, Any]:
     calls = epoch_series(root, "tools/call_frequency")
     return {"config": config, "engine": engine, "seed": seed, "seconds": round(seconds, 1),
             "before": returns[0][1], "after": returns[-1][1], "epochs": returns[-1][0] + 1,
-            "malformed_first": malformed[0], "malformed_last": malformed[-1],
-            "calls_first": calls[0], "calls_last": calls[-1]}
+            "malformed": malformed, "calls": calls}
+
+
+def edge_means(series: list[float], epochs: int = 5) -> tuple[float, float]:
+    """The means of a per-epoch series over its first and its last ``epochs`` epochs (one epoch's share of 64
+    sampled episodes is too noisy to compare alone)."""
+    return statistics.fmean(series[:epochs]), statistics.fmean(series[-epochs:])
 
 
 def epoch_series(root: Path, name: str) -> list[float]:
@@ -70,17 +75,21 @@ def interval(values: list[float]) -> tuple[float, float, float]:
 
 
 def report(runs: list[dict[str, Any]]) -> None:
-    print("| config | engine | warm start return | after | gain, mean [95 % interval] | malformed first -> last | "
-          "tool calls per episode first -> last | epochs | seconds |")
+    print("| config | engine | warm start return | after | gain, mean [95 % interval] | malformed episodes, first 5 "
+          "epochs -> last 5 | tool calls per episode, first 5 -> last 5 | epochs | seconds (max) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for key in sorted({(r["config"], r["engine"]) for r in runs}):
         group = [r for r in runs if (r["config"], r["engine"]) == key]
         gain, low, high = interval([r["after"] - r["before"] for r in group])
         mean = lambda name: statistics.fmean(r[name] for r in group)  # noqa: E731 - a column's mean
+        malformed = [edge_means(r["malformed"]) for r in group]
+        calls = [edge_means(r["calls"]) for r in group]
         print(f"| {key[0]} | {key[1]} | {mean('before'):.3f} | {mean('after'):.3f} | {gain:+.3f} "
-              f"[{low:+.3f}, {high:+.3f}] | {mean('malformed_first'):.3f} -> {mean('malformed_last'):.3f} | "
-              f"{mean('calls_first'):.2f} -> {mean('calls_last'):.2f} | {mean('epochs'):.0f} | "
-              f"{mean('seconds'):.0f} |")
+              f"[{low:+.3f}, {high:+.3f}] | {statistics.fmean(m[0] for m in malformed):.3f} -> "
+              f"{statistics.fmean(m[1] for m in malformed):.3f} (fewer in {sum(m[1] < m[0] for m in malformed)} of "
+              f"{len(group)} seeds) | {statistics.fmean(c[0] for c in calls):.2f} -> "
+              f"{statistics.fmean(c[1] for c in calls):.2f} | {mean('epochs'):.0f} | "
+              f"{mean('seconds'):.0f} ({max(r['seconds'] for r in group):.0f}) |")
 
 
 def main() -> None:
@@ -88,7 +97,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--configs", nargs="+", default=["tools", "tools_tree"])
     parser.add_argument("--engines", nargs="+", default=["hf", "vllm"], choices=sorted(ENGINES))
+    parser.add_argument("--report", action="store_true", help="only print the table of the results file's runs")
     options = parser.parse_args()
+    if options.report:
+        report([json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()])
+        return
     runs = []
     for engine in options.engines:
         for config in options.configs:

@@ -395,3 +395,70 @@ def test_every_eos_id_of_the_checkpoint_ends_a_completion(model_dir, tmp_path):
     policy.get_base_model().generation_config.eos_token_id = [2, 100_000]
     with pytest.raises(InputError, match=r"EOS ids \[100000\].*outside the model's vocabulary of 100"):
         completion_stop_ids(tokenizer, policy)
+
+
+REPLY = [33, 40, 41, 42, 33]  # an environment's reply after a turn (the tool message's ids)
+
+
+def two_turns(policy, keep, n_first, n_second, change_weights=False):
+    """A first turn told another follows, then a second on prompt + completion + reply for every completion;
+    returns (first turn's groups, second turn's groups, the shape of the second call's first forward)."""
+    engine = HFEngine(keep_turn_cache=keep)
+    engine.push_policy(policy)
+    first = engine.generate(PROMPTS, n_first, SamplingSpec(max_new_tokens=6, temperature=T, seed=3,
+                                                           stop_token_ids=STOPS, next_turn=True))
+    contexts = [prompt + list(c.token_ids) + REPLY for prompt, group in zip(PROMPTS, first) for c in group]
+    if change_weights:
+        randomise_lora(policy, 5)
+    shapes, handle = forward_shapes(policy)
+    try:
+        second = engine.generate(contexts, n_second, SamplingSpec(max_new_tokens=6, temperature=T, seed=4,
+                                                                  stop_token_ids=STOPS))
+    finally:
+        handle.remove()
+    return first, contexts, second, shapes[0]
+
+
+@pytest.mark.parametrize("n_first, n_second", [(2, 1), (2, 3)])
+@pytest.mark.parametrize("architecture", ["llama", "gpt2"])
+def test_a_next_turn_runs_only_its_new_tokens_and_draws_what_a_full_prefill_draws(request, architecture, n_first,
+                                                                                  n_second):
+    policy = request.getfixturevalue("policy" if architecture == "llama" else "gpt2_policy")
+    kept_first, contexts, kept_second, kept_shape = two_turns(policy, True, n_first, n_second)
+    full_first, full_contexts, full_second, full_shape = two_turns(policy, False, n_first, n_second)
+    assert contexts == full_contexts  # the first turn does not depend on keeping
+    # kept: the second call first runs each context's new tokens but the last (the reply's, and the last drawn
+    # token where a row ran to max_new_tokens) on the relaid cache; in full: every context's whole prompt
+    assert kept_shape[0] == len(contexts) and kept_shape[1] <= len(REPLY)
+    assert full_shape == ((len(contexts), max(map(len, contexts)) - 1) if n_second > 1
+                          else (len(contexts), max(map(len, contexts))))
+    for kept_group, full_group, context in zip(kept_second, full_second, contexts):
+        for kept, full in zip(kept_group, full_group):
+            assert kept.token_ids == full.token_ids and kept.finish_reason == full.finish_reason
+            assert max(abs(a - b) for a, b in zip(kept.logprobs, full.logprobs)) < 1e-5
+            assert_trainer_logprobs(policy, context, kept)  # the trainer's log-probs of the continued context
+
+
+def test_a_kept_turn_serves_only_the_same_weights_and_prompts_that_continue_it(policy):
+    original = {n: p.detach().clone() for n, p in policy.named_parameters() if "lora_B" in n}
+    try:
+        _, contexts, second, shape = two_turns(policy, True, 2, 1, change_weights=True)
+        assert shape == (len(contexts), max(map(len, contexts)))  # the weights moved: a full prefill
+        for context, (completion,) in zip(contexts, second):
+            assert_trainer_logprobs(policy, context, completion)
+    finally:
+        with torch.no_grad():
+            for name, param in policy.named_parameters():
+                if name in original:
+                    param.copy_(original[name])
+    engine = HFEngine()
+    engine.push_policy(policy)
+    engine.generate(PROMPTS, 2, SamplingSpec(max_new_tokens=6, temperature=T, seed=3, stop_token_ids=STOPS,
+                                             next_turn=True))
+    strangers = [[1, 50, 51, 52, 33], [1, 53]]
+    shapes, handle = forward_shapes(policy)
+    try:
+        engine.generate(strangers, 1, SamplingSpec(max_new_tokens=3, temperature=T, seed=0))
+    finally:
+        handle.remove()
+    assert shapes[0] == (2, 5)  # prompts that continue no kept row: their whole prefill, as without a turn

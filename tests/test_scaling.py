@@ -199,21 +199,24 @@ def test_cli_refuses_fsdp_on_cpu_with_one_message(capfd, monkeypatch):
 
 
 def test_the_command_destroys_its_process_group_before_the_interpreter_finalises(monkeypatch, tmp_path):
-    """A gloo group left to interpreter finalisation can abort a rank that finished (exit -6, seen on a CI run of the
-    loopback launch above): the command destroys it itself, on a failing path too."""
+    """A gloo group of several ranks left to interpreter finalisation can abort a rank that finished (exit -6, seen on
+    a CI run of the loopback launch above): the command destroys it itself, on a failing path too. A group of one
+    process (an in-process vLLM engine's) is left to the engine's own shutdown."""
     import lit_grpo.cli as cli
-
-    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
 
     def refused(args):
         assert torch.distributed.is_initialized()  # the group lives while the run runs
         raise cli.InputError("a bad input")
 
     monkeypatch.setattr(cli, "LitGRPOCLI", refused)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         with pytest.raises(SystemExit) as exited:
             cli.main(["fit"])
-        assert exited.value.code == 2
+        assert exited.value.code == 2 and torch.distributed.is_initialized()  # one process: vLLM's to destroy
+        monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)  # as a DDP rank sees it
+        with pytest.raises(SystemExit):
+            cli.main(["fit"])
         assert not torch.distributed.is_initialized()
     finally:
         if torch.distributed.is_initialized():

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from lit_grpo.engines import SamplingSpec, VLLMServerEngine
 from lit_grpo.engines.server_address import free_port, server_address
@@ -61,6 +62,8 @@ def test_started_server_listens_on_loopback_with_runtime_lora():
     assert command[command.index("--logprobs-mode") + 1] == "processed_logprobs"
     assert command[command.index("--max-model-len") + 1] == "64"
     assert command[-2:] == ["--max-num-seqs", "8"]
+    # on a CPU build, whole prefills: a split one rewinds a seeded request's generator, which a CPU one cannot
+    assert ("--no-enable-chunked-prefill" in command) == (not torch.cuda.is_available())
     # by default the server takes the model's own context length
     assert "--max-model-len" not in server_command("/models/base", server_address(port=8123), VLLMServerEngine(),
                                                    "bfloat16")

@@ -64,7 +64,9 @@ class CompareRows(pl.Callback):
             drawn = [c for c in self.engine.sampled.get(tuple(node.context), []) if list(c.token_ids) == counted]
             self.figures["rows"] += 1
             self.figures["rows_equal_to_a_sample"] += bool(drawn) and counted == list(node.segment)
-            self.figures["logprobs_the_samplers"] += bool(drawn) and list(drawn[0].logprobs) == list(node.logprobs)
+            # the same tokens drawn twice for one context may differ in their log-probs' last bits (another row of
+            # the batch): the row's are one of those draws'
+            self.figures["logprobs_the_samplers"] += any(list(c.logprobs) == list(node.logprobs) for c in drawn)
             self.figures["context_masked"] += not buffer.completion_mask[row, : len(node.context)].any()
             for child in node.children:
                 if getattr(child, "segment", ()):
@@ -88,9 +90,11 @@ def main() -> None:
                     rewards=[register_answer], max_turns=3, heldout_size=200)  # configs/tools.yaml's task
     module = PolicyModule(model_name_or_path=str(ROOT / "data" / "tiny-qwen2-tools"), kl_coef=0.04, dtype="float32",
                           optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0))
-    datamodule = RolloutDataModule(task=task, engine=engine, rollout=rollout,
-                                   branching=[4, 1, 1] if rollout == "chains" else [2, 2, 2], group_size=4,
-                                   prompts_per_epoch=4, minibatch_size=64, max_new_tokens=48)
+    # chains as configs/tools.yaml draws them (64 episodes of 350-id prompts: more than a vLLM batch's token budget)
+    shape = dict(branching=[8, 1, 1], group_size=8, prompts_per_epoch=8) if rollout == "chains" else dict(
+        branching=[2, 2, 2], group_size=4, prompts_per_epoch=4)
+    datamodule = RolloutDataModule(task=task, engine=engine, rollout=rollout, minibatch_size=64, max_new_tokens=48,
+                                   **shape)
     compare = CompareRows(engine)
     trainer = pl.Trainer(max_epochs=2, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,
                          limit_val_batches=0, callbacks=[compare, RolloutMetrics(table_every_n_epochs=0)], default_root_dir=out, logger=False,

@@ -17,7 +17,9 @@ class SamplingSpec:
 
     Training rollouts sample from the full distribution (no top-k, top-p 1): truncation would bias the importance
     ratio. ``allowed_token_ids`` holds one list per prompt (or ``None``) and restricts the
-    first token of the completion, e.g. the risk rule forcing a defer.
+    first token of the completion, e.g. the risk rule forcing a defer. ``next_turn``: the next call's prompts will
+    be these prompts, their completions and more (a multi-turn episode's next turn); the hf engine then keeps the
+    rows' cache for it (``engines/hf_turns.py``); other engines may ignore it.
     """
 
     max_new_tokens: int
@@ -26,6 +28,7 @@ class SamplingSpec:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     allowed_token_ids: tuple[tuple[int, ...] | None, ...] | None = None
+    next_turn: bool = False  # the caller's next call continues these rows (an engine may keep their cache for it)
 
 
 @runtime_checkable

@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 from lit_grpo.engines.base import Completion, SamplingSpec
 from lit_grpo.engines.cpu_weights import packed_frozen_linears
 from lit_grpo.engines.hf_decode import Decoding, decode, prompt_uniforms, shared_prefill
+from lit_grpo.engines.hf_turns import KeptTurn, continue_prefill, keep_turn, weights_checksum
 from lit_grpo.errors import InputError
 
 
@@ -35,23 +36,29 @@ class HFEngine:
             bf16 and 4x faster fp32 output heads on a CPU with AVX-512; holds a second copy of those weights while
             generating). Where the CPU cannot pack the model's dtype (bf16 without AVX-512 or avx_ne_convert), the
             weights decode unpacked and one line says so; see ``lit_grpo.engines.cpu_weights``.
+        keep_turn_cache: when a call says another turn follows (a tool episode's, a game's round), keep its rows'
+            key/value cache so that the next turn runs only its new tokens (``lit_grpo.engines.hf_turns``; a call of
+            more than ``batch_size`` prompts keeps nothing). Holds one call's cache between the two calls.
     """
 
     def __init__(self, batch_size: int = 64, shared: bool = False, share_prompt_prefill: bool = True,
-                 pack_cpu_weights: bool = True) -> None:
+                 pack_cpu_weights: bool = True, keep_turn_cache: bool = True) -> None:
         if batch_size < 1:
             raise InputError(f"HFEngine batch_size: must be >= 1, got {batch_size}")
         self.batch_size = batch_size
         self.shared = shared
         self.share_prompt_prefill = share_prompt_prefill
         self.pack_cpu_weights = pack_cpu_weights
+        self.keep_turn_cache = keep_turn_cache
         self._model: Any = None
+        self._kept: KeptTurn | None = None  # the last call's cache, when its caller said a turn follows
+        self._call_prompts = 0
 
     def push_policy(self, model: Any) -> None:
-        self._model = model
+        self._model, self._kept = model, None
 
     def close(self) -> None:
-        self._model = None
+        self._model, self._kept = None, None
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSpec) -> list[list[Completion]]:
         if self._model is None:
@@ -61,6 +68,9 @@ class HFEngine:
         # an unseeded call still draws independently of the global RNG, which it leaves alone
         seed = random.SystemRandom().getrandbits(62) if sampling.seed is None else sampling.seed
         results: list[list[Completion]] = []
+        kept, self._kept, self._call_prompts = self._kept, None, len(prompts)  # a kept cache serves one call only
+        if kept is not None and kept.checksum != weights_checksum(self._model):
+            kept = None  # the weights moved since: that cache is another policy's
         starts = range(0, len(prompts), self.batch_size)
         # a bar on a terminal when generation takes several loops; None lets tqdm stay quiet when not a TTY
         quiet = True if len(starts) < 2 else None
@@ -70,20 +80,25 @@ class HFEngine:
             with torch.no_grad(), packed_frozen_linears(model, self.pack_cpu_weights):
                 for start in tqdm(starts, desc="generating", unit="batch", leave=False, disable=quiet):
                     chunk = slice(start, min(start + self.batch_size, len(prompts)))
-                    results.extend(self._generate_chunk(prompts[chunk], n, sampling, chunk, seed))
+                    results.extend(self._generate_chunk(prompts[chunk], n, sampling, chunk, seed,
+                                                        kept if len(starts) == 1 else None))
         finally:
             model.train(was_training)
         return results
 
     def _generate_chunk(self, prompts: list[list[int]], n: int, sampling: SamplingSpec, chunk: slice,
-                        seed: int) -> list[list[Completion]]:
+                        seed: int, kept: KeptTurn | None) -> list[list[Completion]]:
         model = self._model
-        input_ids, attention_mask = left_pad(prompts, pad_token_id(model), model.device)  # [B, P]
-        cache = None
-        if self.share_prompt_prefill and n > 1 and input_ids.shape[1] > 1:
-            cache = shared_prefill(model, input_ids, attention_mask, n)
-        input_ids = input_ids.repeat_interleave(n, 0)  # [B * n, P], prompt-major
-        attention_mask = attention_mask.repeat_interleave(n, 0)
+        continued = None if kept is None else continue_prefill(model, kept, prompts, n, pad_token_id(model))
+        if continued is not None:  # the previous turn's cache, relaid; only the new tokens run
+            input_ids, attention_mask, cache = continued
+        else:
+            input_ids, attention_mask = left_pad(prompts, pad_token_id(model), model.device)  # [B, P]
+            cache = None
+            if self.share_prompt_prefill and n > 1 and input_ids.shape[1] > 1:
+                cache = shared_prefill(model, input_ids, attention_mask, n)
+            input_ids = input_ids.repeat_interleave(n, 0)  # [B * n, P], prompt-major
+            attention_mask = attention_mask.repeat_interleave(n, 0)
         seeds = [seed + index for index in range(chunk.start, chunk.stop)]
         how = Decoding(
             uniforms=None if sampling.greedy else prompt_uniforms(seeds, n, sampling.max_new_tokens, model.device),
@@ -92,9 +107,13 @@ class HFEngine:
             stop_ids=torch.tensor(sampling.stop_token_ids, dtype=torch.long, device=model.device),
             max_new_tokens=sampling.max_new_tokens,
         )
-        new_tokens, logprobs = decode(model, input_ids, attention_mask, cache, how)  # [B * n, S] each
+        new_tokens, logprobs, cache = decode(model, input_ids, attention_mask, cache, how)  # [B * n, S] each
         stops = set(sampling.stop_token_ids)
         flat = [to_completion(ids, lps, stops) for ids, lps in zip(new_tokens.cpu(), logprobs.cpu())]
+        if sampling.next_turn and self.keep_turn_cache and chunk.start == 0 and chunk.stop == self._call_prompts:
+            rows = [list(prompt) for prompt in prompts for _ in range(n)]  # prompt-major, as decoded
+            self._kept = keep_turn(cache, attention_mask, rows, new_tokens, [len(c.token_ids) for c in flat],
+                                   weights_checksum(model))
         return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
 
 

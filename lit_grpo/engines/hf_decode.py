@@ -88,13 +88,14 @@ class Decoding:
 
 
 def decode(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any,
-           how: Decoding) -> tuple[torch.Tensor, torch.Tensor]:
+           how: Decoding) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """Sample up to ``how.max_new_tokens`` tokens for each left-padded row of ``input_ids [R, P]``. With a
     ``cache`` of the first ``P - 1`` columns, only the last column is run first; without, the whole prompt.
 
     Returns ``tokens [R, S]`` and their log-probs ``[R, S]`` under the distribution each was drawn from (tempered,
     first token renormalised over its allowed set), ``S`` <= max_new_tokens: the loop ends when every row has drawn
-    a stop id; tokens after a row's stop are continuations nobody reads. The ``[R, V]`` buffers of the sampler are
+    a stop id; tokens after a row's stop are continuations nobody reads. Then the cache: the prompt's columns and
+    the first ``S - 1`` tokens drawn (the last was never run). The ``[R, V]`` buffers of the sampler are
     allocated once and reused at every step: fresh ones are fresh page mappings each step (the lit-grpo command
     maps every block above 1 MiB on its own, ``lit_grpo.run.host_memory``), 5 ms of a 22 ms step at a 151,936-token
     vocabulary here."""
@@ -127,4 +128,4 @@ def decode(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, ca
         pending = token[:, None]
         mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=1)  # [R, P + steps]
         positions = mask.sum(-1, keepdim=True) - 1  # the new token's place among the row's real tokens
-    return tokens[:, :steps], logprobs[:, :steps]
+    return tokens[:, :steps], logprobs[:, :steps], cache

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
+import torch
+
 from lit_grpo.engines.server_address import ServerAddress
 
 if TYPE_CHECKING:
@@ -33,6 +35,8 @@ def server_command(model_path: str, address: ServerAddress, engine: "VLLMServerE
         command += ["--max-model-len", str(engine.max_model_len)]
     if engine.enforce_eager:
         command.append("--enforce-eager")
+    if not torch.cuda.is_available():  # a CPU build here: whole prefills (VLLMEngine's chunked_prefill says why)
+        command.append("--no-enable-chunked-prefill")
     return command + engine.server_args
 
 

@@ -117,6 +117,7 @@ class VLLMEngine:
                 enforce_eager=self.enforce_eager,
                 tensor_parallel_size=self.tensor_parallel_size,
                 enable_prefix_caching=True,  # vLLM's default, pinned: a tool episode's later turns reuse its prefix
+                enable_chunked_prefill=chunked_prefill(),
                 enable_lora=self.push_strategy == "adapter",
                 max_lora_rank=self.max_lora_rank,
                 max_loras=1,
@@ -216,6 +217,17 @@ class VLLMEngine:
             logprobs=0,
             detokenize=False,
         )
+
+
+def chunked_prefill() -> bool | None:
+    """False on a CPU build (whole prefills), None elsewhere (vLLM's default, chunked). A seeded request whose
+    prefill is split rewinds its generator, which a CPU generator cannot do: vLLM 0.32 on CPU fails "CPU Generator
+    does not use offset" once a batch's prompts exceed its token budget (64 tool prompts of 350 ids do). vLLM warns
+    that disabling it "may cause the engine to crash or produce incorrect outputs"; the sampler's log-probs are
+    checked against the trainer's every epoch (``rollout/logp_diff_max``; ``tests/test_tool_episodes.py``)."""
+    from vllm.platforms import current_platform
+
+    return False if current_platform.is_cpu() else None
 
 
 def join_completions(first: Completion, rest: Completion | None) -> Completion:

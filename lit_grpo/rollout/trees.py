@@ -46,7 +46,8 @@ def expand_trees(
         contexts = [list(node.context + node.segment + node.reply) for node in open_nodes]
         # round d's base seed, then the index of these prompts among the epoch's (a rank's share, the rule's trees)
         round_seed = None if sampling.seed is None else derived_seed(sampling.seed, "round", depth) + request_offset
-        round_sampling = replace(sampling, seed=round_seed)
+        # another round follows: the engine may keep these rows' cache for it (the hf engine does)
+        round_sampling = replace(sampling, seed=round_seed, next_turn=depth < len(branching))
         constraints = tuple(decide(contexts, depth)) if decide is not None else (None,) * len(contexts)
         if any(c is not None for c in constraints):
             round_sampling = replace(round_sampling, allowed_token_ids=constraints)

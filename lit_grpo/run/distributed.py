@@ -154,11 +154,13 @@ def threads_per_process(cores: int, processes: int) -> int:
 
 
 def release_process_group() -> None:
-    """Destroys the default process group, if this process made one, while the interpreter is whole.
+    """Destroys the default process group of a run over several ranks while the interpreter is whole.
 
     Lightning destroys it at exit for NCCL only; a gloo group left to the interpreter's finalisation can abort the
     process (SIGABRT, "terminate called without an active exception": gloo's worker threads still hold work whose
     tensors need the GIL being torn down), a rank's successful run then exiting -6. Local, not a collective: safe
-    on every path, whatever the other ranks are doing."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    on every path, whatever the other ranks are doing. A group of one process is an in-process vLLM engine's, which
+    its own shutdown destroys (destroyed here first, that shutdown fails on it)."""
+    if (torch.distributed.is_available() and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1):
         torch.distributed.destroy_process_group()
