@@ -55,10 +55,11 @@ class ScriptedEngine:
     """Gives each context the completions ``script(turn, context_text)`` names (a fake engine)."""
 
     def __init__(self, script):
-        self.script, self.contexts = script, []
+        self.script, self.contexts, self.specs = script, [], []
 
     def generate(self, prompts, n, sampling):
         self.contexts += prompts
+        self.specs.append(sampling)
         out = []
         for prompt in prompts:
             text = TOKENIZER.decode(prompt)
@@ -315,3 +316,9 @@ def test_a_branching_that_does_not_match_the_turns_is_refused_before_anything_lo
     config["data"]["branching"] = [8, 1, 1]
     assert config_problems(config) == [
         "data.branching [8, 1, 1] names 3 turn(s), data.task ToolTask allows max_turns 4: give one width per turn"]
+
+
+def test_each_turn_but_the_last_tells_the_engine_another_follows():
+    task = ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=3)
+    _, engine = grow(task, lambda turn, text: [CALL], [1, 1, 1])
+    assert [spec.next_turn for spec in engine.specs] == [True, True, False]

@@ -131,3 +131,20 @@ def test_an_environment_that_edits_its_record_changes_nothing_of_the_run():
     assert record == kept and root.record is record
     asked = next(child for child in root.children if child.kind == "ask")
     assert TOKENIZER.decode(list(asked.reply)) == "b=25;"  # both rounds saw the record as it was
+
+
+def test_a_games_rounds_ask_the_engine_to_keep_nothing():
+    """The games' prompts are a few ids: their rounds do not ask an engine to keep a cache (their runs keep their
+    numbers to the last bit; a relaid cache rounds otherwise)."""
+    specs = []
+
+    class Recording(ScriptedEngine):
+        def generate(self, prompts, n, sampling):
+            specs.append(sampling)
+            return super().generate(prompts, n, sampling)
+
+    record = ClarifyTask.record(37, 25, hidden=True)
+    engine = Recording({"<s>37+?=": ["?"], "<s>37+?=?</s>b=25;": ["62"]})
+    expand_trees(ClarifyTask(), engine, TOKENIZER, [record], branching=[1, 1],
+                 sampling=SamplingSpec(max_new_tokens=4, stop_token_ids=(EOS,)))
+    assert [spec.next_turn for spec in specs] == [False, False]

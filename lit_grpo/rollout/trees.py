@@ -46,8 +46,11 @@ def expand_trees(
         contexts = [list(node.context + node.segment + node.reply) for node in open_nodes]
         # round d's base seed, then the index of these prompts among the epoch's (a rank's share, the rule's trees)
         round_seed = None if sampling.seed is None else derived_seed(sampling.seed, "round", depth) + request_offset
-        # another round follows: the engine may keep these rows' cache for it (the hf engine does)
-        round_sampling = replace(sampling, seed=round_seed, next_turn=depth < len(branching))
+        # another turn of a chat task follows: the engine may keep these rows' cache for it (the hf engine does).
+        # The games' prompts are a few ids, whose prefill costs nothing, and their runs keep their numbers to the
+        # last bit (a relaid cache rounds otherwise in the last bits: 1e-5 on an adapter after an epoch)
+        next_turn = depth < len(branching) and task.owns_turns
+        round_sampling = replace(sampling, seed=round_seed, next_turn=next_turn)
         constraints = tuple(decide(contexts, depth)) if decide is not None else (None,) * len(contexts)
         if any(c is not None for c in constraints):
             round_sampling = replace(round_sampling, allowed_token_ids=constraints)
