@@ -73,3 +73,16 @@ class MultiplyOnlyRegisters:
     there."""
 
     reset, multiply, _read, _store = Registers.reset, Registers.multiply, Registers._read, Registers._store
+
+
+class IntegerRegisters(Registers):
+    """``add`` declares integer arguments: the model's register names are the wrong type."""
+
+    def add(self, x: int, y: int) -> str:
+        """Add two registers and store the sum in a new register.
+
+        Args:
+            x: The name of the first register.
+            y: The name of the second register.
+        """
+        return super().add(x, y)

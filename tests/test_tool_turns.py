@@ -253,6 +253,15 @@ def test_a_model_without_response_parsing_or_rows_too_few_is_refused_by_name():
         ToolTask(records=RECORDS, rewards=[exact_answer], heldout_size=10).split()
 
 
+def test_a_template_that_does_not_render_tools_is_refused_by_name():
+    task = ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=2)
+    blind = with_template("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    with pytest.raises(InputError, match=r"the chat template of .*tiny-qwen2-chat' does not render tools \(tools=\): "
+                                         r"the model would never see the tools' schemas"):
+        grow_with(task, blind)
+
+
 def grow_with(task, tokenizer):
     record = {"prompt": "What is 3+4?", "answer": "7"}
     engine = ScriptedEngine(lambda turn, text: [CALL])

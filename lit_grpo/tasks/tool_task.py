@@ -94,6 +94,7 @@ class ToolTask(MultiRoundTask):
         self.tool_timeout, self.max_tool_chars = tool_timeout, max_tool_chars
         self.heldout_size, self.split_seed = heldout_size, split_seed
         self._worker: ToolWorker | None = None
+        self._renders_tools: set[int] = set()  # the tokenizers whose templates were seen to render the schemas
 
     def split(self) -> tuple[list[PromptRecord], list[PromptRecord], list[PromptRecord]]:
         """The rows shuffled by ``split_seed``; the first ``heldout_size`` held out, halved into validation and
@@ -151,9 +152,17 @@ class ToolTask(MultiRoundTask):
             self._worker.close()
 
     def episode_prompt_ids(self, prompt_record: PromptRecord, episode: Episode, tokenizer: Any) -> list[int]:
-        ids = tokenizer.apply_chat_template(episode.messages, tools=list(episode.schemas) or None, tokenize=True,
-                                            add_generation_prompt=True, return_dict=False)
-        return list(ids)
+        ids = list(tokenizer.apply_chat_template(episode.messages, tools=list(episode.schemas) or None,
+                                                 tokenize=True, add_generation_prompt=True, return_dict=False))
+        if episode.schemas and id(tokenizer) not in self._renders_tools:  # once per tokenizer
+            without = tokenizer.apply_chat_template(episode.messages, tokenize=True, add_generation_prompt=True,
+                                                    return_dict=False)
+            if list(without) == ids:
+                raise InputError(f"the chat template of {getattr(tokenizer, 'name_or_path', 'the model')!r} does not "
+                                 "render tools (tools=): the model would never see the tools' schemas; use a "
+                                 "template that does (the model family's own, e.g. Qwen2.5's)")
+            self._renders_tools.add(id(tokenizer))
+        return ids
 
     def turn(self, prompt_record: PromptRecord, episode: Episode, round_index: int, segment_text: str,
              tokenizer: Any, truncated: bool) -> EnvStep:

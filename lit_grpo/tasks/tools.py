@@ -75,12 +75,24 @@ class ToolBox:
                 raise InputError(f"tool {name!r} is given twice (a function and an environment method, or two "
                                  "functions); tool names must be unique")
             self.tools[name] = tool
+        self.parameters = {name: tool_schema(tool)["function"]["parameters"] for name, tool in self.tools.items()}
         self.environment, self.worker, self.max_chars = environment, worker, max_chars
         self.functions = {function.__name__ for function in functions}  # the rest are the environment's
 
     def schemas(self) -> list[dict[str, Any]]:
         """The tools' JSON schemas, in the order given (the chat template's ``tools=``)."""
         return [tool_schema(tool) for tool in self.tools.values()]
+
+    def argument_problem(self, name: str, arguments: dict[str, Any]) -> str | None:
+        """The first argument whose value is not of its schema's JSON type (``"x": "a"`` for an integer), or None;
+        an argument without a declared type takes anything."""
+        properties = self.parameters[name].get("properties", {})
+        for argument, value in arguments.items():
+            declared = properties.get(argument, {}).get("type")
+            types = [] if declared is None else declared if isinstance(declared, list) else [declared]
+            if types and not any(json_type_holds(kind, value) for kind in types):
+                return f"{name}: argument {argument!r} must be {' or '.join(types)}, got {json.dumps(value)}"
+        return None
 
     def call(self, call: dict[str, Any]) -> ToolOutcome:
         """Run one parsed tool call (``{"type": "function", "function": {"name": ..., "arguments": {...}}}``, as
@@ -104,6 +116,9 @@ class ToolBox:
             inspect.signature(tool).bind(**arguments)
         except TypeError as error:
             return failed(name, "arguments", f"{name}: {error}")
+        problem = self.argument_problem(name, arguments)
+        if problem is not None:  # the wrong type: the model's error to read, not the tool's to trip on
+            return failed(name, "arguments", problem)
         if self.worker is None:
             return self.answer(name, *run_call(tool, arguments))
         method = name not in self.functions
@@ -135,6 +150,18 @@ class ToolBox:
             cut = len(content) - self.max_chars
             content = f"{content[:self.max_chars]}\n[... {cut} more characters cut: answers are kept to {self.max_chars}]"
         return ToolOutcome({"role": "tool", "name": name, "content": content})
+
+
+JSON_TYPES: dict[str, type | tuple[type, ...]] = {"integer": int, "number": (int, float), "string": str,
+                                                   "boolean": bool, "array": list, "object": dict, "null": type(None)}
+
+
+def json_type_holds(kind: str, value: Any) -> bool:
+    """Whether ``value`` (as JSON parsing gives it) is of JSON schema type ``kind``; a boolean is not a number."""
+    if kind in ("integer", "number") and isinstance(value, bool):
+        return False
+    expected = JSON_TYPES.get(kind)
+    return expected is None or isinstance(value, expected)
 
 
 def failed(name: str, kind: str, text: str) -> ToolOutcome:
