@@ -462,3 +462,18 @@ def test_a_kept_turn_serves_only_the_same_weights_and_prompts_that_continue_it(p
     finally:
         handle.remove()
     assert shapes[0] == (2, 5)  # prompts that continue no kept row: their whole prefill, as without a turn
+
+
+def test_the_end_of_the_turns_lets_a_kept_cache_go(policy):
+    engine = HFEngine()
+    engine.push_policy(policy)
+    first = engine.generate(PROMPTS, 1, SamplingSpec(max_new_tokens=6, temperature=T, seed=3, stop_token_ids=STOPS,
+                                                     next_turn=True))
+    engine.end_turns()  # e.g. every episode answered: no turn follows
+    contexts = [prompt + list(group[0].token_ids) + REPLY for prompt, group in zip(PROMPTS, first)]
+    shapes, handle = forward_shapes(policy)
+    try:
+        engine.generate(contexts, 1, SamplingSpec(max_new_tokens=3, temperature=T, seed=4))
+    finally:
+        handle.remove()
+    assert shapes[0] == (len(contexts), max(map(len, contexts)))  # nothing kept: the whole prefill

@@ -55,7 +55,10 @@ class ScriptedEngine:
     """Gives each context the completions ``script(turn, context_text)`` names (a fake engine)."""
 
     def __init__(self, script):
-        self.script, self.contexts, self.specs = script, [], []
+        self.script, self.contexts, self.specs, self.ended = script, [], [], 0
+
+    def end_turns(self):
+        self.ended += 1
 
     def generate(self, prompts, n, sampling):
         self.contexts += prompts
@@ -331,3 +334,6 @@ def test_each_turn_but_the_last_tells_the_engine_another_follows():
     task = ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=3)
     _, engine = grow(task, lambda turn, text: [CALL], [1, 1, 1])
     assert [spec.next_turn for spec in engine.specs] == [True, True, False]
+    assert engine.ended == 1
+    _, answered_at_once = grow(task, lambda turn, text: ["7"], [1, 1, 1])  # every episode over after turn 1
+    assert [spec.next_turn for spec in answered_at_once.specs] == [True] and answered_at_once.ended == 1

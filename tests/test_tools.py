@@ -215,3 +215,20 @@ def test_an_environments_public_methods_are_its_tools_and_its_state_the_episodes
         ToolBox([], environment=object())
     with pytest.raises(InputError, match="tool 'add' is given twice"):
         ToolBox([add, add])
+
+
+def maybe(a: int, b: int | None = None) -> int:
+    """Adds b when there is one.
+
+    Args:
+        a: A number.
+        b: Another, or nothing.
+    """
+    return a + (b or 0)
+
+
+def test_a_null_for_an_optional_argument_and_an_integral_float_are_taken():
+    box = ToolBox([maybe])
+    assert box.call(call("maybe", a=2, b=None)).message["content"] == "2"  # Optional: the schema's nullable
+    assert box.call(call("maybe", a=2.0, b=3)).message["content"] == "5.0"  # 2.0 is an integer to JSON Schema
+    assert box.call(call("maybe", a=2.5)).failure == "arguments"

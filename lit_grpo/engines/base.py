@@ -42,6 +42,8 @@ class RolloutEngine(Protocol):
     # may draw the next rollouts while the model trains (``data.max_staleness``); engines without it are refused there.
     # Optional: ``metrics``, a ``dict[str, float]`` of the engine's own counters, logged as ``rollout/<name>`` after
     # each draw (read through ``engine_metrics``).
+    # Optional: ``end_turns()``, called when a multi-turn expansion ends (through ``end_turns``): an engine that kept
+    # something for a next turn (``SamplingSpec.next_turn``) lets it go.
 
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingSpec) -> list[list[Completion]]:
         """``n`` completions for each prompt (given as token ids), in prompt order."""
@@ -56,6 +58,14 @@ class RolloutEngine(Protocol):
 def engine_metrics(engine: Any) -> dict[str, float]:
     """A copy of the engine's optional ``metrics`` (``RolloutEngine``), empty for an engine without them."""
     return dict(getattr(engine, "metrics", None) or {})
+
+
+def end_turns(engine: Any) -> None:
+    """Tell ``engine`` that no further turn follows, where it takes the hint (``RolloutEngine``'s optional
+    ``end_turns``)."""
+    hook = getattr(engine, "end_turns", None)
+    if callable(hook):
+        hook()
 
 
 def engine_dtype(configured: str, model: Any) -> str:

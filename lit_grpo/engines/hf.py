@@ -52,10 +52,16 @@ class HFEngine:
         self.keep_turn_cache = keep_turn_cache
         self._model: Any = None
         self._kept: KeptTurn | None = None  # the last call's cache, when its caller said a turn follows
+        self._continuing: KeptTurn | None = None  # handed from generate to its one chunk, which lets it go
         self._call_prompts = 0
 
     def push_policy(self, model: Any) -> None:
         self._model, self._kept = model, None
+
+    def end_turns(self) -> None:
+        """The episodes' turns are over (``RolloutEngine``'s optional hook): drop a kept cache now, not at the next
+        call, which may be an epoch of training away."""
+        self._kept = None
 
     def close(self) -> None:
         self._model, self._kept = None, None
@@ -72,6 +78,8 @@ class HFEngine:
         if kept is not None and kept.checksum != weights_checksum(self._model):
             kept = None  # the weights moved since: that cache is another policy's
         starts = range(0, len(prompts), self.batch_size)
+        self._continuing = kept if len(starts) == 1 else None  # the one chunk takes it (and lets it go once relaid)
+        del kept
         # a bar on a terminal when generation takes several loops; None lets tqdm stay quiet when not a TTY
         quiet = True if len(starts) < 2 else None
         model, was_training = self._model, self._model.training
@@ -80,16 +88,17 @@ class HFEngine:
             with torch.no_grad(), packed_frozen_linears(model, self.pack_cpu_weights):
                 for start in tqdm(starts, desc="generating", unit="batch", leave=False, disable=quiet):
                     chunk = slice(start, min(start + self.batch_size, len(prompts)))
-                    results.extend(self._generate_chunk(prompts[chunk], n, sampling, chunk, seed,
-                                                        kept if len(starts) == 1 else None))
+                    results.extend(self._generate_chunk(prompts[chunk], n, sampling, chunk, seed))
         finally:
             model.train(was_training)
         return results
 
     def _generate_chunk(self, prompts: list[list[int]], n: int, sampling: SamplingSpec, chunk: slice,
-                        seed: int, kept: KeptTurn | None) -> list[list[Completion]]:
+                        seed: int) -> list[list[Completion]]:
         model = self._model
+        kept, self._continuing = self._continuing, None
         continued = None if kept is None else continue_prefill(model, kept, prompts, n, pad_token_id(model))
+        del kept  # relaid (or not continued): the previous turn's cache is not held through this decode
         if continued is not None:  # the previous turn's cache, relaid; only the new tokens run
             input_ids, attention_mask, cache = continued
         else:

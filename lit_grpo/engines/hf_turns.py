@@ -8,8 +8,8 @@ real columns in order), and runs the model on the new tokens only. Keys are stor
 each token's place among its row's real tokens, which relaying does not change, so the cache continues exactly as a
 fresh prefill would have computed it (up to the rounding of a different batch shape: ``tests/test_engine_hf.py``).
 
-What is kept lives until the next call (which consumes it, whether or not it continues), the next
-``push_policy`` or ``close``: one call's cache, never more. A call whose prompts do not all continue kept rows, a
+What is kept lives until the next call (which consumes it, whether or not it continues, and drops it once relaid),
+``end_turns`` (the tree expansion's end, however it ends), the next ``push_policy`` or ``close``. A call whose prompts do not all continue kept rows, a
 model whose cache is not a plain ``DynamicCache`` (sliding windows, hybrids), or weights that changed since (the
 trainable parameters' checksum) prefill in full, as without it.
 """
@@ -48,7 +48,7 @@ def weights_checksum(model: Any) -> float:
     """A checksum of the trainable parameters (the adapter the optimizer moves between epochs): a kept cache is used
     only under the weights that computed it."""
     with torch.no_grad():
-        return float(sum(p.detach().double().sum() for p in model.parameters() if p.requires_grad))
+        return float(sum(p.sum(dtype=torch.float64) for p in model.parameters() if p.requires_grad))
 
 
 def keep_turn(cache: Any, attention_mask: torch.Tensor, prompts: list[list[int]], tokens: torch.Tensor,

@@ -204,7 +204,8 @@ class RolloutDataModule(HeldOutLoaders, pl.LightningDataModule):
         generator = torch.Generator().manual_seed(self.epoch_seed(epoch, "shuffle"))
         plan = minibatch_plan(buffer, self.minibatch_size, self.ppo_epochs, generator)
         # trees differ in size from rank to rank (grouped rollouts never do): every rank steps as often as the others
-        padding = minibatch_padding(len(plan), trainer.strategy, trainer.world_size) if buffer.trees else 0
+        # (decided by the setting, not the buffer: every rank must reach the collective, one without trees too)
+        padding = 0 if self.rollout == "grouped" else minibatch_padding(len(plan), trainer.strategy, trainer.world_size)
         # the module prepares the buffer and cuts these minibatches in its on_train_epoch_start (docs/guide.md#layout)
         return DataLoader(EpochBatches(buffer, plan, self._report, padding), batch_size=None, shuffle=False)
 

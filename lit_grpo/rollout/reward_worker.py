@@ -18,7 +18,6 @@ from lit_grpo.run.worker_process import (
     ChildProcess,
     WorkerDied,
     WorkerTimedOut,
-    become_worker,
 )
 from lit_grpo.tasks.base import PromptRecord, ScoredCompletion, Task
 from lit_grpo.tasks.dataset import DatasetTask
@@ -32,7 +31,6 @@ def serve_rewards(connection: Connection, task: Task) -> None:
     """The child's loop until it receives None: ``("group", records, texts, ids)`` is answered with
     ``task.score_group``'s scores, ``("column", index, batch)`` with ``task.column`` (a ``DatasetTask``'s reward
     ``index`` on ``batch``)."""
-    become_worker()
     while True:
         request = connection.recv()
         if request is None:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from lit_grpo.buffers.tree_layout import SegmentNode, chain_returns
-from lit_grpo.engines.base import RolloutEngine, SamplingSpec
+from lit_grpo.engines.base import RolloutEngine, SamplingSpec, end_turns
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks.base import PromptRecord
 from lit_grpo.rollout.turn_tokens import reply_ids
@@ -39,6 +39,16 @@ def expand_trees(
     closed by the environment with the task's no-answer reward. ``decide`` (the risk rule) restricts the first
     token of some open nodes' children; the restriction is kept on each child for the trainer."""
     roots = started_roots(task, tokenizer, records)
+    try:
+        grow_rounds(task, engine, tokenizer, roots, branching, sampling, decide, request_offset)
+    finally:
+        end_turns(engine)  # episodes that all ended early, or an error: nothing kept for a turn that never comes
+    return roots
+
+
+def grow_rounds(task: MultiRoundTask, engine: RolloutEngine, tokenizer: Any, roots: list[SegmentNode],
+                branching: Sequence[int], sampling: SamplingSpec, decide: Decide | None, request_offset: int) -> None:
+    """``expand_trees``' rounds: every open node of every tree gets its round's children in one engine call."""
     open_nodes: list[SegmentNode] = list(roots)
     for depth, width in enumerate(branching, start=1):
         if not open_nodes:
@@ -66,7 +76,6 @@ def expand_trees(
         open_nodes = next_open
     for node in open_nodes:  # cut off at max_depth
         close_with_no_answer(node, task.no_answer_reward)
-    return roots
 
 
 def started_roots(task: MultiRoundTask, tokenizer: Any, records: Sequence[PromptRecord]) -> list[SegmentNode]:

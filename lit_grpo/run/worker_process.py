@@ -54,9 +54,21 @@ class WorkerDied(Exception):
         self.exitcode = exitcode
 
 
+READY = "ready"
+STARTUP_LIMIT = 300.0  # seconds a child may take to start (a spawned one imports the libraries again)
+
+
+def run_child(connection: Any, target: Callable[..., None], *args: Any) -> None:
+    """A child's body: ``become_worker``, then say it is ready (a request's timeout runs from there, not from a
+    spawned child's imports), then ``target``'s loop."""
+    become_worker()
+    connection.send(READY)
+    target(connection, *args)
+
+
 class ChildProcess:
-    """A forked child running ``target(connection, *args)``, started at the first request and again after one that
-    timed out or killed it. ``ask`` sends a request and waits for its answer at most ``timeout`` seconds; the
+    """A forked (or, after CUDA, spawned) child running ``target(connection, *args)`` after ``become_worker``,
+    started at the first request and again after one that timed out or killed it. ``ask`` sends a request and waits for its answer at most ``timeout`` seconds; the
     child's loop ends when it receives None."""
 
     def __init__(self, target: Callable[..., None], args: tuple[Any, ...], name: str) -> None:
@@ -74,24 +86,37 @@ class ChildProcess:
         request that cannot be pickled raises as ``Connection.send`` does, the child left as it was."""
         if self._process is None or not self._process.is_alive():
             self._start()
-        self._connection.send(request)
         try:
+            self._connection.send(request)
             if self._connection.poll(timeout):
                 return self._connection.recv()
             failure: Exception = WorkerTimedOut()
-        except (EOFError, OSError):
+        except (EOFError, OSError):  # BrokenPipeError too: it died before or while answering
             self._process.join(timeout=5)  # reap it, for its exit code
             failure = WorkerDied(self._process.exitcode)
         self._stop(kill=True)
         raise failure
 
     def _start(self) -> None:
+        """A fresh child, once it says it is ready; ``WorkerDied`` if it dies or stays silent for
+        ``STARTUP_LIMIT`` seconds."""
+        self._stop(kill=True)  # a dead child's pipe is closed, not leaked
         context: Any = fork_context()
         parent, child = context.Pipe()
-        self._process = context.Process(target=self.target, args=(child, *self.args), daemon=True, name=self.name)
+        self._process = context.Process(target=run_child, args=(child, self.target, *self.args), daemon=True,
+                                        name=self.name)
+        self._connection = parent
         self._process.start()
         child.close()
-        self._connection = parent
+        try:
+            if self._connection.poll(STARTUP_LIMIT) and self._connection.recv() == READY:
+                return
+        except (EOFError, OSError):
+            pass
+        self._process.join(timeout=5)
+        exitcode = self._process.exitcode
+        self._stop(kill=True)
+        raise WorkerDied(exitcode)
 
     def _stop(self, kill: bool) -> None:
         if self._process is None:

@@ -2,11 +2,12 @@
 
 A hung pure-Python call cannot be stopped from its own thread, and one left running would keep a core busy for the
 rest of the run; so with a timeout a task's tool calls run in a forked child, as rewards with a timeout do
-(``rollout/reward_worker.py``): the parent waits for each call at most ``timeout`` seconds, then kills the child and
-answers the call an error; the next call starts a fresh child. The tool functions are the child's from the fork
-(nothing of them is pickled); an environment's state travels with each call to one of its methods and comes back
-with what the method did to it, so it must pickle (plain state does; a tree's branching already needs it to
-deep-copy).
+(``rollout/reward_worker.py``): the parent waits for each call at most ``timeout`` seconds (from the moment the
+child is ready), then kills the child and answers the call an error; the next call starts a fresh child. The tool
+functions are the child's from the fork (nothing of them is pickled; once CUDA is in use the child is spawned and
+they are pickled by reference, so they must be module-level functions); an environment's state travels with each
+call to one of its methods and comes back with what the method did to it, so it must pickle (plain state does; a
+tree's branching already needs it to deep-copy).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from lit_grpo.run.worker_process import (
     ChildProcess,
     WorkerDied,
     WorkerTimedOut,
-    become_worker,
 )
 
 Outcome = tuple[Any, "str | None"]  # (result, None) or (None, error text)
@@ -61,7 +61,6 @@ class Unreadable:
 def serve_calls(connection: Connection, functions: Mapping[str, Callable]) -> None:
     """The child's loop until it receives None: ``(name, arguments, environment)`` is answered with
     ``(result, error, environment)``, the environment (None for a function) as the call left it."""
-    become_worker()
     while True:
         request = connection.recv()
         if request is None:
@@ -95,9 +94,11 @@ class ToolWorker:
         except WorkerDied as died:
             return None, f"the tool's worker process died ({died})", environment
         except (pickle.PicklingError, TypeError, AttributeError) as error:
-            raise InputError(f"the environment {type(environment).__name__} cannot be sent to the tools' worker "
-                             f"process ({error}): keep its state plain (picklable), or set tool_timeout null to run "
-                             "its tools in the training process without a timeout") from None
+            what = ("the tool functions" if environment is None else
+                    f"the environment {type(environment).__name__}")
+            raise InputError(f"{what} cannot be sent to the tools' worker process ({error}): keep an environment's "
+                             "state plain and tools module-level functions (picklable), or set tool_timeout null to "
+                             "run the tools in the training process without a timeout") from None
         return result, error, after
 
     def close(self) -> None:

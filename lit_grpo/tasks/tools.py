@@ -88,8 +88,11 @@ class ToolBox:
         an argument without a declared type takes anything."""
         properties = self.parameters[name].get("properties", {})
         for argument, value in arguments.items():
-            declared = properties.get(argument, {}).get("type")
+            schema = properties.get(argument, {})
+            declared = schema.get("type")
             types = [] if declared is None else declared if isinstance(declared, list) else [declared]
+            if value is None and schema.get("nullable"):  # get_json_schema's Optional[...]
+                continue
             if types and not any(json_type_holds(kind, value) for kind in types):
                 return f"{name}: argument {argument!r} must be {' or '.join(types)}, got {json.dumps(value)}"
         return None
@@ -157,9 +160,12 @@ JSON_TYPES: dict[str, type | tuple[type, ...]] = {"integer": int, "number": (int
 
 
 def json_type_holds(kind: str, value: Any) -> bool:
-    """Whether ``value`` (as JSON parsing gives it) is of JSON schema type ``kind``; a boolean is not a number."""
+    """Whether ``value`` (as JSON parsing gives it) is of JSON schema type ``kind``; a boolean is not a number, a
+    float with an integral value (``2.0``) is an integer, as JSON Schema has it."""
     if kind in ("integer", "number") and isinstance(value, bool):
         return False
+    if kind == "integer" and isinstance(value, float):
+        return value.is_integer()
     expected = JSON_TYPES.get(kind)
     return expected is None or isinstance(value, expected)
 
