@@ -9,9 +9,9 @@ each token's place among its row's real tokens, which relaying does not change, 
 fresh prefill would have computed it (up to the rounding of a different batch shape: ``tests/test_engine_hf.py``).
 
 What is kept lives until the next call (which consumes it, whether or not it continues, and drops it once relaid),
-``end_turns`` (the tree expansion's end, however it ends), the next ``push_policy`` or ``close``. A call whose prompts do not all continue kept rows, a
-model whose cache is not a plain ``DynamicCache`` (sliding windows, hybrids), or weights that changed since (the
-trainable parameters' checksum) prefill in full, as without it.
+``end_turns`` (the tree expansion's end, however it ends), the next ``push_policy`` or ``close``. A call whose
+prompts do not all continue kept rows, a model whose cache is not a plain ``DynamicCache`` (sliding windows,
+hybrids), or weights that changed since (the trainable parameters' checksum) prefill in full, as without it.
 """
 
 from __future__ import annotations
@@ -124,8 +124,9 @@ def continue_prefill(model: Any, kept: KeptTurn, prompts: list[list[int]], n: in
     mask = torch.cat([cached_mask, new_mask], dim=1)  # [B, C + T]
     if width > 1:  # the new tokens but the last: their keys and values join the cache
         context = mask[:, :-1]
-        model(input_ids=new_ids[:, :-1], attention_mask=context, position_ids=padded_positions(context)[:, -(width - 1):],
-              past_key_values=cache, use_cache=True, **logits_kwargs(model))
+        positions = padded_positions(context)[:, -(width - 1):]
+        model(input_ids=new_ids[:, :-1], attention_mask=context, position_ids=positions, past_key_values=cache,
+              use_cache=True, **logits_kwargs(model))
     input_ids = torch.cat([torch.full_like(cached_mask, pad_id, dtype=torch.long), new_ids], dim=1)
     if n > 1:
         cache.batch_repeat_interleave(n)

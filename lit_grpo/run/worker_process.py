@@ -67,9 +67,9 @@ def run_child(connection: Any, target: Callable[..., None], *args: Any) -> None:
 
 
 class ChildProcess:
-    """A forked (or, after CUDA, spawned) child running ``target(connection, *args)`` after ``become_worker``,
-    started at the first request and again after one that timed out or killed it. ``ask`` sends a request and waits for its answer at most ``timeout`` seconds; the
-    child's loop ends when it receives None."""
+    """A forked (or, after CUDA, spawned) child running ``target(connection, *args)`` after ``become_worker``, started
+    at the first request and again after one that timed out or killed it. ``ask`` sends a request and waits for
+    its answer at most ``timeout`` seconds; the child's loop ends when it receives None."""
 
     def __init__(self, target: Callable[..., None], args: tuple[Any, ...], name: str) -> None:
         self.target, self.args, self.name = target, args, name
