@@ -130,8 +130,7 @@ def conversations_table(roots: list[Any], max_rows: int) -> str:
         episode = leaf.episode
         prompt = message_text(episode.messages[episode.prompt_messages - 1])
         turns = "<br>".join(message_text(m) for m in episode.completion)
-        cell = lambda text: text.replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| {cell(prompt)} | {cell(turns)} | {leaf.reward:.3f} |")
+        lines.append(f"| {table_cell(prompt)} | {table_cell(turns)} | {leaf.reward:.3f} |")
     return "\n".join(lines)
 
 

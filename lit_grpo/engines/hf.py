@@ -10,7 +10,7 @@ from tqdm.auto import tqdm
 
 from lit_grpo.engines.base import Completion, SamplingSpec
 from lit_grpo.engines.cpu_weights import packed_frozen_linears
-from lit_grpo.engines.hf_decode import Decoding, decode, prompt_uniforms, shared_prefill
+from lit_grpo.engines.hf_decode import Decoding, decode, left_pad, prompt_uniforms, shared_prefill
 from lit_grpo.engines.hf_turns import KeptTurn, continue_prefill, keep_turn, weights_checksum
 from lit_grpo.errors import InputError
 
@@ -53,7 +53,6 @@ class HFEngine:
         self._model: Any = None
         self._kept: KeptTurn | None = None  # the last call's cache, when its caller said a turn follows
         self._continuing: KeptTurn | None = None  # handed from generate to its one chunk, which lets it go
-        self._call_prompts = 0
 
     def push_policy(self, model: Any) -> None:
         self._model, self._kept = model, None
@@ -74,7 +73,7 @@ class HFEngine:
         # an unseeded call still draws independently of the global RNG, which it leaves alone
         seed = random.SystemRandom().getrandbits(62) if sampling.seed is None else sampling.seed
         results: list[list[Completion]] = []
-        kept, self._kept, self._call_prompts = self._kept, None, len(prompts)  # a kept cache serves one call only
+        kept, self._kept = self._kept, None  # a kept cache serves one call only
         if kept is not None and kept.checksum != weights_checksum(self._model):
             kept = None  # the weights moved since: that cache is another policy's
         starts = range(0, len(prompts), self.batch_size)
@@ -88,13 +87,15 @@ class HFEngine:
             with torch.no_grad(), packed_frozen_linears(model, self.pack_cpu_weights):
                 for start in tqdm(starts, desc="generating", unit="batch", leave=False, disable=quiet):
                     chunk = slice(start, min(start + self.batch_size, len(prompts)))
-                    results.extend(self._generate_chunk(prompts[chunk], n, sampling, chunk, seed))
+                    # a call of one chunk may keep its cache for the next turn
+                    keep = sampling.next_turn and self.keep_turn_cache and len(starts) == 1
+                    results.extend(self._generate_chunk(prompts[chunk], n, sampling, chunk, seed, keep))
         finally:
             model.train(was_training)
         return results
 
     def _generate_chunk(self, prompts: list[list[int]], n: int, sampling: SamplingSpec, chunk: slice,
-                        seed: int) -> list[list[Completion]]:
+                        seed: int, keep: bool) -> list[list[Completion]]:
         model = self._model
         kept, self._continuing = self._continuing, None
         continued = None if kept is None else continue_prefill(model, kept, prompts, n, pad_token_id(model))
@@ -119,7 +120,7 @@ class HFEngine:
         new_tokens, logprobs, cache = decode(model, input_ids, attention_mask, cache, how)  # [B * n, S] each
         stops = set(sampling.stop_token_ids)
         flat = [to_completion(ids, lps, stops) for ids, lps in zip(new_tokens.cpu(), logprobs.cpu())]
-        if sampling.next_turn and self.keep_turn_cache and chunk.start == 0 and chunk.stop == self._call_prompts:
+        if keep:
             rows = [list(prompt) for prompt in prompts for _ in range(n)]  # prompt-major, as decoded
             self._kept = keep_turn(cache, attention_mask, rows, new_tokens, [len(c.token_ids) for c in flat],
                                    weights_checksum(model))
@@ -143,17 +144,6 @@ def pad_token_id(model: Any) -> int:
             if isinstance(value, int):
                 return value
     return 0
-
-
-def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ``[B, P]`` ids and mask: decoder-only generation continues every row from its last column."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        mask[row, width - len(prompt) :] = 1
-    return ids.to(device), mask.to(device)
 
 
 def to_completion(ids: torch.Tensor, logprobs: torch.Tensor, stop_ids: set[int]) -> Completion:

@@ -55,6 +55,17 @@ def restrict_first_token(scores: torch.Tensor, allowed: list[tuple[int, ...] | N
     return scores.masked_fill(blocked.to(scores.device), float("-inf"))
 
 
+def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``[B, P]`` ids and mask: decoder-only generation continues every row from its last column."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt) :] = 1
+    return ids.to(device), mask.to(device)
+
+
 def logits_kwargs(model: Any) -> dict[str, int]:
     """``logits_to_keep=1`` where the model takes it: the head runs on the last position only."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model

@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from lit_grpo.buffers.positions import padded_positions
-from lit_grpo.engines.hf_decode import logits_kwargs
+from lit_grpo.engines.hf_decode import left_pad, logits_kwargs
 
 
 @dataclass
@@ -113,14 +113,9 @@ def continue_prefill(model: Any, kept: KeptTurn, prompts: list[list[int]], n: in
     if matches is None:
         return None
     cache, cached_mask = relaid_cache(kept, matches)
-    device = cached_mask.device
     new = [prompt[held:] for prompt, (_, held) in zip(prompts, matches)]
-    width = max(len(tokens) for tokens in new)
-    new_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)  # [B, T]
-    new_mask = torch.zeros((len(prompts), width), dtype=cached_mask.dtype, device=device)
-    for row, tokens in enumerate(new):
-        new_ids[row, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
-        new_mask[row, width - len(tokens):] = 1
+    new_ids, new_mask = left_pad(new, pad_id, cached_mask.device)
+    width = new_ids.shape[1]  # [B, T]
     mask = torch.cat([cached_mask, new_mask], dim=1)  # [B, C + T]
     if width > 1:  # the new tokens but the last: their keys and values join the cache
         context = mask[:, :-1]

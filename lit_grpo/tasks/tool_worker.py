@@ -39,16 +39,16 @@ def run_call(tool: Callable, arguments: Mapping[str, Any]) -> Outcome:
         return None, f"{type(error).__name__}: {error}"
 
 
-def sendable(result: Any) -> Any:
-    """What the child sends for ``result``: itself when it is text or JSON; else a stand-in naming its type (an
-    object that is neither may not pickle, and the parent answers such a result an error anyway)."""
-    if isinstance(result, str):
+def result_text(result: Any) -> str | Unreadable:
+    """A tool's result as the text the model sees: text as it is, anything else as JSON; a stand-in naming its
+    type where it is neither (such an object may not even pickle; ``ToolBox.answer`` makes it an error). The child
+    sends this, so a result is serialised once, where it was made."""
+    if isinstance(result, (str, Unreadable)):  # text, or a worker's text already
         return result
     try:
-        json.dumps(result)
+        return json.dumps(result)
     except (TypeError, ValueError):
         return Unreadable(type(result).__name__)
-    return result
 
 
 class Unreadable:
@@ -68,7 +68,7 @@ def serve_calls(connection: Connection, functions: Mapping[str, Callable]) -> No
         name, arguments, environment = request
         tool = functions[name] if environment is None else getattr(environment, name)
         result, error = run_call(tool, arguments)
-        connection.send((sendable(result), error, environment))
+        connection.send((result_text(result), error, environment))
 
 
 class ToolWorker:

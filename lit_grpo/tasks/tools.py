@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lit_grpo.errors import InputError
-from lit_grpo.tasks.tool_worker import ToolWorker, Unreadable, run_call
+from lit_grpo.tasks.tool_worker import ToolWorker, Unreadable, result_text, run_call
 
 ENVIRONMENT_HOOKS = ("reset", "get_reward")  # an environment's methods that are not tools
 
@@ -139,16 +139,9 @@ class ToolBox:
         """The ``tool`` message of a call that returned ``result`` (or raised: ``error``)."""
         if error is not None:
             return failed(name, "timeout" if error.startswith("timed out") else "raised", error)
-        if isinstance(result, Unreadable):  # the worker's stand-in for a result it could not send
-            return failed(name, "unreadable", f"{name} returned a {result.type_name}, which is neither text nor JSON")
-        if isinstance(result, str):
-            content = result
-        else:
-            try:
-                content = json.dumps(result)
-            except (TypeError, ValueError):
-                return failed(name, "unreadable", f"{name} returned a {type(result).__name__}, which is neither text "
-                                                  "nor JSON")
+        content = result_text(result)  # a worker's result is its text already: unchanged
+        if isinstance(content, Unreadable):
+            return failed(name, "unreadable", f"{name} returned a {content.type_name}, which is neither text nor JSON")
         if len(content) > self.max_chars:
             cut = len(content) - self.max_chars
             content = f"{content[:self.max_chars]}\n[... {cut} more characters cut: answers are kept to {self.max_chars}]"
