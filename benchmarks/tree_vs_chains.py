@@ -53,47 +53,64 @@ LR_LIMITS = (6.25e-5, 8e-3)
 GAME_BUDGET = {"stale-digits": 36000, "hidden-operands": 12000, "calculator": 11000}  # about what 10,000 and
 # 4,000 segments cost under protocol 1
 SCOPES = {"sd-tree": "tree", "sd-siblings": "siblings", "sd-none": "none"}
-TREES = [f"tree-{short}-{scope}" for short in ("mean", "os") for scope in SCOPES]
+VALUES = {"mean": "mean", "os": "optimal_stopping", "split": "optimal_stopping_split"}
+TREES = [f"tree-{short}-{scope}" for short in VALUES for scope in SCOPES]
 CHAINS = ["chains-grpo", "chains-centred", "chains-ppo"]
-GAME_VARIANTS = {"stale-digits": ["chains-centred", "tree-os-sd-none", "tree-mean-sd-none", "chains-grpo",
-                                  "tree-os-sd-tree", "tree-mean-sd-tree", "tree-os-sd-siblings",
-                                  "tree-mean-sd-siblings", "chains-ppo", "tree-wide-answers"],
-                 # the earlier games: the variants without a std and their pairs with one (issue 41: did sigma hold
-                 # the trees back there too? each pair differs in the std alone, under the same protocol)
-                 "hidden-operands": ["chains-centred", "tree-mean-sd-none", "tree-os-sd-none", "chains-grpo",
-                                     "tree-mean-sd-tree", "tree-os-sd-tree"],
-                 "calculator": ["chains-centred", "tree-mean-sd-none", "tree-os-sd-none", "chains-grpo",
-                                "tree-mean-sd-tree", "tree-os-sd-tree"]}
+GAME_VARIANTS = {
+    # protocol 3 (issue 49): the three learning variants of protocol 2, the corrected value (split), flat groups
+    # left out of the normaliser, tree credit on a chain's shape, and the 8-wide answers where answers are decided
+    "stale-digits": ["chains-centred", "tree-os-sd-none", "tree-mean-sd-none", "tree-split-sd-none",
+                     "tree-os-drop-flat", "tree-chains-shape", "tree-wide-answers"],
+    # the earlier games: the variants without a std and their pairs with one (issue 41: did sigma hold
+    # the trees back there too? each pair differs in the std alone, under the same protocol)
+    "hidden-operands": ["chains-centred", "tree-mean-sd-none", "tree-os-sd-none", "chains-grpo",
+                        "tree-mean-sd-tree", "tree-os-sd-tree"],
+    "calculator": ["chains-centred", "tree-mean-sd-none", "tree-os-sd-none", "chains-grpo",
+                   "tree-mean-sd-tree", "tree-os-sd-tree"]}
 LONG_GAMES = ("stale-digits",)  # --long's 3x-budget runs: the decision-hard game's (issue 41's question)
-# what the 4-2-2 trees share that chains do not, one change each from `tree-os-sd-none` (run with --variants; not
-# in GAME_VARIANTS, so they never become the "best tree" of --long): the first round 8 wide as a chain group, and
-# question groups 4 wide at rounds 2-3 (the 8-wide last-round answers are `tree-wide-answers`)
-ABLATIONS = {"tree-wide-first": [8, 2, 2], "tree-wide-questions": [4, 4, 2]}
+# one width per round, as each game declares its rounds (max_rounds: 4 on stale digits, 3 on the others); nothing
+# is stretched. The 4-2-2 trees and the chains of 8, then the shapes that widen or narrow one round of them (run
+# with --variants where not in GAME_VARIANTS): the first round 8 wide as a chain group, the question groups 4 wide,
+# the answers 8 wide at the last round where an answer can still be wrong (on stale digits round 3: at round 4
+# every digit is known and siblings agree, so a width there carries no signal and it is 1), and a chain's shape
+# trained with tree credit (round 1's 8 siblings compared, every later segment an only child with advantage 0)
+WIDTHS = {
+    "tree": {"stale-digits": [4, 2, 2, 2], "hidden-operands": [4, 2, 2], "calculator": [4, 2, 2]},
+    "chains": {"stale-digits": [8, 1, 1, 1], "hidden-operands": [8, 1, 1], "calculator": [8, 1, 1]},
+    "tree-wide-first": {"stale-digits": [8, 2, 2, 2], "hidden-operands": [8, 2, 2], "calculator": [8, 2, 2]},
+    "tree-wide-questions": {"stale-digits": [4, 4, 4, 2], "hidden-operands": [4, 4, 2], "calculator": [4, 4, 2]},
+    "tree-wide-answers": {"stale-digits": [2, 2, 8, 1], "hidden-operands": [2, 2, 8], "calculator": [2, 2, 8]},
+    "tree-chains-shape": {"stale-digits": [8, 1, 1, 1], "hidden-operands": [8, 1, 1], "calculator": [8, 1, 1]},
+}
+ABLATIONS = ["tree-wide-first", "tree-wide-questions"]
+VARIANT_NAMES = {*TREES, *CHAINS, *WIDTHS, "tree-os-drop-flat"} - {"tree", "chains"}
+NO_SIGMA_OS = ["--model.tree_value_mode", "optimal_stopping", "--model.tree_std_scope", "none"]
 
 
-def widths(base: list[int], rounds: int) -> str:
-    """A 3-round width list stretched to ``rounds`` by repeating its middle width before the last one."""
-    return json.dumps(base[:-1] + [base[-2]] * (rounds - len(base)) + base[-1:]).replace(" ", "")
+def branching(shape: str, game: str) -> str:
+    """The ``--data.branching`` of ``shape`` on ``game``, one width per round."""
+    return json.dumps(WIDTHS[shape][game]).replace(" ", "")
 
 
-def variant_arguments(variant: str, game: str, wide_scope: str | None = None) -> list[str]:
-    """The command-line arguments of ``variant`` on ``game`` (``wide_scope``: the 8-wide tree's normalisation)."""
-    rounds = GAME_ROUNDS[game]
+def variant_arguments(variant: str, game: str) -> list[str]:
+    """The command-line arguments of ``variant`` on ``game``."""
     if variant.startswith("chains-"):
         mode = {"chains-grpo": ["--model.advantage_mode", "grpo"],
                 "chains-centred": ["--model.advantage_mode", "centered"],
                 "chains-ppo": ["--model.advantage_mode", "gae", "--model.gamma", "1.0", "--model.gae_lambda", "0.95"]}
-        return ["--data.rollout", "chains", "--data.group_size", "8", "--data.branching", widths([8, 1, 1], rounds),
+        return ["--data.rollout", "chains", "--data.group_size", "8", "--data.branching", branching("chains", game),
                 *mode[variant]]
-    if variant in ABLATIONS:
-        return ["--data.rollout", "tree", "--data.branching", widths(ABLATIONS[variant], rounds),
-                "--model.tree_value_mode", "optimal_stopping", "--model.tree_std_scope", "none"]
-    if variant == "tree-wide-answers":  # the last round's answers compared 8 at a time, as a chain group's 8
-        return ["--data.rollout", "tree", "--data.branching", widths([2, 2, 8], rounds),
-                "--model.tree_value_mode", "optimal_stopping", "--model.tree_std_scope", str(wide_scope)]
+    if variant in ("tree-wide-first", "tree-wide-questions", "tree-wide-answers"):
+        return ["--data.rollout", "tree", "--data.branching", branching(variant, game), *NO_SIGMA_OS]
+    if variant == "tree-chains-shape":  # below round 1 every segment is an only child: the value mode changes nothing
+        return ["--data.rollout", "tree", "--data.branching", branching(variant, game), "--model.tree_value_mode",
+                "mean", "--model.tree_std_scope", "none"]
+    if variant == "tree-os-drop-flat":
+        return ["--data.rollout", "tree", "--data.branching", branching("tree", game), *NO_SIGMA_OS,
+                "--model.tree_flat_groups", "drop"]
     _, short, scope = variant.split("-", 2)
-    return ["--data.rollout", "tree", "--data.branching", widths([4, 2, 2], rounds), "--model.tree_value_mode",
-            {"mean": "mean", "os": "optimal_stopping"}[short], "--model.tree_std_scope", SCOPES[scope]]
+    return ["--data.rollout", "tree", "--data.branching", branching("tree", game), "--model.tree_value_mode",
+            VALUES[short], "--model.tree_std_scope", SCOPES[scope]]
 
 
 def chosen_rate(returns: dict[float, float]) -> tuple[float | None, float | None]:
@@ -115,14 +132,25 @@ def chosen_rate(returns: dict[float, float]) -> tuple[float | None, float | None
     return None, beyond
 
 
-def load_rows(path: Path, game: str) -> list[dict]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+def load_rows(path: Path, game: str, earlier: Path | None = None, tune_seed: int = 0) -> list[dict]:
+    """This protocol's rows of ``game`` on today's warm start, one per run (the first written), and, from the
+    ``earlier`` protocol's results, the tuning runs (seed ``tune_seed``) whose training was exactly a variant's today (same arguments,
+    seed, rate and budget: tagged ``imported_from``; training did not change, only what a row records)."""
     model = model_id(game)
     kept: dict[tuple, dict] = {}  # the first row of each run: two schedulers can race to one (same seeds, same row)
-    for r in rows:
+    for r in read_rows(path):
         if r.get("protocol") == PROTOCOL and r["game"] == game and r["model"] == model:
             kept.setdefault((r["variant"], r["seed"], r["lr"], r["budget"]), r)
+    for r in read_rows(earlier) if earlier else []:
+        if (r.get("protocol") == PROTOCOL - 1 and r["game"] == game and r["model"] == model
+                and r["seed"] == tune_seed
+                and r["variant"] in VARIANT_NAMES and r["arguments"] == variant_arguments(r["variant"], game)):
+            kept.setdefault((r["variant"], r["seed"], r["lr"], r["budget"]), {**r, "imported_from": r["protocol"]})
     return list(kept.values())
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
 def tuning(rows: list[dict], variant: str, seed: int, budget: int) -> dict[float, float]:
@@ -138,17 +166,13 @@ def plan(rows: list[dict], game: str, args: argparse.Namespace) -> tuple[list[di
     if args.single:  # an ablation outside the grids: each variant at one rate on the tuning seed
         for variant, lr in (item.split("@") for item in args.single):
             wanted.append({"variant": variant, "seed": args.tune_seed, "lr": float(lr), "budget": budget,
-                           "arguments": variant_arguments(variant, game, SCOPES["sd-none"])})
+                           "arguments": variant_arguments(variant, game)})
         done = {(r["variant"], r["seed"], r["lr"], r["budget"]) for r in rows}
         return [w for w in wanted if (w["variant"], w["seed"], w["lr"], w["budget"]) not in done], chosen
     variants = args.variants or GAME_VARIANTS[game]
-    best_tree = best_of([v for v in variants if v in TREES], rows, args.tune_seed, budget)
     arguments_of: dict[str, list[str]] = {}
     for variant in variants:
-        if variant == "tree-wide-answers" and best_tree is None:
-            continue  # its normalisation is the best 4-2-2 tree's, known once their grids are done
-        scope = None if best_tree is None else SCOPES[best_tree.split("-", 2)[2]]
-        arguments = arguments_of[variant] = variant_arguments(variant, game, scope)
+        arguments = arguments_of[variant] = variant_arguments(variant, game)
         grid = tuning(rows, variant, args.tune_seed, budget)
         missing = [lr for lr in GRID_START if lr not in grid]
         if not missing:
@@ -158,11 +182,10 @@ def plan(rows: list[dict], game: str, args: argparse.Namespace) -> tuple[list[di
                 chosen[variant] = rate
         wanted += [{"variant": variant, "seed": args.tune_seed, "lr": lr, "budget": budget, "arguments": arguments}
                    for lr in missing]
-    # the variants by validation return on the tuning seed, best first, each through all its seeds: a table cut
-    # short has the full intervals of the leading variants (the order uses no evaluation seed); variants tied there
-    # go seed by seed, so each has the same seeds when the table is cut
+    # seed by seed, each seed's variants by validation return on the tuning seed, best first: a table cut short
+    # has the same seeds for every variant (protocol 3; protocol 2 ran each variant through all its seeds)
     pairs = sorted(((v, seed) for v in chosen for seed in args.seeds),
-                   key=lambda p: (-tuning(rows, p[0], args.tune_seed, budget)[chosen[p[0]]], p[1]))
+                   key=lambda p: (args.seeds.index(p[1]), -tuning(rows, p[0], args.tune_seed, budget)[chosen[p[0]]]))
     for variant, seed in pairs:
         wanted.append({"variant": variant, "seed": seed, "lr": chosen[variant], "budget": budget,
                        "arguments": arguments_of[variant]})
@@ -200,7 +223,7 @@ def run_missing(args: argparse.Namespace, game: str) -> None:
         for key, process in list(running.items()):
             if process.poll() is not None:
                 del running[key]
-        wanted, _ = plan(load_rows(args.results, game), game, args)
+        wanted, _ = plan(load_rows(args.results, game, args.earlier, args.tune_seed), game, args)
         wanted = [w for w in wanted if (w["variant"], w["seed"], w["lr"], w["budget"]) not in running
                   and not going_elsewhere({**w, "game": game, "results": str(args.results)})]
         late = datetime.datetime.now(datetime.timezone.utc) >= until
@@ -230,7 +253,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--games", nargs="+", default=list(GAME_VARIANTS), choices=list(GAME_VARIANTS))
     parser.add_argument("--variants", nargs="+", default=None, help="default: the game's (GAME_VARIANTS)")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5, 6, 7, 8])
     parser.add_argument("--tune-seed", type=int, default=0, help="the seed of every variant's rate grid")
     parser.add_argument("--budget", type=int, default=None, help="policy tokens per run (default: GAME_BUDGET)")
     parser.add_argument("--long", action="store_true", help="also the best tree and best chains at 3x budget")
@@ -241,13 +264,15 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--launch-until", default="23:59", help="UTC HH:MM after which no run starts")
-    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "tree_vs_chains_v2.jsonl")
+    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "tree_vs_chains_v3.jsonl")
+    parser.add_argument("--earlier", type=Path, default=ROOT / "benchmarks" / "results" / "tree_vs_chains_v2.jsonl",
+                        help="the earlier protocol's results, whose tuning runs of unchanged variants are reused")
     parser.add_argument("--report", action="store_true", help="only print the tables from the results file")
     args = parser.parse_args()
     for game in args.games:
         if not args.report:
             run_missing(args, game)
-        rows = load_rows(args.results, game)
+        rows = load_rows(args.results, game, args.earlier, args.tune_seed)
         shown = args.variants or [*GAME_VARIANTS[game], *(a for a in ABLATIONS if any(r["variant"] == a
                                                                                           for r in rows))]
         report(rows, game, args, plan(rows, game, argparse.Namespace(**{**vars(args), "variants": shown}))[1])

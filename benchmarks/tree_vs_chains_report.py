@@ -82,7 +82,7 @@ def report(rows: list[dict], game: str, args: argparse.Namespace, chosen: dict[s
 
     warm = next((r for r in rows if r["variant"] == "warm-start"), None)
     if warm is None:
-        print(f"{game}: no protocol-2 rows yet")
+        print(f"{game}: no protocol-{PROTOCOL} rows yet")
         return
     budget = args.budget or GAME_BUDGET.get(game, 14000)
     print(f"\n{game} (warm start {warm['model']}, protocol 2): test prompts {warm['test_prompts']}: warm start "

@@ -1,6 +1,11 @@
-"""One run of benchmarks/tree_vs_chains.py (protocol 2): train through the ``lit-grpo`` command to a budget of policy
+"""One run of benchmarks/tree_vs_chains.py (protocol 3): train through the ``lit-grpo`` command to a budget of policy
 tokens, play the held-out prompts greedily, append the row to the results file (under a lock: two runs may finish
 at once). Its own process, so the scheduler can run two with one torch thread each.
+
+Each row holds the run's decisions (``decision_tables.py``): its greedy actions per information state and return per
+cue on the validation and test prompts, and what its training rollouts sampled per state with the advantages they
+got (over the whole run and its first 10 epochs; every epoch's counts in the decisions folder beside the results),
+and the per-round shares of rows with advantage exactly 0.
 
     .venv/bin/python benchmarks/tree_vs_chains_run.py '{"game": ..., "variant": ..., "seed": ..., "lr": ...,
         "budget": ..., "results": ..., "threads": ...}'
@@ -19,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -33,7 +39,10 @@ from lit_grpo.tasks.games import CalculatorTask, HiddenOperandsTask  # noqa: E40
 from lit_grpo.tasks.stale_digits import StaleDigitsTask  # noqa: E402
 from lit_grpo.tree import depth_first  # noqa: E402
 
-PROTOCOL = 2
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from decision_tables import cue_free_policies, greedy_table, sampled_summary  # noqa: E402
+
+PROTOCOL = 3
 GAMES = {"hidden-operands": ("data/tiny-llama-hidden", "lit_grpo.tasks.games.HiddenOperandsTask", HiddenOperandsTask),
          "calculator": ("data/tiny-llama-calculator", "lit_grpo.tasks.games.CalculatorTask", CalculatorTask),
          "stale-digits": ("data/tiny-llama-stale", "lit_grpo.tasks.stale_digits.StaleDigitsTask", StaleDigitsTask)}
@@ -51,15 +60,18 @@ def model_id(game: str) -> str:
 
 def train(run: dict, arguments: list[str], work: Path) -> tuple[Path, dict]:
     """One training run through the command: its adapter, and its training return per epoch, policy tokens
-    generated, epochs and wall seconds."""
+    generated, epochs, wall seconds, the per-round shares of zero advantages and the sampled decisions."""
     model, task_path, _ = GAMES[run["game"]]
     seed = str(run["seed"])
     order = ["--data.task.init_args.train_order_seed", seed] if run["game"] in ORDERED_GAMES else []
     budget = json.dumps({"class_path": "token_budget.PolicyTokenBudget", "init_args": {"budget": run["budget"]}})
+    log_path = decisions_file(run)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = json.dumps({"class_path": "decision_tables.DecisionLog", "init_args": {"path": str(log_path)}})
     command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--seed_everything", seed, "--data.seed", seed,
                "--model.model_name_or_path", model, "--data.task", task_path, *order, *COMMON, *arguments,
                "--model.optimizer", "torch.optim.AdamW", "--model.optimizer.lr", str(run["lr"]),
-               "--model.optimizer.weight_decay", "0.0", f"--trainer.callbacks+={budget}",
+               "--model.optimizer.weight_decay", "0.0", f"--trainer.callbacks+={budget}", f"--trainer.callbacks+={log}",
                "--trainer.max_epochs", "100000", "--trainer.check_val_every_n_epoch", "100000",
                "--trainer.num_sanity_val_steps", "0", "--trainer.enable_checkpointing", "false",
                "--trainer.default_root_dir", str(work), "--trainer.enable_progress_bar", "false",
@@ -76,8 +88,19 @@ def train(run: dict, arguments: list[str], work: Path) -> tuple[Path, dict]:
     with metrics.open() as file:
         rows = [row for row in csv.DictReader(file) if row.get("rollout/mean_return")]
     (adapter,) = [p.parent for p in work.rglob("adapter_model.safetensors") if p.parent.name == "adapter"]
+    credit = {key.removeprefix("rollout/"): statistics.fmean(float(row[key]) for row in rows if row.get(key))
+              for key in rows[0] if key.startswith(("rollout/rows_round", "rollout/zero_advantage_round"))}
+    epochs = json.loads(log_path.read_text())["epochs"] if log_path.is_file() else []
     return adapter, {"curve": [float(row["rollout/mean_return"]) for row in rows], "epochs": len(rows),
-                     "policy_tokens": sum(float(row["rollout/policy_tokens"]) for row in rows), "seconds": seconds}
+                     "policy_tokens": sum(float(row["rollout/policy_tokens"]) for row in rows), "seconds": seconds,
+                     "round_credit": credit, "sampled": sampled_summary(epochs),
+                     "sampled_first10": sampled_summary(epochs, 10)}
+
+
+def decisions_file(run: dict) -> Path:
+    """Where a run's training decisions go, epoch by epoch (beside the results file)."""
+    folder = Path(run["results"]).with_suffix("")
+    return folder.parent / f"{folder.name}_decisions" / (marker(run).name + ".json")
 
 
 def episode_scores(task, roots) -> dict[str, float]:
@@ -100,7 +123,7 @@ def answer_at_once(task, records) -> float:
                             for r in records)
 
 
-def evaluate(game: str, adapter: Path | None) -> dict[str, float]:
+def evaluate(game: str, adapter: Path | None) -> dict[str, Any]:
     """Greedy episodes on the validation prompts (which choose rates) and the test prompts (which the table
     reports), apart, with each split's oracle and answer-at-once returns."""
     model, _, task_class = GAMES[game]
@@ -111,11 +134,13 @@ def evaluate(game: str, adapter: Path | None) -> dict[str, float]:
     engine = HFEngine()
     engine.push_policy(policy)
     spec = SamplingSpec(max_new_tokens=5, stop_token_ids=(tokenizer.eos_token_id,))
-    scores: dict[str, float] = {}
+    scores: dict[str, Any] = {}
     for split, records in (("val", list(task.validation_records())), ("test", list(task.test_records()))):
         with torch.no_grad():
             roots = greedy_trees(task, engine, tokenizer, records, GAME_ROUNDS[game], spec)
         scores.update({f"{split}_{k}": v for k, v in episode_scores(task, roots).items()})
+        scores[f"{split}_decisions"] = greedy_table(task, roots)
+        scores[f"{split}_cue_free"] = cue_free_policies(task, records)
         scores[f"{split}_oracle"] = task.oracle_return(records)
         scores[f"{split}_answer_at_once"] = answer_at_once(task, records)
         scores[f"{split}_prompts"] = len(records)

@@ -67,7 +67,29 @@ def tree_stats(roots: list[Any]) -> dict[str, float]:
         "mean_return": sum(returns) / max(len(returns), 1),
         "zero_variance_sibling_frac": sum(flat) / max(len(flat), 1),
         "episodes_per_decision": sum(leaves) / max(len(leaves), 1),
+        **round_credit(roots),
     }
+
+
+def round_credit(roots: list[Any]) -> dict[str, float]:
+    """Per round d of a tree's policy rows: ``rows_round{d}``, its share of all rows, and
+    ``zero_advantage_round{d}``, the share of its rows whose advantage is exactly 0 (a flat sibling group, an only
+    child, a tree that is flat; or a member exactly at its group's mean): rows that carry no policy gradient but
+    count in a ``seq-mean`` normaliser. Empty before the advantages are assigned. Example: root -> [question ->
+    [answer], answer], advantages 0.5, 0 and -0.5: round 1 holds 2 of 3 rows, none zero; round 2 1 of 3, all zero."""
+    from lit_grpo.buffers.tree_layout import policy_nodes
+    from lit_grpo.tree import walk
+
+    depth_of = {id(node): len(path) for root in roots for path, node in walk(root)}
+    rows = [(depth_of[id(node)], node.advantage) for root in roots for node in policy_nodes(root)]
+    if not rows or any(advantage is None for _, advantage in rows):
+        return {}
+    stats: dict[str, float] = {}
+    for depth in sorted({d for d, _ in rows}):
+        at_depth = [advantage for d, advantage in rows if d == depth]
+        stats[f"rows_round{depth}"] = len(at_depth) / len(rows)
+        stats[f"zero_advantage_round{depth}"] = sum(a == 0.0 for a in at_depth) / len(at_depth)
+    return stats
 
 
 def tool_stats(roots: list[Any]) -> dict[str, float]:

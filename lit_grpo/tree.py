@@ -10,7 +10,10 @@ back into the tree it is given:
 
 - ``node_values``: ``V`` of every node. ``V(terminal) = 0``; ``Q(c) = r(c) + V(c)``. ``mean``: ``V(x)`` is the mean of
   ``Q`` over ``x``'s children. ``optimal_stopping``: ``V(x)`` is the larger of the mean ``Q`` of the terminal children
-  and the mean ``Q`` of the continuing children, over the options that exist at ``x``.
+  and the mean ``Q`` of the continuing children, over the options that exist at ``x``; with few children per kind
+  this max of noisy means is biased upward (E[max] >= max of E). ``optimal_stopping_split``: a cross-fitted double
+  estimate of that max, which chooses the kind on one half of each kind's children and reads its value off the
+  other half, and falls back to ``mean`` where a kind has a single child (``split_stopping_value``).
 - ``leaf_returns``: the return of each terminal leaf, the sum of ``r`` along its path. The root's own reward is left
   out: it is the same constant on every path, so it changes no spread, and leaving it out keeps a large prompt-level
   reward from rounding the returns.
@@ -26,7 +29,8 @@ Exact zeros (the flat-group rule of docs/guide.md#the-math, carried over): a tre
 gets 0.0 on every node, and so does every sibling group whose ``Q`` values are all equal. "Equal" allows a spread of
 ``FLAT_RTOL`` times the largest sum of ``|r|`` along a path: returns are float sums along different paths, so
 ``-0.1 + 0.8`` and ``0.7`` differ by one ulp and would otherwise give advantages of rounding noise. Zeroing such a spread
-changes no advantage by more than ``FLAT_RTOL * scale / eps``, far below anything a reward can express.
+changes no advantage by more than ``FLAT_RTOL * scale / eps``, far below anything a reward can express. The rule
+is decided in one place, ``sibling_groups``; ``flat_sibling_nodes`` lists the nodes it zeroes.
 
 A continuing node cut off at ``max_depth`` is closed with ``close_with_no_answer``: one terminal child, with no policy
 tokens, scored with the task's no-answer reward. Being an only child its advantage is exactly 0 and it carries no
@@ -36,7 +40,8 @@ Worked example (``eps`` = 1e-6), root -> [terminal r=1, terminal r=-1, continuin
 leaf returns 1, -1, 0.75 (mean 0.25, sigma_tree = sqrt(0.7916667) = 0.8897565). ``mean``: V(continuing) = 1, so
 Q = 0.75; V(root) = (1 - 1 + 0.75) / 3 = 0.25; advantages (1 - 0.25, -1 - 0.25, 0.75 - 0.25) / 0.8897575 =
 0.8429263, -1.4048771, 0.5619509, and 0 for the only child. ``optimal_stopping``: V(root) = max(mean(1, -1),
-0.75) = 0.75; the advantages are the same, since every Q is. ``std_scope="none"``: 0.75, -1.25, 0.5 and 0.
+0.75) = 0.75; the advantages are the same, since every Q is. ``optimal_stopping_split``: the root has a single
+continuing child, so V(root) falls back to the mean, 0.25. ``std_scope="none"``: 0.75, -1.25, 0.5 and 0.
 """
 
 from __future__ import annotations
@@ -45,12 +50,13 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 from lit_grpo.errors import InputError
 from lit_grpo.losses.advantages import check_choice
+from lit_grpo.stopping import exact_mean, split_by_kind, split_stopping_value
 
-ValueMode = Literal["mean", "optimal_stopping"]
+ValueMode = Literal["mean", "optimal_stopping", "optimal_stopping_split"]
 VALUE_MODES: tuple[str, ...] = get_args(ValueMode)
 StdScope = Literal["tree", "siblings", "none"]
 STD_SCOPES: tuple[str, ...] = get_args(StdScope)
@@ -166,24 +172,22 @@ def is_flat(values: Sequence[float], tol: float = 0.0) -> bool:
     return not values or max(values) - min(values) <= tol
 
 
-def _mean(values: Sequence[float]) -> float:
-    """Arithmetic mean with a correctly rounded sum."""
-    return math.fsum(values) / len(values)
-
-
 def bellman_value(child_q: Sequence[float], child_terminal: Sequence[bool], value_mode: str = "mean") -> float:
     """V of a continuing node from its children's Q values and kinds (one entry per child, at least one).
 
     ``mean``: the mean of all ``child_q``. ``optimal_stopping``: the larger of the mean Q of the terminal children
-    and the mean Q of the continuing children, over the kinds present. Example: Q [1, -1, 0.75] with kinds
-    [terminal, terminal, continuing] gives 0.25 (mean) and max(0, 0.75) = 0.75 (optimal_stopping).
+    and the mean Q of the continuing children, over the kinds present. ``optimal_stopping_split``:
+    ``split_stopping_value``. Example: Q [1, -1, 0.75] with kinds [terminal, terminal, continuing] gives 0.25
+    (mean), max(0, 0.75) = 0.75 (optimal_stopping) and 0.25 (optimal_stopping_split: one continuing child, so
+    the mean).
     """
     check_choice("value mode", value_mode, VALUE_MODES)
     if value_mode == "mean":
-        return _mean(child_q)
-    stop = [q for q, terminal in zip(child_q, child_terminal) if terminal]
-    go_on = [q for q, terminal in zip(child_q, child_terminal) if not terminal]
-    return max(_mean(option) for option in (stop, go_on) if option)
+        return exact_mean(child_q)
+    if value_mode == "optimal_stopping_split":
+        return split_stopping_value(child_q, child_terminal)
+    stop, go_on = split_by_kind(child_q, child_terminal)
+    return max(exact_mean(option) for option in (stop, go_on) if option)
 
 
 def node_values(root: Node, value_mode: str = "mean") -> dict[Node, float]:
@@ -211,8 +215,44 @@ def sibling_advantages(child_q: Sequence[float], scale: float, flat_tol: float =
     """
     if is_flat(child_q, flat_tol):
         return [0.0] * len(child_q)
-    center = _mean(child_q)
+    center = exact_mean(child_q)
     return [(q - center) / scale for q in child_q]
+
+
+class SiblingGroup(NamedTuple):
+    """The children of one continuing node, their Q values, and whether the flat rule zeroes their advantages."""
+
+    children: list[Node]
+    q: list[float]
+    flat: bool
+
+
+def sibling_groups(root: Node, values: dict[Node, float]) -> list[SiblingGroup]:
+    """Every sibling group (the children of each continuing node, parents in depth-first order) with its flat flag.
+
+    The one place the flat rule is decided: a group is flat if the whole tree's leaf returns are flat or the
+    group's Q values are, each within ``flat_tolerance`` of the tree's paths; a flat group's advantages are exactly
+    0. ``values`` are the node values (as ``node_values`` gives them). Validates the tree.
+    """
+    paths = leaf_paths(root)
+    tol = flat_tolerance(paths)
+    tree_flat = is_flat([math.fsum(path) for path in paths], tol)
+    groups = []
+    for node in (n for n in depth_first(root) if n.children):
+        child_q = [child.reward + values[child] for child in node.children]
+        groups.append(SiblingGroup(list(node.children), child_q, tree_flat or is_flat(child_q, tol)))
+    return groups
+
+
+def flat_sibling_nodes(root: Node, values: dict[Node, float]) -> set[Node]:
+    """The non-root nodes whose advantage the flat rule sets to exactly 0 (``sibling_groups``' flat groups).
+
+    Every non-root node when the tree's leaf returns are flat; else every child of a group whose Q values are flat,
+    only children included. A node of a non-flat group whose Q happens to equal the group's mean is not in the set.
+    Example, ``mean`` values, root -> [continuing -> [terminal 0.5, terminal 0.5], continuing -> [terminal 0.3],
+    continuing -> [terminal 1, terminal 0, terminal -1]]: the two 0.5 answers and the 0.3 answer.
+    """
+    return {child for group in sibling_groups(root, values) if group.flat for child in group.children}
 
 
 def tree_advantages(root: Node, values: dict[Node, float], eps: float = 1e-6,
@@ -221,7 +261,8 @@ def tree_advantages(root: Node, values: dict[Node, float], eps: float = 1e-6,
 
     A(c) = (Q(c) - mean over c's siblings s, c included, of Q(s)) / (sigma + eps), with sigma the population std of
     ``leaf_returns(root)`` (``std_scope="tree"``) or of the siblings' Q (``"siblings"``); ``"none"`` divides by
-    nothing (not even eps). A tree whose leaf returns are flat (see ``FLAT_RTOL``) gets exactly 0 on every node.
+    nothing (not even eps). A flat sibling group (``sibling_groups``; every group of a tree whose leaf returns are
+    flat, see ``FLAT_RTOL``) gets exactly 0.
 
     Example, ``mean`` values, root -> [continuing r=-0.1 -> [terminal 1, terminal -1], terminal 0.5]: leaf returns
     0.9, -1.1, 0.5 (sigma_tree 0.8640988); the root's children have Q -0.1 and 0.5, the question's children 1 and
@@ -229,18 +270,15 @@ def tree_advantages(root: Node, values: dict[Node, float], eps: float = 1e-6,
     ``siblings``: -0.9999967, 0.9999990, -0.9999990, 0.9999967; ``none``: -0.3, 1.0, -1.0, 0.3.
     """
     check_choice("std scope", std_scope, STD_SCOPES)
-    paths = leaf_paths(root)
-    returns = [math.fsum(path) for path in paths]
-    tol = flat_tolerance(paths)
-    nodes = depth_first(root)
-    if is_flat(returns, tol):
-        return {node: 0.0 for node in nodes[1:]}
-    tree_scale = statistics.pstdev(returns) + eps
+    groups = sibling_groups(root, values)
+    tree_scale = statistics.pstdev(leaf_returns(root)) + eps
     advantages: dict[Node, float] = {}
-    for node in (n for n in nodes if n.children):
-        child_q = [child.reward + values[child] for child in node.children]
-        scale = sibling_scale(std_scope, tree_scale, child_q, eps)
-        advantages.update(zip(node.children, sibling_advantages(child_q, scale, tol)))
+    for group in groups:
+        if group.flat:
+            advantages.update((child, 0.0) for child in group.children)
+        else:
+            scale = sibling_scale(std_scope, tree_scale, group.q, eps)
+            advantages.update(zip(group.children, sibling_advantages(group.q, scale)))
     return advantages
 
 
@@ -259,7 +297,8 @@ def assign_advantages(root: Node, value_mode: str = "mean", eps: float = 1e-6, s
 
     Every node gets ``value`` and ``q`` (a terminal node: value 0, q = its reward; the root: q = root.reward +
     V(root)); every node but the root gets ``advantage``, and the root's is set to None. ``value_mode`` is
-    ``mean`` or ``optimal_stopping`` and ``std_scope`` ``tree``, ``siblings`` or ``none`` (see the module docstring). Raises
+    ``mean``, ``optimal_stopping`` or ``optimal_stopping_split`` and ``std_scope`` ``tree``, ``siblings`` or ``none``
+    (see the module docstring). Raises
     ``ValueError`` on an unknown mode or a malformed tree (``validate_tree``) before writing anything.
     """
     values = node_values(root, value_mode)
@@ -275,7 +314,7 @@ def close_with_no_answer(node: Node, no_answer_reward: float) -> Node:
     ``no_answer_reward`` (the task's no-answer reward).
 
     The child has no policy tokens. As an only child its advantage is exactly 0, and ``V(node)`` becomes
-    ``no_answer_reward`` in both value modes. Raises ``ValueError`` if ``node`` is terminal or already has children.
+    ``no_answer_reward`` in every value mode. Raises ``ValueError`` if ``node`` is terminal or already has children.
     """
     if node.terminal:
         raise ValueError("cannot close a terminal node: only a continuing node cut off at max_depth is closed")

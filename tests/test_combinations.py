@@ -42,10 +42,12 @@ KIND = {
     "grouped": ["--model.model_name_or_path", str(ROOT / "data" / "tiny-llama"), "--data.group_size", "4",
                 "--data.prompts_per_epoch", "4", "--data.minibatch_size", "16"],
     "tree": ["--model.model_name_or_path", str(ROOT / "data" / "tiny-llama-clarify"), "--data.task",
-             "lit_grpo.tasks.ClarifyTask", "--data.rollout", "tree", "--data.branching", "[2, 2]",
+             "lit_grpo.tasks.ClarifyTask", "--data.task.init_args.max_rounds", "2", "--data.rollout", "tree",
+             "--data.branching", "[2, 2]",
              "--data.prompts_per_epoch", "2", "--data.minibatch_size", "64"],
     "chains": ["--model.model_name_or_path", str(ROOT / "data" / "tiny-llama-clarify"), "--data.task",
-               "lit_grpo.tasks.ClarifyTask", "--data.rollout", "chains", "--data.branching", "[2, 2]",
+               "lit_grpo.tasks.ClarifyTask", "--data.task.init_args.max_rounds", "2", "--data.rollout", "chains",
+               "--data.branching", "[2, 2]",
                "--data.group_size", "2", "--data.prompts_per_epoch", "2", "--data.minibatch_size", "64"],
 }
 RISK_CALLBACK = ['--trainer.callbacks+={"class_path": "lit_grpo.callbacks.RiskThreshold"}']

@@ -66,7 +66,7 @@ def build(tau_mode: str = "fixed", tau: float = 0.5, risk: RiskHeadSpec | None =
                           old_logp_source="trainer",
                           optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0))
     # a shared engine outlives the fit, so the test can rerun the calibration's episodes afterwards
-    datamodule = RolloutDataModule(task=ClarifyTask(), engine=HFEngine(shared=True), rollout="tree", branching=[2, 2], prompts_per_epoch=8,
+    datamodule = RolloutDataModule(task=ClarifyTask(max_rounds=2), engine=HFEngine(shared=True), rollout="tree", branching=[2, 2], prompts_per_epoch=8,
                                    minibatch_size=32, max_new_tokens=5, val_max_prompts=16)
     threshold = RiskThreshold(mode=tau_mode, tau=tau, **{"explore_fraction": 0.0, **threshold_kwargs})
     return module, datamodule, threshold

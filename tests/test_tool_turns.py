@@ -207,7 +207,8 @@ def test_the_rules_ask_a_tool_task_for_turns_one_width_each_and_no_risk_head():
         "return, TRL's multi-turn GRPO) or 'tree' (branching at every turn)"]
     assert multi_round_problems({**data, "rollout": "chains", "branching": [8, 1, 1]}, task) == []
     assert multi_round_problems({**data, "rollout": "tree", "branching": [4, 2]}, task) == [
-        "data.branching [4, 2] names 2 turn(s), data.task ToolTask allows max_turns 3: give one width per turn"]
+        "data.branching [4, 2] names 2 round(s), data.task ToolTask runs max_turns 3: give one width per round, or "
+        "set data.task.init_args.max_turns"]
     assert multi_round_problems({**data, "rollout": "tree", "branching": [4, 2, 2]}, task, {"risk": {"atoms": 5}}) == [
         "model.risk with data.task ToolTask: the risk head needs a task that names the first tokens that defer; a "
         "tool task's turns are read by its template's parser"]
@@ -323,11 +324,13 @@ def test_a_branching_that_does_not_match_the_turns_is_refused_before_anything_lo
     assert config_problems(config) == []
     config["data"]["branching"] = [8, 1]  # the YAML's max_turns is 3
     assert config_problems(config) == [
-        "data.branching [8, 1] names 2 turn(s), data.task ToolTask allows max_turns 3: give one width per turn"]
+        "data.branching [8, 1] names 2 round(s), data.task ToolTask runs max_turns 3: give one width per round, or "
+        "set data.task.init_args.max_turns"]
     del config["data"]["task"]["init_args"]["max_turns"]  # ToolTask's default, 4
     config["data"]["branching"] = [8, 1, 1]
     assert config_problems(config) == [
-        "data.branching [8, 1, 1] names 3 turn(s), data.task ToolTask allows max_turns 4: give one width per turn"]
+        "data.branching [8, 1, 1] names 3 round(s), data.task ToolTask runs max_turns 4: give one width per round, "
+        "or set data.task.init_args.max_turns"]
 
 
 def test_each_turn_but_the_last_tells_the_engine_another_follows():

@@ -309,7 +309,8 @@ def test_malformed_trees_are_rejected_before_anything_is_written(build, message)
 
 def test_unknown_value_mode_names_the_choices():
     root = ask(0.0, leaf(1.0), leaf(0.0))
-    with pytest.raises(ValueError, match="unknown value mode 'max'; valid choices: mean, optimal_stopping"):
+    choices = "mean, optimal_stopping, optimal_stopping_split"
+    with pytest.raises(ValueError, match=f"unknown value mode 'max'; valid choices: {choices}$"):
         assign_advantages(root, "max")
     assert root.value is None
 

@@ -1,5 +1,5 @@
-"""The rules of benchmarks/tree_vs_chains.py's protocol 2 (issue 41), worked out by hand: the rate grid, the
-policy-token budget's last epoch, the widths stretched to a game's rounds, the t-interval and the gap closed."""
+"""The rules of benchmarks/tree_vs_chains.py's protocol (issues 41 and 49), worked out by hand: the rate grid, the
+policy-token budget's last epoch, one width per round of each game, the t-interval and the gap closed."""
 
 import json
 import sys
@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from token_budget import prompts_paid_for  # noqa: E402
-from tree_vs_chains import chosen_rate, load_rows, model_id, variant_arguments, widths  # noqa: E402
+from tree_vs_chains import chosen_rate, load_rows, model_id, variant_arguments  # noqa: E402
 from tree_vs_chains_report import gap_closed, interval  # noqa: E402
 
 
@@ -40,12 +40,25 @@ def test_the_last_epoch_draws_the_prompts_the_rest_of_the_budget_pays_for(rest, 
     assert prompts_paid_for(rest, spent, prompts, 16) == expected
 
 
-def test_widths_stretch_a_three_round_shape_by_its_middle_width():
-    assert widths([4, 2, 2], 4) == "[4,2,2,2]"
-    assert widths([2, 2, 8], 4) == "[2,2,2,8]"
-    assert widths([8, 1, 1], 3) == "[8,1,1]"
+def test_every_variant_names_one_width_per_round_of_its_game():
+    from lit_grpo.tasks.games import CalculatorTask, HiddenOperandsTask
+    from lit_grpo.tasks.stale_digits import StaleDigitsTask
+
+    rounds = {"stale-digits": StaleDigitsTask().max_rounds, "hidden-operands": HiddenOperandsTask().max_rounds,
+              "calculator": CalculatorTask().max_rounds}
+    assert rounds == {"stale-digits": 4, "hidden-operands": 3, "calculator": 3}
+    for game, count in rounds.items():
+        for variant in ("chains-centred", "tree-os-sd-none", "tree-split-sd-none", "tree-os-drop-flat",
+                        "tree-chains-shape", "tree-wide-answers", "tree-wide-first", "tree-wide-questions"):
+            arguments = variant_arguments(variant, game)
+            assert len(json.loads(arguments[arguments.index("--data.branching") + 1])) == count, (variant, game)
+    # the 8-wide answers sit at round 3 of the decision-hard game, the last round where an answer can be wrong
+    assert variant_arguments("tree-wide-answers", "stale-digits")[3] == "[2,2,8,1]"
     assert variant_arguments("tree-os-sd-none", "stale-digits")[-4:] == [
         "--model.tree_value_mode", "optimal_stopping", "--model.tree_std_scope", "none"]
+    assert variant_arguments("tree-split-sd-none", "stale-digits")[-3] == "optimal_stopping_split"
+    assert variant_arguments("tree-os-drop-flat", "stale-digits")[-2:] == ["--model.tree_flat_groups", "drop"]
+    assert variant_arguments("tree-chains-shape", "stale-digits")[3] == "[8,1,1,1]"
     assert variant_arguments("chains-centred", "stale-digits")[-2:] == ["--model.advantage_mode", "centered"]
 
 
@@ -59,7 +72,7 @@ def test_each_ablation_widens_one_group_of_the_4_2_2_tree():
 
 
 def test_a_run_written_twice_counts_once(tmp_path):
-    row = {"protocol": 2, "model": model_id("calculator"), "game": "calculator", "variant": "chains-centred",
+    row = {"protocol": 3, "model": model_id("calculator"), "game": "calculator", "variant": "chains-centred",
            "seed": 3, "lr": 5e-4, "budget": 11000, "test_return": 0.677}
     other = {**row, "seed": 4, "test_return": 0.6}
     results = tmp_path / "rows.jsonl"

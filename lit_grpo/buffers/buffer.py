@@ -54,6 +54,7 @@ class RolloutBuffer:
     first_token_allowed: torch.Tensor | None = None  # [N, C] the sampler's first-token restriction, -1 padding
     inferred: torch.Tensor | None = None  # [N] bool: the row's reward is an observed return of inferring (trees)
     risk_probes: Any = None  # the detached risk head's labelled probe states (lit_grpo.risk.probes.ProbeLabels)
+    loss_rows: torch.Tensor | None = None  # [N] bool: rows that count in the loss (None: all; trees' flat groups out)
 
     def first_token_constraint(self) -> FirstTokenConstraint | None:
         """The sampler's first-token restrictions, when any row had one."""
@@ -161,10 +162,15 @@ def serve_plan(buffer: RolloutBuffer, plan: list[torch.Tensor], accumulate: int,
     Each minibatch carries each loss's count summed over the ``accumulate`` minibatches that make up its optimizer
     step, so the loss of a step does not depend on how it is split: ``step_denominator`` (the policy loss's
     aggregation), ``step_value_tokens`` (counted tokens: the value loss's) and ``step_risk_rows`` (rows that
-    inferred: the risk head's). An empty minibatch counts zero in each.
+    inferred: the risk head's). An empty minibatch counts zero in each. Rows outside ``buffer.loss_rows`` are left
+    out of their minibatch (one left with none is served empty), so they count nowhere.
     """
-    batches = [minibatch(buffer, rows) for rows in plan]
+    counted = plan if buffer.loss_rows is None else [rows[buffer.loss_rows[rows]] for rows in plan]
+    batches = [minibatch(buffer, rows) if len(rows) else empty_minibatch(minibatch(buffer, whole[:1]))
+               for rows, whole in zip(counted, plan)]
     counts = [minibatch_counts(b, aggregation, buffer.max_new_tokens) for b in batches]
+    counts = [c if len(rows) else {key: torch.zeros_like(value) for key, value in c.items()}
+              for c, rows in zip(counts, counted)]
     if padding and not batches:
         raise RuntimeError("a rank with no rollouts cannot serve empty minibatches of their shape")
     batches += [empty_minibatch(batches[-1]) for _ in range(padding)]

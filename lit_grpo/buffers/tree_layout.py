@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
 from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.losses import group_advantages
 from lit_grpo.tasks.base import PromptRecord, prompt_text
-from lit_grpo.tree import Node, assign_advantages, depth_first
+from lit_grpo.tree import Node, assign_advantages, depth_first, flat_sibling_nodes
+
+FlatGroups = Literal["count", "drop"]
+FLAT_GROUPS: tuple[str, ...] = get_args(FlatGroups)
 
 
 @dataclass(eq=False)
@@ -150,12 +153,16 @@ def chain_rows(roots: Sequence[Node]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def tree_row_advantages(buffer: RolloutBuffer, advantage_mode: str, value_mode: str,
-                        std_scope: str = "tree") -> torch.Tensor:
+                        std_scope: str = "tree", flat_groups: str = "count") -> torch.Tensor:
     """One advantage per policy node (row): tree-relative for ``tree`` rollouts; for ``chains``, the group
-    advantage of each chain's return on every segment of that chain.  -> ``[N]``."""
+    advantage of each chain's return on every segment of that chain.  -> ``[N]``.
+
+    ``flat_groups="drop"`` (trees only) also sets ``buffer.loss_rows``: the rows outside a flat sibling group
+    (``loss_rows``), so the rows whose advantage the flat rule zeroes leave the loss and its normaliser."""
     if buffer.tree_mode == "tree":
         for root in buffer.trees:
             assign_advantages(root, value_mode, std_scope=std_scope)
+        buffer.loss_rows = loss_rows(buffer.trees, flat_groups)
     else:
         for root in buffer.trees:
             returns = torch.tensor([chain_returns(root)], dtype=torch.float64)  # [1, G]
@@ -163,3 +170,18 @@ def tree_row_advantages(buffer: RolloutBuffer, advantage_mode: str, value_mode: 
                 for node in depth_first(chain):
                     node.advantage = advantage
     return torch.tensor([node.advantage for root in buffer.trees for node in policy_nodes(root)])  # [N]
+
+
+def loss_rows(roots: Sequence[Node], flat_groups: str) -> torch.Tensor | None:
+    """Which policy rows count in the loss, in row order ``[N]`` bool: with ``drop``, every row but those of a flat
+    sibling group (all its Q equal, an only child included, or the whole tree flat: ``tree.flat_sibling_nodes``),
+    as DAPO leaves flat prompt groups out; with ``count``, None (every row counts, a flat group's with advantage
+    0). Reads the values ``assign_advantages`` wrote. Example: root -> [answer 1, question -0.1 -> [answer 1]]: the
+    question's only child is flat, so ``drop`` keeps [True, True, False]."""
+    if flat_groups == "count":
+        return None
+    kept: list[bool] = []
+    for root in roots:
+        flat = flat_sibling_nodes(root, {node: node.value for node in depth_first(root)})
+        kept += [node not in flat for node in policy_nodes(root)]
+    return torch.tensor(kept, dtype=torch.bool)

@@ -36,6 +36,7 @@ class AdvantageKnobs:
     gamma: float = 1.0
     gae_lambda: float = 0.95
     value_head: bool = False
+    tree_flat_groups: str = "count"
 
 
 def assign_advantages(buffer: RolloutBuffer, objective: Objective, knobs: AdvantageKnobs,
@@ -48,7 +49,7 @@ def assign_advantages(buffer: RolloutBuffer, objective: Objective, knobs: Advant
                                                                chains=chain_rows(buffer.trees))
             return
         buffer.advantages = tree_row_advantages(buffer, objective.advantage_mode, knobs.tree_value_mode,
-                                                knobs.tree_std_scope)
+                                                knobs.tree_std_scope, knobs.tree_flat_groups)
         return
     if knobs.value_head:
         buffer.advantages, buffer.returns = gae_advantages(buffer, objective, knobs, ranks)

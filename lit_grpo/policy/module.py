@@ -11,6 +11,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.buffers.epoch import EpochBatches
+from lit_grpo.buffers.tree_layout import FlatGroups
 from lit_grpo.buffers.positions import batch_constraint
 from lit_grpo.errors import InputError, refuse
 from lit_grpo.losses import (
@@ -90,10 +91,14 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         kl_in: ``loss`` adds beta * KL to the loss (GRPO); ``reward`` subtracts beta * sum of k1 from each
             sequence's reward before the advantages (grouped rollouts only).
         tree_value_mode: node values of ``tree`` rollouts: ``mean`` (Bellman expectation over the sampled
-            children) or ``optimal_stopping`` (the better of answering now and asking, by the sampled future).
+            children), ``optimal_stopping`` (the better of answering now and asking, by the sampled future) or
+            ``optimal_stopping_split`` (that choice made on one half of the children and scored on the other,
+            halves swapped and averaged; the mean where a kind has one child: not biased upward).
         tree_std_scope: what divides a ``tree`` rollout's sibling-relative advantages: the std of the whole
             ``tree``'s leaf returns, of each ``siblings`` group's Q, or nothing (``none``: advantages in the
             reward's units, as ``drgrpo`` leaves chains; docs/benchmarks.md compares them).
+        tree_flat_groups: a ``tree``'s rows in flat sibling groups (advantage exactly 0, only children included):
+            ``count`` keeps them in the loss and its normaliser, ``drop`` leaves them out as DAPO leaves flat groups.
         vf_coef: weight of the value loss (``gae`` only).
         vf_clip: PPO's value clipping range around the old values; ``None`` turns it off.
         gamma: GAE discount.
@@ -150,6 +155,7 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         kl_in: Literal["loss", "reward"] = "loss",
         tree_value_mode: ValueMode = "mean",
         tree_std_scope: StdScope = "tree",
+        tree_flat_groups: FlatGroups = "count",
         vf_coef: float = 0.5,
         vf_clip: float | None = 0.2,
         gamma: float = 1.0,
@@ -299,7 +305,8 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         """The buffer's advantages (``rollout_advantages.assign_advantages``) with this module's knobs."""
         hp = self.hparams
         knobs = AdvantageKnobs(hp.std_scope, hp.tree_value_mode, hp.tree_std_scope, hp.tis_cap, hp.gamma,
-                               hp.gae_lambda, value_head=self.value_head is not None)
+                               hp.gae_lambda, value_head=self.value_head is not None,
+                               tree_flat_groups=hp.tree_flat_groups)
         assign_advantages(buffer, self.objective, knobs, self.ranks())
 
     def ranks(self) -> tuple[Any, int]:
@@ -338,7 +345,8 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         local_count = aggregation_terms(logp.detach(), completion_mask, loss_cfg.aggregation, max_new_tokens)[1]
         # each loss is its minibatch mean times the minibatch's share of that loss's count over the optimizer step
         # (every rank's minibatches): a step's gradient is each loss's sum over the step divided by its own count
-        loss, reported = policy_part * (local_count / batch["step_denominator"]), policy_part.detach()
+        share = local_count / batch["step_denominator"].clamp(min=1.0)  # a step with no row in the loss: 0, not 0/0
+        loss, reported = policy_part * share, policy_part.detach()
         if self.joint_risk_head is not None or self.value_head is not None:
             risk = None if self.joint_risk_head is None else (self.joint_risk_head, self.risk_spec.coef)
             value = None if self.value_head is None else (self.value_head, self.hparams.vf_coef, self.hparams.vf_clip)

@@ -54,6 +54,9 @@ FEATURES: tuple[Feature, ...] = (
     Feature("model.tree_std_scope", lambda v: v != "tree", ("tree",),
             "only a tree has sibling groups and a tree-wide std to divide by or not (chains choose with "
             "model.advantage_mode: grpo divides by the group's std, drgrpo and centered do not)"),
+    Feature("model.tree_flat_groups", lambda v: v != "count", ("tree",),
+            "only a tree has sibling groups below the prompt (a grouped rollout leaves its flat prompt groups out "
+            "with data.dynamic_sampling)"),
     Feature("model.kl_in", lambda v: v == "reward", ("grouped",),
             "the KL penalty is folded into the reward of a single-round completion"),
     Feature("model.tis_cap", lambda v: v is not None, ("grouped",),
@@ -226,9 +229,10 @@ def staleness_problems(max_staleness: int, rollout: str, engine: Any, old_logp_s
 
 def multi_round_problems(data_args: dict[str, Any], task: Any, model_args: dict[str, Any] | None = None,
                          task_args: dict[str, Any] | None = None) -> list[str]:
-    """Tree and chain rollouts need a multi-round task (``task``: the task or its class; None when unknown); a task
-    that runs its own turns (tools) needs them, one width per turn, and takes no risk head (it names no first
-    tokens that defer). ``task_args``: a class's arguments as configured (its ``max_turns``), before it is built."""
+    """Tree and chain rollouts need a multi-round task (``task``: the task or its class; None when unknown), and
+    ``data.branching`` one width per round the task declares (``declared_rounds``: no list is stretched or cut); a
+    task that runs its own turns (tools) needs them, and takes no risk head (it names no first tokens that defer).
+    ``task_args``: a class's arguments as configured (its ``max_rounds`` or ``max_turns``), before it is built."""
     rollout = data_args["rollout"]
     cls = task if isinstance(task, type) or task is None else type(task)
     if cls is None:
@@ -237,24 +241,43 @@ def multi_round_problems(data_args: dict[str, Any], task: Any, model_args: dict[
     if rollout in ("tree", "chains") and not issubclass(cls, MultiRound):
         return [f"data.rollout {rollout!r} needs a multi-round task (a MultiRoundTask subclass), got data.task "
                 f"{name}; use data.rollout 'grouped' or a MultiRoundTask"]
-    if not getattr(cls, "owns_turns", False):  # MultiRoundTask's declared flag
-        return []
     problems = []
+    rounds, argument = declared_rounds(task, task_args) if rollout != "grouped" else (None, "")
+    branching = data_args.get("branching")
+    if isinstance(rounds, int) and isinstance(branching, list) and len(branching) != rounds:
+        problems.append(f"data.branching {branching} names {len(branching)} round(s), data.task {name} runs "
+                        f"{argument} {rounds}: give one width per round, or set data.task.init_args.{argument}")
+    if not getattr(cls, "owns_turns", False):  # MultiRoundTask's declared flag
+        return problems
     if rollout == "grouped":
         problems.append(f"data.task {name} runs episodes over turns: use data.rollout 'chains' (group-relative on "
                         "each episode's return, TRL's multi-turn GRPO) or 'tree' (branching at every turn)")
-    turns = getattr(task, "max_turns", None)  # an instance's; a class's as configured, or its default
-    if isinstance(task, type):
-        declared = inspect.signature(cls).parameters.get("max_turns")
-        turns = (task_args or {}).get("max_turns", None if declared is None else declared.default)
-    branching = data_args.get("branching")
-    if rollout != "grouped" and isinstance(turns, int) and isinstance(branching, list) and len(branching) != turns:
-        problems.append(f"data.branching {branching} names {len(branching)} turn(s), data.task {name} allows "
-                        f"max_turns {turns}: give one width per turn")
     if (model_args or {}).get("risk") is not None:
         problems.append(f"model.risk with data.task {name}: the risk head needs a task that names the first tokens "
                         "that defer; a tool task's turns are read by its template's parser")
     return problems
+
+
+ROUNDS_ARGUMENTS = ("max_rounds", "max_turns")  # how a multi-round task's __init__ names its rounds (a tool task's)
+
+
+def declared_rounds(task: Any, task_args: dict[str, Any] | None) -> tuple[int | None, str]:
+    """The rounds a multi-round task runs at most and the argument that sets them: an instance's ``max_rounds``; a
+    class's as configured in ``task_args``, or its ``__init__`` default. ``(None, "")`` when it declares none."""
+    cls = task if isinstance(task, type) else type(task)
+    try:
+        declared = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # a class without a Python signature declares nothing
+        return None, ""
+    argument = next((a for a in ROUNDS_ARGUMENTS if a in declared), "max_rounds")
+    if not isinstance(task, type):
+        rounds = getattr(task, "max_rounds", None)
+        return (rounds, argument) if isinstance(rounds, int) else (None, "")
+    if argument not in declared:
+        return None, ""
+    default = declared[argument].default
+    rounds = (task_args or {}).get(argument, None if default is inspect.Parameter.empty else default)
+    return (rounds, argument) if isinstance(rounds, int) else (None, "")
 
 
 def cross_knob_problems(model_args: dict[str, Any] | None, data_args: dict[str, Any] | None, engine: Any = None,

@@ -47,6 +47,8 @@ class HiddenOperandsTask(AskOrAnswerTask):
         train_order_seed: when set, the training prompts are shuffled with this seed (same prompts, another order);
             ``None`` keeps the split's order.
         use_chat_template: see ``Task``.
+        max_rounds: rounds an episode runs at most (two hidden operands need two questions, and a third round answers);
+            ``data.branching`` names one width per round.
     """
 
     def __init__(
@@ -61,11 +63,12 @@ class HiddenOperandsTask(AskOrAnswerTask):
         split_seed: int = 0,
         train_order_seed: int | None = None,
         use_chat_template: bool = False,
+        max_rounds: int = 3,
     ) -> None:
         if not 0 <= hidden_probability <= 1:
             raise InputError(f"HiddenOperandsTask: hidden_probability must be in [0, 1], got {hidden_probability}")
         super().__init__(correct_reward, wrong_reward, ask_cost, malformed_reward, no_answer_reward, heldout_size,
-                         split_seed, use_chat_template)
+                         split_seed, use_chat_template, max_rounds)
         self.hidden_probability = hidden_probability
         self.train_order_seed = train_order_seed
 
@@ -125,6 +128,8 @@ class CalculatorTask(AskOrAnswerTask):
         train_order_seed: when set, the training prompts are shuffled with this seed (same prompts, another order);
             ``None`` keeps the split's order.
         use_chat_template: see ``Task``.
+        max_rounds: rounds an episode runs at most (two calls reduce four operands to two, and a third round answers);
+            ``data.branching`` names one width per round.
     """
 
     LOW, HIGH = 10, 30
@@ -142,12 +147,13 @@ class CalculatorTask(AskOrAnswerTask):
         split_seed: int = 0,
         train_order_seed: int | None = None,
         use_chat_template: bool = False,
+        max_rounds: int = 3,
     ) -> None:
         if not operand_counts or any(k not in (2, 3, 4) for k in operand_counts):
             raise InputError(f"CalculatorTask: operand_counts must be a non-empty list of 2, 3 or 4, got "
                              f"{list(operand_counts)}")
         super().__init__(correct_reward, wrong_reward, ask_cost, malformed_reward, no_answer_reward, heldout_size,
-                         split_seed, use_chat_template)
+                         split_seed, use_chat_template, max_rounds)
         self.operand_counts = tuple(operand_counts)
         self.train_order_seed = train_order_seed
 

@@ -61,6 +61,14 @@ class MultiRoundTask(Task):
     # rules (run/rules.py) by this name: such a task needs turns (chains or a tree), one width per turn
     owns_turns: ClassVar[bool] = False
 
+    @property
+    @abstractmethod
+    def max_rounds(self) -> int:
+        """The rounds an episode runs at most: a tree or chain rollout names one width per round
+        (``data.branching``), and a list of another length is refused (run/rules.py). A task sets it through an
+        ``__init__`` argument named ``max_rounds`` (a tool task: ``max_turns``), which the rules read off the
+        configuration before the task is built."""
+
     @abstractmethod
     def step(self, prompt_record: PromptRecord, round_index: int, segment_text: str) -> EnvStep:
         """The environment's response to the policy's segment of round ``round_index`` (1-based)."""
@@ -118,8 +126,12 @@ class AskOrAnswerTask(MultiRoundTask):
     ``wrong_reward``), anything else is malformed. Subclasses give the prompts (``split``) and ``reply``."""
 
     def __init__(self, correct_reward: float, wrong_reward: float, ask_cost: float, malformed_reward: float,
-                 no_answer_reward: float, heldout_size: int, split_seed: int, use_chat_template: bool) -> None:
+                 no_answer_reward: float, heldout_size: int, split_seed: int, use_chat_template: bool,
+                 max_rounds: int) -> None:
         super().__init__(use_chat_template)
+        if max_rounds < 1:
+            raise InputError(f"{type(self).__name__}: max_rounds must be >= 1, got {max_rounds}")
+        self._max_rounds = max_rounds
         if not wrong_reward < -ask_cost < correct_reward:
             raise InputError(f"{type(self).__name__}: need wrong_reward < -ask_cost < correct_reward, or asking can "
                              f"never pay or never cost; got {wrong_reward}, {ask_cost}, {correct_reward}")
@@ -143,6 +155,10 @@ class AskOrAnswerTask(MultiRoundTask):
     def oracle_return(self, records: Sequence[PromptRecord]) -> float:
         """Mean return on ``records`` of the oracle: ``oracle_questions(record)`` questions, then the right answer."""
         return sum(self.correct_reward - self.ask_cost * self.oracle_questions(r) for r in records) / len(records)
+
+    @property
+    def max_rounds(self) -> int:
+        return self._max_rounds
 
     @property
     def no_answer_reward(self) -> float:
@@ -193,6 +209,8 @@ class ClarifyTask(AskOrAnswerTask):
             test.
         split_seed: seed of the split, of which prompts hide b, and of the training order.
         use_chat_template: see ``Task``.
+        max_rounds: rounds an episode runs at most (one question is all a prompt needs; a third round lets a
+            policy that asked twice still answer); ``data.branching`` names one width per round.
     """
 
     def __init__(
@@ -206,11 +224,12 @@ class ClarifyTask(AskOrAnswerTask):
         heldout_size: int = 1000,
         split_seed: int = 0,
         use_chat_template: bool = False,
+        max_rounds: int = 3,
     ) -> None:
         if not 0 <= hidden_fraction <= 1:
             raise InputError(f"ClarifyTask: hidden_fraction must be in [0, 1], got {hidden_fraction}")
         super().__init__(correct_reward, wrong_reward, ask_cost, malformed_reward, no_answer_reward, heldout_size,
-                         split_seed, use_chat_template)
+                         split_seed, use_chat_template, max_rounds)
         self.hidden_fraction = hidden_fraction
 
     def split(self) -> tuple[list[PromptRecord], list[PromptRecord], list[PromptRecord]]:

@@ -80,6 +80,8 @@ class StaleDigitsTask(AskOrAnswerTask):
         train_order_seed: when set, the training prompts are shuffled with this seed (the same prompts, another
             order: each seed of a benchmark sees its own order); ``None`` keeps the split's order.
         use_chat_template: see ``Task``.
+        max_rounds: rounds an episode runs at most (three questions reveal every digit, and a fourth round answers);
+            ``data.branching`` names one width per round.
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class StaleDigitsTask(AskOrAnswerTask):
         split_seed: int = 0,
         train_order_seed: int | None = None,
         use_chat_template: bool = False,
+        max_rounds: int = 4,
     ) -> None:
         if len(stale_probabilities) != len(CUES) or not all(0 <= p <= 1 for p in stale_probabilities):
             raise InputError(f"StaleDigitsTask: stale_probabilities must be {len(CUES)} probabilities, got "
@@ -102,7 +105,7 @@ class StaleDigitsTask(AskOrAnswerTask):
         if idle_ask_cost < ask_cost:
             raise InputError(f"idle_ask_cost ({idle_ask_cost}) must be at least ask_cost ({ask_cost})")
         super().__init__(correct_reward, wrong_reward, ask_cost, malformed_reward, no_answer_reward, heldout_size,
-                         split_seed, use_chat_template)
+                         split_seed, use_chat_template, max_rounds)
         self.stale_probabilities = tuple(stale_probabilities)
         self.train_order_seed = train_order_seed
         self.rules = Rules(correct_reward, wrong_reward, ask_cost, idle_ask_cost)

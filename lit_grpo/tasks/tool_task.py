@@ -96,6 +96,11 @@ class ToolTask(MultiRoundTask):
         self._worker: ToolWorker | None = None
         self._renders_tools: set[int] = set()  # the tokenizers whose templates were seen to render the schemas
 
+    @property
+    def max_rounds(self) -> int:
+        """An episode's turns at most: ``max_turns``."""
+        return self.max_turns
+
     def split(self) -> tuple[list[PromptRecord], list[PromptRecord], list[PromptRecord]]:
         """The rows shuffled by ``split_seed``; the first ``heldout_size`` held out, halved into validation and
         test; the rest trains."""
