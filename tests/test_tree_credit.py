@@ -1,0 +1,106 @@
+"""Credit where the decision is (issue 49): zero advantages counted per round, flat sibling groups left out of the
+loss and its normaliser (``model.tree_flat_groups: drop``), and branching named one width per round of the task."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lit_grpo.buffers.buffer import serve_minibatches
+from lit_grpo.buffers.tree_layout import loss_rows
+from lit_grpo.callbacks.metrics import round_credit
+from lit_grpo.errors import InputError
+from lit_grpo.rollout.trees import SegmentNode
+from lit_grpo.tree import assign_advantages
+from test_buffer import serve_buffer, served_rows
+
+
+def credit_tree() -> SegmentNode:
+    """root -> [answer 1, question -0.1 -> [answer 1, answer 1], question -0.1 -> [answer 1]]: with ``mean`` values
+    and no std, both questions are worth 0.9, so round 1 compares 1, 0.9, 0.9 (advantages 1/15, -1/30, -1/30: none
+    is 0); round 2 holds a flat pair and an only child, every one of its rows exactly 0."""
+    def answer() -> SegmentNode:
+        return SegmentNode(reward=1.0, terminal=True, segment=(5,), kind="answer")
+
+    def question(*children: SegmentNode) -> SegmentNode:
+        return SegmentNode(reward=-0.1, segment=(6,), kind="ask", children=list(children))
+
+    root = SegmentNode(children=[answer(), question(answer(), answer()), question(answer())])
+    assign_advantages(root, "mean", std_scope="none")
+    return root
+
+
+def test_zero_advantages_are_counted_per_round():
+    root = credit_tree()
+    rows = [child.advantage for child in root.children]
+    assert rows[0] == pytest.approx(1 / 15, abs=1e-15) and rows[1] == pytest.approx(-1 / 30, abs=1e-15)
+    # six policy rows: three in round 1 (none zero), three in round 2 (all zero)
+    assert round_credit([root]) == {"rows_round1": 0.5, "zero_advantage_round1": 0.0,
+                                    "rows_round2": 0.5, "zero_advantage_round2": 1.0}
+    assert round_credit([SegmentNode(children=[SegmentNode(terminal=True, segment=(5,))])]) == {}  # not assigned yet
+
+
+def test_drop_keeps_the_rows_outside_flat_sibling_groups_in_row_order():
+    root = credit_tree()
+    # policy rows depth first: answer, question, its two answers (flat), question, its only child
+    assert loss_rows([root], "drop").tolist() == [True, True, False, False, True, False]
+    assert loss_rows([root], "count") is None
+
+
+def test_a_member_at_its_groups_mean_is_not_a_flat_group():
+    # Q 1, 0 and -1 among siblings: the middle one's advantage is exactly 0, yet its group carries signal
+    root = SegmentNode(children=[SegmentNode(reward=r, terminal=True, segment=(5,)) for r in (1.0, 0.0, -1.0)])
+    assign_advantages(root, "mean", std_scope="none")
+    assert [c.advantage for c in root.children] == [1.0, 0.0, -1.0]
+    assert loss_rows([root], "drop").tolist() == [True, True, True]
+
+
+def test_rows_left_out_count_nowhere_and_an_emptied_minibatch_counts_zero():
+    buffer = serve_buffer()  # 3 groups of 2 rows; advantages carry the row index
+    buffer.loss_rows = torch.tensor([True, False, False, False, True, True])  # group 1 wholly out
+    batches = serve_minibatches(buffer, 2, 1, 3, "seq-mean", torch.Generator().manual_seed(0))
+    assert len(batches) == 3  # as many minibatches as without dropping: the trainer's step count is unchanged
+    served = [served_rows(b) for b in batches]
+    kept = sorted(row for rows, b in zip(served, batches) for row in rows if b["completion_mask"].any())
+    assert kept == [0, 4, 5]
+    empty = next(b for b in batches if not b["completion_mask"].any())
+    assert empty["completion_mask"].shape[0] == 1  # group 1's first row, served with nothing counting
+    # one optimizer step over the three minibatches: seq-mean counts the rows that stay, 1 + 2
+    assert {b["step_denominator"].item() for b in batches} == {3.0}
+    assert sum(b["step_value_tokens"].item() for b in batches[:1]) == sum(
+        int(b["completion_mask"].sum()) for b in batches)
+
+
+def test_a_step_with_no_row_in_the_loss_has_loss_zero_not_nan():
+    buffer = serve_buffer()
+    buffer.loss_rows = torch.zeros(6, dtype=torch.bool)
+    batches = serve_minibatches(buffer, 2, 1, 1, "seq-mean", torch.Generator().manual_seed(0))
+    assert all(b["step_denominator"].item() == 0.0 for b in batches)
+    share = torch.tensor(1.0) / batches[0]["step_denominator"].clamp(min=1.0)  # as PolicyModule.training_step
+    assert math.isfinite(share.item())
+
+
+def test_drop_is_refused_for_chains_and_branching_must_name_every_round():
+    from lit_grpo.config_check import signature_defaults
+    from lit_grpo.policy.module import PolicyModule
+    from lit_grpo.rollout.datamodule import RolloutDataModule
+    from lit_grpo.run.rules import cross_knob_problems
+    from lit_grpo.tasks.stale_digits import StaleDigitsTask
+
+    model = {**signature_defaults(PolicyModule), "tree_flat_groups": "drop"}
+    defaults = signature_defaults(RolloutDataModule)
+    data = {**defaults, "rollout": "chains", "branching": [8, 1, 1, 1], "group_size": 8}
+    problems = cross_knob_problems(model, data, task=StaleDigitsTask)
+    assert any(p.startswith("model.tree_flat_groups") and "only a tree has sibling groups" in p for p in problems)
+    # the decision-hard game runs 4 rounds: a 3-round list is refused, by class (config time) and by instance
+    tree = {**defaults, "rollout": "tree", "branching": [4, 2, 2]}
+    message = ("data.branching [4, 2, 2] names 3 round(s), data.task StaleDigitsTask runs max_rounds 4: give one "
+               "width per round, or set data.task.init_args.max_rounds")
+    assert message in cross_knob_problems(None, tree, task=StaleDigitsTask)
+    assert message in cross_knob_problems(None, tree, task=StaleDigitsTask, task_args={"max_rounds": 4})
+    assert cross_knob_problems(None, tree, task=StaleDigitsTask, task_args={"max_rounds": 3}) == []
+    with pytest.raises(InputError, match=r"names 3 round\(s\), data.task StaleDigitsTask runs max_rounds 4"):
+        RolloutDataModule(task=StaleDigitsTask(), rollout="tree", branching=[4, 2, 2])
+    RolloutDataModule(task=StaleDigitsTask(max_rounds=3), rollout="tree", branching=[4, 2, 2])  # accepted
