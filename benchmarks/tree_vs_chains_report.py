@@ -1,4 +1,5 @@
-"""The tables and the plot of benchmarks/tree_vs_chains.py (protocol 2) from its results rows."""
+"""The tables and the plot of benchmarks/tree_vs_chains.py (protocols 2 and 3) from its results rows; the tables read
+decision by decision are decision_report.py's."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import statistics
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+from decision_report import decision_report  # noqa: E402 - benchmarks/ is on the path (the scheduler puts it there)
 # Student's t 0.975 quantiles by degrees of freedom (no SciPy dependency for ten numbers)
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
@@ -19,18 +22,15 @@ def interval(values: list[float]) -> tuple[float, float]:
     return mean, T_975.get(len(values) - 1, 1.96) * statistics.stdev(values) / len(values) ** 0.5
 
 
-def ask_until_none(game: str) -> tuple[float, float] | None:
-    """Return and questions per episode, on the stale-digits test prompts, of the cue-blind policy "ask until the
-    reply is ``none;`` (or three digits are revealed), then answer right" (None for the other games)."""
+def cue_free(game: str) -> dict:
+    """The policies that read no cue, exactly, on the stale-digits test prompts ({} for the other games)."""
     if game != "stale-digits":
-        return None
+        return {}
+    from decision_tables import cue_free_policies  # noqa: PLC0415
     from lit_grpo.tasks.stale_digits import StaleDigitsTask  # noqa: PLC0415
 
     task = StaleDigitsTask()
-    episodes = [(1 - 3 * task.ask_cost, 3) if len(r["stale"]) == 3 else
-                (task.correct_reward - task.ask_cost * len(r["stale"]) - task.rules.idle_ask_cost, len(r["stale"]) + 1)
-                for r in task.test_records()]
-    return statistics.fmean(e[0] for e in episodes), statistics.fmean(e[1] for e in episodes)
+    return cue_free_policies(task, list(task.test_records()))
 
 
 def gap_closed(value: float, start: float, oracle: float) -> float:
@@ -56,8 +56,8 @@ def seed_table(rows: list[dict], variants: list[str], args: argparse.Namespace, 
     print(f"\nseeds {' '.join(map(str, args.seeds))} at the chosen rates, {budget} policy tokens a run, test prompts "
           "(mean ± 95% t-interval over seeds):")
     print("| variant | lr | seeds | test return | accuracy | questions / episode | gap closed from answering at once "
-          "| gap closed from the warm start | policy tokens (min-max) | epochs |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| gap closed from the warm start | collapsed (below answering at once) | policy tokens (min-max) | epochs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     finals = {}
     for variant in variants:
         runs = sorted((r for r in rows if r["variant"] == variant and r["seed"] in args.seeds
@@ -71,6 +71,7 @@ def seed_table(rows: list[dict], variants: list[str], args: argparse.Namespace, 
         print(f"| {variant} | {chosen[variant]:g} | {','.join(str(r['seed']) for r in runs)} | "
               + " | ".join(f"{m:.3f} ± {h:.3f}" for m, h in (ret, acc, questions))
               + f" | {at_once[0]:.0%} ± {at_once[1]:.0%} | {from_warm[0]:.0%} ± {from_warm[1]:.0%} | "
+              f"{sum(r['test_return'] < r['test_answer_at_once'] for r in runs)} of {len(runs)} | "
               f"{statistics.fmean(tokens):.0f} ({min(tokens):.0f}-{max(tokens):.0f}) | "
               f"{statistics.fmean(r['epochs'] for r in runs):.0f} |")
         finals[variant] = [r["test_return"] for r in runs]
@@ -85,29 +86,38 @@ def report(rows: list[dict], game: str, args: argparse.Namespace, chosen: dict[s
         print(f"{game}: no protocol-{PROTOCOL} rows yet")
         return
     budget = args.budget or GAME_BUDGET.get(game, 14000)
-    print(f"\n{game} (warm start {warm['model']}, protocol 2): test prompts {warm['test_prompts']}: warm start "
+    print(f"\n{game} (warm start {warm['model']}, protocol {warm['protocol']}): test prompts {warm['test_prompts']}: "
+          f"warm start "
           f"{warm['test_return']:.3f} (questions {warm['test_questions']:.2f}), answering at once "
           f"{warm['test_answer_at_once']:.3f}, oracle {warm['test_oracle']:.3f}; validation prompts "
           f"{warm['val_prompts']}: warm start {warm['val_return']:.3f}, answering at once "
           f"{warm['val_answer_at_once']:.3f}, oracle {warm['val_oracle']:.3f}")
     goal = warm["test_answer_at_once"] + 0.75 * (warm["test_oracle"] - warm["test_answer_at_once"])
     print(f"75% of the answer-at-once-to-oracle gap on the test prompts: {goal:.3f}")
-    blind = ask_until_none(game)
-    if blind:
-        print(f"the cue-blind policy 'ask until none; is replied, then answer right': {blind[0]:.3f} "
-              f"({blind[1]:.2f} questions)")
+    blind = cue_free(game)
+    for name in ("ask until none", "stop when known"):
+        if blind:
+            print(f"the cue-free policy '{name}': {blind[name]['all']['return']:.4f} "
+                  f"({blind[name]['all']['questions']:.2f} questions)")
     variants = args.variants or GAME_VARIANTS[game]
-    variants = [*variants, *sorted({r["variant"] for r in rows} - set(variants) - {"warm-start"})]
+    ran = {r["variant"] for r in rows if "imported_from" not in r}  # a variant only imported was not run here
+    variants = [*variants, *sorted(ran - set(variants) - {"warm-start"})]
+    if blind:
+        best = max(v["all"]["return"] for k, v in blind.items() if k != "oracle")
+        print(f"the best policy that reads no cue returns {best:.4f}; learning the cue: the lower end of a 95% "
+              f"interval at or above {best + 0.05:.4f}")
     grid_table(rows, variants, args, budget, chosen)
     finals = seed_table(rows, variants, args, budget, chosen, warm)
+    decision_report(rows, variants, chosen, args.seeds, budget)
     if any(r["budget"] == 3 * budget for r in rows):
         seed_table(rows, variants, args, 3 * budget, chosen, warm)
+        decision_report(rows, variants, chosen, args.seeds, 3 * budget)
     if finals:
         plot(game, finals, warm, goal, budget, blind)
 
 
 def plot(game: str, finals: dict[str, list[float]], warm: dict, goal: float, budget: int,
-         blind: tuple[float, float] | None) -> None:
+         blind: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -124,7 +134,9 @@ def plot(game: str, finals: dict[str, list[float]], warm: dict, goal: float, bud
     for y, label, style in ((warm["test_oracle"], "oracle", "-"), (goal, "75% of the gap to the oracle", "--"),
                             (warm["test_answer_at_once"], "answering at once", ":"),
                             (warm["test_return"], "warm start", "-."),
-                            *([(blind[0], "ask until 'none;' at every cue", (0, (1, 4)))] if blind else [])):
+                            *([(blind["ask until none"]["all"]["return"], "ask until 'none;' (no cue)", (0, (1, 4))),
+                               (blind["stop when known"]["all"]["return"], "ask until every digit is known (no cue)",
+                                (0, (5, 2)))] if blind else [])):
         axes.axhline(y, linestyle=style, color="grey", linewidth=1, label=label)
     axes.legend(fontsize=7, loc="lower left")
     axes.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)

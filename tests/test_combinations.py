@@ -22,7 +22,7 @@ import pytest
 import torch
 from support import weight_reads
 
-from lit_grpo.buffers.tree_layout import tree_row_advantages
+from lit_grpo.buffers.tree_layout import policy_nodes, tree_row_advantages
 from lit_grpo.cli import main
 from lit_grpo.losses import group_advantages
 from lit_grpo.policy.model_loading import load_policy
@@ -35,7 +35,8 @@ from lit_grpo.tree import depth_first
 ROOT = Path(__file__).resolve().parents[1]
 ON = {"model.loss_variant": "dpo", "model.advantage_mode": "gae", "model.kl_in": "reward", "model.tis_cap": "2.0",
       "data.dynamic_sampling": "true", "data.mask_truncated": "true", "data.overlong_cache": "2",
-      "data.reward_timeout": "5.0", "model.tree_std_scope": "siblings", "model.risk": '{"v_min": -1.0, "v_max": 1.0, "num_atoms": 5}'}
+      "data.reward_timeout": "5.0", "model.tree_std_scope": "siblings",
+      "model.tree_flat_groups": "drop", "model.risk": '{"v_min": -1.0, "v_max": 1.0, "num_atoms": 5}'}
 SMALL = ["--trainer.max_epochs", "1", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
          "--trainer.enable_model_summary", "false", "--data.max_new_tokens", "4"]
 KIND = {
@@ -176,6 +177,17 @@ def check_sibling_scope(run: Run, rollout: str, tmp: Path) -> None:
     assert (by_scope["siblings"] - by_scope["tree"]).abs().max() > 0.1  # the scope changes these trees' figures
 
 
+def check_flat_groups_dropped(run: Run, rollout: str, tmp: Path) -> None:
+    buffer = run.buffer
+    flat = []  # per policy row, in row order: is its sibling group's Q all one value (an only child included)?
+    for root in buffer.trees:
+        group_of = {id(child): node.children for node in depth_first(root) for child in node.children}
+        flat += [len({sibling.q for sibling in group_of[id(node)]}) == 1 for node in policy_nodes(root)]
+    assert any(flat) and not all(flat)
+    assert buffer.loss_rows.tolist() == [not f for f in flat]
+    assert (buffer.advantages[~buffer.loss_rows] == 0).all()
+
+
 def check_kl_in_reward(run: Run, rollout: str, tmp: Path) -> None:
     buffer = run.buffer
     kl = ((buffer.old_logp - buffer.ref_logp) * buffer.completion_mask).sum(dim=1)  # k1 of each completion
@@ -243,6 +255,7 @@ CHANGED: dict[str, Callable[[Run, str, Path], None]] = {
     "model.loss_variant": check_dpo_pairs,
     "model.advantage_mode": check_value_head,
     "model.tree_std_scope": check_sibling_scope,
+    "model.tree_flat_groups": check_flat_groups_dropped,
     "model.kl_in": check_kl_in_reward,
     "model.tis_cap": check_tis,
     "data.dynamic_sampling": check_dynamic_sampling,
