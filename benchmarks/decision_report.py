@@ -67,11 +67,10 @@ def state_table(variants: dict[str, list[dict]]) -> None:
     cues = ("A", "B", "C", "D")
     print("\ngreedy answer share per information state (test prompts; mean over seeds that reached it; the oracle "
           "answers at A start, at B after any reply, at C and D once every digit is known)")
-    print("| variant | " + " | ".join(f"{c} {s}" for c in cues for s in ("start", "a", "b", "none")) + " |")
-    print("|---|" + "---|" * (len(cues) * 4))
+    print("| variant | " + " | ".join(f"{c} {s}" for c in cues for s in STATES) + " |")
+    print("|---|" + "---|" * (len(cues) * len(STATES)))
     for variant, runs in variants.items():
-        cells = [mean_of([answer_share(r, f"{c}|{s}") for r in runs])
-                 for c in cues for s in ("start", "a", "b", "none")]
+        cells = [mean_of([answer_share(r, f"{c}|{s}") for r in runs]) for c in cues for s in STATES]
         print(f"| {variant} | " + " | ".join(cells) + " |")
 
 

@@ -122,7 +122,7 @@ def cue_free_policies(task: Any, records: list[dict]) -> dict[str, dict[str, dic
 
 class DecisionLog(Callback):
     """Every epoch, per ``cue|state|action`` of the sampled segments: ``[count, advantage sum, positive, zero,
-    negative]`` (advantages as the module assigned them), written to ``path`` as ``{"epochs": [{key: [...]}, ...]}``
+    negative]`` (the advantages the module assigned to the rows, ``row_advantages``), written to ``path`` as ``{"epochs": [{key: [...]}, ...]}``
     after each epoch (so a run cut short keeps what it logged)."""
 
     def __init__(self, path: str) -> None:
@@ -135,15 +135,26 @@ class DecisionLog(Callback):
         if report is None or not report.buffer.trees:
             return
         counts: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0, 0])
+        advantages = iter(row_advantages(report.buffer).tolist())  # rows are the trees' policy nodes, in order
         for root in report.buffer.trees:
             for node, cue, state in path_states(data.task, root):
-                advantage = float(node.advantage or 0.0)
+                advantage = next(advantages)
                 entry = counts[f"{cue}|{state}|{node.kind if node.kind in ACTIONS else 'malformed'}"]
                 entry[0] += 1
                 entry[1] += advantage
                 entry[2 + (0 if advantage > 0 else 1 if advantage == 0 else 2)] += 1
         self.epochs.append({key: [round(v, 6) for v in value] for key, value in sorted(counts.items())})
         self.path.write_text(json.dumps({"epochs": self.epochs}))
+
+
+def row_advantages(buffer: Any) -> Any:
+    """Each row's advantage ``[N]``: the buffer's, or for per-token advantages (PPO's GAE) their mean over the row's
+    counted tokens."""
+    advantages = buffer.advantages
+    if advantages.dim() == 1:
+        return advantages
+    mask = buffer.completion_mask.to(advantages.dtype)
+    return (advantages * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
 
 
 def sampled_summary(epochs: list[dict[str, list[float]]], first: int | None = None) -> dict[str, dict[str, float]]:

@@ -83,7 +83,12 @@ WIDTHS = {
     "tree-chains-shape": {"stale-digits": [8, 1, 1, 1], "hidden-operands": [8, 1, 1], "calculator": [8, 1, 1]},
 }
 ABLATIONS = ["tree-wide-first", "tree-wide-questions"]
-VARIANT_NAMES = {*TREES, *CHAINS, *WIDTHS, "tree-os-drop-flat"} - {"tree", "chains"}
+VARIANT_NAMES = {*TREES, *CHAINS, *WIDTHS, "tree-os-drop-flat", "tree-split-wide-first"} - {"tree", "chains"}
+# issue 49's attempts at the cue, each after the per-state tables of the variants above (run with --variants): the
+# first decision widened at equal tokens (with today's and with the corrected value), and four passes over each
+# epoch's rollouts (more updates from the same tokens: the tables show the right advantages at the first decision
+# and a policy that does not come to read the cue)
+ATTEMPTS = ["tree-wide-first", "tree-split-wide-first", "chains-centred-passes4"]
 NO_SIGMA_OS = ["--model.tree_value_mode", "optimal_stopping", "--model.tree_std_scope", "none"]
 
 
@@ -93,7 +98,11 @@ def branching(shape: str, game: str) -> str:
 
 
 def variant_arguments(variant: str, game: str) -> list[str]:
-    """The command-line arguments of ``variant`` on ``game``."""
+    """The command-line arguments of ``variant`` on ``game``; a name ending in ``-passes{k}`` is its base variant
+    trained ``k`` times over each epoch's rollouts (``data.ppo_epochs``: more updates from the same tokens)."""
+    base, _, passes = variant.rpartition("-passes")
+    if base and passes.isdigit():
+        return [*variant_arguments(base, game), "--data.ppo_epochs", passes]
     if variant.startswith("chains-"):
         mode = {"chains-grpo": ["--model.advantage_mode", "grpo"],
                 "chains-centred": ["--model.advantage_mode", "centered"],
@@ -105,6 +114,9 @@ def variant_arguments(variant: str, game: str) -> list[str]:
     if variant == "tree-chains-shape":  # below round 1 every segment is an only child: the value mode changes nothing
         return ["--data.rollout", "tree", "--data.branching", branching(variant, game), "--model.tree_value_mode",
                 "mean", "--model.tree_std_scope", "none"]
+    if variant == "tree-split-wide-first":  # the corrected value with the wider first decision
+        return ["--data.rollout", "tree", "--data.branching", branching("tree-wide-first", game),
+                "--model.tree_value_mode", "optimal_stopping_split", "--model.tree_std_scope", "none"]
     if variant == "tree-os-drop-flat":
         return ["--data.rollout", "tree", "--data.branching", branching("tree", game), *NO_SIGMA_OS,
                 "--model.tree_flat_groups", "drop"]
