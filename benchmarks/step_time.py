@@ -75,7 +75,7 @@ def rollouts(workload: str, tokenizer: Any, engine: Any, spec: Any) -> tuple[Any
         task = ClarifyTask()
         records = list(task.train_records()[:PROMPTS])
         roots = expand_trees(task, engine, tokenizer, records, BRANCHING, spec)
-        buffer = tree_buffer(roots, tokenizer, 1.0, NEW_TOKENS, "tree")
+        buffer = tree_buffer(roots, tokenizer, 1.0, NEW_TOKENS, "tree", len(BRANCHING))
         return (lambda: expand_trees(task, engine, tokenizer, records, BRANCHING, spec)), buffer
     prompts = [tokenizer(r["prompt"])["input_ids"] for r in workload_records(workload)[:PROMPTS]]
     buffer = build_buffer(prompts, engine.generate(prompts, GROUP, spec), tokenizer.pad_token_id, 1.0, NEW_TOKENS)

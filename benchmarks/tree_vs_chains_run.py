@@ -88,13 +88,28 @@ def train(run: dict, arguments: list[str], work: Path) -> tuple[Path, dict]:
     with metrics.open() as file:
         rows = [row for row in csv.DictReader(file) if row.get("rollout/mean_return")]
     (adapter,) = [p.parent for p in work.rglob("adapter_model.safetensors") if p.parent.name == "adapter"]
-    credit = {key.removeprefix("rollout/"): statistics.fmean(float(row[key]) for row in rows if row.get(key))
-              for key in rows[0] if key.startswith(("rollout/rows_round", "rollout/zero_advantage_round"))}
+    credit = round_shares(rows)
     epochs = json.loads(log_path.read_text())["epochs"] if log_path.is_file() else []
     return adapter, {"curve": [float(row["rollout/mean_return"]) for row in rows], "epochs": len(rows),
                      "policy_tokens": sum(float(row["rollout/policy_tokens"]) for row in rows), "seconds": seconds,
                      "round_credit": credit, "sampled": sampled_summary(epochs),
                      "sampled_first10": sampled_summary(epochs, 10)}
+
+
+def round_shares(rows: list[dict]) -> dict[str, float]:
+    """Over a run's epochs (``metrics.csv`` rows): each round's share of all policy rows (``rows_round{d}``) and the
+    share of its rows with advantage exactly 0 (``zero_advantage_round{d}``), pooled; {} for grouped rollouts."""
+    def total(key: str) -> float:
+        return sum(float(row[key]) for row in rows if row.get(key))
+
+    rounds = sorted(int(k.removeprefix("rollout/rows_round")) for k in rows[0] if k.startswith("rollout/rows_round"))
+    every = sum(total(f"rollout/rows_round{d}") for d in rounds)
+    shares: dict[str, float] = {}
+    for d in rounds:
+        at_d = total(f"rollout/rows_round{d}")
+        shares[f"rows_round{d}"] = at_d / every if every else 0.0
+        shares[f"zero_advantage_round{d}"] = total(f"rollout/zero_advantage_rows_round{d}") / at_d if at_d else 0.0
+    return shares
 
 
 def decisions_file(run: dict) -> Path:

@@ -39,6 +39,7 @@ def rollout_stats(buffer: RolloutBuffer) -> dict[str, float]:
         stats[f"rewards/{name}/std"] = applied.std(correction=0).item() if applied.numel() else float("nan")
     if buffer.trees is not None:
         stats.update(tree_stats(buffer.trees))
+        stats.update(round_credit(buffer.trees, buffer.tree_rounds or 0))
         stats.update(tool_stats(buffer.trees))
     if buffer.ref_logp is not None and buffer.old_logp is not None:
         # k3 of the sampled tokens, averaged over counted tokens: the KL of the sampling policy to pi_ref
@@ -67,28 +68,28 @@ def tree_stats(roots: list[Any]) -> dict[str, float]:
         "mean_return": sum(returns) / max(len(returns), 1),
         "zero_variance_sibling_frac": sum(flat) / max(len(flat), 1),
         "episodes_per_decision": sum(leaves) / max(len(leaves), 1),
-        **round_credit(roots),
     }
 
 
-def round_credit(roots: list[Any]) -> dict[str, float]:
-    """Per round d of a tree's policy rows: ``rows_round{d}``, its share of all rows, and
-    ``zero_advantage_round{d}``, the share of its rows whose advantage is exactly 0 (a flat sibling group, an only
+def round_credit(roots: list[Any], rounds: int) -> dict[str, float]:
+    """Per round d = 1..``rounds`` of a tree's policy rows: ``rows_round{d}``, how many rows it holds, and
+    ``zero_advantage_rows_round{d}``, how many of them have advantage exactly 0 (a flat sibling group, an only
     child, a tree that is flat; or a member exactly at its group's mean): rows that carry no policy gradient but
-    count in a ``seq-mean`` normaliser. Empty before the advantages are assigned. Example: root -> [question ->
-    [answer], answer], advantages 0.5, 0 and -0.5: round 1 holds 2 of 3 rows, none zero; round 2 1 of 3, all zero."""
+    count in a ``seq-mean`` normaliser. Counts (summed over ranks), every round named, so every rank logs the same
+    names. Empty before the advantages are assigned. Example: root -> [question -> [answer], answer], advantages
+    0.5, 0 and -0.5, rounds 3: round 1 holds 2 rows, none zero; round 2 1 row, zero; round 3 none."""
     from lit_grpo.buffers.tree_layout import policy_nodes
     from lit_grpo.tree import walk
 
     depth_of = {id(node): len(path) for root in roots for path, node in walk(root)}
     rows = [(depth_of[id(node)], node.advantage) for root in roots for node in policy_nodes(root)]
-    if not rows or any(advantage is None for _, advantage in rows):
+    if any(advantage is None for _, advantage in rows):
         return {}
     stats: dict[str, float] = {}
-    for depth in sorted({d for d, _ in rows}):
+    for depth in range(1, rounds + 1):
         at_depth = [advantage for d, advantage in rows if d == depth]
-        stats[f"rows_round{depth}"] = len(at_depth) / len(rows)
-        stats[f"zero_advantage_round{depth}"] = sum(a == 0.0 for a in at_depth) / len(at_depth)
+        stats[f"rows_round{depth}"] = float(len(at_depth))
+        stats[f"zero_advantage_rows_round{depth}"] = float(sum(a == 0.0 for a in at_depth))
     return stats
 
 
@@ -243,7 +244,7 @@ class RolloutMetrics(pl.Callback):
             stats["staleness"] = float(report.staleness)
         stats.update(report.engine_metrics)  # e.g. the vllm_server engine's servers_alive
         for name, value in stats.items():  # over ranks: counts add up, the rest are means of equal shares
-            reduce = "sum" if name in ("policy_tokens", "reward_errors") else "mean"
+            reduce = "sum" if name in ("policy_tokens", "reward_errors") or "rows_round" in name else "mean"
             key = name if name.startswith("tools/") else f"rollout/{name}"  # TRL's names for the tool figures
             pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx=reduce,
                           batch_size=1)

@@ -36,10 +36,12 @@ def test_zero_advantages_are_counted_per_round():
     root = credit_tree()
     rows = [child.advantage for child in root.children]
     assert rows[0] == pytest.approx(1 / 15, abs=1e-15) and rows[1] == pytest.approx(-1 / 30, abs=1e-15)
-    # six policy rows: three in round 1 (none zero), three in round 2 (all zero)
-    assert round_credit([root]) == {"rows_round1": 0.5, "zero_advantage_round1": 0.0,
-                                    "rows_round2": 0.5, "zero_advantage_round2": 1.0}
-    assert round_credit([SegmentNode(children=[SegmentNode(terminal=True, segment=(5,))])]) == {}  # not assigned yet
+    # six policy rows: three in round 1 (none zero), three in round 2 (all zero), none in round 3 (named all the same)
+    assert round_credit([root], 3) == {"rows_round1": 3.0, "zero_advantage_rows_round1": 0.0,
+                                       "rows_round2": 3.0, "zero_advantage_rows_round2": 3.0,
+                                       "rows_round3": 0.0, "zero_advantage_rows_round3": 0.0}
+    unassigned = SegmentNode(children=[SegmentNode(terminal=True, segment=(5,))])
+    assert round_credit([unassigned], 3) == {}
 
 
 def test_drop_keeps_the_rows_outside_flat_sibling_groups_in_row_order():
@@ -57,29 +59,37 @@ def test_a_member_at_its_groups_mean_is_not_a_flat_group():
     assert loss_rows([root], "drop").tolist() == [True, True, True]
 
 
-def test_rows_left_out_count_nowhere_and_an_emptied_minibatch_counts_zero():
+def test_rows_left_out_stay_in_their_minibatch_but_count_in_no_policy_term():
+    from lit_grpo.buffers.buffer import policy_mask
+
     buffer = serve_buffer()  # 3 groups of 2 rows; advantages carry the row index
-    buffer.loss_rows = torch.tensor([True, False, False, False, True, True])  # group 1 wholly out
+    buffer.loss_rows = torch.tensor([True, False, False, False, True, True])  # group 1 wholly out, row 1 too
     batches = serve_minibatches(buffer, 2, 1, 3, "seq-mean", torch.Generator().manual_seed(0))
-    assert len(batches) == 3  # as many minibatches as without dropping: the trainer's step count is unchanged
-    served = [served_rows(b) for b in batches]
-    kept = sorted(row for rows, b in zip(served, batches) for row in rows if b["completion_mask"].any())
-    assert kept == [0, 4, 5]
-    empty = next(b for b in batches if not b["completion_mask"].any())
-    assert empty["completion_mask"].shape[0] == 1  # group 1's first row, served with nothing counting
-    # one optimizer step over the three minibatches: seq-mean counts the rows that stay, 1 + 2
+    assert len(batches) == 3 and sorted(r for b in batches for r in served_rows(b)) == list(range(6))
+    for batch in batches:
+        kept = batch["loss_rows"]
+        assert torch.equal(policy_mask(batch), batch["completion_mask"] & kept[:, None])
+        assert not policy_mask(batch)[~kept].any()
+        assert batch["completion_mask"][~kept].sum() == buffer.completion_mask[served_rows(batch)][~kept].sum()
+    # one optimizer step over the three minibatches: seq-mean counts the rows that stay in the loss, rows 0, 4, 5
     assert {b["step_denominator"].item() for b in batches} == {3.0}
-    assert sum(b["step_value_tokens"].item() for b in batches[:1]) == sum(
-        int(b["completion_mask"].sum()) for b in batches)
+    token_mean = serve_minibatches(buffer, 2, 1, 3, "token-mean", torch.Generator().manual_seed(0))
+    assert {b["step_denominator"].item() for b in token_mean} == {float(buffer.completion_mask[[0, 4, 5]].sum())}
 
 
-def test_a_step_with_no_row_in_the_loss_has_loss_zero_not_nan():
+def test_a_step_with_no_row_in_the_loss_is_skipped_on_one_process_and_counts_zero():
+    from lit_grpo.policy.head_losses import nothing_to_learn, share
+
     buffer = serve_buffer()
     buffer.loss_rows = torch.zeros(6, dtype=torch.bool)
     batches = serve_minibatches(buffer, 2, 1, 1, "seq-mean", torch.Generator().manual_seed(0))
     assert all(b["step_denominator"].item() == 0.0 for b in batches)
-    share = torch.tensor(1.0) / batches[0]["step_denominator"].clamp(min=1.0)  # as PolicyModule.training_step
-    assert math.isfinite(share.item())
+    assert nothing_to_learn(batches[0], heads=False, world_size=1)  # Lightning skips the optimizer step
+    assert not nothing_to_learn(batches[0], heads=True, world_size=1)  # a head still has rows to learn from
+    assert not nothing_to_learn(batches[0], heads=False, world_size=2)  # DDP refuses a skipped step
+    assert share(torch.tensor(2.0), batches[0]["step_denominator"]).item() == 0.0  # the loss is 0, not 0/0
+    buffer.loss_rows = None
+    assert not nothing_to_learn(serve_minibatches(buffer, 2, 1, 1, "seq-mean", torch.Generator())[0], False, 1)
 
 
 def test_drop_is_refused_for_chains_and_branching_must_name_every_round():

@@ -81,7 +81,7 @@ def test_tree_expansion_rows_and_advantages():
     # the buffer's one advantage per row, as the module takes it, in row order (ask, right, ask again, wrong):
     # Q(ask) = -0.1 + 0.2, Q(wrong) = -1, root baseline (0.1 - 1) / 2; below ask, Q(right) = 1, Q(ask again) = -0.6,
     # baseline 0.2; each over the tree's sigma of leaf returns (next lines)
-    buffer = tree_buffer([root], TOKENIZER, 1.0, 4, "tree")
+    buffer = tree_buffer([root], TOKENIZER, 1.0, 4, "tree", 2)
     sigma_eps = statistics.pstdev([0.9, -0.7, -1.0]) + 1e-6
     by_hand = [(0.1 + 0.45) / sigma_eps, (1.0 - 0.2) / sigma_eps, (-0.6 - 0.2) / sigma_eps, (-1.0 + 0.45) / sigma_eps]
     assert tree_row_advantages(buffer, "grpo", "mean").tolist() == pytest.approx(by_hand, abs=1e-7)  # float32

@@ -55,6 +55,7 @@ class RolloutBuffer:
     inferred: torch.Tensor | None = None  # [N] bool: the row's reward is an observed return of inferring (trees)
     risk_probes: Any = None  # the detached risk head's labelled probe states (lit_grpo.risk.probes.ProbeLabels)
     loss_rows: torch.Tensor | None = None  # [N] bool: rows that count in the loss (None: all; trees' flat groups out)
+    tree_rounds: int | None = None  # the rounds a tree or chain rollout runs at most (len of data.branching)
 
     def first_token_constraint(self) -> FirstTokenConstraint | None:
         """The sampler's first-token restrictions, when any row had one."""
@@ -161,16 +162,11 @@ def serve_plan(buffer: RolloutBuffer, plan: list[torch.Tensor], accumulate: int,
 
     Each minibatch carries each loss's count summed over the ``accumulate`` minibatches that make up its optimizer
     step, so the loss of a step does not depend on how it is split: ``step_denominator`` (the policy loss's
-    aggregation), ``step_value_tokens`` (counted tokens: the value loss's) and ``step_risk_rows`` (rows that
-    inferred: the risk head's). An empty minibatch counts zero in each. Rows outside ``buffer.loss_rows`` are left
-    out of their minibatch (one left with none is served empty), so they count nowhere.
+    aggregation, over the rows in the loss: ``policy_mask``), ``step_value_tokens`` (counted tokens: the value
+    loss's) and ``step_risk_rows`` (rows that inferred: the risk head's). An empty minibatch counts zero in each.
     """
-    counted = plan if buffer.loss_rows is None else [rows[buffer.loss_rows[rows]] for rows in plan]
-    batches = [minibatch(buffer, rows) if len(rows) else empty_minibatch(minibatch(buffer, whole[:1]))
-               for rows, whole in zip(counted, plan)]
+    batches = [minibatch(buffer, rows) for rows in plan]
     counts = [minibatch_counts(b, aggregation, buffer.max_new_tokens) for b in batches]
-    counts = [c if len(rows) else {key: torch.zeros_like(value) for key, value in c.items()}
-              for c, rows in zip(counts, counted)]
     if padding and not batches:
         raise RuntimeError("a rank with no rollouts cannot serve empty minibatches of their shape")
     batches += [empty_minibatch(batches[-1]) for _ in range(padding)]
@@ -181,6 +177,14 @@ def serve_plan(buffer: RolloutBuffer, plan: list[torch.Tensor], accumulate: int,
         batch.update({key: torch.stack([c[key] for c in counts[step_start : step_start + accumulate]]).sum()
                       for key in counts[index]})
     return batches
+
+
+def policy_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The tokens the policy loss (and its KL term) counts ``[n, L]``: ``completion_mask``, less the rows a tree
+    leaves out of the loss (``loss_rows``: its flat sibling groups under ``model.tree_flat_groups: drop``). Those
+    rows stay in the minibatch for everything else (the risk head's rows, the sampler check)."""
+    mask = batch["completion_mask"]
+    return mask if "loss_rows" not in batch else mask & batch["loss_rows"][:, None]
 
 
 def empty_minibatch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -196,11 +200,13 @@ def empty_minibatch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def minibatch_counts(batch: dict[str, torch.Tensor], aggregation: str, max_new_tokens: int) -> dict[str, torch.Tensor]:
-    """One minibatch's count for each loss: the policy aggregation's, its counted tokens and its inferring rows."""
+    """One minibatch's count for each loss: the policy aggregation's over the rows in the loss (a row left out counts
+    as no sequence), its counted tokens and its inferring rows."""
     mask = batch["completion_mask"]
+    kept = mask if "loss_rows" not in batch else mask[batch["loss_rows"]]  # [kept rows, L]
     inferred = batch.get("inferred")
     return {
-        "step_denominator": aggregation_terms(mask.float(), mask, aggregation, max_new_tokens)[1],
+        "step_denominator": aggregation_terms(kept.float(), kept, aggregation, max_new_tokens)[1],
         "step_value_tokens": mask.float().sum(),
         "step_risk_rows": mask.new_tensor(0.0, dtype=torch.float32) if inferred is None else inferred.float().sum(),
     }
@@ -227,6 +233,8 @@ def minibatch(buffer: RolloutBuffer, rows: torch.Tensor) -> dict[str, torch.Tens
     if buffer.values is not None:
         out["old_values"] = buffer.values[rows, :width]
         out["returns"] = buffer.returns[rows, :width]
+    if buffer.loss_rows is not None:  # a tree's flat sibling groups, out of the policy loss (policy_mask)
+        out["loss_rows"] = buffer.loss_rows[rows]
     if buffer.decision_index is not None:  # trees: the risk head's inputs and targets, the sampler's restriction
         out["decision_index"], out["first_token_allowed"] = buffer.decision_index[rows], buffer.first_token_allowed[rows]
         out["inferred"], out["rewards"] = buffer.inferred[rows], buffer.rewards[rows]

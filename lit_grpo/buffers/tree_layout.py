@@ -11,6 +11,7 @@ import torch
 
 from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.losses import group_advantages
+from lit_grpo.losses.advantages import check_choice
 from lit_grpo.tasks.base import PromptRecord, prompt_text
 from lit_grpo.tree import Node, assign_advantages, depth_first, flat_sibling_nodes
 
@@ -92,9 +93,10 @@ def allowed_table(allowed: Sequence[tuple[int, ...] | None]) -> torch.Tensor:
 
 
 def tree_buffer(
-    roots: Sequence[SegmentNode], tokenizer: Any, temperature: float, max_new_tokens: int, mode: str
+    roots: Sequence[SegmentNode], tokenizer: Any, temperature: float, max_new_tokens: int, mode: str, rounds: int
 ) -> RolloutBuffer:
-    """The rollout buffer of a batch of trees: one row per policy node, one group per tree."""
+    """The rollout buffer of a batch of trees, ``rounds`` deep at most: one row per policy node, one group per
+    tree."""
     rows = tree_rows(roots, tokenizer.pad_token_id)
     nodes = [node for root in roots for node in policy_nodes(root)]
     return RolloutBuffer(
@@ -116,6 +118,7 @@ def tree_buffer(
         decision_index=rows["decision_index"],
         first_token_allowed=rows["allowed_ids"],
         inferred=rows["inferred"],
+        tree_rounds=rounds,
     )
 
 
@@ -153,16 +156,12 @@ def chain_rows(roots: Sequence[Node]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def tree_row_advantages(buffer: RolloutBuffer, advantage_mode: str, value_mode: str,
-                        std_scope: str = "tree", flat_groups: str = "count") -> torch.Tensor:
+                        std_scope: str = "tree") -> torch.Tensor:
     """One advantage per policy node (row): tree-relative for ``tree`` rollouts; for ``chains``, the group
-    advantage of each chain's return on every segment of that chain.  -> ``[N]``.
-
-    ``flat_groups="drop"`` (trees only) also sets ``buffer.loss_rows``: the rows outside a flat sibling group
-    (``loss_rows``), so the rows whose advantage the flat rule zeroes leave the loss and its normaliser."""
+    advantage of each chain's return on every segment of that chain.  -> ``[N]``."""
     if buffer.tree_mode == "tree":
         for root in buffer.trees:
             assign_advantages(root, value_mode, std_scope=std_scope)
-        buffer.loss_rows = loss_rows(buffer.trees, flat_groups)
     else:
         for root in buffer.trees:
             returns = torch.tensor([chain_returns(root)], dtype=torch.float64)  # [1, G]
@@ -178,6 +177,7 @@ def loss_rows(roots: Sequence[Node], flat_groups: str) -> torch.Tensor | None:
     as DAPO leaves flat prompt groups out; with ``count``, None (every row counts, a flat group's with advantage
     0). Reads the values ``assign_advantages`` wrote. Example: root -> [answer 1, question -0.1 -> [answer 1]]: the
     question's only child is flat, so ``drop`` keeps [True, True, False]."""
+    check_choice("tree flat groups", flat_groups, FLAT_GROUPS)
     if flat_groups == "count":
         return None
     kept: list[bool] = []

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from lit_grpo.buffers.buffer import RolloutBuffer
-from lit_grpo.buffers.tree_layout import chain_rows, tree_row_advantages
+from lit_grpo.buffers.tree_layout import chain_rows, loss_rows, tree_row_advantages
 from lit_grpo.losses import (
     batch_std_advantages,
     episode_gae,
@@ -49,7 +49,9 @@ def assign_advantages(buffer: RolloutBuffer, objective: Objective, knobs: Advant
                                                                chains=chain_rows(buffer.trees))
             return
         buffer.advantages = tree_row_advantages(buffer, objective.advantage_mode, knobs.tree_value_mode,
-                                                knobs.tree_std_scope, knobs.tree_flat_groups)
+                                                knobs.tree_std_scope)
+        if buffer.tree_mode == "tree":  # the rows of flat sibling groups out of the loss, with drop
+            buffer.loss_rows = loss_rows(buffer.trees, knobs.tree_flat_groups)
         return
     if knobs.value_head:
         buffer.advantages, buffer.returns = gae_advantages(buffer, objective, knobs, ranks)

@@ -18,6 +18,14 @@ def share(local: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
     return local.float() / total if total > 0 else local.new_tensor(0.0, dtype=torch.float32)
 
 
+def nothing_to_learn(batch: dict[str, torch.Tensor], heads: bool, world_size: int) -> bool:
+    """Whether the optimizer step this minibatch belongs to counts no token of the policy loss on any rank
+    (``step_denominator`` 0: every row left out, e.g. a tree's flat groups under ``model.tree_flat_groups: drop``)
+    and no head trains: Lightning then skips the step (``training_step`` returns None), on one process only (it
+    refuses a skipped step under DDP, where such a step keeps loss 0 and Adam's momentum moves the weights)."""
+    return world_size == 1 and not heads and float(batch["step_denominator"]) == 0.0
+
+
 def head_losses(
     hidden: torch.Tensor,
     batch: dict[str, torch.Tensor],

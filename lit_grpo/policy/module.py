@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from lit_grpo.buffers.buffer import RolloutBuffer
+from lit_grpo.buffers.buffer import RolloutBuffer, policy_mask
 from lit_grpo.buffers.epoch import EpochBatches
 from lit_grpo.buffers.tree_layout import FlatGroups
 from lit_grpo.buffers.positions import batch_constraint
@@ -26,7 +26,7 @@ from lit_grpo.losses.advantages import AdvantageMode
 from lit_grpo.losses.policy import PolicyVariant
 from lit_grpo.policy.advantages import AdvantageKnobs, assign_advantages
 from lit_grpo.policy.evaluation import GreedyEvaluation
-from lit_grpo.policy.head_losses import head_losses
+from lit_grpo.policy.head_losses import head_losses, nothing_to_learn, share
 from lit_grpo.policy.interrupt import SaveOnInterrupt
 from lit_grpo.policy.learning_signal import LearningSignalWatch
 from lit_grpo.policy.logprobs import (
@@ -315,9 +315,12 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         return (None, 1) if trainer is None else (trainer.strategy, trainer.world_size)
 
     # --- training ----------------------------------------------------------------------------------------------
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, Any]:
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, Any] | None:
         if self.objective.variant == "dpo":
             return self.dpo_step(batch)
+        heads = self.joint_risk_head is not None or self.value_head is not None
+        if nothing_to_learn(batch, heads, self.trainer.world_size):
+            return None  # no optimizer step: AdamW would move the weights by its momentum on a zero gradient
         loss_cfg = self.objective
         completion_mask = batch["completion_mask"]
         max_new_tokens = int(batch["max_new_tokens"])
@@ -329,24 +332,21 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
             logp, hidden = logprobs_and_hidden(self.policy, batch["input_ids"], batch["attention_mask"],
                                                float(batch["temperature"]), constraint, completion_mask,
                                                self.hparams.logprob_chunk_tokens)
-        surrogate, stats = policy_loss(
-            logp, batch["old_logp"], batch["advantages"], completion_mask, loss_cfg.variant,
-            loss_cfg.clip_eps, loss_cfg.clip_eps_high, loss_cfg.aggregation, max_new_tokens,
-        )
+        counted = policy_mask(batch)  # [n, L]: a tree's rows left out of the loss count in none of its terms
+        surrogate, stats = policy_loss(logp, batch["old_logp"], batch["advantages"], counted, loss_cfg.variant,
+                                       loss_cfg.clip_eps, loss_cfg.clip_eps_high, loss_cfg.aggregation, max_new_tokens)
         policy_part = surrogate
-        stats = dict(stats, surrogate=surrogate.detach())
+        stats = dict(stats, surrogate=surrogate.detach()) if counted.any() else {}  # no figures from an empty one
         if loss_cfg.needs_reference and loss_cfg.kl_in == "loss":
-            kl = masked_aggregate(
-                kl_divergence(logp, batch["ref_logp"], loss_cfg.kl_estimator), completion_mask,
-                loss_cfg.aggregation, max_new_tokens,
-            )
+            kl = masked_aggregate(kl_divergence(logp, batch["ref_logp"], loss_cfg.kl_estimator), counted,
+                                  loss_cfg.aggregation, max_new_tokens)
             policy_part = policy_part + loss_cfg.kl_coef * kl
-            stats["kl_ref"] = kl.detach()
-        local_count = aggregation_terms(logp.detach(), completion_mask, loss_cfg.aggregation, max_new_tokens)[1]
+            if counted.any():
+                stats["kl_ref"] = kl.detach()
+        local_count = aggregation_terms(logp.detach(), counted, loss_cfg.aggregation, max_new_tokens)[1]
         # each loss is its minibatch mean times the minibatch's share of that loss's count over the optimizer step
         # (every rank's minibatches): a step's gradient is each loss's sum over the step divided by its own count
-        share = local_count / batch["step_denominator"].clamp(min=1.0)  # a step with no row in the loss: 0, not 0/0
-        loss, reported = policy_part * share, policy_part.detach()
+        loss, reported = policy_part * share(local_count, batch["step_denominator"]), policy_part.detach()
         if self.joint_risk_head is not None or self.value_head is not None:
             risk = None if self.joint_risk_head is None else (self.joint_risk_head, self.risk_spec.coef)
             value = None if self.value_head is None else (self.value_head, self.hparams.vf_coef, self.hparams.vf_clip)

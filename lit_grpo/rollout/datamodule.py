@@ -263,7 +263,8 @@ class RolloutDataModule(HeldOutLoaders, pl.LightningDataModule):
             # each stream's seed is derived from the epoch's, then offset by this rank's first prompt (share_start)
             roots = self.grow_trees(module, records, widths, self.sampling_spec(module, False, self.epoch_seed(epoch)))
             generated = time.perf_counter()
-            buffer = tree_buffer(roots, module.tokenizer, self.temperature, self.max_new_tokens, self.rollout)
+            buffer = tree_buffer(roots, module.tokenizer, self.temperature, self.max_new_tokens, self.rollout,
+                                 len(widths))
             self.prompts.count(buffer.input_ids.shape[0])
         scored = time.perf_counter()
         self.engine_metrics = engine_metrics(self.engine)  # as they stood after this draw
