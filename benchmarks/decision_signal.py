@@ -32,21 +32,21 @@ from lit_grpo.tree import leaf_counts
 from lit_grpo.rollout.trees import expand_trees
 from lit_grpo.buffers.tree_layout import policy_nodes, tree_row_advantages
 
-SHAPES = {  # variant: (rollout kind, widths per round for 3 rounds, value mode, std scope)
-    "tree-mean": ("tree", [4, 2, 2], "mean", "tree"),
-    "tree-optimal-stopping": ("tree", [4, 2, 2], "optimal_stopping", "tree"),
-    "tree-os-sibling-std": ("tree", [4, 2, 2], "optimal_stopping", "siblings"),
-    "tree-wide-answers": ("tree", [2, 2, 8], "optimal_stopping", "tree"),
-    "chains-grpo": ("chains", [8, 1, 1], "mean", "tree"),
+SHAPES = {  # variant: (rollout kind, widths per round by the game's rounds, value mode, std scope)
+    "tree-mean": ("tree", {3: [4, 2, 2], 4: [4, 2, 2, 2]}, "mean", "tree"),
+    "tree-optimal-stopping": ("tree", {3: [4, 2, 2], 4: [4, 2, 2, 2]}, "optimal_stopping", "tree"),
+    "tree-os-sibling-std": ("tree", {3: [4, 2, 2], 4: [4, 2, 2, 2]}, "optimal_stopping", "siblings"),
+    # the 8-wide answers at the last round where an answer can still be wrong (issue 49)
+    "tree-wide-answers": ("tree", {3: [2, 2, 8], 4: [2, 2, 8, 1]}, "optimal_stopping", "tree"),
+    "chains-grpo": ("chains", {3: [8, 1, 1], 4: [8, 1, 1, 1]}, "mean", "tree"),
 }
 
 
-def widths_for(widths: list[int], rounds: int) -> list[int]:
-    """A shape's widths for a game of ``rounds`` rounds: the first round's width, then the middle rounds' width
-    repeated, then the last round's (``[4, 2, 2]`` -> ``[4, 2, 2, 2]``, ``[2, 2, 8]`` -> ``[2, 2, 2, 8]``)."""
-    if rounds <= 1:
-        return widths[:1]
-    return [widths[0], *[widths[1]] * (rounds - 2), widths[-1]]
+def widths_for(widths: dict[int, list[int]], rounds: int) -> list[int]:
+    """A shape's widths for a game of ``rounds`` rounds, one per round as written (nothing is stretched)."""
+    if rounds not in widths:
+        raise ValueError(f"no widths written for a {rounds}-round game: {widths}")
+    return widths[rounds]
 
 
 def first_decision(root: Any) -> float | None:

@@ -114,3 +114,32 @@ def test_drop_is_refused_for_chains_and_branching_must_name_every_round():
     with pytest.raises(InputError, match=r"names 3 round\(s\), data.task StaleDigitsTask runs max_rounds 4"):
         RolloutDataModule(task=StaleDigitsTask(), rollout="tree", branching=[4, 2, 2])
     RolloutDataModule(task=StaleDigitsTask(max_rounds=3), rollout="tree", branching=[4, 2, 2])  # accepted
+
+
+def test_a_task_that_declares_its_rounds_as_a_class_attribute_is_checked_before_it_is_built():
+    from lit_grpo.config_check import signature_defaults
+    from lit_grpo.rollout.datamodule import RolloutDataModule
+    from lit_grpo.run.rules import cross_knob_problems
+    from lit_grpo.tasks.multiround import ClarifyTask, MultiRoundTask
+
+    class TwoRounds(ClarifyTask):  # the README's way: a class attribute, no __init__ argument
+        def __init__(self) -> None:
+            super().__init__(max_rounds=2)
+
+        max_rounds = 2
+
+    class Undeclared(MultiRoundTask):
+        def split(self):
+            return [], [], []
+
+        def step(self, prompt_record, round_index, segment_text):
+            raise NotImplementedError
+
+        no_answer_reward = malformed_reward = failure_reward = -1.0
+
+    data = {**signature_defaults(RolloutDataModule), "rollout": "tree", "branching": [2, 2, 2]}
+    assert cross_knob_problems(None, data, task=TwoRounds) == [
+        "data.branching [2, 2, 2] names 3 round(s), data.task TwoRounds runs max_rounds 2: give one width per round"]
+    assert cross_knob_problems(None, data, task=Undeclared) == [
+        "data.task Undeclared declares no max_rounds (the rounds an episode runs at most, one width of "
+        "data.branching each): give it a max_rounds attribute or __init__ argument"]

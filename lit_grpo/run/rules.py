@@ -245,8 +245,12 @@ def multi_round_problems(data_args: dict[str, Any], task: Any, model_args: dict[
     rounds, argument = declared_rounds(task, task_args) if rollout != "grouped" else (None, "")
     branching = data_args.get("branching")
     if isinstance(rounds, int) and isinstance(branching, list) and len(branching) != rounds:
+        where = f", or set data.task.init_args.{argument}" if argument else ""
         problems.append(f"data.branching {branching} names {len(branching)} round(s), data.task {name} runs "
-                        f"{argument} {rounds}: give one width per round, or set data.task.init_args.{argument}")
+                        f"{argument or 'max_rounds'} {rounds}: give one width per round{where}")
+    if rollout != "grouped" and "max_rounds" in getattr(cls, "__abstractmethods__", ()):
+        problems.append(f"data.task {name} declares no max_rounds (the rounds an episode runs at most, one width "
+                        "of data.branching each): give it a max_rounds attribute or __init__ argument")
     if not getattr(cls, "owns_turns", False):  # MultiRoundTask's declared flag
         return problems
     if rollout == "grouped":
@@ -262,21 +266,19 @@ ROUNDS_ARGUMENTS = ("max_rounds", "max_turns")  # how a multi-round task's __ini
 
 
 def declared_rounds(task: Any, task_args: dict[str, Any] | None) -> tuple[int | None, str]:
-    """The rounds a multi-round task runs at most and the argument that sets them: an instance's ``max_rounds``; a
-    class's as configured in ``task_args``, or its ``__init__`` default. ``(None, "")`` when it declares none."""
+    """The rounds a multi-round task runs at most and the ``__init__`` argument that sets them (``max_rounds``, a
+    tool task's ``max_turns``; "" for a class attribute): an instance's ``max_rounds``; a class's argument as
+    configured in ``task_args`` or its default, else its class attribute. ``(None, "")`` when none is declared."""
     cls = task if isinstance(task, type) else type(task)
     try:
         declared = inspect.signature(cls).parameters
-    except (TypeError, ValueError):  # a class without a Python signature declares nothing
-        return None, ""
-    argument = next((a for a in ROUNDS_ARGUMENTS if a in declared), "max_rounds")
-    if not isinstance(task, type):
-        rounds = getattr(task, "max_rounds", None)
-        return (rounds, argument) if isinstance(rounds, int) else (None, "")
-    if argument not in declared:
-        return None, ""
-    default = declared[argument].default
-    rounds = (task_args or {}).get(argument, None if default is inspect.Parameter.empty else default)
+    except (TypeError, ValueError):  # a class without a Python signature: its attribute, if any
+        declared = {}
+    argument = next((a for a in ROUNDS_ARGUMENTS if a in declared), "")
+    rounds = getattr(task, "max_rounds", None)
+    if isinstance(task, type) and argument:
+        default = declared[argument].default
+        rounds = (task_args or {}).get(argument, None if default is inspect.Parameter.empty else default)
     return (rounds, argument) if isinstance(rounds, int) else (None, "")
 
 
