@@ -1,6 +1,11 @@
 """Tree rollouts against chains on the multi-round games, each normalisation, at an equal budget of policy tokens.
 
-Protocol 2 (issue 41), the same for every variant:
+Protocol 3 (issue 49) is protocol 2 (issue 41) with every run read decision by decision (each row holds the run's
+greedy actions per information state, its return per cue, and what its training sampled per state with the
+advantages it got: decision_tables.py, decision_report.py), one width per round as each game declares its rounds
+(nothing stretched), 8 evaluation seeds, and the seeds run seed by seed; the tuning runs of variants whose training
+did not change are protocol 2's (``--earlier``: same arguments, seed, rate and budget; they carry no decisions).
+Protocol 2, the same for every variant:
 
 - budget: ``--budget`` policy tokens per run (36,000 on the decision-hard game, about what 10,000 segments cost
   under protocol 1); the last epoch is cut to the prompts the rest pays for (``token_budget.py``), the actual
@@ -14,15 +19,17 @@ Protocol 2 (issue 41), the same for every variant:
 - rates: every variant starts on ``GRID_START`` on the tuning seed ``--tune-seed`` (not one of ``--seeds``); the
   rate with the best validation return is chosen (ties: an interior rate, then the smaller); while it sits at an
   edge of the grid the grid grows by a factor 2 on that side, within ``LR_LIMITS`` (``chosen_rate``);
-- then every variant at its chosen rate on ``--seeds``, the variants in the order of their tuning-seed validation
-  return (a table cut short has the leading variants' full intervals); with ``--long``, on the decision-hard game,
+- then every variant at its chosen rate on ``--seeds``, seed by seed, each seed's variants in the order of their
+  tuning-seed validation return (a table cut short has the same seeds for every variant; protocol 2 ran each
+  variant through all its seeds); with ``--long``, on the decision-hard game,
   the best tree and the best chains (by validation return on the tuning seed) at 3x budget, then ``--long-also``;
 - runs go ``--parallel`` at a time with ``--threads`` torch threads each (2 x 1 by default, the same for every
   variant; the setting is recorded in each row);
-- rows go to ``--results`` tagged ``protocol: 2`` and the warm start's hash; a run found there is skipped, so the
-  command resumes where it stopped. Protocol 1's rows stay in ``tree_vs_chains.jsonl``.
+- rows go to ``--results`` tagged ``protocol: 3`` and the warm start's hash; a run found there is skipped, so the
+  command resumes where it stopped. Protocol 2's rows stay in ``tree_vs_chains_v2.jsonl``, protocol 1's in
+  ``tree_vs_chains.jsonl``.
 
-    .venv/bin/python benchmarks/tree_vs_chains.py --long     # runs what is missing (3 games), then reports
+    .venv/bin/python benchmarks/tree_vs_chains.py --games stale-digits --long   # issue 49's tables, then reports
     .venv/bin/python benchmarks/tree_vs_chains.py --report   # the tables and the plot from what is there
     .venv/bin/python benchmarks/tree_vs_chains.py --games stale-digits --long --long-also chains-centred --seeds 1 2 3
     .venv/bin/python benchmarks/tree_vs_chains.py --variants tree-wide-first tree-wide-questions  # the ablations
@@ -60,7 +67,8 @@ GAME_VARIANTS = {
     # protocol 3 (issue 49): the three learning variants of protocol 2, the corrected value (split), flat groups
     # left out of the normaliser, tree credit on a chain's shape, and the 8-wide answers where answers are decided
     "stale-digits": ["chains-centred", "tree-os-sd-none", "tree-mean-sd-none", "chains-ppo", "tree-split-sd-none",
-                     "tree-os-drop-flat", "tree-chains-shape", "tree-wide-answers"],
+                     "tree-os-drop-flat", "tree-chains-shape", "tree-wide-answers", "tree-wide-first",
+                     "tree-split-wide-first", "chains-centred-passes4"],
     # the earlier games: the variants without a std and their pairs with one (issue 41: did sigma hold
     # the trees back there too? each pair differs in the std alone, under the same protocol)
     "hidden-operands": ["chains-centred", "tree-mean-sd-none", "tree-os-sd-none", "chains-grpo",
@@ -84,11 +92,11 @@ WIDTHS = {
 }
 ABLATIONS = ["tree-wide-first", "tree-wide-questions"]
 VARIANT_NAMES = {*TREES, *CHAINS, *WIDTHS, "tree-os-drop-flat", "tree-split-wide-first"} - {"tree", "chains"}
-# issue 49's attempts at the cue, each after the per-state tables of the variants above (run with --variants): the
+# issue 49's attempts at the cue (the last three of the decision-hard game's list), each chosen after the per-state
+# tables of the variants before them: the
 # first decision widened at equal tokens (with today's and with the corrected value), and four passes over each
 # epoch's rollouts (more updates from the same tokens: the tables show the right advantages at the first decision
 # and a policy that does not come to read the cue)
-ATTEMPTS = ["tree-wide-first", "tree-split-wide-first", "chains-centred-passes4"]
 NO_SIGMA_OS = ["--model.tree_value_mode", "optimal_stopping", "--model.tree_std_scope", "none"]
 
 
