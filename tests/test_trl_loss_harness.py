@@ -15,7 +15,6 @@ import types
 
 import pytest
 import torch
-
 from trl_losses import trl_importance_sampling_ratio, trl_loss, trl_trainer
 
 # Importing GRPOTrainer imports vLLM (about 6 s, the first build pays it); a trainer build itself takes ~0.03 s
@@ -289,7 +288,7 @@ def _trl_is_block() -> str:
         r"\n( *)# Compute the importance sampling ratio when using vLLM.*?\n(.*?)\n *# Compute the per-token log "
         r"probabilities for the reference model",
         source,
-        re.S,
+        re.DOTALL,
     )
     assert match, "TRL's importance-sampling block moved: re-check trl_importance_sampling_ratio against it"
     return textwrap.dedent(match.group(2))
@@ -315,7 +314,7 @@ def test_is_ratio_copy_matches_trl_source(mode: str, clip_min: float | None, cli
     )
     namespace = {"self": owner, "torch": torch, "math": math, "old_per_token_logps": old,
                  "sampling_per_token_logps": sampler, "completion_mask": mask, "tool_mask": None}
-    exec(_trl_is_block(), namespace)  # TRL's lines, unchanged
+    exec(_trl_is_block(), namespace)  # noqa: S102 - TRL's own installed source lines, unchanged
     ours = trl_importance_sampling_ratio(old, sampler, mask, mode, clip_min, clip_max)
     assert torch.equal(ours, namespace["vllm_importance_sampling_ratio"])
 

@@ -69,7 +69,7 @@ DEFAULTS: dict[str, Any] = {
     "beta": 0.0,
 }
 
-_TRAINERS: dict[Any, "GRPOTrainer"] = {}
+_TRAINERS: dict[Any, GRPOTrainer] = {}
 
 
 def _freeze(value: Any) -> Any:
@@ -85,10 +85,11 @@ def _zero_reward(completions: list, **_: Any) -> list[float]:
     return [0.0] * len(completions)
 
 
-def trl_trainer(**config: Any) -> "GRPOTrainer":
+def trl_trainer(**config: Any) -> GRPOTrainer:
     """A GRPOTrainer on the shipped tiny model data/tiny-llama (offline), CPU, float32, with
-    ``GRPOConfig(**DEFAULTS | config)``: nothing downloads (local model and tokenizer), no vLLM, no logging (output_dir a
-    temporary directory removed at exit, report_to=[]), batch 2 with num_generations 2, beta 0.0 unless given.
+    ``GRPOConfig(**DEFAULTS | config)``: nothing downloads (local model and tokenizer), no vLLM, no logging
+    (output_dir a temporary directory removed at exit, report_to=[]), batch 2 with num_generations 2, beta 0.0 unless
+    given.
 
     ``use_vllm=True`` is applied after construction (see the module docstring). Trainers are cached per config: one
     config, one trainer, shared by every caller; ``trl_loss`` resets the state it depends on before each call. The
@@ -128,12 +129,15 @@ def trl_trainer(**config: Any) -> "GRPOTrainer":
 
     if use_vllm:
         # The construction-time check that reads use_vllm (grpo_trainer.py lines 936-941), run as TRL runs it
-        if trainer.loss_type == "vespo" and trainer.vllm_importance_sampling_correction:
-            if trainer.vllm_importance_sampling_mode not in ["token_truncate", "token_mask"]:
-                raise ValueError(
-                    f"VESPO loss requires `vllm_importance_sampling_mode` to be either 'token_truncate' or "
-                    f"'token_mask'. Got: {trainer.vllm_importance_sampling_mode}."
-                )
+        if (
+            trainer.loss_type == "vespo"
+            and trainer.vllm_importance_sampling_correction
+            and trainer.vllm_importance_sampling_mode not in ["token_truncate", "token_mask"]
+        ):
+            raise ValueError(
+                f"VESPO loss requires `vllm_importance_sampling_mode` to be either 'token_truncate' or "
+                f"'token_mask'. Got: {trainer.vllm_importance_sampling_mode}."
+            )
         trainer.use_vllm = True
         trainer.args.use_vllm = True
 
@@ -194,7 +198,7 @@ def trl_importance_sampling_ratio(
     return vllm_importance_sampling_ratio
 
 
-def _reset_loss_state(trainer: "GRPOTrainer") -> None:
+def _reset_loss_state(trainer: GRPOTrainer) -> None:
     """The trainer state ``_compute_loss`` reads, set as at the first micro-batch of a fresh run (the cached trainer
     would otherwise carry one call's metrics and adaptive-entropy state into the next)."""
     trainer.model.train()  # mode == "train": TRL's train-mode normalisers (gradient accumulation) apply
@@ -208,7 +212,7 @@ def _reset_loss_state(trainer: "GRPOTrainer") -> None:
 
 
 def trl_loss(
-    trainer: "GRPOTrainer",
+    trainer: GRPOTrainer,
     logp: torch.Tensor,
     old_logp: torch.Tensor | None,
     advantages: torch.Tensor,
