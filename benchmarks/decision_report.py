@@ -124,7 +124,7 @@ def run_table(variants: dict[str, list[dict]], cue_free: dict) -> None:
 def decision_report(rows: list[dict], variants: list[str], chosen: dict[str, float], seeds: list[int],
                     budget: int) -> None:
     """Every table above for the runs of ``variants`` at their chosen rates on ``seeds`` at ``budget`` that carry
-    decisions (protocol 3's rows; rows imported from protocol 2 have none)."""
+    decisions (protocol 3's rows)."""
     runs = {v: sorted((r for r in rows if r["variant"] == v and r["seed"] in seeds and r["budget"] == budget
                        and r["lr"] == chosen.get(v) and "test_decisions" in r), key=lambda r: r["seed"])
             for v in variants}

@@ -100,8 +100,7 @@ def report(rows: list[dict], game: str, args: argparse.Namespace, chosen: dict[s
             print(f"the cue-free policy '{name}': {blind[name]['all']['return']:.4f} "
                   f"({blind[name]['all']['questions']:.2f} questions)")
     variants = args.variants or GAME_VARIANTS[game]
-    ran = {r["variant"] for r in rows if "imported_from" not in r}  # a variant only imported was not run here
-    variants = [*variants, *sorted(ran - set(variants) - {"warm-start"})]
+    variants = [*variants, *sorted({r["variant"] for r in rows} - set(variants) - {"warm-start"})]
     if blind:
         best = max(v["all"]["return"] for k, v in blind.items() if k != "oracle")
         print(f"the best policy that reads no cue returns {best:.4f}; learning the cue: the lower end of a 95% "
