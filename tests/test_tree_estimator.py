@@ -284,3 +284,25 @@ def test_a_flat_tree_is_flat_whatever_the_values():
     values = {root: 0.0, root.children[0]: 0.0, question: 5.0, question.children[0]: 0.0}
     assert flat_sibling_nodes(root, values) == set(depth_first(root)[1:])
     assert set(tree_advantages(root, values, std_scope="none").values()) == {0.0}
+
+
+def test_below_a_root_of_any_width_pairs_make_the_split_value_the_mean():
+    # a [4, 2, 2] tree: every node below the root has two children, so the split value has nothing to split and
+    # takes the mean; the root's value enters no advantage, so the two modes give the same advantages everywhere
+    # (the decision-hard game's [4, 2, 2, 2] trees train exactly alike under both)
+    def question(reward: float, *children: Node) -> Node:
+        return ask(reward, *children)
+
+    def build() -> Node:
+        return Node(children=[
+            leaf(1.0), question(-0.1, leaf(-1.0), question(-0.1, leaf(1.0), leaf(0.5))),
+            question(-0.1, question(-0.1, leaf(1.0), leaf(-1.0)), leaf(1.0)), leaf(-1.0)])
+
+    mean_tree, split_tree, stopping_tree = build(), build(), build()
+    assign_advantages(mean_tree, "mean", std_scope="none")
+    assign_advantages(split_tree, "optimal_stopping_split", std_scope="none")
+    assign_advantages(stopping_tree, "optimal_stopping", std_scope="none")
+    advantages = {name: [n.advantage for n in depth_first(tree)[1:]]
+                  for name, tree in (("mean", mean_tree), ("split", split_tree), ("stopping", stopping_tree))}
+    assert advantages["split"] == advantages["mean"]
+    assert advantages["stopping"] != advantages["mean"]  # the max of single samples is what the split removes
