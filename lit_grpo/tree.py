@@ -54,7 +54,7 @@ from typing import Literal, NamedTuple, get_args
 
 from lit_grpo.errors import InputError
 from lit_grpo.losses.advantages import check_choice
-from lit_grpo.stopping import exact_mean, split_by_kind, split_stopping_value
+from lit_grpo.losses.stopping import exact_mean, split_by_kind, split_stopping_value
 
 ValueMode = Literal["mean", "optimal_stopping", "optimal_stopping_split"]
 VALUE_MODES: tuple[str, ...] = get_args(ValueMode)

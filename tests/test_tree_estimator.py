@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import pytest
 
-from lit_grpo.stopping import alternate_halves, cross_fitted_max, split_by_kind, split_stopping_value
+from lit_grpo.losses.stopping import alternate_halves, cross_fitted_max, split_by_kind, split_stopping_value
 from lit_grpo.tree import (
     VALUE_MODES,
     Node,
