@@ -5,7 +5,7 @@ Q. With small sibling groups that max of two noisy means is biased upward (E[max
 two questions, each +1 or -1 at even odds, it is 0.375 in expectation where both kinds are worth 0), and since
 advantages are centred on the sibling mean, the excess lands on the questions. The functions here choose the better
 kind with one half of the children and value it with the other (a cross-fitted double estimator), which is never
-biased upward; ``lit_grpo.tree.bellman_value`` dispatches to them; a formula of the tree's values, kept with the others.
+biased upward. ``lit_grpo.tree.bellman_value`` dispatches to them.
 """
 
 from __future__ import annotations
