@@ -111,14 +111,22 @@ def credit_table(variants: dict[str, list[dict]]) -> None:
         print(f"| {variant} | " + " | ".join(cells) + " |")
 
 
+def cue_use(row: dict) -> float | None:
+    """How much a run's first decision reads the cue: its greedy share of answering at once at cue ``A`` less the
+    share at cue ``D`` (the oracle: 1 - 0 = 1; a policy blind to the cue: 0)."""
+    at_a, at_d = answer_share(row, "A|start"), answer_share(row, "D|start")
+    return None if at_a is None or at_d is None else at_a - at_d
+
+
 def run_table(variants: dict[str, list[dict]], cue_free: dict) -> None:
-    """Each run: its test return, questions, the policy it equals, and whether it answers at once at cue A."""
-    print("\neach run (test prompts): return, questions / episode, the policy it equals (~: nearest), answers at "
-          "once at A (greedy share), collapsed (below answering at once)")
+    """Each run: its test return, questions, the policy it equals, and how much its first decision reads the cue."""
+    print("\neach run (test prompts): return / questions per episode / the policy it equals (~: nearest) / cue use "
+          "(answering at once at A less at D: the oracle 1, a cue-blind policy 0); COLLAPSED: below answering at once")
     for variant, runs in variants.items():
         cells = [f"s{r['seed']} {r['test_return']:.3f}/{r['test_questions']:.2f}/{equals(r, cue_free)}/"
-                 f"A {mean_of([answer_share(r, 'A|start')])}{' COLLAPSED' if collapsed(r) else ''}" for r in runs]
-        print(f"- {variant}: " + "; ".join(cells))
+                 f"{mean_of([cue_use(r)])}{' COLLAPSED' if collapsed(r) else ''}" for r in runs]
+        uses = [u for u in map(cue_use, runs) if u is not None]
+        print(f"- {variant} (cue use {min(uses):+.2f} to {max(uses):+.2f}): " + "; ".join(cells))
 
 
 def decision_report(rows: list[dict], variants: list[str], chosen: dict[str, float], seeds: list[int],
