@@ -141,6 +141,6 @@ def plot(game: str, finals: dict[str, list[float]], warm: dict, goal: float, bud
     axes.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
     axes.set_ylabel("held-out (test) return, mean ± 95% t-interval")
     axes.set_title(f"{game}: {budget} policy tokens a run, each variant at its chosen rate")
-    out = ROOT / "docs" / f"tree_vs_chains_{game}_heldout.png"
+    out = ROOT / "docs" / f"tree_vs_chains_{game}_heldout_protocol{warm['protocol']}.png"
     figure.savefig(out, dpi=100, bbox_inches="tight")
     print(f"\nplot: {out.relative_to(ROOT)}")
