@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from tree_vs_chains_report import report  # noqa: E402
-from tree_vs_chains_run import GAME_ROUNDS, PROTOCOL, marker, model_id  # noqa: E402
+from tree_vs_chains_run import PROTOCOL, marker, model_id  # noqa: E402
 
 GRID_START = (5e-4, 1e-3, 2e-3)
 LR_LIMITS = (6.25e-5, 8e-3)

@@ -83,7 +83,7 @@ def report(rows: list[dict], game: str, args: argparse.Namespace, chosen: dict[s
 
     warm = next((r for r in rows if r["variant"] == "warm-start"), None)
     if warm is None:
-        print(f"{game}: no protocol-{PROTOCOL} rows yet")
+        print(f"{game}: no rows of this protocol yet")
         return
     budget = args.budget or GAME_BUDGET.get(game, 14000)
     print(f"\n{game} (warm start {warm['model']}, protocol {warm['protocol']}): test prompts {warm['test_prompts']}: "

@@ -46,7 +46,6 @@ PROTOCOL = 3
 GAMES = {"hidden-operands": ("data/tiny-llama-hidden", "lit_grpo.tasks.games.HiddenOperandsTask", HiddenOperandsTask),
          "calculator": ("data/tiny-llama-calculator", "lit_grpo.tasks.games.CalculatorTask", CalculatorTask),
          "stale-digits": ("data/tiny-llama-stale", "lit_grpo.tasks.stale_digits.StaleDigitsTask", StaleDigitsTask)}
-GAME_ROUNDS = {"hidden-operands": 3, "calculator": 3, "stale-digits": 4}  # rollout depth and evaluation rounds
 ORDERED_GAMES = {"stale-digits", "hidden-operands", "calculator"}  # tasks with a train_order_seed
 COMMON = ["--model.loss_variant", "clip", "--model.aggregation", "seq-mean", "--model.kl_coef", "0.04",
           "--data.prompts_per_epoch", "16", "--data.minibatch_size", "64", "--data.max_new_tokens", "5",
@@ -152,7 +151,7 @@ def evaluate(game: str, adapter: Path | None) -> dict[str, Any]:
     scores: dict[str, Any] = {}
     for split, records in (("val", list(task.validation_records())), ("test", list(task.test_records()))):
         with torch.no_grad():
-            roots = greedy_trees(task, engine, tokenizer, records, GAME_ROUNDS[game], spec)
+            roots = greedy_trees(task, engine, tokenizer, records, task.max_rounds, spec)
         scores.update({f"{split}_{k}": v for k, v in episode_scores(task, roots).items()})
         scores[f"{split}_decisions"] = greedy_table(task, roots)
         scores[f"{split}_cue_free"] = cue_free_policies(task, records)
