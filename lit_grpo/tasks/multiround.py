@@ -65,9 +65,9 @@ class MultiRoundTask(Task):
     @abstractmethod
     def max_rounds(self) -> int:
         """The rounds an episode runs at most: a tree or chain rollout names one width per round
-        (``data.branching``), and a list of another length is refused (run/rules.py). A task sets it through an
-        ``__init__`` argument named ``max_rounds`` (a tool task: ``max_turns``), which the rules read off the
-        configuration before the task is built."""
+        (``data.branching``), and a list of another length is refused (run/rules.py ``declared_rounds``). A task
+        sets it through an ``__init__`` argument named ``max_rounds`` (a tool task: ``max_turns``), read off the
+        configuration before the task is built, or as a class attribute ``max_rounds``."""
 
     @abstractmethod
     def step(self, prompt_record: PromptRecord, round_index: int, segment_text: str) -> EnvStep:
