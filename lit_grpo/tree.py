@@ -227,14 +227,16 @@ class SiblingGroup(NamedTuple):
     flat: bool
 
 
-def sibling_groups(root: Node, values: dict[Node, float]) -> list[SiblingGroup]:
+def sibling_groups(root: Node, values: dict[Node, float],
+                   paths: list[list[float]] | None = None) -> list[SiblingGroup]:
     """Every sibling group (the children of each continuing node, parents in depth-first order) with its flat flag.
 
     The one place the flat rule is decided: a group is flat if the whole tree's leaf returns are flat or the
     group's Q values are, each within ``flat_tolerance`` of the tree's paths; a flat group's advantages are exactly
-    0. ``values`` are the node values (as ``node_values`` gives them). Validates the tree.
+    0. ``values`` are the node values (as ``node_values`` gives them); ``paths``: ``leaf_paths(root)`` when the
+    caller has them (otherwise read here, which validates the tree).
     """
-    paths = leaf_paths(root)
+    paths = leaf_paths(root) if paths is None else paths
     tol = flat_tolerance(paths)
     tree_flat = is_flat([math.fsum(path) for path in paths], tol)
     groups = []
@@ -270,8 +272,9 @@ def tree_advantages(root: Node, values: dict[Node, float], eps: float = 1e-6,
     ``siblings``: -0.9999967, 0.9999990, -0.9999990, 0.9999967; ``none``: -0.3, 1.0, -1.0, 0.3.
     """
     check_choice("std scope", std_scope, STD_SCOPES)
-    groups = sibling_groups(root, values)
-    tree_scale = statistics.pstdev(leaf_returns(root)) + eps
+    paths = leaf_paths(root)  # read once: the flat rule and the tree's spread both need them
+    groups = sibling_groups(root, values, paths)
+    tree_scale = statistics.pstdev([math.fsum(path) for path in paths]) + eps
     advantages: dict[Node, float] = {}
     for group in groups:
         if group.flat:

@@ -211,7 +211,7 @@ def _reset_loss_state(trainer: GRPOTrainer) -> None:
     trainer._entropy_window_stats = None
 
 
-def trl_loss(
+def trl_inputs(
     trainer: GRPOTrainer,
     logp: torch.Tensor,
     old_logp: torch.Tensor | None,
@@ -220,26 +220,11 @@ def trl_loss(
     *,
     ref_logp: torch.Tensor | None = None,
     sampler_logp: torch.Tensor | None = None,
-    entropies: torch.Tensor | None = None,
     num_items_in_batch: int | torch.Tensor | None = None,
     tool_mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """TRL's scalar loss from ``trainer._compute_loss`` with the model's per-token log-probs replaced by ``logp``
-    ([B, T]; give it requires_grad and ``torch.autograd.grad(loss, logp)`` is TRL's per-token gradient).
-
-    ``old_logp`` [B, T]: the rollout policy's log-probs (``old_per_token_logps``); None leaves the key out, as TRL does
-    on-policy, and ``_compute_loss`` then uses ``logp.detach()`` (with vLLM importance sampling on, TRL always has
-    them: None then means ``logp.detach()`` for the ratio too). ``advantages`` [B] (or [B, T], which TRL also accepts).
-    ``completion_mask`` [B, T] of 0/1. ``ref_logp``: required when the trainer's beta != 0. ``sampler_logp``: the
-    sampler's (vLLM's) log-probs, ``inputs["sampling_per_token_logps"]``, read by the off-policy mask and, when the
-    trainer has use_vllm and vllm_importance_sampling_correction, turned into ``inputs["importance_sampling_ratio"]``
-    by ``trl_importance_sampling_ratio``. ``entropies`` [B, T]: default a constant 1.0 (no gradient).
-    ``num_items_in_batch``: the loss-token count of the whole generation batch (cispo/dapo/vespo normaliser); default
-    the token count of ``completion_mask`` (times ``tool_mask``), as TRL computes it for one process. ``tool_mask``
-    [B, T]: multi-turn runs' mask of tool-output tokens (``inputs["tool_mask"]``).
-
-    After the call ``trainer._metrics["train"]`` holds the metrics TRL logged for this call alone.
-    """
+) -> dict[str, Any]:
+    """The ``inputs`` dict ``_compute_loss`` reads, built as TRL's ``_generate_and_score_completions`` would from the
+    given tensors (``trl_loss`` explains each); placeholders of the right shapes for the ids it does not read."""
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
     batch, length = logp.shape
@@ -289,10 +274,44 @@ def trl_loss(
     if tool_mask is not None:
         inputs["tool_mask"] = tool_mask
 
+    return inputs
+
+
+def trl_loss(
+    trainer: GRPOTrainer,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    ref_logp: torch.Tensor | None = None,
+    sampler_logp: torch.Tensor | None = None,
+    entropies: torch.Tensor | None = None,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    tool_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """TRL's scalar loss from ``trainer._compute_loss`` with the model's per-token log-probs replaced by ``logp``
+    ([B, T]; give it requires_grad and ``torch.autograd.grad(loss, logp)`` is TRL's per-token gradient).
+
+    ``old_logp`` [B, T]: the rollout policy's log-probs (``old_per_token_logps``); None leaves the key out, as TRL does
+    on-policy, and ``_compute_loss`` then uses ``logp.detach()`` (with vLLM importance sampling on, TRL always has
+    them: None then means ``logp.detach()`` for the ratio too). ``advantages`` [B] (or [B, T], which TRL also accepts).
+    ``completion_mask`` [B, T] of 0/1. ``ref_logp``: required when the trainer's beta != 0. ``sampler_logp``: the
+    sampler's (vLLM's) log-probs, ``inputs["sampling_per_token_logps"]``, read by the off-policy mask and, when the
+    trainer has use_vllm and vllm_importance_sampling_correction, turned into ``inputs["importance_sampling_ratio"]``
+    by ``trl_importance_sampling_ratio``. ``entropies`` [B, T]: default a constant 1.0 (no gradient).
+    ``num_items_in_batch``: the loss-token count of the whole generation batch (cispo/dapo/vespo normaliser); default
+    the token count of ``completion_mask`` (times ``tool_mask``), as TRL computes it for one process. ``tool_mask``
+    [B, T]: multi-turn runs' mask of tool-output tokens (``inputs["tool_mask"]``).
+
+    After the call ``trainer._metrics["train"]`` holds the metrics TRL logged for this call alone.
+    """
+    inputs = trl_inputs(trainer, logp, old_logp, advantages, completion_mask, ref_logp=ref_logp,
+                        sampler_logp=sampler_logp, num_items_in_batch=num_items_in_batch, tool_mask=tool_mask)
     if entropies is None:
         entropies = torch.ones_like(logp).detach()
     else:
-        entropies = as_float(entropies)
+        entropies = torch.as_tensor(entropies, device=logp.device).to(logp.dtype)
 
     def forward(*_: Any, **__: Any) -> tuple[torch.Tensor, torch.Tensor, None]:
         return logp, entropies, None  # (per_token_logps, entropies, aux_loss)

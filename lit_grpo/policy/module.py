@@ -325,7 +325,7 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         completion_mask = batch["completion_mask"]
         max_new_tokens = int(batch["max_new_tokens"])
         constraint = batch_constraint(batch)
-        if self.value_head is None and self.joint_risk_head is None:
+        if not heads:
             logp = self.token_logprobs(self.policy, batch["input_ids"], batch["attention_mask"], completion_mask,
                                        float(batch["temperature"]), constraint)
         else:
@@ -336,18 +336,18 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         surrogate, stats = policy_loss(logp, batch["old_logp"], batch["advantages"], counted, loss_cfg.variant,
                                        loss_cfg.clip_eps, loss_cfg.clip_eps_high, loss_cfg.aggregation, max_new_tokens)
         policy_part = surrogate
-        stats = dict(stats, surrogate=surrogate.detach()) if counted.any() else {}  # no figures from an empty one
+        stats = dict(stats, surrogate=surrogate.detach())
         if loss_cfg.needs_reference and loss_cfg.kl_in == "loss":
             kl = masked_aggregate(kl_divergence(logp, batch["ref_logp"], loss_cfg.kl_estimator), counted,
                                   loss_cfg.aggregation, max_new_tokens)
             policy_part = policy_part + loss_cfg.kl_coef * kl
-            if counted.any():
-                stats["kl_ref"] = kl.detach()
+            stats["kl_ref"] = kl.detach()
+        stats = stats if counted.any() else {}  # a minibatch with nothing counted gives no figures (they'd read 0)
         local_count = aggregation_terms(logp.detach(), counted, loss_cfg.aggregation, max_new_tokens)[1]
         # each loss is its minibatch mean times the minibatch's share of that loss's count over the optimizer step
         # (every rank's minibatches): a step's gradient is each loss's sum over the step divided by its own count
         loss, reported = policy_part * share(local_count, batch["step_denominator"]), policy_part.detach()
-        if self.joint_risk_head is not None or self.value_head is not None:
+        if heads:
             risk = None if self.joint_risk_head is None else (self.joint_risk_head, self.risk_spec.coef)
             value = None if self.value_head is None else (self.value_head, self.hparams.vf_coef, self.hparams.vf_clip)
             scaled, unscaled, head_stats = head_losses(hidden, batch, body_and_head(self.policy)[1], risk, value)
