@@ -111,6 +111,8 @@ def test_drop_is_refused_for_chains_and_branching_must_name_every_round():
     assert message in cross_knob_problems(None, tree, task=StaleDigitsTask)
     assert message in cross_knob_problems(None, tree, task=StaleDigitsTask, task_args={"max_rounds": 4})
     assert cross_knob_problems(None, tree, task=StaleDigitsTask, task_args={"max_rounds": 3}) == []
+    assert cross_knob_problems(None, tree, task=StaleDigitsTask, task_args={"max_rounds": 0}) == [
+        "data.task StaleDigitsTask: max_rounds must be >= 1 (the rounds an episode runs at most), got 0"]
     with pytest.raises(InputError, match=r"names 3 round\(s\), data.task StaleDigitsTask runs max_rounds 4"):
         RolloutDataModule(task=StaleDigitsTask(), rollout="tree", branching=[4, 2, 2])
     RolloutDataModule(task=StaleDigitsTask(max_rounds=3), rollout="tree", branching=[4, 2, 2])  # accepted

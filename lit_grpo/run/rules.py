@@ -244,7 +244,10 @@ def multi_round_problems(data_args: dict[str, Any], task: Any, model_args: dict[
     problems = []
     rounds, argument = declared_rounds(task, task_args) if rollout != "grouped" else (None, "")
     branching = data_args.get("branching")
-    if isinstance(rounds, int) and isinstance(branching, list) and len(branching) != rounds:
+    if isinstance(rounds, int) and rounds < 1:
+        problems.append(f"data.task {name}: {argument or 'max_rounds'} must be >= 1 (the rounds an episode runs at "
+                        f"most), got {rounds}")
+    elif isinstance(rounds, int) and isinstance(branching, list) and len(branching) != rounds:
         where = f", or set data.task.init_args.{argument}" if argument else ""
         problems.append(f"data.branching {branching} names {len(branching)} round(s), data.task {name} runs "
                         f"{argument or 'max_rounds'} {rounds}: give one width per round{where}")
