@@ -218,8 +218,11 @@ class RolloutMetrics(pl.Callback):
     """
 
     TRAIN_KEYS = (
-        "surrogate", "kl_ref", "clip_frac_low", "clip_frac_high", "ratio_mean", "approx_kl",
-        "value_loss", "explained_variance", "value_mean", "dpo_reward_margin", "dpo_accuracy",
+        "surrogate", "kl_ref", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "ratio_mean",
+        "approx_kl", "cispo_clip_ratio", "sapo/gate_mean", "vespo/phi_seq_mean", "off_policy_mask/masked_ratio",
+        "entropy", "entropy_coef", "sampling/importance_sampling_ratio/mean", "sampling/importance_sampling_ratio/min",
+        "sampling/importance_sampling_ratio/max", "value_loss", "explained_variance", "value_mean",
+        "dpo_reward_margin", "dpo_accuracy",
     )
 
     def __init__(self, table_every_n_epochs: int = 5, table_rows: int = 16) -> None:

@@ -1,26 +1,58 @@
-"""Truncated importance sampling, by hand, and how the module folds it into per-token advantages."""
+"""The sampler correction (TIS and MIS, per token and per sequence) and DeepSeek-V3.2's off-policy sequence mask, by
+hand, and how the module sets the buffer's per-token sampler ratios."""
 
 import pytest
 import torch
 
 from lit_grpo.buffers.buffer import RolloutBuffer
-from lit_grpo.losses import truncated_importance_weights
+from lit_grpo.losses import off_policy_keep, sampler_importance_ratio
 from lit_grpo.policy.module import PolicyModule
+from lit_grpo.policy.objective_knobs import SamplerCorrection
+
+# pi_old / pi_sampler per token: 0.5/0.25 = 2, 0.2/0.4 = 0.5, a masked third token (0.3/0.1 = 3, never counted)
+OLD = torch.log(torch.tensor([[0.5, 0.2, 0.3]], dtype=torch.float64))
+SAMPLER = torch.log(torch.tensor([[0.25, 0.4, 0.1]], dtype=torch.float64))
+MASK = torch.tensor([[True, True, False]])
 
 
-def test_weights_by_hand():
-    # ratios pi_old / pi_sampler: 0.5/0.25 = 2 -> capped at 1.5; 0.2/0.4 = 0.5; masked token -> 0
-    old = torch.log(torch.tensor([[0.5, 0.2, 0.3]]))
-    sampler = torch.log(torch.tensor([[0.25, 0.4, 0.1]]))
-    mask = torch.tensor([[True, True, False]])
-    weights = truncated_importance_weights(old, sampler, mask, cap=1.5)
-    torch.testing.assert_close(weights, torch.tensor([[1.5, 0.5, 0.0]]), rtol=0, atol=1e-6)
-    with pytest.raises(ValueError, match="positive"):
-        truncated_importance_weights(old, sampler, mask, cap=0.0)
+@pytest.mark.parametrize(("mode", "clip_min", "clip_max", "expected"), [
+    ("token_truncate", None, 1.5, [1.5, 0.5, 1.0]),  # 2 -> 1.5; 0.5 stays; the masked token is weight 1
+    ("token_truncate", 0.6, 1.5, [1.5, 0.6, 1.0]),  # 0.5 -> 0.6
+    ("token_mask", 0.6, 1.5, [0.0, 0.0, 1.0]),  # both outside [0.6, 1.5]
+    ("token_mask", None, 3.0, [2.0, 0.5, 1.0]),  # both inside
+    ("sequence_truncate", None, 1.5, [1.0, 1.0, 1.0]),  # the product 2 * 0.5 = 1 is inside
+    ("sequence_mask", 1.5, None, [0.0, 0.0, 1.0]),  # 1 is below 1.5
+])
+def test_sampler_ratio_by_hand(mode, clip_min, clip_max, expected):
+    ratio = sampler_importance_ratio(OLD, SAMPLER, MASK, mode, clip_min, clip_max)
+    torch.testing.assert_close(ratio, torch.tensor([expected], dtype=torch.float64), rtol=0, atol=1e-12)
 
 
-def test_module_weights_each_token_advantage(tiny_llama_dir):
-    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), kl_coef=0.0, tis_cap=2.0)
+def test_sequence_ratio_is_the_product_over_counted_tokens():
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.9]], dtype=torch.float64))
+    sampler = torch.log(torch.tensor([[0.25, 0.25, 0.1]], dtype=torch.float64))
+    ratio = sampler_importance_ratio(old, sampler, MASK, "sequence_truncate", None, 10.0)
+    torch.testing.assert_close(ratio, torch.tensor([[4.0, 4.0, 1.0]], dtype=torch.float64), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="valid choices"):
+        sampler_importance_ratio(old, sampler, MASK, "sequence", None, 10.0)
+
+
+def test_off_policy_mask_by_hand():
+    # behaviour (-1, -1), current (-1.5, -2.5): mean KL (0.5 + 1.5) / 2 = 1.0
+    logp = torch.tensor([[-1.5, -2.5], [-1.5, -2.5], [-1.5, -2.5]])
+    behaviour = torch.full((3, 2), -1.0)
+    mask = torch.ones(3, 2, dtype=torch.bool)
+    adv = torch.tensor([-1.0, 1.0, 0.0])
+    assert off_policy_keep(adv, logp, behaviour, mask, 1.0).flatten().tolist() == [1.0, 1.0, 1.0]  # KL <= 1
+    assert off_policy_keep(adv, logp, behaviour, mask, 0.5).flatten().tolist() == [0.0, 1.0, 1.0]  # A >= 0 kept
+    # a masked token does not count in the mean: the second token alone has KL 1.5
+    one = torch.tensor([[False, True]])
+    assert off_policy_keep(torch.tensor([-1.0]), logp[:1], behaviour[:1], one, 1.4).item() == 0.0
+
+
+def test_module_sets_each_token_sampler_ratio(tiny_llama_dir):
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), kl_coef=0.0,
+                          sampler_correction=SamplerCorrection("token_truncate", None, 2.0))
     mask = torch.tensor([[False, True, True], [False, True, False]])
     buffer = RolloutBuffer(
         input_ids=torch.zeros(2, 3, dtype=torch.long), attention_mask=torch.ones(2, 3, dtype=torch.bool),
@@ -30,12 +62,14 @@ def test_module_weights_each_token_advantage(tiny_llama_dir):
         old_logp=torch.log(torch.tensor([[1.0, 0.3, 0.5], [1.0, 0.25, 1.0]])),
     )
     module.assign_advantages(buffer)
-    # grpo on [1, 0]: mean 0.5, std 0.5 -> +-0.5 / (0.5 + 1e-6); weights: row 0 min(3, 2) = 2 and 1; row 1 0.5
-    a = 0.5 / (0.5 + 1e-6)
-    expected = torch.tensor([[0.0, 2 * a, a], [0.0, -0.5 * a, 0.0]])
-    torch.testing.assert_close(buffer.advantages, expected, rtol=0, atol=1e-6)
+    a = 0.5 / (0.5 + 1e-6)  # grpo on [1, 0]: +-0.5 / (0.5 + 1e-6), one per row
+    torch.testing.assert_close(buffer.advantages, torch.tensor([a, -a]), rtol=0, atol=1e-6)
+    # row 0: 0.3 / 0.1 = 3 -> 2, 0.5 / 0.5 = 1; row 1: 0.25 / 0.5 = 0.5; the uncounted tokens 1
+    expected = torch.tensor([[1.0, 2.0, 1.0], [1.0, 0.5, 1.0]])
+    torch.testing.assert_close(buffer.sampler_ratio, expected, rtol=0, atol=1e-6)
 
 
-def test_tis_rejects_gspo(tiny_llama_dir):
-    with pytest.raises(ValueError, match="tis_cap"):
-        PolicyModule(model_name_or_path=str(tiny_llama_dir), loss_variant="gspo", tis_cap=2.0)
+def test_a_vespo_sequence_correction_is_refused(tiny_llama_dir):
+    with pytest.raises(ValueError, match="'vespo': VESPO takes the sampler's per-token ratios"):
+        PolicyModule(model_name_or_path=str(tiny_llama_dir), loss_variant="vespo",
+                     sampler_correction={"mode": "sequence_mask"})

@@ -34,8 +34,8 @@ def test_clip_with_clip_higher():
     assert torch.allclose(logp.grad, expected_grad, rtol=0, atol=1e-6)
     # 5 counted tokens: a high-clipped, d low-clipped; ratio mean (1.5 + 0.5 + 1.5 + 0.5 + 1.25) / 5 = 1.05;
     # approx KL per token (r - 1) - ln r: 0.0945349 (r 1.5), 0.1931472 (r 0.5), 0.0268564 (r 1.25) -> 0.6022186 / 5
-    assert stats["clip_frac_high"].item() == pytest.approx(0.2, abs=1e-7)
-    assert stats["clip_frac_low"].item() == pytest.approx(0.2, abs=1e-7)
+    assert stats["clip_ratio/high_mean"].item() == pytest.approx(0.2, abs=1e-7)
+    assert stats["clip_ratio/low_mean"].item() == pytest.approx(0.2, abs=1e-7)
     assert stats["ratio_mean"].item() == pytest.approx(1.05, abs=1e-6)
     assert stats["approx_kl"].item() == pytest.approx(0.6022186 / 5, abs=1e-6)
     assert all(not value.requires_grad for value in stats.values())
@@ -46,7 +46,7 @@ def test_clip_symmetric_when_high_unset():
     # eps_high = eps_low = 0.2: a is clipped to 1.2, row 0 (-1.2 - 0.5) / 2 = -0.85; e (1.25) is now clipped too,
     # row 2 -1.2; rows -0.85, 1.15, -1.2 -> -0.9 / 3 = -0.3
     assert loss.item() == pytest.approx(-0.3, abs=1e-6)
-    assert stats["clip_frac_high"].item() == pytest.approx(0.4, abs=1e-7)  # a and e
+    assert stats["clip_ratio/high_mean"].item() == pytest.approx(0.4, abs=1e-7)  # a and e
 
 
 @pytest.mark.parametrize(
@@ -69,7 +69,7 @@ def test_unclipped():
     # -A * ratio: row 0 (-1.5 - 0.5) / 2 = -1, row 1 (1.5 + 0.5) / 2 = 1, row 2 -1.25 -> -1.25 / 3
     assert loss.item() == pytest.approx(-1.25 / 3, abs=1e-6)
     # the stats still report what the clip would cut
-    assert stats["clip_frac_high"].item() == pytest.approx(0.2, abs=1e-7)
+    assert stats["clip_ratio/high_mean"].item() == pytest.approx(0.2, abs=1e-7)
 
 
 def test_reinforce_ignores_the_ratio():
@@ -103,8 +103,8 @@ def test_gspo_sequence_ratio():
     assert logp.grad[2, 1].item() == 0.0
     # stats use the sequence ratio: mean over 5 counted tokens (4 * 0.8660254 + 1.25) / 5; no token clipped
     assert stats["ratio_mean"].item() == pytest.approx((4 * 0.8660254 + 1.25) / 5, abs=1e-6)
-    assert stats["clip_frac_high"].item() == 0.0
-    assert stats["clip_frac_low"].item() == 0.0
+    assert stats["clip_ratio/high_mean"].item() == 0.0
+    assert stats["clip_ratio/low_mean"].item() == 0.0
 
 
 def test_gspo_clips_the_sequence_ratio_and_empty_row_has_ratio_one():
@@ -113,7 +113,7 @@ def test_gspo_clips_the_sequence_ratio_and_empty_row_has_ratio_one():
     loss, stats = policy_loss(logp_leaf(), OLD_LOGP, adv, mask, "gspo", clip_eps=0.2, clip_eps_high=0.2)
     # row 0 -0.8660254, row 1 empty: contributes 0, row 2 ratio 1.25 clipped to 1.2 -> -1.2
     assert loss.item() == pytest.approx((-0.8660254 - 1.2) / 3, abs=1e-6)
-    assert stats["clip_frac_high"].item() == pytest.approx(1 / 3, abs=1e-7)
+    assert stats["clip_ratio/high_mean"].item() == pytest.approx(1 / 3, abs=1e-7)
 
 
 def test_no_counted_token():

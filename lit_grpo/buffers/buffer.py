@@ -45,6 +45,8 @@ class RolloutBuffer:
     reward_errors: int = 0
     sampling_draws: int = 1  # draws made to fill it (DAPO's dynamic sampling draws again for flat groups)
     reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N], NaN where it did not apply
+    reward_weights: dict[str, float] = field(default_factory=dict)  # name -> the task's weight of that reward
+    sampler_ratio: torch.Tensor | None = None  # [N, L] pi_old / pi_sampler, corrected (model.sampler_correction)
     prompt_texts: list[str] = field(default_factory=list)  # [N]
     completion_texts: list[str] = field(default_factory=list)  # [N]
     group_sizes: list[int] | None = None  # rows per group when they differ (trees); None: group_size each
@@ -228,6 +230,8 @@ def minibatch(buffer: RolloutBuffer, rows: torch.Tensor) -> dict[str, torch.Tens
         out["ref_logp"] = buffer.ref_logp[rows, :width]
     if buffer.sampler_logp is not None:
         out["sampler_logp"] = buffer.sampler_logp[rows, :width]
+    if buffer.sampler_ratio is not None:
+        out["sampler_ratio"] = buffer.sampler_ratio[rows, :width]
     if buffer.pair_role is not None:
         out["pair_role"], out["pair_id"] = buffer.pair_role[rows], buffer.pair_id[rows]
     if buffer.values is not None:
@@ -272,6 +276,7 @@ def select_groups(buffer: RolloutBuffer, groups: list[int]) -> RolloutBuffer:
         sampler_logp=None if buffer.sampler_logp is None else buffer.sampler_logp[index],
         reward_errors=buffer.reward_errors,
         reward_parts={name: values[index] for name, values in buffer.reward_parts.items()},
+        reward_weights=buffer.reward_weights,
         prompt_texts=[buffer.prompt_texts[r] for r in rows],
         completion_texts=[buffer.completion_texts[r] for r in rows],
     )
@@ -301,6 +306,7 @@ def concat_buffers(buffers: list[RolloutBuffer]) -> RolloutBuffer:
         reward_errors=sum(b.reward_errors for b in buffers),
         reward_parts={name: torch.cat([b.reward_parts[name] for b in buffers]) for name in first.reward_parts
                       if all(name in b.reward_parts for b in buffers)},
+        reward_weights=first.reward_weights,
         prompt_texts=[t for b in buffers for t in b.prompt_texts],
         completion_texts=[t for b in buffers for t in b.completion_texts],
     )

@@ -14,13 +14,13 @@ from lit_grpo.losses.aggregation import (
     masked_mean,
 )
 from lit_grpo.losses.gae import episode_gae, gae, kl_shaped_rewards
-from lit_grpo.losses.importance import truncated_importance_weights
+from lit_grpo.losses.importance import off_policy_keep, sampler_importance_ratio
 from lit_grpo.losses.kl import KL_ESTIMATORS, KLEstimator, kl_divergence
 from lit_grpo.losses.length import overlong_penalty
 from lit_grpo.losses.policy import (
     POLICY_VARIANTS,
-    PolicyStats,
     PolicyVariant,
+    SurrogateOptions,
     policy_loss,
 )
 from lit_grpo.losses.preference import best_worst_pairs, dpo_loss
@@ -33,8 +33,8 @@ __all__ = [
     "AdvantageMode",
     "Aggregation",
     "KLEstimator",
-    "PolicyStats",
     "PolicyVariant",
+    "SurrogateOptions",
     "aggregation_terms",
     "batch_std_advantages",
     "best_worst_pairs",
@@ -46,7 +46,8 @@ __all__ = [
     "kl_shaped_rewards",
     "masked_aggregate",
     "masked_mean",
+    "off_policy_keep",
     "overlong_penalty",
     "policy_loss",
-    "truncated_importance_weights",
+    "sampler_importance_ratio",
 ]

@@ -6,7 +6,7 @@ from typing import Literal, get_args
 
 import torch
 
-AdvantageMode = Literal["raw", "centered", "grpo", "drgrpo", "rloo", "max"]
+AdvantageMode = Literal["raw", "centered", "grpo", "drgrpo", "rloo", "max", "gdpo"]
 ADVANTAGE_MODES: tuple[str, ...] = get_args(AdvantageMode)
 
 
@@ -35,6 +35,8 @@ def group_advantages(rewards: torch.Tensor, mode: str = "grpo", eps: float = 1e-
     check_choice("advantage mode", mode, ADVANTAGE_MODES)
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [B, G], got shape {tuple(rewards.shape)}")
+    if mode == "gdpo":
+        raise ValueError("gdpo advantages are computed from each reward's values: gdpo_group_sums, gdpo_advantages")
     if mode == "raw":
         return rewards.clone()
     group_size = rewards.shape[1]
@@ -69,3 +71,42 @@ def batch_std_advantages(rewards: torch.Tensor, eps: float = 1e-6, std: torch.Te
     """
     centered = group_advantages(rewards, mode="centered")  # [B, G], flat groups already 0
     return centered / ((rewards.std(correction=0) if std is None else std) + eps)
+
+
+GDPO_EPS = 1e-4  # GDPO's (and TRL's) epsilon under each std
+
+
+def nan_std(values: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """The sample std (Bessel's n - 1) over the values that are not NaN; NaN where fewer than two are."""
+    dims = tuple(range(values.dim())) if dim is None else dim
+    mean = torch.nanmean(values, dim=dims, keepdim=True)
+    count = (~values.isnan()).sum(dim=dims, keepdim=True)
+    variance = torch.nanmean((values - mean) ** 2, dim=dims, keepdim=True) * count / (count - 1)
+    std = torch.where(count > 1, variance, torch.full_like(variance, float("nan"))).sqrt()
+    return std if keepdim else std.squeeze(dims)
+
+
+def gdpo_group_sums(parts: torch.Tensor, weights: torch.Tensor, eps: float = GDPO_EPS) -> torch.Tensor:
+    """GDPO's first stage: each reward normalised within its group, (r_k - mean_k) / (std_k + eps) with the sample
+    std over the completions it applied to, then the weighted sum over rewards.  ``parts [B, G, K]`` (NaN where a
+    reward did not apply), ``weights [K]`` -> ``[B, G]``, NaN for a completion no reward applied to.
+
+    Normalising each reward before summing keeps a reward with a wide range from drowning the others' signal (a
+    sum first, as GRPO does, gives the distinct combinations of K binary rewards fewer advantage values).
+
+    Example: one group of two, rewards (1, 0) and (0, 0), weights (1, 1): the first reward normalises to
+    (0.5 / (0.7071 + 1e-4), -0.5 / (0.7071 + 1e-4)) = (0.70701, -0.70701), the flat second to (0, 0).
+    """
+    mean = torch.nanmean(parts, dim=1, keepdim=True)  # [B, 1, K]
+    std = nan_std(parts, dim=1, keepdim=True)  # [B, 1, K]
+    normalised = (parts - mean) / (std + eps)  # [B, G, K]
+    sums = (normalised * weights.to(parts.dtype)).nansum(dim=-1)  # [B, G]
+    return torch.where(parts.isnan().all(dim=-1), torch.full_like(sums, float("nan")), sums)
+
+
+def gdpo_advantages(sums: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, eps: float = GDPO_EPS) -> torch.Tensor:
+    """GDPO's second stage: ``(sums - mean) / (std + eps)`` with the batch's mean and sample std of the group sums
+    (over every rank), 0 for a completion no reward applied to.  ``[B, G]`` -> ``[B, G]``.
+
+    Example: sums (0.70701, -0.70701, 0, 0), mean 0, std 0.57728: (1.22454, -1.22454, 0, 0)."""
+    return torch.nan_to_num((sums - mean) / (std + eps), nan=0.0)

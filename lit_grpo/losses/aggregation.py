@@ -5,6 +5,8 @@ The three modes weigh tokens differently, and that choice is a length bias:
 - ``seq-mean`` (original GRPO): every sequence weighs the same, so a token of a short completion weighs more than a
   token of a long one; a wrong long answer is penalised less per token than a wrong short one.
 - ``token-mean`` (DAPO): every counted token weighs the same, so long sequences dominate the batch.
+- ``seq-sum`` (LUSPO): each sequence's sum over its tokens, averaged over sequences, so a sequence weighs by its
+  length (GSPO's per-sequence mean times the length: the length bias of ``seq-mean`` undone).
 - ``constant`` (Dr. GRPO): the sum divided by ``num_sequences * max_new_tokens``, a constant that does not depend
   on the lengths sampled, so no length is favoured by the normaliser itself.
 
@@ -21,7 +23,7 @@ import torch
 
 from lit_grpo.losses.advantages import check_choice
 
-Aggregation = Literal["seq-mean", "token-mean", "constant"]
+Aggregation = Literal["seq-mean", "token-mean", "constant", "seq-sum"]
 AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 
 
@@ -41,7 +43,8 @@ def aggregation_terms(
     """Numerator and denominator of ``masked_aggregate``: ``(sum part [], count part [])``.
 
     ``seq-mean``: (sum over rows of row_sum / max(row_count, 1), number of rows); ``token-mean``: (sum of counted
-    values, number of counted tokens); ``constant``: (sum of counted values, rows * max_new_tokens).
+    values, number of counted tokens); ``constant``: (sum of counted values, rows * max_new_tokens); ``seq-sum``:
+    (sum of counted values, number of rows).
     """
     check_aggregation(mode, max_new_tokens)
     if values.shape != completion_mask.shape:
@@ -53,6 +56,8 @@ def aggregation_terms(
     counted_sum = (values * mask).sum()
     if mode == "token-mean":
         return counted_sum, mask.sum()
+    if mode == "seq-sum":
+        return counted_sum, num_rows
     return counted_sum, num_rows * max_new_tokens
 
 
@@ -73,7 +78,7 @@ def masked_aggregate(
     Args:
         values: ``[N, T]`` per-token values (a surrogate, a KL estimate, ...).
         completion_mask: ``[N, T]`` bool, True where the token counts.
-        mode: ``seq-mean``, ``token-mean`` or ``constant`` (see the module docstring for their length biases).
+        mode: ``seq-mean``, ``token-mean``, ``constant`` or ``seq-sum`` (see the module docstring for their length biases).
         max_new_tokens: the generation budget; required by ``constant``.
 
     Returns:
@@ -81,7 +86,8 @@ def masked_aggregate(
         token gives 0.
 
     Example: values [[1, 2], [3, 4]], mask [[1, 1], [0, 0]]: ``seq-mean`` (1.5 + 0) / 2 = 0.75, ``token-mean``
-    3 / 2 = 1.5, ``constant`` with max_new_tokens 4: 3 / (2 * 4) = 0.375.
+    3 / 2 = 1.5, ``constant`` with max_new_tokens 4: 3 / (2 * 4) = 0.375, ``seq-sum`` 3 / 2 = 1.5 (with mask
+    [[1, 1], [1, 0]]: token-mean 6 / 3 = 2, seq-sum 6 / 2 = 3).
     """
     numerator, denominator = aggregation_terms(values, completion_mask, mode, max_new_tokens)
     return divide_by_count(numerator, denominator)

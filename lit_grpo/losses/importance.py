@@ -1,28 +1,59 @@
-"""Correcting for a sampler whose probabilities differ from the trainer's (e.g. a half-precision engine)."""
+"""Correcting for a sampler whose probabilities differ from the trainer's (a half-precision engine, or rollouts
+drawn ahead by an older policy): the sampler's importance ratio and the off-policy sequence mask."""
 
 from __future__ import annotations
 
+import math
+from typing import Literal, get_args
+
 import torch
 
+SamplerCorrectionMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+SAMPLER_CORRECTION_MODES: tuple[str, ...] = get_args(SamplerCorrectionMode)
 
-def truncated_importance_weights(
-    old_logp: torch.Tensor, sampler_logp: torch.Tensor, completion_mask: torch.Tensor, cap: float
-) -> torch.Tensor:
-    """Per-token weights min(pi_old / pi_sampler, cap): truncated importance sampling (TIS).
 
-    The tokens were drawn from the sampler's distribution, while the clipped ratio is taken against the trainer's
-    pi_old; weighting each token's surrogate by this ratio makes the gradient an estimate under pi_old, and the cap
-    bounds its variance. Weights are 0 where the mask is False.
+def sampler_importance_ratio(old_logp: torch.Tensor, sampler_logp: torch.Tensor, completion_mask: torch.Tensor,
+                             mode: str, clip_min: float | None, clip_max: float | None) -> torch.Tensor:
+    """The weight pi_old / pi_sampler on each token's surrogate, ``[N, T]`` (1 where the mask is False).
 
-    Args:
-        old_logp: ``[N, T]`` pi_old log-probs computed by the trainer.
-        sampler_logp: ``[N, T]`` the engine's log-probs of the same tokens.
-        completion_mask: ``[N, T]`` bool.
-        cap: C > 0.
+    The tokens were drawn from the sampler's distribution, while the surrogate's ratio is taken against the
+    trainer's pi_old; weighting each token by this ratio makes the gradient an estimate under pi_old. ``token_*``
+    modes take each token's ratio, ``sequence_*`` the product over the row's counted tokens (one weight per row,
+    spread over its tokens). ``*_truncate`` clamps the ratio to [``clip_min``, ``clip_max``] (truncated importance
+    sampling, TIS); ``*_mask`` sets it to 0 outside that range (masked importance sampling, MIS). A bound of None
+    is no bound; a token whose sampler log-prob is NaN counts as ratio 1.
 
-    Example: old_logp log 0.5, sampler log 0.25 -> ratio 2, cap 1.5 -> 1.5; old log 0.2, sampler log 0.4 -> 0.5.
+    Example: old log 0.5, sampler log 0.25 (ratio 2), clip_max 1.5: token_truncate 1.5, token_mask 0. Two such
+    tokens in a row: sequence ratio 4, sequence_truncate 1.5 on both.
     """
-    if cap <= 0:
-        raise ValueError(f"the truncated importance-sampling cap must be positive, got {cap}")
-    weights = torch.exp(old_logp - sampler_logp).clamp(max=cap)  # [N, T]
-    return torch.where(completion_mask.bool(), weights, torch.zeros_like(weights))
+    if mode not in SAMPLER_CORRECTION_MODES:
+        raise ValueError(f"unknown sampler correction mode {mode!r}; valid choices: {', '.join(SAMPLER_CORRECTION_MODES)}")
+    mask = completion_mask.bool()
+    log_ratio = torch.nan_to_num(torch.where(mask, old_logp - sampler_logp, 0.0), nan=0.0)  # [N, T]
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(old_logp)  # [N, T], the row's product
+    ratio = torch.exp(log_ratio)
+    if mode.endswith("truncate"):
+        ratio = ratio.clamp(min=clip_min, max=clip_max)
+    else:
+        low = -math.inf if clip_min is None else clip_min
+        high = math.inf if clip_max is None else clip_max
+        ratio = ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+    return torch.where(mask, ratio, torch.ones_like(ratio))
+
+
+def off_policy_keep(advantages: torch.Tensor, logp: torch.Tensor, behaviour_logp: torch.Tensor,
+                    completion_mask: torch.Tensor, threshold: float) -> torch.Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask: ``[N, 1]`` (or ``[N, T]`` for per-token advantages) float, 0 for a
+    sequence whose advantage is negative and whose mean KL(pi_behaviour || pi_theta) estimate over its counted
+    tokens, mean of (behaviour_logp - logp), exceeds ``threshold``; 1 otherwise. Learning from a negative sample the
+    policy has moved far from mostly pushes down tokens it no longer produces.
+
+    Example: A = -1, per-token log-probs behaviour (-1, -1), current (-1.5, -2.5): mean KL 1.0; kept with threshold
+    1.0 (<=), dropped with 0.5.
+    """
+    mask = completion_mask.to(logp.dtype)
+    kl = torch.nan_to_num(behaviour_logp - logp.detach(), nan=0.0)  # [N, T]
+    mean_kl = (kl * mask).sum(dim=-1, keepdim=True) / mask.sum(dim=-1, keepdim=True).clamp(min=1)  # [N, 1]
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    return ((adv >= 0) | (mean_kl <= threshold)).to(logp.dtype)

@@ -1,33 +1,56 @@
-"""The clipped policy-gradient surrogate and its variants (docs/guide.md#the-math)."""
+"""The policy-gradient surrogate and its variants (docs/guide.md#the-math): the ratio (per token or per sequence),
+the variant's per-token surrogate (``surrogates.py``), its weights (sampler correction, masks) and aggregation."""
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict, get_args
+from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
 from lit_grpo.losses.advantages import check_choice
-from lit_grpo.losses.aggregation import (
-    check_aggregation,
-    masked_aggregate,
-    masked_mean,
-    sequence_mean,
-)
+from lit_grpo.losses.aggregation import check_aggregation, masked_aggregate, masked_mean, sequence_mean
+from lit_grpo.losses.surrogates import clip_surrogate, cispo_surrogate, sapo_gate, sapo_surrogate, vespo_weights
 
-PolicyVariant = Literal["reinforce", "unclipped", "clip", "gspo"]
+PolicyVariant = Literal["reinforce", "unclipped", "clip", "gspo", "cispo", "sapo", "luspo", "vespo"]
 POLICY_VARIANTS: tuple[str, ...] = get_args(PolicyVariant)
+RatioLevel = Literal["token", "sequence"]
+SEQUENCE_RATIO_VARIANTS = ("gspo", "luspo")  # their ratio is the sequence's; the others' a token's by default
+CLIP_VARIANTS = ("clip", "gspo", "luspo")  # PPO's clip on the ratio (and delta's cap)
+PER_SEQUENCE_ADVANTAGE = ("gspo", "luspo", "vespo")  # they weigh a whole sequence by one advantage
 # |log ratio| beyond this is clamped before exp (as verl does): exp(88.7) overflows float32, and with A = 0 (a flat
 # group) 0 * inf is NaN. Inside the bound the loss is exact; beyond it the ratio is e^20 and passes no gradient.
 LOG_RATIO_LIMIT = 20.0
 
 
-class PolicyStats(TypedDict):
-    """Detached diagnostics over the counted tokens (each 0 when no token counts)."""
+@dataclass(frozen=True)
+class SurrogateOptions:
+    """The knobs of the surrogates beyond the clip epsilons (``PolicyModule`` documents each)."""
 
-    clip_frac_low: torch.Tensor  # share of tokens with A < 0 and ratio < 1 - clip_eps (clipped branch active)
-    clip_frac_high: torch.Tensor  # share of tokens with A > 0 and ratio > 1 + clip_eps_high
-    ratio_mean: torch.Tensor  # mean importance ratio (the sequence ratio for gspo)
-    approx_kl: torch.Tensor  # mean of (ratio - 1) - log ratio per token: k3 estimate of KL(pi_old || pi_theta)
+    ratio_level: str | None = None  # "token" or "sequence"; None: sequence for gspo and luspo, else token
+    delta: float | None = None  # two-sided clipping's cap on the unclipped ratio (clip variants)
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+
+    def level(self, variant: str) -> str:
+        if self.ratio_level is not None:
+            return self.ratio_level
+        return "sequence" if variant in SEQUENCE_RATIO_VARIANTS else "token"
+
+
+def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, completion_mask: torch.Tensor,
+                     level: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ratio [N, T], log ratio [N, T])``: pi_theta / pi_old per token, the log clamped to ±``LOG_RATIO_LIMIT``; at
+    ``sequence`` level each row's ratio is exp of the mean log ratio over its counted tokens (1 with none), spread
+    over its tokens. The ratio carries logp's gradient."""
+    log_ratio = (logp - old_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # [N, T]
+    if level == "sequence":
+        return torch.exp(sequence_mean(log_ratio, completion_mask.bool())).unsqueeze(-1).expand_as(logp), log_ratio
+    return torch.exp(log_ratio), log_ratio
 
 
 def policy_loss(
@@ -40,61 +63,84 @@ def policy_loss(
     clip_eps_high: float | None = None,
     aggregation: str = "seq-mean",
     max_new_tokens: int | None = None,
-) -> tuple[torch.Tensor, PolicyStats]:
+    options: SurrogateOptions = SurrogateOptions(),
+    token_weights: torch.Tensor | None = None,
+    sampler_ratio: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Policy-gradient surrogate to minimise, aggregated over counted tokens, and its stats.
 
-    Per-token surrogate with ratio = exp(logp - old_logp), the log ratio clamped to ±``LOG_RATIO_LIMIT``:
-    ``reinforce`` -A * logp; ``unclipped`` -A * ratio; ``clip`` -min(A * ratio, A * clip(ratio, 1 - clip_eps,
-    1 + clip_eps_high)); ``gspo`` the clip surrogate on the sequence ratio exp(mean over the sequence's counted
-    tokens of (logp - old_logp)), which is 1 for a sequence with no counted token.
+    Per-token surrogate with the ratio r of ``importance_ratio`` at ``options.level(variant)``: ``reinforce``
+    -A * logp; ``unclipped`` -A * r; ``clip`` -min(A * r, A * clip(r, 1 - clip_eps, 1 + clip_eps_high)) (with
+    ``options.delta``, r capped at delta in the first term); ``gspo`` the clip on the sequence ratio; ``luspo``
+    gspo's surrogate, to be aggregated ``seq-sum``; ``cispo`` -sg(min(r, 1 + clip_eps_high)) * A * logp; ``sapo``
+    SAPO's soft gate; ``vespo`` -phi(w) * A * logp with VESPO's sequence weight (``surrogates.py``). The per-token
+    surrogate is then multiplied by ``token_weights`` (``[N, T]`` or ``[N, 1]``: masks) and ``sampler_ratio``
+    (``[N, T]``, pi_old / pi_sampler: ``importance.sampler_importance_ratio``), which vespo takes into w instead.
 
     Args:
         logp: ``[N, T]`` sampled tokens' log-probs under the current policy (carries the gradient).
         old_logp: ``[N, T]`` the same under the policy that sampled them.
-        advantages: ``[N]`` one per sequence, or ``[N, T]`` per token (not for gspo).
+        advantages: ``[N]`` one per sequence, or ``[N, T]`` per token (not for gspo, luspo, vespo).
         completion_mask: ``[N, T]`` bool, True where a token counts in the loss.
-        variant: one of ``reinforce``, ``unclipped``, ``clip``, ``gspo``.
-        clip_eps: lower clip epsilon (epsilon_low); used by every variant's stats.
-        clip_eps_high: upper clip epsilon (DAPO's clip-higher); ``None`` means ``clip_eps``.
-        aggregation: ``seq-mean``, ``token-mean`` or ``constant`` (see ``masked_aggregate``); gspo takes only
-            ``seq-mean``.
+        clip_eps, clip_eps_high: the clip epsilons (``None`` high means ``clip_eps``); used by every variant's
+            stats; cispo caps its ratio at 1 + clip_eps_high.
+        aggregation: see ``masked_aggregate``; gspo takes ``seq-mean`` only, luspo ``seq-sum`` only.
         max_new_tokens: required by ``constant``.
 
     Returns:
-        ``(loss [], stats)``; stats are detached and use the ratio the variant clips (the sequence ratio for gspo).
-        For ``reinforce`` and ``unclipped`` the clip fractions report what the clip would have cut.
+        ``(loss [], stats)``; stats are detached, over the counted tokens, named as TRL logs them:
+        ``clip_ratio/low_mean`` (A < 0 and r < 1 - clip_eps), ``clip_ratio/high_mean`` (A > 0 and r > 1 +
+        clip_eps_high), ``clip_ratio/region_mean`` (either), ``ratio_mean``, ``approx_kl`` (mean of (r - 1) - log r
+        per token, k3 of KL(pi_old || pi_theta)); cispo adds ``cispo_clip_ratio`` (A > 0 and r above its cap), sapo
+        ``sapo/gate_mean`` (its mean gradient weight, 1 on-policy), vespo ``vespo/phi_seq_mean``.
 
     Example: logp = log 0.6, old_logp = log 0.5 (ratio 1.2), A = 1, clip_eps 0.1: ``clip`` gives -1.1 with
-    clip_frac_high 1; ``unclipped`` gives -1.2; ``reinforce`` gives -log 0.6 = 0.5108.
+    clip_ratio/high_mean 1; ``unclipped`` gives -1.2; ``reinforce`` gives -log 0.6 = 0.5108.
     """
     check_choice("loss variant", variant, POLICY_VARIANTS)
     check_aggregation(aggregation, max_new_tokens)
     check_shapes(logp, old_logp, advantages, completion_mask)
-    if variant == "gspo":
-        check_gspo(advantages, aggregation)
+    check_variant(variant, advantages, aggregation)
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
     mask = completion_mask.bool()
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [N, 1] or [N, T]
-    log_ratio = (logp - old_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # [N, T]
-    if variant == "gspo":
-        ratio = torch.exp(sequence_mean(log_ratio, mask)).unsqueeze(-1).expand_as(logp)  # [N, T], one per sequence
+    ratio, log_ratio = importance_ratio(logp, old_logp, mask, options.level(variant))  # [N, T]
+    stats: dict[str, torch.Tensor] = {}
+    if variant == "vespo":
+        sampler_log = None if sampler_ratio is None else torch.log(sampler_ratio)
+        phi = vespo_weights(log_ratio, adv, mask, sampler_log, options.vespo_k_pos, options.vespo_lambda_pos,
+                            options.vespo_k_neg, options.vespo_lambda_neg)  # [N, 1]
+        surrogate = -phi * adv * logp
+        stats["vespo/phi_seq_mean"] = masked_mean(phi.expand_as(logp), mask)
     else:
-        ratio = torch.exp(log_ratio)  # [N, T]
-    surrogate = token_surrogate(variant, logp, ratio, adv, clip_eps, eps_high)  # [N, T]
+        surrogate = token_surrogate(variant, logp, ratio, adv, clip_eps, eps_high, options)  # [N, T]
+        surrogate = surrogate if sampler_ratio is None else surrogate * sampler_ratio
+    if token_weights is not None:
+        surrogate = surrogate * token_weights
     loss = masked_aggregate(surrogate, mask, aggregation, max_new_tokens)
-    stats = policy_stats(ratio.detach(), log_ratio.detach(), adv.detach().expand_as(logp), mask, clip_eps, eps_high)
+    stats.update(policy_stats(ratio.detach(), log_ratio.detach(), adv.detach().expand_as(logp), mask, clip_eps,
+                              eps_high))
+    if variant == "cispo":
+        stats["cispo_clip_ratio"] = masked_mean(((ratio.detach() > 1.0 + eps_high) & (adv > 0)).to(logp.dtype), mask)
+    if variant == "sapo":
+        gate = sapo_gate(ratio.detach(), adv.detach(), options.sapo_temperature_pos, options.sapo_temperature_neg)
+        stats["sapo/gate_mean"] = masked_mean(gate, mask)
     return loss, stats
 
 
 def token_surrogate(variant: str, logp: torch.Tensor, ratio: torch.Tensor, adv: torch.Tensor, eps_low: float,
-                    eps_high: float) -> torch.Tensor:
-    """The per-token surrogate ``[N, T]`` of ``variant`` (see ``policy_loss``); ``adv`` is ``[N, 1]`` or ``[N, T]``."""
+                    eps_high: float, options: SurrogateOptions = SurrogateOptions()) -> torch.Tensor:
+    """The per-token surrogate ``[N, T]`` of ``variant`` but vespo (see ``policy_loss``); ``adv`` is ``[N, 1]`` or
+    ``[N, T]``."""
     if variant == "reinforce":
         return -adv * logp
     if variant == "unclipped":
         return -adv * ratio
-    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
-    return -torch.minimum(adv * ratio, adv * clipped)
+    if variant == "cispo":
+        return cispo_surrogate(logp, ratio, adv, 1.0 + eps_high)
+    if variant == "sapo":
+        return sapo_surrogate(ratio, adv, options.sapo_temperature_pos, options.sapo_temperature_neg)
+    return clip_surrogate(ratio, adv, eps_low, eps_high, options.delta)
 
 
 def policy_stats(
@@ -104,17 +150,18 @@ def policy_stats(
     completion_mask: torch.Tensor,
     eps_low: float,
     eps_high: float,
-) -> PolicyStats:
-    """Clip fractions, mean ratio and approximate KL over the counted tokens; all inputs ``[N, T]``."""
+) -> dict[str, torch.Tensor]:
+    """Clip ratios per region, mean ratio and approximate KL over the counted tokens; all inputs ``[N, T]``."""
     low = (advantages < 0) & (ratio < 1.0 - eps_low)  # [N, T]
     high = (advantages > 0) & (ratio > 1.0 + eps_high)  # [N, T]
     token_kl = torch.expm1(log_ratio) - log_ratio  # [N, T], (ratio - 1) - log ratio
-    return PolicyStats(
-        clip_frac_low=masked_mean(low.to(ratio.dtype), completion_mask),
-        clip_frac_high=masked_mean(high.to(ratio.dtype), completion_mask),
-        ratio_mean=masked_mean(ratio, completion_mask),
-        approx_kl=masked_mean(token_kl, completion_mask),
-    )
+    return {
+        "clip_ratio/low_mean": masked_mean(low.to(ratio.dtype), completion_mask),
+        "clip_ratio/high_mean": masked_mean(high.to(ratio.dtype), completion_mask),
+        "clip_ratio/region_mean": masked_mean((low | high).to(ratio.dtype), completion_mask),
+        "ratio_mean": masked_mean(ratio, completion_mask),
+        "approx_kl": masked_mean(token_kl, completion_mask),
+    }
 
 
 def check_shapes(
@@ -130,9 +177,15 @@ def check_shapes(
         raise ValueError(f"advantages must be [N] or [N, T] for logp {tuple(logp.shape)}, got {tuple(advantages.shape)}")
 
 
-def check_gspo(advantages: torch.Tensor, aggregation: str) -> None:
-    """GSPO clips one ratio per sequence, so it needs one advantage per sequence and per-sequence averaging."""
-    if aggregation != "seq-mean":
-        raise ValueError(f"loss variant 'gspo' takes aggregation 'seq-mean' only (valid choices: seq-mean), got {aggregation!r}")
-    if advantages.dim() != 1:
-        raise ValueError("loss variant 'gspo' takes one advantage per sequence ([N]), not per-token advantages")
+REQUIRED_AGGREGATION = {"gspo": "seq-mean", "luspo": "seq-sum"}  # the aggregation that defines the variant
+
+
+def check_variant(variant: str, advantages: torch.Tensor, aggregation: str) -> None:
+    """GSPO averages one clipped sequence ratio per sequence and LUSPO sums it over the sequence's tokens; they and
+    VESPO weigh a sequence by one advantage."""
+    wanted = REQUIRED_AGGREGATION.get(variant)
+    if wanted is not None and aggregation != wanted:
+        raise ValueError(f"loss variant {variant!r} takes aggregation {wanted!r} only (valid choices: {wanted}), "
+                         f"got {aggregation!r}")
+    if variant in PER_SEQUENCE_ADVANTAGE and advantages.dim() != 1:
+        raise ValueError(f"loss variant {variant!r} takes one advantage per sequence ([N]), not per-token advantages")

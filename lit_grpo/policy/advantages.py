@@ -18,8 +18,9 @@ from lit_grpo.losses import (
     group_advantages,
     kl_divergence,
     kl_shaped_rewards,
-    truncated_importance_weights,
+    sampler_importance_ratio,
 )
+from lit_grpo.losses.advantages import gdpo_advantages, gdpo_group_sums
 from lit_grpo.policy.objective import Objective
 from lit_grpo.policy.online_dpo import assign_pairs
 from lit_grpo.run.distributed import global_moments
@@ -32,7 +33,6 @@ class AdvantageKnobs:
     std_scope: str = "group"
     tree_value_mode: str = "mean"
     tree_std_scope: str = "tree"
-    tis_cap: float | None = None
     gamma: float = 1.0
     gae_lambda: float = 0.95
     value_head: bool = False
@@ -64,16 +64,34 @@ def assign_advantages(buffer: RolloutBuffer, objective: Objective, knobs: Advant
         k1 = kl_divergence(buffer.old_logp, buffer.ref_logp, "k1") * buffer.completion_mask  # [N, L]
         rewards = rewards - objective.kl_coef * k1.sum(dim=1)
     grouped = rewards.view(-1, buffer.group_size)  # [B, G]
-    if knobs.std_scope == "batch" and objective.advantage_mode == "grpo":
+    if objective.advantage_mode == "gdpo":
+        advantages = gdpo(buffer, ranks)
+    elif knobs.std_scope == "batch" and objective.advantage_mode == "grpo":
         advantages = batch_std_advantages(grouped, std=global_moments(rewards, *ranks)[2])
     else:
         advantages = group_advantages(grouped, objective.advantage_mode)
     buffer.advantages = advantages.flatten()  # [N]
-    if knobs.tis_cap is not None and buffer.sampler_logp is not None:
-        weights = truncated_importance_weights(
-            buffer.old_logp, buffer.sampler_logp, buffer.completion_mask, knobs.tis_cap
-        )  # [N, L]; a positive weight on the surrogate is a weight on the advantage
-        buffer.advantages = buffer.advantages[:, None] * weights  # [N, L]
+    correction = objective.sampler_correction
+    if correction is not None and buffer.sampler_logp is not None:
+        buffer.sampler_ratio = sampler_importance_ratio(buffer.old_logp, buffer.sampler_logp, buffer.completion_mask,
+                                                        correction.mode, correction.clip_min, correction.clip_max)
+
+
+def gdpo(buffer: RolloutBuffer, ranks: tuple[Any, int]) -> torch.Tensor:
+    """GDPO's advantages ``[B, G]``: each of the task's rewards (``reward_parts``, weighted by ``reward_weights``;
+    the reward itself when the task names no parts) normalised in its group, summed, then normalised over every
+    rank's completions with the sample std."""
+    names = list(buffer.reward_parts)
+    if names:
+        parts = torch.stack([buffer.reward_parts[name] for name in names], dim=-1).double()  # [N, K]
+        weights = torch.tensor([buffer.reward_weights.get(name, 1.0) for name in names], dtype=torch.float64)
+    else:
+        parts, weights = buffer.rewards.double()[:, None], torch.ones(1, dtype=torch.float64)
+    sums = gdpo_group_sums(parts.view(-1, buffer.group_size, parts.shape[-1]), weights)  # [B, G]
+    scored = sums[~sums.isnan()]
+    count, mean, std = global_moments(scored, *ranks)
+    sample_std = std * (count / (count - 1)) ** 0.5 if count > 1 else torch.full_like(std, float("nan"))
+    return gdpo_advantages(sums, mean, sample_std).to(buffer.rewards.dtype)
 
 
 def gae_advantages(buffer: Any, objective: Objective, knobs: AdvantageKnobs, ranks: tuple[Any, int] = (None, 1),

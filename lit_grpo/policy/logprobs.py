@@ -66,32 +66,49 @@ def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tens
     return TokenLogSoftmax.apply(flat, token_ids.reshape(-1)).reshape(token_ids.shape)
 
 
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) per row, ``[M, V]`` -> ``[M]``, as logsumexp - sum(p * logits), with
+    differentiable gradients also where ``restrict_to_allowed`` set logits to -inf (p = 0 there).
+
+    Example: logits (0, 0) give log 2 = 0.6931; (0, -inf) give 0."""
+    probs = torch.softmax(logits, dim=-1)  # [M, V]
+    finite = logits.masked_fill(torch.isinf(logits), 0.0)
+    return torch.logsumexp(logits, dim=-1) - (probs * finite).sum(dim=-1)
+
+
 def chunk_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor, allowed_ids: torch.Tensor | None,
-                   temperature: float) -> torch.Tensor:
-    """One chunk: log softmax(head(hidden) / T)[target], ``[C, H]``, ``[C]`` -> ``[C]`` fp32."""
+                   temperature: float, with_entropy: bool = False) -> torch.Tensor:
+    """One chunk: log softmax(head(hidden) / T)[target], ``[C, H]``, ``[C]`` -> ``[C]`` fp32; with ``with_entropy``
+    ``[C, 2]``: each token's log-prob and the entropy of its distribution."""
     logits = head(hidden).float()  # [C, V]
     if temperature != 1.0:
         logits = logits / temperature
     if allowed_ids is not None:
         logits = restrict_to_allowed(logits, allowed_ids)
-    return gather_logprobs(logits, targets)
+    logp = gather_logprobs(logits, targets)
+    return torch.stack([logp, token_entropy(logits)], dim=-1) if with_entropy else logp
 
 
 def head_logprobs(head: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                  allowed_ids: torch.Tensor | None = None, chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
+                  allowed_ids: torch.Tensor | None = None, chunk_tokens: int = CHUNK_TOKENS,
+                  with_entropy: bool = False) -> torch.Tensor:
     """Log-probs ``[M]`` (fp32) of ``targets [M]`` under softmax(head(hidden) / T) for ``hidden [M, H]`` (the state
     before each target), ``chunk_tokens`` tokens at a time; under autograd each chunk is recomputed in backward, so
     only its ``[C, H]`` input is kept. ``allowed_ids [M, C]`` restricts a token's distribution (see
-    ``restrict_to_allowed``)."""
+    ``restrict_to_allowed``). ``with_entropy``: ``[M, 2]``, each distribution's entropy beside the log-prob."""
     recompute = torch.is_grad_enabled() and hidden.requires_grad
     pieces = []
     for start in range(0, hidden.shape[0], chunk_tokens):
         part = slice(start, start + chunk_tokens)
-        args = (head, hidden[part], targets[part], None if allowed_ids is None else allowed_ids[part], temperature)
+        args = (head, hidden[part], targets[part], None if allowed_ids is None else allowed_ids[part], temperature,
+                with_entropy)
         pieces.append(checkpoint(chunk_logprobs, *args, use_reentrant=False) if recompute else chunk_logprobs(*args))
     # no target at all (e.g. every completion masked as truncated): an empty result still tied to the graph, so the
     # loss backpropagates zero gradients instead of failing
-    return torch.cat(pieces) if pieces else hidden.float().sum(-1)  # [M]
+    if not pieces:
+        empty = hidden.float().sum(-1)  # [0]
+        return torch.stack([empty, empty], dim=-1) if with_entropy else empty
+    return torch.cat(pieces)  # [M] or [M, 2]
 
 
 def body_and_head(model: Any) -> tuple[Any, Any]:
@@ -117,16 +134,20 @@ def logprobs_from_hidden(
     temperature: float = 1.0,
     constraint: FirstTokenConstraint | None = None,
     chunk_tokens: int = CHUNK_TOKENS,
+    with_entropy: bool = False,
 ) -> torch.Tensor:
     """``[N, L]`` log-probs of the ``wanted [N, L]`` tokens of ``input_ids [N, L]`` from the body's hidden states
-    ``[N, L, H]`` (position t-1 predicts token t), 0 everywhere else and in column 0 (no context)."""
+    ``[N, L, H]`` (position t-1 predicts token t), 0 everywhere else and in column 0 (no context); ``[N, L, 2]``
+    with ``with_entropy`` (log-prob, entropy)."""
     wanted = wanted.bool().clone()
     wanted[:, 0] = False
     rows, cols = wanted.nonzero(as_tuple=True)  # [M], [M]
     allowed = None if constraint is None else constraint.at(rows, cols)  # [M, C]
     _, head = body_and_head(model)
-    picked = head_logprobs(head, hidden[rows, cols - 1], input_ids[rows, cols], temperature, allowed, chunk_tokens)
-    return torch.zeros(wanted.shape, dtype=picked.dtype, device=hidden.device).index_put((rows, cols), picked)
+    picked = head_logprobs(head, hidden[rows, cols - 1], input_ids[rows, cols], temperature, allowed, chunk_tokens,
+                           with_entropy)  # [M] or [M, 2]
+    shape = (*wanted.shape, *picked.shape[1:])
+    return torch.zeros(shape, dtype=picked.dtype, device=hidden.device).index_put((rows, cols), picked)
 
 
 def wanted_tokens(attention_mask: torch.Tensor, token_mask: torch.Tensor | None) -> torch.Tensor:
@@ -147,12 +168,14 @@ def logprobs_and_hidden(
     constraint: FirstTokenConstraint | None = None,
     token_mask: torch.Tensor | None = None,
     chunk_tokens: int = CHUNK_TOKENS,
+    with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One padded forward: log-probs ``[N, L]`` (as ``sequence_logprobs``) and the last hidden states aligned with
-    the tokens (``align_hidden``: ``[:, t]`` predicts token t), on which the value and risk heads sit."""
+    """One padded forward: log-probs ``[N, L]`` (as ``sequence_logprobs``, ``[N, L, 2]`` with the entropies) and
+    the last hidden states aligned with the tokens (``align_hidden``: ``[:, t]`` predicts token t), on which the
+    value and risk heads sit."""
     hidden = last_hidden_states(model, input_ids, attention_mask.long(), padded_positions(attention_mask))
     wanted = wanted_tokens(attention_mask, token_mask)
-    logp = logprobs_from_hidden(model, hidden, input_ids, wanted, temperature, constraint, chunk_tokens)
+    logp = logprobs_from_hidden(model, hidden, input_ids, wanted, temperature, constraint, chunk_tokens, with_entropy)
     return logp, align_hidden(hidden)
 
 
@@ -164,6 +187,7 @@ def sequence_logprobs(
     constraint: FirstTokenConstraint | None = None,
     token_mask: torch.Tensor | None = None,
     chunk_tokens: int = CHUNK_TOKENS,
+    with_entropy: bool = False,
 ) -> torch.Tensor:
     """Log-prob of each token given the tokens before it, from ``logits / temperature``.
 
@@ -175,13 +199,15 @@ def sequence_logprobs(
         constraint: the sampler's first-token constraints, if any were applied.
         token_mask: ``[N, L]`` the tokens whose log-prob is wanted (e.g. ``completion_mask``); None: every real one.
         chunk_tokens: tokens per output-head chunk.
+        with_entropy: also each token's distribution's entropy.
 
     Returns:
-        ``[N, L]`` fp32; 0 in column 0 (no context), on padding and on tokens outside ``token_mask``.
+        ``[N, L]`` fp32 (``[N, L, 2]`` with the entropies); 0 in column 0 (no context), on padding and on tokens
+        outside ``token_mask``.
     """
     hidden = last_hidden_states(model, input_ids, attention_mask.long(), padded_positions(attention_mask))
     wanted = wanted_tokens(attention_mask, token_mask)
-    return logprobs_from_hidden(model, hidden, input_ids, wanted, temperature, constraint, chunk_tokens)
+    return logprobs_from_hidden(model, hidden, input_ids, wanted, temperature, constraint, chunk_tokens, with_entropy)
 
 
 def token_hidden_states(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any, Literal
 
@@ -14,16 +13,9 @@ from lit_grpo.buffers.epoch import EpochBatches
 from lit_grpo.buffers.tree_layout import FlatGroups
 from lit_grpo.buffers.positions import batch_constraint
 from lit_grpo.errors import InputError, refuse
-from lit_grpo.losses import (
-    Aggregation,
-    KLEstimator,
-    aggregation_terms,
-    kl_divergence,
-    masked_aggregate,
-    policy_loss,
-)
+from lit_grpo.losses import Aggregation, KLEstimator, aggregation_terms
 from lit_grpo.losses.advantages import AdvantageMode
-from lit_grpo.losses.policy import PolicyVariant
+from lit_grpo.losses.policy import PolicyVariant, RatioLevel
 from lit_grpo.policy.advantages import AdvantageKnobs, assign_advantages
 from lit_grpo.policy.evaluation import GreedyEvaluation
 from lit_grpo.policy.head_losses import head_losses, nothing_to_learn, share
@@ -39,8 +31,10 @@ from lit_grpo.policy.logprobs import (
 from lit_grpo.policy.measures import HeldOutMeasures
 from lit_grpo.policy.model_loading import completion_stop_ids, load_policy, run_base_dtype
 from lit_grpo.policy.objective import Objective, module_config_problems
+from lit_grpo.policy.objective_knobs import EntropyControl, SamplerCorrection, SapoTemperatures, VespoShape, plain
 from lit_grpo.policy.online_dpo import online_dpo_loss
-from lit_grpo.policy.optimizers import lr_scheduler_entry
+from lit_grpo.policy.optimizers import module_optimizers
+from lit_grpo.policy.policy_step import EntropyCoefficient, policy_terms
 from lit_grpo.policy.packed import TokenLogprobs
 from lit_grpo.policy.risk_features import HeadOnContexts, fit_on_replay
 from lit_grpo.policy.sampling_view import SamplingView
@@ -74,22 +68,34 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
             to the sampler's.
         lora_target_modules: module names to adapt, or ``all-linear`` for every linear layer but the output head.
         init_adapter: a PEFT adapter directory to continue training from instead of a fresh adapter.
-        advantage_mode: group advantages: ``raw``, ``centered``, ``grpo``, ``drgrpo``, ``rloo``, ``max``; or
-            ``gae``: PPO, with a value head on the policy's hidden states and per-token GAE advantages (whitened
-            over the buffer's counted tokens).
+        advantage_mode: group advantages: ``raw``, ``centered``, ``grpo``, ``drgrpo``, ``rloo``, ``max``;
+            ``gdpo`` (each of the task's rewards normalised in its group, weighted, summed, normalised over the
+            batch: TRL's ``normalize_then_sum``); or ``gae``: PPO, with a value head on the policy's hidden states
+            and per-token GAE advantages (whitened over the buffer's counted tokens).
         std_scope: for ``grpo``, normalise by the std of each ``group`` or of the whole ``batch``.
-        loss_variant: ``reinforce``, ``unclipped``, ``clip`` (PPO/GRPO), ``gspo`` (sequence-level ratio), or
-            ``dpo``: online DPO on each group's best-versus-worst pair (tied groups give none), against pi_ref.
+        loss_variant: ``reinforce``, ``unclipped``, ``clip`` (PPO/GRPO), ``gspo`` (sequence-level ratio), ``luspo``
+            (gspo summed over each sequence's tokens), ``cispo`` (the detached ratio, capped, on REINFORCE), ``sapo``
+            (a soft gate for the clip), ``vespo`` (a smooth sequence weight on REINFORCE), or ``dpo``: online DPO on
+            each group's best-versus-worst pair (tied groups give none), against pi_ref (docs/guide.md#the-math).
         dpo_beta: DPO's beta (``dpo`` only).
         clip_eps: lower clip epsilon; ``None`` means 0.2, or 3e-4 for ``gspo``.
-        clip_eps_high: upper clip epsilon (DAPO's clip-higher); ``None`` means ``clip_eps``, or 4e-4 for ``gspo``
-            when ``clip_eps`` is unset too.
-        aggregation: ``seq-mean`` (GRPO), ``token-mean`` (DAPO) or ``constant`` (Dr. GRPO, divides by
-            ``max_new_tokens``); the normaliser counts the whole optimizer step.
+        clip_eps_high: upper clip epsilon (DAPO's clip-higher); ``None`` means ``clip_eps``, 4e-4 for ``gspo`` and
+            ``luspo`` when ``clip_eps`` is unset too, 4.0 for ``cispo`` (whose cap on the ratio is 1 + this).
+        clip_delta: two-sided clipping (INTELLECT-2): a cap on the ratio of negative-advantage tokens; ``None``: none.
+        ratio_level: the importance ratio per ``token`` or per ``sequence`` (exp of the mean log ratio); ``None``:
+            sequence for ``gspo`` and ``luspo``, token for the others.
+        aggregation: ``seq-mean`` (GRPO), ``token-mean`` (DAPO), ``constant`` (Dr. GRPO, divides by
+            ``max_new_tokens``) or ``seq-sum`` (LUSPO); the normaliser counts the whole optimizer step. ``None``:
+            the variant's own (seq-sum for luspo, token-mean for cispo and vespo, else seq-mean).
         kl_coef: beta, the weight of the KL to the reference policy; 0 skips the reference pass.
         kl_estimator: ``k1``, ``k2`` or ``k3`` per-token KL estimate.
         kl_in: ``loss`` adds beta * KL to the loss (GRPO); ``reward`` subtracts beta * sum of k1 from each
             sequence's reward before the advantages (grouped rollouts only).
+        kl_ratio_correction: each token's KL term times pi_theta / pi_old (unbiased off-policy; DeepSeek-V3.2's).
+        sapo: SAPO's temperatures (``SapoTemperatures``). vespo: VESPO's weight shape (``VespoShape``).
+        entropy: entropy control, the high-entropy token mask and the entropy bonus (``EntropyControl``); ``None``.
+        off_policy_mask_threshold: DeepSeek-V3.2's off-policy sequence mask: a negative-advantage sequence whose mean
+            KL(sampler || pi_theta) over its tokens exceeds this leaves the loss; ``None``: off.
         tree_value_mode: node values of ``tree`` rollouts: ``mean`` (Bellman expectation over the sampled
             children), ``optimal_stopping`` (the better of answering now and asking, by the sampled future) or
             ``optimal_stopping_split`` (that choice made on one half of the children and scored on the other,
@@ -109,9 +115,9 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         head_lr: the learning rate of the value and risk heads, in their own optimizer parameter group (``None``:
             the optimizer's own, as for the adapter).
         old_logp_source: pi_old from the ``sampler``'s log-probs, or recomputed by the ``trainer``.
-        tis_cap: the cap C of a truncated importance-sampling correction, for engines whose log-probs differ from
-            the trainer's (half precision): pi_old is recomputed by the trainer and each token's surrogate is weighted
-            by min(pi_old / pi_sampler, C). ``None`` turns it off (right for fp32, where the two agree).
+        sampler_correction: importance sampling against the sampler (``SamplerCorrection``): pi_old recomputed by the
+            trainer, each token's surrogate weighted by pi_old / pi_sampler truncated or masked (TIS, MIS). ``None``
+            turns it off (right for fp32, where the two agree).
         attn_implementation: the transformers attention kernel: ``sdpa`` or ``eager``.
         trust_remote_code: allow the model's own code from its repository to run; off unless you trust it.
         dtype: the dtype of the frozen base weights: ``auto`` (the checkpoint's own on a GPU; on a CPU without
@@ -149,10 +155,17 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         dpo_beta: float = 0.1,
         clip_eps: float | None = None,
         clip_eps_high: float | None = None,
-        aggregation: Aggregation = "seq-mean",
+        clip_delta: float | None = None,
+        ratio_level: RatioLevel | None = None,
+        aggregation: Aggregation | None = None,
         kl_coef: float = 0.04,
         kl_estimator: KLEstimator = "k3",
         kl_in: Literal["loss", "reward"] = "loss",
+        kl_ratio_correction: bool = False,
+        sapo: SapoTemperatures = SapoTemperatures(),
+        vespo: VespoShape = VespoShape(),
+        entropy: EntropyControl | None = None,
+        off_policy_mask_threshold: float | None = None,
         tree_value_mode: ValueMode = "mean",
         tree_std_scope: StdScope = "tree",
         tree_flat_groups: FlatGroups = "count",
@@ -163,7 +176,7 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         risk: RiskHeadSpec | None = None,
         head_lr: float | None = None,
         old_logp_source: Literal["sampler", "trainer"] = "sampler",
-        tis_cap: float | None = None,
+        sampler_correction: SamplerCorrection | None = None,
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
         trust_remote_code: bool = False,
         dtype: Literal["auto", BaseDtype] = "auto",
@@ -179,10 +192,11 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         # the rules between its own knobs too (the module alone, before it meets a data module)
         problems = self.config_problems(arguments) + cross_knob_problems(arguments, None)
         refuse("invalid PolicyModule configuration", problems)
-        # hparams go into checkpoints, which load with weights_only=True: keep the risk spec a plain mapping there
-        risk = dataclasses.asdict(risk) if isinstance(risk, RiskHeadSpec) else risk
+        # hparams go into checkpoints, which load with weights_only=True: the grouped knobs as plain mappings there
+        risk, sapo, vespo, entropy, sampler_correction = map(plain, (risk, sapo, vespo, entropy, sampler_correction))
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.objective = Objective.from_arguments(arguments)
+        self.entropy_coef = EntropyCoefficient.of(self.objective.entropy)  # None without an entropy bonus
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.strict_loading = False  # checkpoints hold the trainable weights only, not the frozen base
         self.policy: Any = None  # the PEFT model and its tokenizer (configure_model)
@@ -190,7 +204,7 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         self.stop_token_ids: tuple[int, ...] = ()  # what ends a completion (configure_model)
         self.value_head: ValueHead | None = None  # the heads, built in configure_model when configured
         self.risk_head: RiskHead | None = None
-        self.risk_spec = None if risk is None else RiskHeadSpec(**risk)
+        self.risk_spec = None if risk is None else RiskHeadSpec(**plain(risk))
         self.risk_replay: RiskReplay | None = None  # the detached head's labelled states (risk/fit.py)
         self.risk_fit_stats: dict[str, float] = {}
         self.token_logprobs: TokenLogprobs | None = None
@@ -231,17 +245,12 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         return missing_run_callbacks(self.trainer.callbacks, (*EVERY_RUN, SaveOnInterrupt, LearningSignalWatch))
 
     def configure_optimizers(self) -> Any:
-        params: list[Any] = [p for p in self.parameters() if p.requires_grad]
-        if self.hparams.head_lr is not None:  # the heads start from zero and need larger steps than the adapter
-            heads = [p for head in (self.value_head, self.risk_head) if head is not None for p in head.parameters()]
-            head_ids = {id(p) for p in heads}
-            params = [{"params": [p for p in params if id(p) not in head_ids]}, {"params": heads, "lr": self.hparams.head_lr}]
-        optimizer = (
-            self.optimizer_factory(params) if self.optimizer_factory else torch.optim.AdamW(params, lr=5e-4, weight_decay=0.0)
-        )
-        if self.scheduler_factory is None:
-            return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": lr_scheduler_entry(self.scheduler_factory(optimizer))}
+        heads = [head for head in (self.value_head, self.risk_head) if head is not None]
+        return module_optimizers(self, heads, self.hparams.head_lr, self.optimizer_factory, self.scheduler_factory)
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        if self.entropy_coef is not None:  # the adaptive coefficient, from this step's entropy over every rank
+            self.entropy_coef.step(*self.ranks())
 
     # --- the epoch's buffer: no-grad passes, advantages, the risk head's fit (docs/guide.md#layout) ------------------
     def on_train_epoch_start(self) -> None:
@@ -271,7 +280,7 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         args = (buffer.input_ids.to(self.device), buffer.attention_mask.to(self.device))
         rows = (*args, buffer.completion_mask.to(self.device), buffer.temperature, batch_tokens)
         constraint = buffer.first_token_constraint()  # the risk rule's forced defers, scored as sampled
-        if self.hparams.old_logp_source == "trainer" or self.hparams.tis_cap is not None or buffer.sampler_logp is None:
+        if self.hparams.old_logp_source == "trainer" or self.objective.sampler_correction or buffer.sampler_logp is None:
             buffer.old_logp = self.token_logprobs.batched(self.policy, *rows, constraint).cpu()
         else:
             buffer.old_logp = buffer.sampler_logp
@@ -283,9 +292,7 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
 
     def context_risk(self) -> HeadOnContexts | None:
         """The risk head at open contexts, for the rollout side's infer/defer rule; None without a head."""
-        if self.risk_head is None:
-            return None
-        return HeadOnContexts(self.policy, self.risk_head, self.tokenizer.pad_token_id)
+        return None if self.risk_head is None else HeadOnContexts(self.policy, self.risk_head, self.tokenizer.pad_token_id)
 
     @property
     def risk_probe_prompts(self) -> int:
@@ -304,9 +311,8 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
     def assign_advantages(self, buffer: RolloutBuffer) -> None:
         """The buffer's advantages (``rollout_advantages.assign_advantages``) with this module's knobs."""
         hp = self.hparams
-        knobs = AdvantageKnobs(hp.std_scope, hp.tree_value_mode, hp.tree_std_scope, hp.tis_cap, hp.gamma,
-                               hp.gae_lambda, value_head=self.value_head is not None,
-                               tree_flat_groups=hp.tree_flat_groups)
+        knobs = AdvantageKnobs(hp.std_scope, hp.tree_value_mode, hp.tree_std_scope, hp.gamma, hp.gae_lambda,
+                               value_head=self.value_head is not None, tree_flat_groups=hp.tree_flat_groups)
         assign_advantages(buffer, self.objective, knobs, self.ranks())
 
     def ranks(self) -> tuple[Any, int]:
@@ -321,32 +327,23 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         heads = self.joint_risk_head is not None or self.value_head is not None
         if nothing_to_learn(batch, heads, self.trainer.world_size):
             return None  # no optimizer step: AdamW would move the weights by its momentum on a zero gradient
-        loss_cfg = self.objective
-        completion_mask = batch["completion_mask"]
-        max_new_tokens = int(batch["max_new_tokens"])
-        constraint = batch_constraint(batch)
+        completion_mask, max_new_tokens = batch["completion_mask"], int(batch["max_new_tokens"])
+        args = (batch["input_ids"], batch["attention_mask"])
+        constraint, entropy = batch_constraint(batch), self.objective.needs_entropy
         if not heads:
-            logp = self.token_logprobs(self.policy, batch["input_ids"], batch["attention_mask"], completion_mask,
-                                       float(batch["temperature"]), constraint)
+            out = self.token_logprobs(self.policy, *args, completion_mask, float(batch["temperature"]), constraint,
+                                      entropy)
         else:
-            logp, hidden = logprobs_and_hidden(self.policy, batch["input_ids"], batch["attention_mask"],
-                                               float(batch["temperature"]), constraint, completion_mask,
-                                               self.hparams.logprob_chunk_tokens)
+            out, hidden = logprobs_and_hidden(self.policy, *args, float(batch["temperature"]), constraint,
+                                              completion_mask, self.hparams.logprob_chunk_tokens, entropy)
+        logp, token_entropy = out.unbind(-1) if entropy else (out, None)  # [n, L] each
         counted = policy_mask(batch)  # [n, L]: a tree's rows left out of the loss count in none of its terms
-        surrogate, stats = policy_loss(logp, batch["old_logp"], batch["advantages"], counted, loss_cfg.variant,
-                                       loss_cfg.clip_eps, loss_cfg.clip_eps_high, loss_cfg.aggregation, max_new_tokens)
-        policy_part = surrogate
-        stats = dict(stats, surrogate=surrogate.detach())
-        if loss_cfg.needs_reference and loss_cfg.kl_in == "loss":
-            kl = masked_aggregate(kl_divergence(logp, batch["ref_logp"], loss_cfg.kl_estimator), counted,
-                                  loss_cfg.aggregation, max_new_tokens)
-            policy_part = policy_part + loss_cfg.kl_coef * kl
-            stats["kl_ref"] = kl.detach()
-        stats = stats if counted.any() else {}  # a minibatch with nothing counted gives no figures (they'd read 0)
-        local_count = aggregation_terms(logp.detach(), counted, loss_cfg.aggregation, max_new_tokens)[1]
+        terms = policy_terms(self.objective, batch, logp, token_entropy, counted, max_new_tokens)
+        stats = terms.stats if counted.any() else {}  # a minibatch with nothing counted gives no figures (they'd read 0)
+        local_count = aggregation_terms(logp.detach(), counted, self.objective.aggregation, max_new_tokens)[1]
         # each loss is its minibatch mean times the minibatch's share of that loss's count over the optimizer step
         # (every rank's minibatches): a step's gradient is each loss's sum over the step divided by its own count
-        loss, reported = policy_part * share(local_count, batch["step_denominator"]), policy_part.detach()
+        loss, reported = terms.loss * share(local_count, batch["step_denominator"]), terms.loss.detach()
         if heads:
             risk = None if self.joint_risk_head is None else (self.joint_risk_head, self.risk_spec.coef)
             value = None if self.value_head is None else (self.value_head, self.hparams.vf_coef, self.hparams.vf_clip)
@@ -357,8 +354,11 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         self.log("train/loss", reported, prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp),
                  sync_dist=True)
         # Lightning divides by the accumulation count and DDP averages over ranks: undo both (docs/guide.md#the-math)
-        undo_averaging = self.trainer.accumulate_grad_batches * self.trainer.world_size
-        return {"loss": loss * undo_averaging, "stats": stats}
+        loss = loss * self.trainer.accumulate_grad_batches * self.trainer.world_size
+        if self.entropy_coef is not None:  # the bonus stays a mean over the step's minibatches and ranks, as TRL's
+            self.entropy_coef.observe(terms.entropy_sums)
+            loss, stats["entropy_coef"] = loss - self.entropy_coef.applied() * terms.entropy, self.entropy_coef.coef
+        return {"loss": loss, "stats": stats}
 
     @property
     def joint_risk_head(self) -> RiskHead | None:

@@ -7,6 +7,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lit_grpo.losses.policy import SurrogateOptions
+from lit_grpo.policy.objective_knobs import (
+    EntropyControl,
+    SamplerCorrection,
+    SapoTemperatures,
+    VespoShape,
+    as_spec,
+    group_problems,
+)
 from lit_grpo.risk.head import RiskHeadSpec
 from lit_grpo.run.model_files import (
     model_path_problem,
@@ -14,8 +23,11 @@ from lit_grpo.run.model_files import (
     resolve_model_path,
 )
 
-GSPO_CLIP_EPS = (3e-4, 4e-4)  # the GSPO paper's (low, high)
+GSPO_CLIP_EPS = (3e-4, 4e-4)  # the GSPO paper's (low, high), LUSPO's too
 DEFAULT_CLIP_EPS = 0.2
+CISPO_CLIP_EPS_HIGH = 4.0  # CISPO's cap 1 + 4 = 5 (ScaleRL's epsilon_max 5.0)
+# the aggregation each variant takes unless set (TRL's pairing of each loss_type with its normaliser)
+VARIANT_AGGREGATION = {"luspo": "seq-sum", "cispo": "token-mean", "vespo": "token-mean"}
 
 
 def module_config_problems(args: dict[str, Any]) -> list[str]:
@@ -34,8 +46,12 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
             problems.append(f"{name}: must be positive, got {args[name]}")
     if args["kl_coef"] < 0:
         problems.append(f"kl_coef: must be >= 0, got {args['kl_coef']}")
-    if args["tis_cap"] is not None and args["tis_cap"] <= 0:
-        problems.append(f"tis_cap: must be positive or None, got {args['tis_cap']}")
+    if args["clip_delta"] is not None and not args["clip_delta"] > 1:
+        problems.append(f"clip_delta: must be above 1 (a cap on the ratio; INTELLECT-2 uses 4), got {args['clip_delta']}")
+    if args["off_policy_mask_threshold"] is not None and not args["off_policy_mask_threshold"] >= 0:
+        problems.append(f"off_policy_mask_threshold: must be >= 0 (a KL in nats) or None, got "
+                        f"{args['off_policy_mask_threshold']}")
+    problems += group_problems(args)
     if args["vf_clip"] is not None and args["vf_clip"] <= 0:
         problems.append(f"vf_clip: must be positive or None, got {args['vf_clip']}")
     if not 0 <= args["gamma"] <= 1 or not 0 <= args["gae_lambda"] <= 1:
@@ -109,8 +125,8 @@ def risk_spec_problems(risk: Any) -> list[str]:
 
 @dataclass(frozen=True)
 class Objective:
-    """What the module optimises: the advantage, surrogate, aggregation and KL knobs with their defaults filled in
-    (GSPO's clip values when the variant is gspo)."""
+    """What the module optimises: the advantage, surrogate, aggregation, KL and correction knobs with their defaults
+    filled in (GSPO's clip values for gspo and luspo, CISPO's cap, each variant's own aggregation)."""
 
     advantage_mode: str
     variant: str
@@ -120,24 +136,53 @@ class Objective:
     kl_coef: float
     kl_estimator: str
     kl_in: str
+    surrogate: SurrogateOptions = SurrogateOptions()
+    kl_ratio_correction: bool = False
+    off_policy_mask_threshold: float | None = None
+    entropy: EntropyControl | None = None
+    sampler_correction: SamplerCorrection | None = None
 
     @property
     def needs_reference(self) -> bool:
         return self.kl_coef > 0 or self.variant == "dpo"
 
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether the training forward computes each token's entropy (entropy control is on)."""
+        return self.entropy is not None and (self.entropy.top_quantile < 1.0 or self.entropy.bonus)
+
     @classmethod
     def from_arguments(cls, args: dict[str, Any]) -> Objective:
+        variant = args["loss_variant"]
         low, high = args["clip_eps"], args["clip_eps_high"]
-        if args["loss_variant"] == "gspo" and low is None and high is None:
+        if variant in ("gspo", "luspo") and low is None and high is None:
             low, high = GSPO_CLIP_EPS
+        if variant == "cispo" and high is None:
+            high = CISPO_CLIP_EPS_HIGH
         low = DEFAULT_CLIP_EPS if low is None else low
+        sapo = as_spec(SapoTemperatures, args.get("sapo")) or SapoTemperatures()
+        vespo = as_spec(VespoShape, args.get("vespo")) or VespoShape()
         return cls(
             advantage_mode=args["advantage_mode"],
-            variant=args["loss_variant"],
+            variant=variant,
             clip_eps=low,
             clip_eps_high=low if high is None else high,
-            aggregation=args["aggregation"],
+            aggregation=resolved_aggregation(args),
             kl_coef=args["kl_coef"],
             kl_estimator=args["kl_estimator"],
             kl_in=args["kl_in"],
+            surrogate=SurrogateOptions(args.get("ratio_level"), args.get("clip_delta"), sapo.pos, sapo.neg,
+                                       vespo.k_pos, vespo.lambda_pos, vespo.k_neg, vespo.lambda_neg),
+            kl_ratio_correction=bool(args.get("kl_ratio_correction", False)),
+            off_policy_mask_threshold=args.get("off_policy_mask_threshold"),
+            entropy=as_spec(EntropyControl, args.get("entropy")),
+            sampler_correction=as_spec(SamplerCorrection, args.get("sampler_correction")),
         )
+
+
+def resolved_aggregation(args: dict[str, Any]) -> str:
+    """``aggregation`` as set, or (None) the variant's own: ``seq-sum`` for luspo, ``token-mean`` for cispo and vespo,
+    ``seq-mean`` for the others."""
+    if args.get("aggregation") is not None:
+        return args["aggregation"]
+    return VARIANT_AGGREGATION.get(args.get("loss_variant"), "seq-mean")

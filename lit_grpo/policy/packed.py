@@ -179,9 +179,11 @@ def packed_logprobs(
     temperature: float = 1.0,
     max_pack_tokens: int = MAX_PACK_TOKENS,
     chunk_tokens: int = CHUNK_TOKENS,
+    with_entropy: bool = False,
 ) -> torch.Tensor:
-    """``sequence_logprobs`` of the counted tokens computed with every shared prefix once: same ``[N, L]`` layout,
-    0 on every token that ``completion_mask`` does not count (column 0, context and padding included).
+    """``sequence_logprobs`` of the counted tokens computed with every shared prefix once: same ``[N, L]`` layout
+    (``[N, L, 2]`` with the entropies), 0 on every token that ``completion_mask`` does not count (column 0, context
+    and padding included).
 
     Args:
         model: a causal LM whose attention takes a custom 4-D float mask (eager or sdpa in transformers).
@@ -208,9 +210,11 @@ def packed_logprobs(
     parents = layout.parent.to(device)[packs, slots]  # [M]: the slot whose state predicts each needed token
     _, head = body_and_head(model)
     picked = head_logprobs(head, hidden[packs, parents], layout.input_ids.to(device)[packs, slots], temperature,
-                           chunk_tokens=chunk_tokens)  # [M]
-    slot_logp = torch.zeros(needed.shape, dtype=picked.dtype, device=device).index_put((packs, slots), picked)
-    return slot_logp[row_pack, row_slots] * counted  # [N, L]
+                           chunk_tokens=chunk_tokens, with_entropy=with_entropy)  # [M] or [M, 2]
+    slot_logp = torch.zeros((*needed.shape, *picked.shape[1:]), dtype=picked.dtype, device=device)
+    slot_logp = slot_logp.index_put((packs, slots), picked)
+    counted = counted[..., None] if with_entropy else counted
+    return slot_logp[row_pack, row_slots] * counted  # [N, L] or [N, L, 2]
 
 
 def packing_problem(model: Any) -> str | None:
@@ -263,15 +267,15 @@ class TokenLogprobs:
 
     def __call__(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  completion_mask: torch.Tensor, temperature: float,
-                 constraint: FirstTokenConstraint | None = None) -> torch.Tensor:
-        """``[N, L]`` log-probs of the counted tokens, 0 elsewhere, with gradients (the training forward). Rows with a
-        first-token restriction (the risk rule's forced defers) take the padded forward, which renormalises over
-        the allowed ids."""
+                 constraint: FirstTokenConstraint | None = None, with_entropy: bool = False) -> torch.Tensor:
+        """``[N, L]`` log-probs of the counted tokens, 0 elsewhere, with gradients (the training forward; ``[N, L,
+        2]`` with each token's entropy). Rows with a first-token restriction (the risk rule's forced defers) take the
+        padded forward, which renormalises over the allowed ids."""
         if self.packed and constraint is None:
             return packed_logprobs(model, input_ids, attention_mask, completion_mask, temperature,
-                                   chunk_tokens=self.chunk_tokens)
+                                   chunk_tokens=self.chunk_tokens, with_entropy=with_entropy)
         return sequence_logprobs(model, input_ids, attention_mask, temperature, constraint, completion_mask,
-                                 self.chunk_tokens)
+                                 self.chunk_tokens, with_entropy)
 
     def batched(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 completion_mask: torch.Tensor, temperature: float, batch_tokens: int,

@@ -16,8 +16,8 @@ from lit_grpo.run.run_dir import unused_directory
 
 
 class TrainedState(pl.LightningModule):
-    """The checkpoint and final-adapter hooks of ``PolicyModule``, which sets ``policy``, ``tokenizer`` and
-    ``risk_replay``."""
+    """The checkpoint and final-adapter hooks of ``PolicyModule``, which sets ``policy``, ``tokenizer``,
+    ``risk_replay`` and ``entropy_coef``."""
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Called bare (as Lightning does for a checkpoint): the trained weights only, the frozen base is in the model
@@ -43,6 +43,8 @@ class TrainedState(pl.LightningModule):
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
         if self.risk_replay is not None:
             checkpoint["risk_replay"] = self.risk_replay.state_dict()
+        if self.entropy_coef is not None:  # the adaptive coefficient goes on from where it was
+            checkpoint["entropy_coef"] = self.entropy_coef.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trainable = {name: tuple(p.shape) for name, p in self.named_parameters() if p.requires_grad}
@@ -54,6 +56,8 @@ class TrainedState(pl.LightningModule):
             raise InputError(other_base or f"checkpoint lacks {len(missing)} trained tensors (e.g. {missing[0]})")
         if self.risk_replay is not None and "risk_replay" in checkpoint:
             self.risk_replay.load_state_dict(checkpoint["risk_replay"])
+        if self.entropy_coef is not None and "entropy_coef" in checkpoint:
+            self.entropy_coef.load_state_dict(checkpoint["entropy_coef"])
 
     def trainable_keys(self) -> set[str]:
         """State-dict keys of the trained weights: the adapter, and the value and risk heads if any."""

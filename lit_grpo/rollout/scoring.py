@@ -29,8 +29,20 @@ def score_buffer(scorer: Any, buffer: RolloutBuffer, records: Sequence[PromptRec
         rank_zero_warn(warning)
     buffer.reward_errors = sum(s.error is not None for s in scored)
     buffer.reward_parts = reward_parts(scored)
+    buffer.reward_weights = reward_weights(scorer)
     buffer.completion_texts = texts
     buffer.prompt_texts = [prompt_text(record) for record in row_records]
+
+
+def reward_weights(scorer: Any) -> dict[str, float]:
+    """Each named reward's weight in the task's sum (a ``DatasetTask``'s ``names`` and ``weights``, read through a
+    reward worker), for advantages that weigh the rewards apart (``advantage_mode: gdpo``); empty for a task that
+    names none."""
+    task = getattr(scorer, "task", scorer)
+    names, weights = getattr(task, "names", None), getattr(task, "weights", None)
+    if not isinstance(names, list) or not isinstance(weights, list) or len(names) != len(weights):
+        return {}
+    return {name: float(weight) for name, weight in zip(names, weights)}
 
 
 def reward_error_warning(scored: Sequence[ScoredCompletion], records: Sequence[PromptRecord],

@@ -14,6 +14,7 @@ refuses every row.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import types
@@ -59,8 +60,11 @@ FEATURES: tuple[Feature, ...] = (
             "with data.dynamic_sampling)"),
     Feature("model.kl_in", lambda v: v == "reward", ("grouped",),
             "the KL penalty is folded into the reward of a single-round completion"),
-    Feature("model.tis_cap", lambda v: v is not None, ("grouped",),
-            "the truncated importance-sampling correction is applied to grouped rollouts' sampler log-probs"),
+    Feature("model.sampler_correction", lambda v: v is not None, ("grouped",),
+            "the sampler correction weighs grouped rollouts' tokens by their sampler log-probs"),
+    Feature("model.advantage_mode", lambda v: v == "gdpo", ("grouped",),
+            "GDPO normalises each of a task's rewards within a prompt's group of completions; multi-round episodes "
+            "are scored by their environment's one reward"),
     Feature("data.dynamic_sampling", bool, ("grouped",), "dynamic sampling redraws prompts whose group is flat"),
     Feature("data.mask_truncated", bool, ("grouped",), "overlong filtering masks grouped completions"),
     Feature("data.overlong_cache", lambda v: v is not None, ("grouped",),
@@ -113,22 +117,70 @@ def choice_problems(function: Callable, args: dict[str, Any]) -> list[str]:
     return problems
 
 
+# the aggregation that defines a variant (a variant missing here takes any)
+VARIANT_AGGREGATION = {"gspo": "seq-mean", "luspo": "seq-sum"}
+RATIO_VARIANTS = ("unclipped", "clip", "cispo", "sapo")  # the variants whose ratio may be a token's or a sequence's
+CLIP_VARIANTS = ("clip", "gspo", "luspo")  # the variants that clip the ratio (and cap it with clip_delta)
+# knob -> (its default, the variant that reads it): set to another value with another variant, it would do nothing
+VARIANT_KNOBS = {"sapo": ({"pos": 1.0, "neg": 1.05}, "sapo"),
+                 "vespo": ({"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}, "vespo")}
+
+
 def module_knob_problems(model_args: dict[str, Any]) -> list[str]:
-    """The rules among PolicyModule's own knobs: which loss takes which aggregation, advantages and corrections."""
+    """The rules among PolicyModule's own knobs: which loss takes which aggregation, ratio, advantages and
+    corrections (a knob that would do nothing with the others is refused by name)."""
     variant, mode = model_args["loss_variant"], model_args["advantage_mode"]
-    problems = []
-    if variant == "gspo" and model_args["aggregation"] != "seq-mean":
-        problems.append(f"model.aggregation: loss_variant 'gspo' takes 'seq-mean' only, got "
-                        f"{model_args['aggregation']!r}")
-    if variant == "gspo" and model_args["tis_cap"] is not None:
-        problems.append("model.tis_cap: the per-token correction does not apply to gspo's sequence-level ratio; "
-                        "leave tis_cap unset with loss_variant 'gspo'")
-    if variant == "gspo" and mode == "gae":
-        problems.append("model.advantage_mode: 'gae' gives per-token advantages, which gspo does not take; use "
-                        "another advantage_mode or loss_variant")
+    problems = surrogate_knob_problems(model_args)
+    aggregation, wanted = model_args.get("aggregation"), VARIANT_AGGREGATION.get(variant)
+    if wanted is not None and aggregation not in (None, wanted):
+        problems.append(f"model.aggregation: loss_variant {variant!r} takes {wanted!r} only, got {aggregation!r}")
+    if variant in ("gspo", "luspo", "vespo") and mode == "gae":
+        problems.append(f"model.advantage_mode: 'gae' gives per-token advantages, which {variant} does not take (it "
+                        "weighs a sequence by one advantage); use another advantage_mode or loss_variant")
     if variant == "dpo" and mode == "gae":
         problems.append("model.loss_variant 'dpo' learns from preference pairs; it takes no GAE advantages: use "
                         "another advantage_mode")
+    if mode == "gdpo" and model_args.get("kl_in") == "reward" and model_args.get("kl_coef", 0) > 0:
+        problems.append("model.advantage_mode 'gdpo' with model.kl_in 'reward': GDPO normalises each of the task's "
+                        "rewards apart, and the KL penalty is none of them; use kl_in 'loss'")
+    if mode == "gdpo" and model_args.get("std_scope") == "batch":
+        problems.append("model.std_scope 'batch' with advantage_mode 'gdpo': GDPO normalises within each group and "
+                        "then over the batch already; leave std_scope 'group'")
+    return problems
+
+
+def surrogate_knob_problems(model_args: dict[str, Any]) -> list[str]:
+    """The surrogate's own knobs set where the variant does not read them."""
+    variant = model_args["loss_variant"]
+    problems = []
+    level = model_args.get("ratio_level")
+    if level is not None and variant not in RATIO_VARIANTS:
+        problems.append(f"model.ratio_level {level!r} with loss_variant {variant!r}: only "
+                        f"{', '.join(RATIO_VARIANTS)} choose their ratio's level (gspo and luspo are the sequence's, "
+                        "reinforce and vespo take none); leave it unset")
+    if model_args.get("clip_delta") is not None and variant not in CLIP_VARIANTS:
+        problems.append(f"model.clip_delta with loss_variant {variant!r}: it caps the clip's ratio, which only "
+                        f"{', '.join(CLIP_VARIANTS)} take; leave it unset")
+    for knob, (default, reader) in VARIANT_KNOBS.items():
+        value = model_args.get(knob)
+        fields = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+        if variant != reader and isinstance(fields, dict) and {**default, **fields} != default:
+            problems.append(f"model.{knob} with loss_variant {variant!r}: only loss_variant {reader!r} reads it; "
+                            "leave it at its defaults")
+    correction = model_args.get("sampler_correction")
+    mode = correction.get("mode", "token_truncate") if isinstance(correction, dict) else getattr(correction, "mode", None)
+    if variant == "vespo" and mode in ("sequence_truncate", "sequence_mask"):
+        problems.append(f"model.sampler_correction mode {mode!r} with loss_variant 'vespo': VESPO takes the sampler's "
+                        "per-token ratios into its sequence weight; use mode 'token_truncate' or 'token_mask'")
+    if model_args.get("kl_ratio_correction") and not (model_args.get("kl_coef", 0) > 0 and
+                                                      model_args.get("kl_in") == "loss"):
+        problems.append("model.kl_ratio_correction: it corrects the KL term of the loss, which needs kl_coef > 0 and "
+                        "kl_in 'loss'")
+    if variant == "dpo":
+        on = [name for name in ("entropy", "off_policy_mask_threshold", "sampler_correction")
+              if model_args.get(name) is not None]
+        problems += [f"model.{name} with loss_variant 'dpo': online DPO's loss on pairs has no policy-gradient "
+                     "surrogate to mask, weight or regularise; leave it unset" for name in on]
     return problems
 
 
@@ -202,7 +254,7 @@ def group_of_one_problems(model_args: dict[str, Any], data_args: dict[str, Any])
 
 
 def staleness_problems(max_staleness: int, rollout: str, engine: Any, old_logp_source: str | None,
-                       tis_cap: float | None) -> list[str]:
+                       sampler_correction: Any) -> list[str]:
     """Every reason ``max_staleness`` cannot run with these settings (``engine``: the engine or its class)."""
     if max_staleness < 0:
         return [f"data.max_staleness: must be >= 0, got {max_staleness}"]
@@ -219,11 +271,11 @@ def staleness_problems(max_staleness: int, rollout: str, engine: Any, old_logp_s
     if rollout != "grouped":
         problems.append(f"data.max_staleness {max_staleness} with data.rollout {rollout!r}: a tree's rounds are "
                         "generated, scored and grown in turn; asynchronous rollouts take data.rollout 'grouped'")
-    if old_logp_source == "trainer" and tis_cap is None:
+    if old_logp_source == "trainer" and sampler_correction is None:
         problems.append(
             f"data.max_staleness {max_staleness} with model.old_logp_source 'trainer': pi_old recomputed by the "
             "current policy would ignore that an older one drew the tokens; use old_logp_source 'sampler' (or set "
-            "model.tis_cap, which weights each token by pi_old / pi_sampler)")
+            "model.sampler_correction, which weights each token by pi_old / pi_sampler)")
     return problems
 
 
@@ -301,6 +353,6 @@ def cross_knob_problems(model_args: dict[str, Any] | None, data_args: dict[str, 
     problems += multi_round_problems(data_args, task, model_args, task_args)
     problems += combination_problems(model_args, data_args)
     problems += staleness_problems(data_args.get("max_staleness", 0), data_args["rollout"], engine,
-                                   model.get("old_logp_source"), model.get("tis_cap"))
+                                   model.get("old_logp_source"), model.get("sampler_correction"))
     problems += [] if trainer is None else trainer_problems(trainer, data_args)
     return problems

@@ -1,0 +1,170 @@
+"""The grouped knobs of the objectives beyond the clip (each a ``PolicyModule`` argument set as one mapping in a
+config, ``--model.<group>.<field>`` on the command line): SAPO's temperatures, VESPO's weight shape, entropy control
+and the sampler correction. TRL 1.16's ``GRPOConfig`` names are given beside each field (docs/guide.md#from-trl)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from lit_grpo.losses.importance import SAMPLER_CORRECTION_MODES, SamplerCorrectionMode
+
+
+@dataclass(frozen=True)
+class SapoTemperatures:
+    """SAPO's gate temperatures (``loss_variant: sapo``): a higher temperature narrows the gate around ratio 1.
+
+    Args:
+        pos: tau for tokens of positive advantage (TRL's ``sapo_temperature_pos``).
+        neg: tau for the others (TRL's ``sapo_temperature_neg``); the paper makes it the larger, so that
+            negative updates, which spread over the vocabulary, are damped sooner.
+    """
+
+    pos: float = 1.0
+    neg: float = 1.05
+
+    def problems(self) -> list[str]:
+        return [f"sapo.{name}: must be positive, got {value}" for name, value in (("pos", self.pos), ("neg", self.neg))
+                if not value > 0]
+
+
+@dataclass(frozen=True)
+class VespoShape:
+    """VESPO's sequence weight phi(w) = e^lambda w^k e^(-lambda w) (``loss_variant: vespo``), one (k, lambda) pair per
+    advantage sign.
+
+    Args:
+        k_pos: k for advantages >= 0: how hard a low weight w < 1 is damped (TRL's ``vespo_k_pos``).
+        lambda_pos: lambda for advantages >= 0: how hard a high weight is damped (``vespo_lambda_pos``).
+        k_neg: k for negative advantages (``vespo_k_neg``).
+        lambda_neg: lambda for negative advantages (``vespo_lambda_neg``).
+    """
+
+    k_pos: float = 2.0
+    lambda_pos: float = 3.0
+    k_neg: float = 3.0
+    lambda_neg: float = 2.0
+
+    def problems(self) -> list[str]:
+        return [f"vespo.{name}: must be positive, got {value}" for name, value in dataclasses.asdict(self).items()
+                if not value > 0]
+
+
+@dataclass(frozen=True)
+class EntropyControl:
+    """Entropy control: the policy loss on the highest-entropy tokens only, and an entropy bonus (loss - coef * mean
+    token entropy over the tokens the loss counts), whose coefficient can adapt to hold the entropy at a target.
+    The training forward then computes each counted token's entropy (one more pass over each output-head chunk).
+
+    Args:
+        top_quantile: the share of each minibatch's counted tokens, highest entropy first, that the policy loss
+            keeps (TRL's ``top_entropy_quantile``; 1.0 keeps all, 0.2 is the paper's).
+        coef: the entropy bonus's coefficient (``entropy_coef``; 0 is none), the adaptive one's start.
+        adaptive: adapt ``coef`` after every optimizer step (``use_adaptive_entropy``): up by ``coef_delta`` when the
+            step's mean entropy is at or below ``target``, else down; applied only while the last step's entropy was
+            at or below ``target`` (none before the first step).
+        target: the entropy held (``entropy_target``).
+        coef_min: the adaptive coefficient's floor (``entropy_coef_min``).
+        coef_max: its ceiling (``entropy_coef_max``).
+        coef_delta: its step (``entropy_coef_delta``).
+    """
+
+    top_quantile: float = 1.0
+    coef: float = 0.0
+    adaptive: bool = False
+    target: float = 0.2
+    coef_min: float = 0.0
+    coef_max: float = 1.0
+    coef_delta: float = 0.005
+
+    @property
+    def bonus(self) -> bool:
+        return self.coef != 0.0 or self.adaptive
+
+    def problems(self) -> list[str]:
+        problems = []
+        if not 0 < self.top_quantile <= 1:
+            problems.append(f"entropy.top_quantile: must be in (0, 1], got {self.top_quantile}")
+        if not math.isfinite(self.coef) or self.coef < 0:
+            problems.append(f"entropy.coef: must be >= 0, got {self.coef}")
+        if self.adaptive and not 0 <= self.coef_min <= self.coef_max:
+            problems.append(f"entropy.coef_min and coef_max: need 0 <= coef_min <= coef_max, got {self.coef_min} and "
+                            f"{self.coef_max}")
+        if self.adaptive and not self.coef_delta > 0:
+            problems.append(f"entropy.coef_delta: must be positive, got {self.coef_delta}")
+        if self.adaptive and not self.target >= 0:
+            problems.append(f"entropy.target: must be >= 0, got {self.target}")
+        return problems
+
+
+@dataclass(frozen=True)
+class SamplerCorrection:
+    """Correcting for a sampler whose token probabilities differ from the trainer's pi_old (half precision, or an
+    older policy when drawing ahead): pi_old is recomputed by the trainer and each token's surrogate is weighted by
+    the ratio pi_old / pi_sampler (``losses.importance.sampler_importance_ratio``). TRL's
+    ``vllm_importance_sampling_correction`` (on by default there; off by default here, where fp32 engines agree with
+    the trainer).
+
+    Args:
+        mode: ``token_truncate`` (each token's ratio clamped: TIS), ``token_mask`` (0 outside the bounds: MIS),
+            ``sequence_truncate`` or ``sequence_mask`` (the same on the product over the sequence) (TRL's
+            ``vllm_importance_sampling_mode``, whose default is ``sequence_mask``).
+        clip_min: the lower bound, or None (``vllm_importance_sampling_clip_min``).
+        clip_max: the upper bound, or None (``vllm_importance_sampling_clip_max``).
+    """
+
+    mode: SamplerCorrectionMode = "token_truncate"
+    clip_min: float | None = None
+    clip_max: float | None = 3.0
+
+    def problems(self) -> list[str]:
+        problems = []
+        if self.mode not in SAMPLER_CORRECTION_MODES:
+            problems.append(f"sampler_correction.mode: unknown value {self.mode!r}; valid choices: "
+                            f"{', '.join(SAMPLER_CORRECTION_MODES)}")
+        for name in ("clip_min", "clip_max"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                problems.append(f"sampler_correction.{name}: must be >= 0 or None, got {value}")
+        if self.clip_min is not None and self.clip_max is not None and self.clip_min > self.clip_max:
+            problems.append(f"sampler_correction: clip_min {self.clip_min} is above clip_max {self.clip_max}")
+        if self.clip_min is None and self.clip_max is None:
+            problems.append("sampler_correction: give clip_max or clip_min (with neither, nothing is truncated or "
+                            "masked)")
+        return problems
+
+
+Spec = TypeVar("Spec")
+GROUPS: dict[str, type] = {"sapo": SapoTemperatures, "vespo": VespoShape, "entropy": EntropyControl,
+                           "sampler_correction": SamplerCorrection}
+
+
+def as_spec(cls: type[Spec], value: Any) -> Spec | None:
+    """A group's value as its dataclass: given as one (the command line), as the mapping a config file or a
+    checkpoint's hyper-parameters hold, or None. Raises ``TypeError`` naming an unknown field."""
+    if value is None or isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        return cls(**value)
+    raise TypeError(f"expected a {cls.__name__} or a mapping of its fields, got {type(value).__name__}")
+
+
+def group_problems(args: dict[str, Any]) -> list[str]:
+    """Each group's problems, its fields named (an unknown field, a value out of range)."""
+    problems = []
+    for name, cls in GROUPS.items():
+        try:
+            spec = as_spec(cls, args.get(name))
+        except TypeError as error:
+            fields = ", ".join(f.name for f in dataclasses.fields(cls))
+            problems.append(f"{name}: {error}; fields: {fields}")
+            continue
+        problems += [] if spec is None else spec.problems()
+    return problems
+
+
+def plain(value: Any) -> Any:
+    """A group as a plain mapping (hyper-parameters go into checkpoints, which load with weights_only=True)."""
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else value

@@ -1,0 +1,122 @@
+"""The policy's part of a training step's loss: the surrogate of the module's ``Objective`` with its masks and
+sampler correction, the KL to the reference, and the entropy bonus's terms (docs/guide.md#the-math), each from one
+minibatch. The module scales them to the optimizer step; ``EntropyCoefficient`` holds the adaptive coefficient."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lit_grpo.losses import kl_divergence, masked_aggregate, masked_mean, off_policy_keep, policy_loss
+from lit_grpo.losses.entropy import high_entropy_mask, next_entropy_coef
+from lit_grpo.losses.policy import importance_ratio
+from lit_grpo.policy.objective import Objective
+from lit_grpo.policy.objective_knobs import EntropyControl
+
+
+@dataclass
+class PolicyTerms:
+    loss: torch.Tensor  # [] the surrogate (and beta * KL) aggregated as the objective says
+    stats: dict[str, torch.Tensor]  # detached figures, named as TRL logs them
+    entropy: torch.Tensor | None  # [] mean entropy over the tokens the loss counts (with its gradient), or None
+    entropy_sums: torch.Tensor | None  # [2] detached (entropy sum, token count) of those tokens, or None
+
+
+def token_masks(objective: Objective, batch: dict[str, torch.Tensor], logp: torch.Tensor,
+                entropy: torch.Tensor | None, counted: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor,
+                                                                              dict[str, torch.Tensor]]:
+    """``(weights on the per-token surrogate or None, the tokens it then counts [n, L], stats)``: the off-policy
+    sequence mask (against the sampler's log-probs, else pi_old) and the high-entropy token mask."""
+    weights, stats = None, {}
+    if objective.off_policy_mask_threshold is not None:
+        behaviour = batch.get("sampler_logp", batch["old_logp"])
+        keep = off_policy_keep(batch["advantages"], logp, behaviour, counted, objective.off_policy_mask_threshold)
+        weights = keep
+        stats["off_policy_mask/masked_ratio"] = masked_mean((1.0 - keep).expand_as(logp), counted)
+    effective = counted
+    if entropy is not None and objective.entropy.top_quantile < 1.0:
+        high = high_entropy_mask(entropy, counted, objective.entropy.top_quantile)  # [n, L]
+        effective = counted & high
+        weights = high.to(logp.dtype) if weights is None else weights * high
+    return weights, effective, stats
+
+
+def policy_terms(objective: Objective, batch: dict[str, torch.Tensor], logp: torch.Tensor,
+                 entropy: torch.Tensor | None, counted: torch.Tensor, max_new_tokens: int) -> PolicyTerms:
+    """The policy loss of one minibatch: ``logp [n, L]`` (with gradient), ``entropy [n, L]`` (with gradient, when
+    the objective controls entropy), ``counted [n, L]`` the tokens in the loss (``buffer.policy_mask``)."""
+    weights, effective, stats = token_masks(objective, batch, logp, entropy, counted)
+    sampler_ratio = batch.get("sampler_ratio")
+    surrogate, loss_stats = policy_loss(logp, batch["old_logp"], batch["advantages"], counted, objective.variant,
+                                        objective.clip_eps, objective.clip_eps_high, objective.aggregation,
+                                        max_new_tokens, objective.surrogate, weights, sampler_ratio)
+    stats.update(loss_stats, surrogate=surrogate.detach())
+    loss = surrogate
+    if objective.needs_reference and objective.kl_in == "loss":
+        token_kl = kl_divergence(logp, batch["ref_logp"], objective.kl_estimator)  # [n, L]
+        if objective.kl_ratio_correction:  # times pi_theta / pi_old: the unbiased gradient of KL at pi_theta
+            token_kl = token_kl * importance_ratio(logp, batch["old_logp"], counted,
+                                                   objective.surrogate.level(objective.variant))[0]
+        kl = masked_aggregate(token_kl, counted, objective.aggregation, max_new_tokens)
+        loss = loss + objective.kl_coef * kl
+        stats["kl_ref"] = kl.detach()
+    if sampler_ratio is not None and counted.any():
+        picked = sampler_ratio[counted]
+        stats.update({"sampling/importance_sampling_ratio/mean": picked.mean(),
+                      "sampling/importance_sampling_ratio/min": picked.min(),
+                      "sampling/importance_sampling_ratio/max": picked.max()})
+    if entropy is None:
+        return PolicyTerms(loss, stats, None, None)
+    stats["entropy"] = masked_mean(entropy.detach(), counted)
+    mask = effective.to(entropy.dtype)
+    sums = torch.stack([(entropy.detach() * mask).sum(), mask.sum()])
+    return PolicyTerms(loss, stats, masked_mean(entropy, effective), sums)
+
+
+class EntropyCoefficient:
+    """The entropy bonus's coefficient (``EntropyControl``): constant, or adapted after every optimizer step from
+    that step's mean token entropy over every rank (``observe`` each minibatch, ``step`` at the optimizer step).
+    Its state goes into checkpoints (``state_dict``), so a resumed run goes on with the coefficient it had."""
+
+    def __init__(self, control: EntropyControl) -> None:
+        self.control = control
+        self.coef = control.coef
+        self.last_entropy = float("inf")  # no bonus before the first measured step (adaptive)
+        self.window = torch.zeros(2, dtype=torch.float64)  # (entropy sum, token count) since the last step
+
+    @classmethod
+    def of(cls, control: EntropyControl | None) -> EntropyCoefficient | None:
+        """The coefficient of ``control``'s entropy bonus; None when it has none."""
+        return cls(control) if control is not None and control.bonus else None
+
+    def applied(self) -> float:
+        """The coefficient the bonus takes now: the constant, or the adaptive one while the last step's entropy was
+        at or below the target."""
+        if not self.control.adaptive:
+            return self.coef
+        return self.coef if self.last_entropy <= self.control.target else 0.0
+
+    def observe(self, sums: torch.Tensor) -> None:
+        self.window += sums.detach().double().cpu()
+
+    def step(self, strategy: Any = None, world_size: int = 1) -> None:
+        """At an optimizer step: the adaptive coefficient's update from the window's mean entropy over all ranks."""
+        if not self.control.adaptive:
+            return
+        window = self.window
+        if world_size > 1:
+            window = strategy.reduce(window.to(strategy.root_device), reduce_op="sum").cpu()
+        self.window = torch.zeros(2, dtype=torch.float64)
+        entropy = float(window[0] / window[1].clamp(min=1.0))
+        control = self.control
+        self.coef = next_entropy_coef(self.coef, entropy, control.target, control.coef_delta, control.coef_min,
+                                      control.coef_max)
+        self.last_entropy = entropy
+
+    def state_dict(self) -> dict[str, float]:
+        return {"coef": self.coef, "last_entropy": self.last_entropy}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.coef, self.last_entropy = float(state["coef"]), float(state["last_entropy"])
