@@ -54,10 +54,10 @@ def test_refused_combinations_each_named():
     assert len(problems) == 3
     assert "data.engine HFEngine: it samples from the model being trained" in problems[0]
     assert "data.rollout 'tree'" in problems[1] and "'grouped'" in problems[1]
-    assert "model.old_logp_source 'trainer'" in problems[2] and "model.tis_cap" in problems[2]
+    assert "model.old_logp_source 'trainer'" in problems[2] and "model.sampler_correction" in problems[2]
     assert staleness_problems(-1, "grouped", VLLMEngine, "sampler", None) == ["data.max_staleness: must be >= 0, got -1"]
     assert staleness_problems(1, "grouped", VLLMEngine, "sampler", None) == []
-    assert staleness_problems(1, "grouped", SnapshotHFEngine, "trainer", 2.0) == []  # tis_cap corrects the lag
+    assert staleness_problems(1, "grouped", SnapshotHFEngine, "trainer", {"clip_max": 2.0}) == []  # corrects the lag
     assert staleness_problems(0, "tree", HFEngine, "trainer", None) == []  # k = 0 is today's loop
 
 

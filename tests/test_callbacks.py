@@ -115,7 +115,7 @@ def test_rollout_metrics_reach_tensorboard(tiny_llama_dir, tmp_path):
     expected = {
         "rollout/reward_mean", "rollout/reward_std", "rollout/accuracy", "rollout/kl_ref", "rollout/completion_length",
         "rollout/truncated_frac", "rollout/zero_std_frac", "rollout/reward_errors", "rollout/logp_diff_max",
-        "train/clip_frac_low", "train/clip_frac_high", "train/ratio_mean", "train/approx_kl", "train/kl_ref",
+        "train/clip_ratio/low_mean", "train/clip_ratio/high_mean", "train/ratio_mean", "train/approx_kl", "train/kl_ref",
         "val/reward", "val/accuracy",
     }
     assert expected <= scalars, sorted(expected - scalars)

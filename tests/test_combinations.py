@@ -33,7 +33,7 @@ from lit_grpo.tasks import ArithmeticTask
 from lit_grpo.tree import depth_first
 
 ROOT = Path(__file__).resolve().parents[1]
-ON = {"model.loss_variant": "dpo", "model.advantage_mode": "gae", "model.kl_in": "reward", "model.tis_cap": "2.0",
+ON = {"model.loss_variant": "dpo", "model.advantage_mode": "gae", "model.kl_in": "reward", "model.sampler_correction": '{"mode": "token_truncate", "clip_max": 2.0}',
       "data.dynamic_sampling": "true", "data.mask_truncated": "true", "data.overlong_cache": "2",
       "data.reward_timeout": "5.0", "model.tree_std_scope": "siblings",
       "model.tree_flat_groups": "drop", "model.risk": '{"v_min": -1.0, "v_max": 1.0, "num_atoms": 5}'}
@@ -204,11 +204,9 @@ def check_tis(run: Run, rollout: str, tmp: Path) -> None:
     buffer = run.buffer
     mask = buffer.completion_mask
     assert buffer.old_logp is not buffer.sampler_logp  # pi_old recomputed by the trainer, not the sampler's
-    weights = torch.exp(buffer.old_logp - buffer.sampler_logp).clamp(max=2.0) * mask
-    assert buffer.advantages.shape == mask.shape  # each token's advantage carries its weight
-    expected = group_advantages(groups(buffer.rewards)).flatten()[:, None] * weights
-    assert torch.allclose(buffer.advantages, expected, atol=1e-6)
-    assert (buffer.advantages[~mask] == 0).all()
+    weights = torch.where(mask, torch.exp(buffer.old_logp - buffer.sampler_logp).clamp(max=2.0), 1.0)
+    assert torch.allclose(buffer.sampler_ratio, weights, atol=1e-6)  # each token's weight on its surrogate
+    assert torch.equal(buffer.advantages, group_advantages(groups(buffer.rewards)).flatten())
 
 
 def check_dynamic_sampling(run: Run, rollout: str, tmp: Path) -> None:
@@ -258,7 +256,7 @@ CHANGED: dict[str, Callable[[Run, str, Path], None]] = {
     "model.tree_std_scope": check_sibling_scope,
     "model.tree_flat_groups": check_flat_groups_dropped,
     "model.kl_in": check_kl_in_reward,
-    "model.tis_cap": check_tis,
+    "model.sampler_correction": check_tis,
     "data.dynamic_sampling": check_dynamic_sampling,
     "data.mask_truncated": check_mask_truncated,
     "data.overlong_cache": check_overlong_penalty,
@@ -325,12 +323,39 @@ def knobs(cls: type, **given: Any) -> dict[str, Any]:
 RULES = [
     ({"loss_variant": "gspo", "aggregation": "token-mean"}, {}, None,
      "model.aggregation: loss_variant 'gspo' takes 'seq-mean' only, got 'token-mean'"),
-    ({"loss_variant": "gspo", "aggregation": "seq-mean", "tis_cap": 2.0}, {}, None,
-     "model.tis_cap: the per-token correction does not apply to gspo's sequence-level ratio; leave tis_cap unset "
-     "with loss_variant 'gspo'"),
+    ({"loss_variant": "vespo", "sampler_correction": {"mode": "sequence_mask"}}, {}, None,
+     "model.sampler_correction mode 'sequence_mask' with loss_variant 'vespo': VESPO takes the sampler's per-token "
+     "ratios into its sequence weight; use mode 'token_truncate' or 'token_mask'"),
     ({"loss_variant": "gspo", "aggregation": "seq-mean", "advantage_mode": "gae"}, {}, None,
-     "model.advantage_mode: 'gae' gives per-token advantages, which gspo does not take; use another advantage_mode "
-     "or loss_variant"),
+     "model.advantage_mode: 'gae' gives per-token advantages, which gspo does not take (it weighs a sequence by one "
+     "advantage); use another advantage_mode or loss_variant"),
+    ({"loss_variant": "luspo", "aggregation": "token-mean"}, {}, None,
+     "model.aggregation: loss_variant 'luspo' takes 'seq-sum' only, got 'token-mean'"),
+    ({"loss_variant": "vespo", "ratio_level": "sequence"}, {}, None,
+     "model.ratio_level 'sequence' with loss_variant 'vespo': only unclipped, clip, cispo, sapo choose their "
+     "ratio's level (gspo and luspo are the sequence's, reinforce and vespo take none); leave it unset"),
+    ({"loss_variant": "sapo", "clip_delta": 4.0}, {}, None,
+     "model.clip_delta with loss_variant 'sapo': it caps the clip's ratio, which only clip, gspo, luspo take; leave "
+     "it unset"),
+    ({"loss_variant": "cispo", "sapo": {"pos": 2.0}}, {}, None,
+     "model.sapo with loss_variant 'cispo': only loss_variant 'sapo' reads it; leave it at its defaults"),
+    ({"vespo": {"k_neg": 1.0}}, {}, None,
+     "model.vespo with loss_variant 'clip': only loss_variant 'vespo' reads it; leave it at its defaults"),
+    ({"kl_coef": 0.0, "kl_ratio_correction": True}, {}, None,
+     "model.kl_ratio_correction: it corrects the KL term of the loss, which needs kl_coef > 0 and kl_in 'loss'"),
+    ({"loss_variant": "dpo", "entropy": {"coef": 0.01}}, {}, None,
+     "model.entropy with loss_variant 'dpo': online DPO's loss on pairs has no policy-gradient surrogate to mask, "
+     "weight or regularise; leave it unset"),
+    ({"advantage_mode": "gdpo", "kl_in": "reward"}, {}, None,
+     "model.advantage_mode 'gdpo' with model.kl_in 'reward': GDPO normalises each of the task's rewards apart, and "
+     "the KL penalty is none of them; use kl_in 'loss'"),
+    ({"advantage_mode": "gdpo", "std_scope": "batch"}, {}, None,
+     "model.std_scope 'batch' with advantage_mode 'gdpo': GDPO normalises within each group and then over the batch "
+     "already; leave std_scope 'group'"),
+    ({"advantage_mode": "gdpo"}, {"rollout": "tree", "branching": [2, 2]}, None,
+     "model.advantage_mode 'gdpo' with data.rollout 'tree': GDPO normalises each of a task's rewards within a "
+     "prompt's group of completions, and an episode is scored by its environment's one reward; use data.rollout "
+     "'grouped'"),
     ({"advantage_mode": "raw"}, {"group_size": 3, "minibatch_size": 8}, None,
      "data.minibatch_size: 8 is not a multiple of group_size (3); minibatches hold whole groups"),
     ({}, {"max_new_tokens": 4, "overlong_cache": 5}, None,

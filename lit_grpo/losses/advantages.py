@@ -6,7 +6,7 @@ from typing import Literal, get_args
 
 import torch
 
-AdvantageMode = Literal["raw", "centered", "grpo", "drgrpo", "rloo", "max", "gdpo"]
+AdvantageMode = Literal["raw", "centered", "grpo", "drgrpo", "rloo", "max"]  # gdpo: gdpo_group_sums
 ADVANTAGE_MODES: tuple[str, ...] = get_args(AdvantageMode)
 
 
@@ -35,8 +35,6 @@ def group_advantages(rewards: torch.Tensor, mode: str = "grpo", eps: float = 1e-
     check_choice("advantage mode", mode, ADVANTAGE_MODES)
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [B, G], got shape {tuple(rewards.shape)}")
-    if mode == "gdpo":
-        raise ValueError("gdpo advantages are computed from each reward's values: gdpo_group_sums, gdpo_advantages")
     if mode == "raw":
         return rewards.clone()
     group_size = rewards.shape[1]

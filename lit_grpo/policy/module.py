@@ -149,7 +149,7 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         lora_dropout: float = 0.0,
         lora_target_modules: str | list[str] = "all-linear",
         init_adapter: str | None = None,
-        advantage_mode: Literal[AdvantageMode, "gae"] = "grpo",
+        advantage_mode: Literal[AdvantageMode, "gdpo", "gae"] = "grpo",
         std_scope: Literal["group", "batch"] = "group",
         loss_variant: Literal[PolicyVariant, "dpo"] = "clip",
         dpo_beta: float = 0.1,

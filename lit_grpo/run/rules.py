@@ -62,9 +62,6 @@ FEATURES: tuple[Feature, ...] = (
             "the KL penalty is folded into the reward of a single-round completion"),
     Feature("model.sampler_correction", lambda v: v is not None, ("grouped",),
             "the sampler correction weighs grouped rollouts' tokens by their sampler log-probs"),
-    Feature("model.advantage_mode", lambda v: v == "gdpo", ("grouped",),
-            "GDPO normalises each of a task's rewards within a prompt's group of completions; multi-round episodes "
-            "are scored by their environment's one reward"),
     Feature("data.dynamic_sampling", bool, ("grouped",), "dynamic sampling redraws prompts whose group is flat"),
     Feature("data.mask_truncated", bool, ("grouped",), "overlong filtering masks grouped completions"),
     Feature("data.overlong_cache", lambda v: v is not None, ("grouped",),
@@ -247,6 +244,10 @@ def risk_decision_problems(decision: str, task_name: str, task_names_answer_toke
 
 
 def group_of_one_problems(model_args: dict[str, Any], data_args: dict[str, Any]) -> list[str]:
+    if model_args["advantage_mode"] == "gdpo" and data_args["rollout"] != "grouped":
+        return [f"model.advantage_mode 'gdpo' with data.rollout {data_args['rollout']!r}: GDPO normalises each of a "
+                "task's rewards within a prompt's group of completions, and an episode is scored by its "
+                "environment's one reward; use data.rollout 'grouped'"]
     if data_args["group_size"] == 1 and model_args["advantage_mode"] != "raw":
         return [f"data.group_size 1 with model.advantage_mode {model_args['advantage_mode']!r}: a group of one has "
                 "advantage 0, so nothing would be learned; use group_size >= 2 (or advantage_mode 'raw')"]
