@@ -1,0 +1,92 @@
+"""The objectives a TRL 1.16 user sets (issue 50) beside GRPO, Dr. GRPO, DAPO and GSPO, in one off-policy setting:
+held-out accuracy after 20 epochs, and the share of tokens each mechanism acted on.
+
+The setting is the quickstart workload (the shipped tiny model, two-digit addition, 32 prompts x 8 completions an
+epoch, minibatches of 64: four optimizer steps an epoch) with two passes over each epoch's rollouts (``ppo_epochs
+2``), so that the ratio pi / pi_old leaves 1 after the first step and every clip, cap, gate and mask can act; no KL
+term (TRL's default beta 0) for any row. Each row changes only its objective's knobs. Accuracy is greedy on the
+1,000 held-out problems before training and after epoch 20. The mechanism column is the mean over the 20 epochs of
+the training figure named beside it (``train/...``, logged to CSV). Runs go one at a time; accuracies do not depend
+on the machine's load (deterministic runs), so no timing is reported here.
+
+    .venv/bin/python benchmarks/objectives.py [--seeds 0 1 2] [--only CISPO SAPO]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = ["--config", "configs/quickstart.yaml", "--data.ppo_epochs", "2", "--model.kl_coef", "0.0"]
+CLIP = "clip_ratio/region_mean"
+# name -> (arguments, the training figure that shows its mechanism acting)
+OBJECTIVES: dict[str, tuple[list[str], str]] = {
+    "GRPO": (BASE, CLIP),
+    "Dr. GRPO": (BASE + ["--model.advantage_mode", "drgrpo", "--model.aggregation", "constant"], CLIP),
+    "DAPO": (["--config", "configs/dapo.yaml", "--data.ppo_epochs", "2"], CLIP),
+    "GSPO": (BASE + ["--model.loss_variant", "gspo", "--model.clip_eps", "null", "--model.aggregation", "null"], CLIP),
+    "CISPO (configs/cispo.yaml)": (["--config", "configs/cispo.yaml"], "cispo_clip_ratio"),
+    "SAPO (configs/sapo.yaml)": (["--config", "configs/sapo.yaml"], "sapo/gate_mean"),
+    "LUSPO": (BASE + ["--model.loss_variant", "luspo", "--model.clip_eps", "null", "--model.aggregation", "null"],
+              CLIP),
+    "VESPO": (BASE + ["--model.loss_variant", "vespo", "--model.aggregation", "null"], "vespo/phi_seq_mean"),
+    "GRPO + two-sided clip (delta 1.5)": (BASE + ["--model.clip_delta", "1.5"], CLIP),
+    "GRPO + sequence-level ratio": (BASE + ["--model.ratio_level", "sequence"], CLIP),
+    "GRPO + off-policy mask (0.02)": (BASE + ["--model.off_policy_mask_threshold", "0.02"],
+                                      "off_policy_mask/masked_ratio"),
+    "GRPO + top-20% entropy tokens": (BASE + ["--model.entropy", '{"top_quantile": 0.2}'], "entropy"),
+}
+ACCURACY = re.compile(r"(before training|after epoch \d+): .*val/accuracy ([0-9.]+)")
+
+
+def run(args: list[str], seed: int, figure: str) -> dict[str, float]:
+    root = Path(f"/tmp/lit-grpo-objectives/{seed}")
+    shutil.rmtree(root, ignore_errors=True)
+    command = [str(ROOT / ".venv" / "bin" / "lit-grpo"), "fit", *args, "--seed_everything", str(seed),
+               "--data.seed", str(seed), "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+               "--trainer.logger.save_dir", str(root), "--trainer.enable_progress_bar", "false",
+               "--trainer.enable_checkpointing", "false", "--trainer.max_epochs", "20",
+               "--trainer.check_val_every_n_epoch", "20", "--trainer.default_root_dir", str(root)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    text = result.stdout + result.stderr
+    if result.returncode:
+        raise SystemExit(f"{' '.join(args)} failed:\n{text[-3000:]}")
+    accuracies = ACCURACY.findall(text)
+    assert accuracies[0][0] == "before training" and accuracies[-1][0] == "after epoch 19", accuracies
+    (log,) = root.glob("**/metrics.csv")
+    with log.open() as handle:
+        values = [float(row[f"train/{figure}"]) for row in csv.DictReader(handle) if row.get(f"train/{figure}")]
+    return {"before": float(accuracies[0][1]), "after": float(accuracies[-1][1]),
+            "figure": statistics.mean(values) if values else float("nan")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--only", nargs="*", default=None, help="objective names to run (default: all)")
+    options = parser.parse_args()
+    print("| objective | held-out accuracy after 20 epochs: mean ± sd (per seed) | before | mechanism: mean over "
+          "epochs (per seed) |")
+    print("|---|---|---|---|")
+    for name, (args, figure) in OBJECTIVES.items():
+        if options.only and name not in options.only:
+            continue
+        results = [run(args, seed, figure) for seed in options.seeds]
+        after = [r["after"] for r in results]
+        spread = statistics.stdev(after) if len(after) > 1 else 0.0
+        shares = [r["figure"] for r in results]
+        print(f"| {name} | {statistics.mean(after):.3f} ± {spread:.3f} ({', '.join(f'{a:.3f}' for a in after)}) | "
+              f"{results[0]['before']:.3f} | `{figure}` {statistics.mean(shares):.3f} "
+              f"({', '.join(f'{v:.3f}' for v in shares)}) |", flush=True)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
