@@ -33,6 +33,8 @@ OBJECTIVES: dict[str, tuple[list[str], str]] = {
     "DAPO": (["--config", "configs/dapo.yaml", "--data.ppo_epochs", "2"], CLIP),
     "GSPO": (BASE + ["--model.loss_variant", "gspo", "--model.clip_eps", "null", "--model.aggregation", "null"], CLIP),
     "CISPO (configs/cispo.yaml)": (["--config", "configs/cispo.yaml"], "cispo_clip_ratio"),
+    "CISPO, cap 2 (clip_eps_high 1)": (["--config", "configs/cispo.yaml", "--model.clip_eps_high", "1.0"],
+                                       "cispo_clip_ratio"),
     "SAPO (configs/sapo.yaml)": (["--config", "configs/sapo.yaml"], "sapo/gate_mean"),
     "LUSPO": (BASE + ["--model.loss_variant", "luspo", "--model.clip_eps", "null", "--model.aggregation", "null"],
               CLIP),

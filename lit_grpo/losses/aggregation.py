@@ -78,7 +78,8 @@ def masked_aggregate(
     Args:
         values: ``[N, T]`` per-token values (a surrogate, a KL estimate, ...).
         completion_mask: ``[N, T]`` bool, True where the token counts.
-        mode: ``seq-mean``, ``token-mean``, ``constant`` or ``seq-sum`` (see the module docstring for their length biases).
+        mode: ``seq-mean``, ``token-mean``, ``constant`` or ``seq-sum`` (the module docstring: their length
+            biases).
         max_new_tokens: the generation budget; required by ``constant``.
 
     Returns:

@@ -27,7 +27,8 @@ def sampler_importance_ratio(old_logp: torch.Tensor, sampler_logp: torch.Tensor,
     tokens in a row: sequence ratio 4, sequence_truncate 1.5 on both.
     """
     if mode not in SAMPLER_CORRECTION_MODES:
-        raise ValueError(f"unknown sampler correction mode {mode!r}; valid choices: {', '.join(SAMPLER_CORRECTION_MODES)}")
+        raise ValueError(f"unknown sampler correction mode {mode!r}; valid choices: "
+                         f"{', '.join(SAMPLER_CORRECTION_MODES)}")
     mask = completion_mask.bool()
     log_ratio = torch.nan_to_num(torch.where(mask, old_logp - sampler_logp, 0.0), nan=0.0)  # [N, T]
     if mode.startswith("sequence"):

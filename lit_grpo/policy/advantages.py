@@ -11,6 +11,7 @@ import torch
 
 from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.buffers.tree_layout import chain_rows, loss_rows, tree_row_advantages
+from lit_grpo.errors import InputError
 from lit_grpo.losses import (
     batch_std_advantages,
     episode_gae,
@@ -72,7 +73,11 @@ def assign_advantages(buffer: RolloutBuffer, objective: Objective, knobs: Advant
         advantages = group_advantages(grouped, objective.advantage_mode)
     buffer.advantages = advantages.flatten()  # [N]
     correction = objective.sampler_correction
-    if correction is not None and buffer.sampler_logp is not None:
+    if correction is not None and buffer.sampler_logp is None:
+        raise InputError("model.sampler_correction: the engine reported no log-probs of the tokens it drew, so there "
+                         "is no pi_sampler to correct for; use an engine that reports them (every shipped one does) "
+                         "or leave sampler_correction unset")
+    if correction is not None:
         buffer.sampler_ratio = sampler_importance_ratio(buffer.old_logp, buffer.sampler_logp, buffer.completion_mask,
                                                         correction.mode, correction.clip_min, correction.clip_max)
 

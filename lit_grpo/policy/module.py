@@ -81,7 +81,7 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         clip_eps: lower clip epsilon; ``None`` means 0.2, or 3e-4 for ``gspo``.
         clip_eps_high: upper clip epsilon (DAPO's clip-higher); ``None`` means ``clip_eps``, 4e-4 for ``gspo`` and
             ``luspo`` when ``clip_eps`` is unset too, 4.0 for ``cispo`` (whose cap on the ratio is 1 + this).
-        clip_delta: two-sided clipping (INTELLECT-2): a cap on the ratio of negative-advantage tokens; ``None``: none.
+        clip_delta: two-sided clipping (INTELLECT-2): delta caps the unclipped term's ratio (> 1 + clip_eps_high).
         ratio_level: the importance ratio per ``token`` or per ``sequence`` (exp of the mean log ratio); ``None``:
             sequence for ``gspo`` and ``luspo``, token for the others.
         aggregation: ``seq-mean`` (GRPO), ``token-mean`` (DAPO), ``constant`` (Dr. GRPO, divides by

@@ -66,7 +66,8 @@ def policy_terms(objective: Objective, batch: dict[str, torch.Tensor], logp: tor
         picked = sampler_ratio[counted]
         stats.update({"sampling/importance_sampling_ratio/mean": picked.mean(),
                       "sampling/importance_sampling_ratio/min": picked.min(),
-                      "sampling/importance_sampling_ratio/max": picked.max()})
+                      "sampling/importance_sampling_ratio/max": picked.max(),
+                      "sampling/importance_sampling_ratio/masked_ratio": (picked == 0).to(picked.dtype).mean()})
     if entropy is None:
         return PolicyTerms(loss, stats, None, None)
     stats["entropy"] = masked_mean(entropy.detach(), counted)
