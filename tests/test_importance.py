@@ -7,7 +7,7 @@ import torch
 from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.losses import off_policy_keep, sampler_importance_ratio
 from lit_grpo.policy.module import PolicyModule
-from lit_grpo.policy.objective_knobs import SamplerCorrection
+from lit_grpo.run.objective_knobs import SamplerCorrection
 
 # pi_old / pi_sampler per token: 0.5/0.25 = 2, 0.2/0.4 = 0.5, a masked third token (0.3/0.1 = 3, never counted)
 OLD = torch.log(torch.tensor([[0.5, 0.2, 0.3]], dtype=torch.float64))

@@ -4,12 +4,10 @@ drawn ahead by an older policy): the sampler's importance ratio and the off-poli
 from __future__ import annotations
 
 import math
-from typing import Literal, get_args
 
 import torch
 
-SamplerCorrectionMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
-SAMPLER_CORRECTION_MODES: tuple[str, ...] = get_args(SamplerCorrectionMode)
+from lit_grpo.run.objective_knobs import SAMPLER_CORRECTION_MODES
 
 
 def sampler_importance_ratio(old_logp: torch.Tensor, sampler_logp: torch.Tensor, completion_mask: torch.Tensor,

@@ -11,13 +11,12 @@ import torch
 from lit_grpo.losses.advantages import check_choice
 from lit_grpo.losses.aggregation import check_aggregation, masked_aggregate, masked_mean, sequence_mean
 from lit_grpo.losses.surrogates import clip_surrogate, cispo_surrogate, sapo_gate, sapo_surrogate, vespo_weights
+from lit_grpo.run.rules import PER_SEQUENCE_ADVANTAGE, VARIANT_AGGREGATION
 
 PolicyVariant = Literal["reinforce", "unclipped", "clip", "gspo", "cispo", "sapo", "luspo", "vespo"]
 POLICY_VARIANTS: tuple[str, ...] = get_args(PolicyVariant)
 RatioLevel = Literal["token", "sequence"]
 SEQUENCE_RATIO_VARIANTS = ("gspo", "luspo")  # their ratio is the sequence's; the others' a token's by default
-CLIP_VARIANTS = ("clip", "gspo", "luspo")  # PPO's clip on the ratio (and delta's cap)
-PER_SEQUENCE_ADVANTAGE = ("gspo", "luspo", "vespo")  # they weigh a whole sequence by one advantage
 # |log ratio| beyond this is clamped before exp (as verl does): exp(88.7) overflows float32, and with A = 0 (a flat
 # group) 0 * inf is NaN. Inside the bound the loss is exact; beyond it the ratio is e^20 and passes no gradient.
 LOG_RATIO_LIMIT = 20.0
@@ -177,13 +176,10 @@ def check_shapes(
         raise ValueError(f"advantages must be [N] or [N, T] for logp {tuple(logp.shape)}, got {tuple(advantages.shape)}")
 
 
-REQUIRED_AGGREGATION = {"gspo": "seq-mean", "luspo": "seq-sum"}  # the aggregation that defines the variant
-
-
 def check_variant(variant: str, advantages: torch.Tensor, aggregation: str) -> None:
     """GSPO averages one clipped sequence ratio per sequence and LUSPO sums it over the sequence's tokens; they and
     VESPO weigh a sequence by one advantage."""
-    wanted = REQUIRED_AGGREGATION.get(variant)
+    wanted = VARIANT_AGGREGATION.get(variant)
     if wanted is not None and aggregation != wanted:
         raise ValueError(f"loss variant {variant!r} takes aggregation {wanted!r} only (valid choices: {wanted}), "
                          f"got {aggregation!r}")

@@ -31,7 +31,6 @@ from lit_grpo.policy.logprobs import (
 from lit_grpo.policy.measures import HeldOutMeasures
 from lit_grpo.policy.model_loading import completion_stop_ids, load_policy, run_base_dtype
 from lit_grpo.policy.objective import Objective, module_config_problems
-from lit_grpo.policy.objective_knobs import EntropyControl, SamplerCorrection, SapoTemperatures, VespoShape, plain
 from lit_grpo.policy.online_dpo import online_dpo_loss
 from lit_grpo.policy.optimizers import module_optimizers
 from lit_grpo.policy.policy_step import EntropyCoefficient, policy_terms
@@ -44,6 +43,7 @@ from lit_grpo.risk.fit import RiskReplay
 from lit_grpo.risk.head import RiskHead, RiskHeadSpec
 from lit_grpo.run.distributed import global_step_denominators
 from lit_grpo.run.model_files import BaseDtype, load_tokenizer, resolve_model_path
+from lit_grpo.run.objective_knobs import EntropyControl, SamplerCorrection, SapoTemperatures, VespoShape, plain
 from lit_grpo.run.rules import choice_problems, cross_knob_problems
 from lit_grpo.run.run_callbacks import EVERY_RUN, missing_run_callbacks
 from lit_grpo.tree import StdScope, ValueMode

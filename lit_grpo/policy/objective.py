@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lit_grpo.losses.policy import SurrogateOptions
-from lit_grpo.policy.objective_knobs import (
+from lit_grpo.run.objective_knobs import (
     EntropyControl,
     SamplerCorrection,
     SapoTemperatures,
@@ -27,7 +27,7 @@ GSPO_CLIP_EPS = (3e-4, 4e-4)  # the GSPO paper's (low, high), LUSPO's too
 DEFAULT_CLIP_EPS = 0.2
 CISPO_CLIP_EPS_HIGH = 4.0  # CISPO's cap 1 + 4 = 5 (ScaleRL's epsilon_max 5.0)
 # the aggregation each variant takes unless set (TRL's pairing of each loss_type with its normaliser)
-VARIANT_AGGREGATION = {"luspo": "seq-sum", "cispo": "token-mean", "vespo": "token-mean"}
+DEFAULT_AGGREGATION = {"luspo": "seq-sum", "cispo": "token-mean", "vespo": "token-mean"}
 
 
 def module_config_problems(args: dict[str, Any]) -> list[str]:
@@ -185,4 +185,4 @@ def resolved_aggregation(args: dict[str, Any]) -> str:
     ``seq-mean`` for the others."""
     if args.get("aggregation") is not None:
         return args["aggregation"]
-    return VARIANT_AGGREGATION.get(args.get("loss_variant"), "seq-mean")
+    return DEFAULT_AGGREGATION.get(args.get("loss_variant"), "seq-mean")

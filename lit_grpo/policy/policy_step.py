@@ -13,7 +13,7 @@ from lit_grpo.losses import kl_divergence, masked_aggregate, masked_mean, off_po
 from lit_grpo.losses.entropy import high_entropy_mask, next_entropy_coef
 from lit_grpo.losses.policy import importance_ratio
 from lit_grpo.policy.objective import Objective
-from lit_grpo.policy.objective_knobs import EntropyControl
+from lit_grpo.run.objective_knobs import EntropyControl
 
 
 @dataclass

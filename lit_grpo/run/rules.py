@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from lit_grpo.run.objective_knobs import SapoTemperatures, VespoShape
+
 # run/ sits below every part it has rules for (pyproject.toml's import contracts): what the rules need to know of the
 # rollout kinds, the engines and the tasks is spelled here, and the parts above import it from here
 RolloutKind = Literal["grouped", "tree", "chains"]  # how an epoch's rollouts are drawn (RolloutDataModule.rollout)
@@ -114,13 +116,13 @@ def choice_problems(function: Callable, args: dict[str, Any]) -> list[str]:
     return problems
 
 
-# the aggregation that defines a variant (a variant missing here takes any)
+# the aggregation that defines a variant (a variant missing here takes any; losses.policy checks it too)
 VARIANT_AGGREGATION = {"gspo": "seq-mean", "luspo": "seq-sum"}
+PER_SEQUENCE_ADVANTAGE = ("gspo", "luspo", "vespo")  # they weigh a whole sequence by one advantage
 RATIO_VARIANTS = ("unclipped", "clip", "cispo", "sapo")  # the variants whose ratio may be a token's or a sequence's
 CLIP_VARIANTS = ("clip", "gspo", "luspo")  # the variants that clip the ratio (and cap it with clip_delta)
-# knob -> (its default, the variant that reads it): set to another value with another variant, it would do nothing
-VARIANT_KNOBS = {"sapo": ({"pos": 1.0, "neg": 1.05}, "sapo"),
-                 "vespo": ({"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}, "vespo")}
+# knob -> the variant that reads it: set to other than its defaults with another variant, it would do nothing
+VARIANT_KNOBS = {"sapo": (SapoTemperatures, "sapo"), "vespo": (VespoShape, "vespo")}
 
 
 def module_knob_problems(model_args: dict[str, Any]) -> list[str]:
@@ -131,7 +133,7 @@ def module_knob_problems(model_args: dict[str, Any]) -> list[str]:
     aggregation, wanted = model_args.get("aggregation"), VARIANT_AGGREGATION.get(variant)
     if wanted is not None and aggregation not in (None, wanted):
         problems.append(f"model.aggregation: loss_variant {variant!r} takes {wanted!r} only, got {aggregation!r}")
-    if variant in ("gspo", "luspo", "vespo") and mode == "gae":
+    if variant in PER_SEQUENCE_ADVANTAGE and mode == "gae":
         problems.append(f"model.advantage_mode: 'gae' gives per-token advantages, which {variant} does not take (it "
                         "weighs a sequence by one advantage); use another advantage_mode or loss_variant")
     if variant == "dpo" and mode == "gae":
@@ -158,8 +160,8 @@ def surrogate_knob_problems(model_args: dict[str, Any]) -> list[str]:
     if model_args.get("clip_delta") is not None and variant not in CLIP_VARIANTS:
         problems.append(f"model.clip_delta with loss_variant {variant!r}: it caps the clip's ratio, which only "
                         f"{', '.join(CLIP_VARIANTS)} take; leave it unset")
-    for knob, (default, reader) in VARIANT_KNOBS.items():
-        value = model_args.get(knob)
+    for knob, (spec, reader) in VARIANT_KNOBS.items():
+        value, default = model_args.get(knob), dataclasses.asdict(spec())
         fields = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
         if variant != reader and isinstance(fields, dict) and {**default, **fields} != default:
             problems.append(f"model.{knob} with loss_variant {variant!r}: only loss_variant {reader!r} reads it; "

@@ -7,9 +7,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
-from lit_grpo.losses.importance import SAMPLER_CORRECTION_MODES, SamplerCorrectionMode
+# run/ sits below the losses: the modes are spelled here, and losses.importance reads them from here
+SamplerCorrectionMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+SAMPLER_CORRECTION_MODES: tuple[str, ...] = get_args(SamplerCorrectionMode)
 
 
 @dataclass(frozen=True)

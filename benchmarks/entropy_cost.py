@@ -1,0 +1,62 @@
+"""What entropy control costs a training step at Qwen2.5-0.5B width (issue 50): peak RSS and seconds of one forward
+and backward of the policy's completion log-probs, with and without each token's entropy beside them.
+
+Model: the random 2-layer Qwen2 of benchmarks/memory.py (hidden 896, vocabulary 151,936, tied embeddings, bf16 files
+loaded in fp32), built there once under ``--model-dir``; LoRA r 16 on every linear layer. Rows: 8 of a 32-token
+prompt and ``--tokens`` completion tokens (seeded random ids). One process per measurement: it builds the model,
+runs one warm-up step and then the measured step, and prints its peak RSS (``ru_maxrss``) and the measured step's
+seconds. The entropy is computed per 256-token chunk of the output head, beside the log-prob, and recomputed in
+backward (``policy/logprobs.py``), so its cost is a chunk's softmax, not a ``[tokens, vocabulary]`` tensor.
+
+    .venv/bin/python benchmarks/entropy_cost.py [--tokens 512] [--model-dir /tmp/lit-grpo-memory] [--entropy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory import model_path  # noqa: E402 - the shared random model of benchmarks/memory.py
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--model-dir", type=Path, default=Path("/tmp/lit-grpo-memory"))
+    parser.add_argument("--entropy", action="store_true", help="compute each token's entropy too")
+    args = parser.parse_args()
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from lit_grpo.policy.packed import TokenLogprobs
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(model_path(args.model_dir, 2), dtype=torch.float32)
+    policy = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
+    rows, prompt = 8, 32
+    ids = torch.randint(0, base.config.vocab_size, (rows, prompt + args.tokens))
+    attention = torch.ones_like(ids, dtype=torch.bool)
+    counted = attention.clone()
+    counted[:, :prompt] = False
+    forward = TokenLogprobs(policy, packed=False)
+    seconds = 0.0
+    for _ in range(2):  # a warm-up step, then the measured one
+        started = time.perf_counter()
+        out = forward(policy, ids, attention, counted, 1.0, None, args.entropy)
+        loss = out.sum() if not args.entropy else out[..., 0].sum() - 0.01 * out[..., 1].sum()
+        loss.backward()
+        seconds = time.perf_counter() - started
+        policy.zero_grad(set_to_none=True)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"entropy {args.entropy}: {rows} x {args.tokens} completion tokens, peak RSS {peak:.0f} MB, "
+          f"step {seconds:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
