@@ -217,3 +217,24 @@ def test_gdpo_advantages_equal_trl_normalize_then_sum() -> None:
     assign_advantages(buffer, Objective.from_arguments(DEFAULTS | {"advantage_mode": "gdpo"}), AdvantageKnobs())
     torch.testing.assert_close(buffer.advantages, expected, **FLOAT32_TOL)
     assert expected.abs().sum() > 0 and not math.isnan(float(expected.sum()))
+
+
+@pytest.mark.parametrize(("knobs", "config", "names"), [
+    ({"clip_eps": 0.2, "clip_eps_high": 0.28, "aggregation": "token-mean"},
+     {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28},
+     ["clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "entropy"]),
+    ({"loss_variant": "cispo", "clip_eps_high": 1.0}, {"loss_type": "cispo", "epsilon_high": 2.0},
+     ["cispo_clip_ratio", "entropy"]),
+    ({"loss_variant": "vespo"}, {"loss_type": "vespo"}, ["vespo/phi_seq_mean", "entropy"]),
+])
+def test_the_figures_trl_logs_equal_ours(knobs: dict, config: dict, names: list[str]) -> None:
+    objective = Objective.from_arguments(DEFAULTS | knobs | {"entropy": {"top_quantile": 1.0}})
+    logp = OLD + RATIO.log()
+    batch = {"old_logp": OLD, "advantages": ADV, "completion_mask": MASK}
+    stats = policy_terms(objective, batch, logp, ENTROPIES, MASK, T).stats
+    trainer = trl_trainer(**({"max_completion_length": T} | config))
+    trl_loss(trainer, logp.clone().requires_grad_(True), OLD, ADV, MASK.long(), entropies=ENTROPIES)
+    logged = trainer._metrics["train"]
+    for name in names:
+        assert stats[name].item() == pytest.approx(logged[name][0], abs=1e-7), name
+    assert any(stats[name].item() > 0 for name in names[:-1])  # a mechanism acted on these inputs

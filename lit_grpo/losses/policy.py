@@ -110,7 +110,8 @@ def policy_loss(
         phi = vespo_weights(log_ratio, adv, mask, sampler_log, options.vespo_k_pos, options.vespo_lambda_pos,
                             options.vespo_k_neg, options.vespo_lambda_neg)  # [N, 1]
         surrogate = -phi * adv * logp
-        stats["vespo/phi_seq_mean"] = masked_mean(phi.expand_as(logp), mask)
+        scored = mask.any(dim=-1)  # [N]: one weight per sequence with a counted token, averaged as TRL logs it
+        stats["vespo/phi_seq_mean"] = phi[scored].mean() if scored.any() else phi.new_zeros(())
     else:
         surrogate = token_surrogate(variant, logp, ratio, adv, clip_eps, eps_high, options)  # [N, T]
         surrogate = surrogate if sampler_ratio is None else surrogate * sampler_ratio

@@ -78,7 +78,7 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
             (a soft gate for the clip), ``vespo`` (a smooth sequence weight on REINFORCE), or ``dpo``: online DPO on
             each group's best-versus-worst pair (tied groups give none), against pi_ref (docs/guide.md#the-math).
         dpo_beta: DPO's beta (``dpo`` only).
-        clip_eps: lower clip epsilon; ``None`` means 0.2, or 3e-4 for ``gspo``.
+        clip_eps: lower clip epsilon; ``None`` means 0.2, or 3e-4 for ``gspo`` and ``luspo``.
         clip_eps_high: upper clip epsilon (DAPO's clip-higher); ``None`` means ``clip_eps``, 4e-4 for ``gspo`` and
             ``luspo`` when ``clip_eps`` is unset too, 4.0 for ``cispo`` (whose cap on the ratio is 1 + this).
         clip_delta: two-sided clipping (INTELLECT-2): delta caps the unclipped term's ratio (> 1 + clip_eps_high).
