@@ -14,6 +14,7 @@ import math
 import re
 import textwrap
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -238,3 +239,38 @@ def test_the_figures_trl_logs_equal_ours(knobs: dict, config: dict, names: list[
     for name in names:
         assert stats[name].item() == pytest.approx(logged[name][0], abs=1e-7), name
     assert any(stats[name].item() > 0 for name in names[:-1])  # a mechanism acted on these inputs
+
+
+def test_gdpo_through_a_run_weighs_the_tasks_rewards_as_trl_does(tmp_path) -> None:
+    """configs/trl_style.yaml's task (two TRL reward functions weighted 1.0 and 0.5) with advantage_mode gdpo: the
+    buffer carries the task's weights, and its advantages are TRL's normalize_then_sum of its rewards."""
+    import lightning.pytorch as pl
+    from trl.trainer.utils import nanstd
+
+    from lit_grpo.rollout.datamodule import RolloutDataModule
+    from lit_grpo.tasks import DatasetTask
+
+    root = Path(__file__).resolve().parents[1]
+    task = DatasetTask(str(root / "data" / "chat-addition" / "train.parquet"), heldout_fraction=0.1,
+                       answer_column="solution", rewards=[f"{root}/examples/trl_rewards.py:accuracy",
+                                                          f"{root}/examples/trl_rewards.py:brevity"],
+                       reward_weights=[1.0, 0.5], failure_reward=-1.0)
+    pl.seed_everything(0)
+    module = PolicyModule(model_name_or_path=str(root / "data" / "tiny-qwen2-chat"), dtype="float32", lora_rank=4,
+                          advantage_mode="gdpo", kl_coef=0.0)
+    data = RolloutDataModule(task=task, group_size=4, prompts_per_epoch=4, minibatch_size=16, max_new_tokens=8,
+                             val_max_prompts=4)
+    trainer = pl.Trainer(max_epochs=1, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0, logger=False,
+                         default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
+                         limit_val_batches=0)
+    trainer.fit(module, data)
+    buffer = data.epoch_report.buffer
+    assert buffer.reward_weights == {"accuracy": 1.0, "brevity": 0.5}
+    flat = torch.stack([buffer.reward_parts["accuracy"], buffer.reward_parts["brevity"]], dim=-1).double()
+    owner = types.SimpleNamespace(reward_funcs=[None, None], reward_weights=torch.tensor([1.0, 0.5], dtype=F64))
+    namespace = {"self": owner, "torch": torch, "nanstd": nanstd, "rewards_per_func": flat, "num_generations": 4,
+                 "device": "cpu", "unscorable_mask": torch.isnan(flat).all(dim=1)}
+    exec(_trl_gdpo_block(), namespace)  # noqa: S102 - TRL's own installed source lines, unchanged
+    expected = torch.nan_to_num(namespace["advantages"], nan=0.0).to(buffer.advantages.dtype)
+    torch.testing.assert_close(buffer.advantages, expected, rtol=0, atol=1e-6)
+    assert expected.abs().sum() > 0 and flat[:, 1].isnan().any()  # brevity applies to some rows only (None)
