@@ -9,7 +9,8 @@ term (TRL's default beta 0) for any row. Each row changes only its objective's k
 the training figure named beside it (``train/...``, logged to CSV). Runs go one at a time; accuracies do not depend
 on the machine's load (deterministic runs), so no timing is reported here.
 
-    .venv/bin/python benchmarks/objectives.py [--seeds 0 1 2] [--only CISPO SAPO]
+    .venv/bin/python benchmarks/objectives.py [--seeds 0 1 2] [--only CISPO SAPO] [--lr 0.001]
+    .venv/bin/python benchmarks/objectives.py --sweep 0.00025 0.0005 0.001 --seeds 0   # one row per objective
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ OBJECTIVES: dict[str, tuple[list[str], str]] = {
     "LUSPO": (BASE + ["--model.loss_variant", "luspo", "--model.clip_eps", "null", "--model.aggregation", "null"],
               CLIP),
     "VESPO": (BASE + ["--model.loss_variant", "vespo", "--model.aggregation", "null"], "vespo/phi_seq_mean"),
+    "GRPO without the clip (unclipped)": (BASE + ["--model.loss_variant", "unclipped"], "ratio_mean"),
     "GRPO + two-sided clip (delta 1.5)": (BASE + ["--model.clip_delta", "1.5"], CLIP),
     "GRPO + sequence-level ratio": (BASE + ["--model.ratio_level", "sequence"], CLIP),
     "GRPO + off-policy mask (0.02)": (BASE + ["--model.off_policy_mask_threshold", "0.02"],
@@ -69,18 +71,37 @@ def run(args: list[str], seed: int, figure: str) -> dict[str, float]:
             "figure": statistics.mean(values) if values else float("nan")}
 
 
+def sweep(rates: list[float], seeds: list[int], only: list[str] | None) -> None:
+    """Held-out accuracy after 20 epochs per learning rate (mean over ``seeds``), each objective's best marked."""
+    print("| objective | " + " | ".join(f"lr {rate:g}" for rate in rates) + " | best |")
+    print("|---|" + "---|" * (len(rates) + 1))
+    for name, (args, figure) in OBJECTIVES.items():
+        if only and name not in only:
+            continue
+        means = [statistics.mean(run(args + ["--model.optimizer.init_args.lr", str(rate)], seed, figure)["after"]
+                                 for seed in seeds) for rate in rates]
+        best = max(range(len(rates)), key=lambda i: means[i])
+        print(f"| {name} | " + " | ".join(f"{m:.3f}" for m in means) + f" | {rates[best]:g} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--only", nargs="*", default=None, help="objective names to run (default: all)")
+    parser.add_argument("--lr", type=float, default=None, help="the learning rate of every row (default: 5e-4)")
+    parser.add_argument("--sweep", type=float, nargs="+", default=None, help="learning rates to compare instead")
     options = parser.parse_args()
+    if options.sweep:
+        sweep(options.sweep, options.seeds, options.only)
+        return
+    extra = [] if options.lr is None else ["--model.optimizer.init_args.lr", str(options.lr)]
     print("| objective | held-out accuracy after 20 epochs: mean ± sd (per seed) | before | mechanism: mean over "
           "epochs (per seed) |")
     print("|---|---|---|---|")
     for name, (args, figure) in OBJECTIVES.items():
         if options.only and name not in options.only:
             continue
-        results = [run(args, seed, figure) for seed in options.seeds]
+        results = [run(args + extra, seed, figure) for seed in options.seeds]
         after = [r["after"] for r in results]
         spread = statistics.stdev(after) if len(after) > 1 else 0.0
         shares = [r["figure"] for r in results]

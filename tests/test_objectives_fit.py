@@ -54,6 +54,7 @@ def make_pair(model_dir: Path, entropy: dict) -> tuple[PolicyModule, RolloutData
     return module, data
 
 
+@pytest.mark.slow
 def test_the_adaptive_entropy_coefficient_steps_and_resumes(tiny_llama_dir, tmp_path):
     # a target above any entropy: every step's entropy is at or below it, so each step raises the coefficient by 0.005
     entropy = {"coef": 0.01, "adaptive": True, "target": 100.0, "coef_delta": 0.005, "top_quantile": 0.5}
