@@ -8,7 +8,7 @@ runs one warm-up step and then the measured step, and prints its peak RSS (``ru_
 seconds. The entropy is computed per 256-token chunk of the output head, beside the log-prob, and recomputed in
 backward (``policy/logprobs.py``), so its cost is a chunk's softmax, not a ``[tokens, vocabulary]`` tensor.
 
-    .venv/bin/python benchmarks/entropy_cost.py [--tokens 512] [--model-dir /tmp/lit-grpo-memory] [--entropy]
+    .venv/bin/python benchmarks/entropy_cost.py [--tokens 512] [--model-dir DIR] [--entropy]
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import resource
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from memory import model_path  # noqa: E402 - the shared random model of benchma
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=512)
-    parser.add_argument("--model-dir", type=Path, default=Path("/tmp/lit-grpo-memory"))
+    parser.add_argument("--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "lit-grpo-memory-models")
     parser.add_argument("--entropy", action="store_true", help="compute each token's entropy too")
     args = parser.parse_args()
     from peft import LoraConfig, get_peft_model

@@ -41,7 +41,7 @@ OBJECTIVES: dict[str, tuple[list[str], str]] = {
               CLIP),
     "VESPO": (BASE + ["--model.loss_variant", "vespo", "--model.aggregation", "null"], "vespo/phi_seq_mean"),
     "GRPO without the clip (unclipped)": (BASE + ["--model.loss_variant", "unclipped"], "ratio_mean"),
-    "GRPO + two-sided clip (delta 1.5)": (BASE + ["--model.clip_delta", "1.5"], CLIP),
+    "GRPO + two-sided clip (delta 1.5)": (BASE + ["--model.clip_delta", "1.5"], "clip_ratio/delta_mean"),
     "GRPO + sequence-level ratio": (BASE + ["--model.ratio_level", "sequence"], CLIP),
     "GRPO + off-policy mask (0.02)": (BASE + ["--model.off_policy_mask_threshold", "0.02"],
                                       "off_policy_mask/masked_ratio"),

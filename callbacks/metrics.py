@@ -218,7 +218,8 @@ class RolloutMetrics(pl.Callback):
     """
 
     TRAIN_KEYS = (
-        "surrogate", "kl_ref", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "ratio_mean",
+        "surrogate", "kl_ref", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
+        "clip_ratio/delta_mean", "ratio_mean",
         "approx_kl", "cispo_clip_ratio", "sapo/gate_mean", "vespo/phi_seq_mean", "off_policy_mask/masked_ratio",
         "entropy", "entropy_coef", "sampling/importance_sampling_ratio/mean", "sampling/importance_sampling_ratio/min",
         "sampling/importance_sampling_ratio/max", "sampling/importance_sampling_ratio/masked_ratio", "value_loss", "explained_variance", "value_mean",

@@ -175,3 +175,13 @@ def test_kl_term_times_the_ratio():
         terms = policy_terms(objective, batch, logp, None, mask, 4)
         assert terms.stats["kl_ref"].item() == pytest.approx(expected, abs=1e-12)
         assert terms.loss.item() == pytest.approx(0.1 * expected, abs=1e-12)  # A = 0: the surrogate is 0
+
+
+def test_the_two_sided_cap_reports_where_it_binds():
+    # ratios 3 (A -1: capped at 2), 1.7 (A -1: under delta 2), 3 (A +1: the clip's, not delta's)
+    logp = torch.log(torch.tensor([[3.0, 1.7, 3.0]], dtype=F64) * 0.1)
+    old = torch.full((1, 3), math.log(0.1), dtype=F64)
+    adv = torch.tensor([[-1.0, -1.0, 1.0]], dtype=F64)  # per token
+    _, stats = policy_loss(logp, old, adv, torch.ones(1, 3, dtype=torch.bool), "clip", 0.2,
+                           options=SurrogateOptions(delta=2.0))
+    assert stats["clip_ratio/delta_mean"].item() == pytest.approx(1 / 3, abs=1e-12)

@@ -90,7 +90,8 @@ def policy_loss(
         ``(loss [], stats)``; stats are detached, over the counted tokens, named as TRL logs them:
         ``clip_ratio/low_mean`` (A < 0 and r < 1 - clip_eps), ``clip_ratio/high_mean`` (A > 0 and r > 1 +
         clip_eps_high), ``clip_ratio/region_mean`` (either), ``ratio_mean``, ``approx_kl`` (mean of (r - 1) - log r
-        per token, k3 of KL(pi_old || pi_theta)); cispo adds ``cispo_clip_ratio`` (A > 0 and r above its cap), sapo
+        per token, k3 of KL(pi_old || pi_theta)); with delta ``clip_ratio/delta_mean`` (A < 0 and r > delta: the
+        two-sided cap binds); cispo adds ``cispo_clip_ratio`` (A > 0 and r above its cap), sapo
         ``sapo/gate_mean`` (its mean gradient weight, 1 on-policy), vespo ``vespo/phi_seq_mean``.
 
     Example: logp = log 0.6, old_logp = log 0.5 (ratio 1.2), A = 1, clip_eps 0.1: ``clip`` gives -1.1 with
@@ -120,6 +121,9 @@ def policy_loss(
     loss = masked_aggregate(surrogate, mask, aggregation, max_new_tokens)
     stats.update(policy_stats(ratio.detach(), log_ratio.detach(), adv.detach().expand_as(logp), mask, clip_eps,
                               eps_high))
+    if options.delta is not None and variant in ("clip", "gspo", "luspo"):  # where the two-sided cap binds
+        capped = (adv.detach() < 0) & (ratio.detach() > options.delta)
+        stats["clip_ratio/delta_mean"] = masked_mean(capped.expand_as(logp).to(logp.dtype), mask)
     if variant == "cispo":
         stats["cispo_clip_ratio"] = masked_mean(((ratio.detach() > 1.0 + eps_high) & (adv > 0)).to(logp.dtype), mask)
     if variant == "sapo":
