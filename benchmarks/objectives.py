@@ -106,8 +106,8 @@ def main() -> None:
         spread = statistics.stdev(after) if len(after) > 1 else 0.0
         shares = [r["figure"] for r in results]
         print(f"| {name} | {statistics.mean(after):.3f} ± {spread:.3f} ({', '.join(f'{a:.3f}' for a in after)}) | "
-              f"{results[0]['before']:.3f} | `{figure}` {statistics.mean(shares):.3f} "
-              f"({', '.join(f'{v:.3f}' for v in shares)}) |", flush=True)
+              f"{results[0]['before']:.3f} | `{figure}` {statistics.mean(shares):.3g} "
+              f"({', '.join(f'{v:.3g}' for v in shares)}) |", flush=True)
     sys.exit(0)
 
 
