@@ -13,7 +13,7 @@ from lit_grpo.losses.aggregation import masked_aggregate
 from lit_grpo.losses.entropy import high_entropy_mask, next_entropy_coef
 from lit_grpo.losses.policy import SurrogateOptions
 from lit_grpo.losses.surrogates import vespo_weights
-from lit_grpo.policy.logprobs import token_entropy
+from lit_grpo.policy.logprobs import TokenLogSoftmaxEntropy
 from lit_grpo.policy.objective import Objective
 from lit_grpo.policy.policy_step import policy_terms
 
@@ -134,15 +134,27 @@ def test_high_entropy_mask_and_adaptive_coefficient():
     assert next_entropy_coef(0.003, 0.3, 0.2, 0.005, 0.0, 1.0) == 0.0
 
 
-def test_token_entropy_and_its_gradient_where_ids_are_not_allowed():
-    logits = torch.tensor([[0.0, 0.0], [0.0, float("-inf")], [math.log(3.0), 0.0]], requires_grad=True)
-    entropy = token_entropy(logits)
-    # (0, 0): log 2; (0, -inf): 0; p = (3/4, 1/4): -(0.75 log 0.75 + 0.25 log 0.25) = 0.5623351
-    torch.testing.assert_close(entropy, torch.tensor([math.log(2.0), 0.0, 0.5623351446]), rtol=0, atol=1e-6)
-    entropy.sum().backward()
-    assert torch.isfinite(logits.grad).all()
-    # dH/dl_i = -p_i (l_i - sum_j p_j l_j): for (log 3, 0) with mean 0.75 log 3 = 0.8239592: -0.75 * 0.2746531
-    assert logits.grad[2, 0].item() == pytest.approx(-0.75 * 0.25 * math.log(3.0), abs=1e-6)
+def test_log_prob_and_entropy_of_each_row_and_their_gradients():
+    logits = torch.tensor([[0.0, 0.0], [0.0, float("-inf")], [math.log(3.0), 0.0]], dtype=F64, requires_grad=True)
+    targets = torch.tensor([0, 0, 1])
+    out = TokenLogSoftmaxEntropy.apply(logits, targets)
+    # (0, 0): log-prob -log 2, entropy log 2; (0, -inf): 0 and 0; p = (3/4, 1/4), target 1: log 1/4 and
+    # -(0.75 log 0.75 + 0.25 log 0.25) = 0.5623351446
+    expected = torch.tensor([[-math.log(2), math.log(2)], [0.0, 0.0], [math.log(0.25), 0.5623351446188083]], dtype=F64)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    (grad,) = torch.autograd.grad((out * torch.tensor([[0.0, 1.0]] * 3, dtype=F64)).sum(), logits)
+    # dH/dl_i = -p_i (l_i - sum_j p_j l_j): for (log 3, 0), mean 0.75 log 3, -0.75 * 0.25 log 3 and +0.75 * 0.25 log 3;
+    # the forbidden id's gradient is 0, and a row of one allowed id has entropy 0 whatever its logit
+    assert grad[2, 0].item() == pytest.approx(-0.75 * 0.25 * math.log(3.0), abs=1e-12)
+    assert grad[2, 1].item() == pytest.approx(0.75 * 0.25 * math.log(3.0), abs=1e-12)
+    assert grad[1].tolist() == [0.0, 0.0] and grad[0].tolist() == [0.0, 0.0]
+    # against autograd's own softmax on finite logits, both outputs weighted
+    finite = torch.randn(4, 7, dtype=F64, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+    ids = torch.tensor([0, 3, 6, 2])
+    assert torch.autograd.gradcheck(lambda x: TokenLogSoftmaxEntropy.apply(x, ids), (finite,))
+    log_p = torch.log_softmax(finite, dim=-1)
+    reference = torch.stack([log_p.gather(-1, ids[:, None]).squeeze(-1), -(log_p.exp() * log_p).sum(-1)], dim=-1)
+    torch.testing.assert_close(TokenLogSoftmaxEntropy.apply(finite, ids), reference, rtol=0, atol=1e-12)
 
 
 def test_gdpo_normalises_each_reward_then_the_batch():
