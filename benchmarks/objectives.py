@@ -90,6 +90,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="objective names to run (default: all)")
     parser.add_argument("--lr", type=float, default=None, help="the learning rate of every row (default: 5e-4)")
     parser.add_argument("--sweep", type=float, nargs="+", default=None, help="learning rates to compare instead")
+    parser.add_argument("--figure", default=None, help="another training figure for the mechanism column")
     options = parser.parse_args()
     if options.sweep:
         sweep(options.sweep, options.seeds, options.only)
@@ -101,6 +102,7 @@ def main() -> None:
     for name, (args, figure) in OBJECTIVES.items():
         if options.only and name not in options.only:
             continue
+        figure = options.figure or figure
         results = [run(args + extra, seed, figure) for seed in options.seeds]
         after = [r["after"] for r in results]
         spread = statistics.stdev(after) if len(after) > 1 else 0.0
