@@ -332,8 +332,16 @@ RULES = [
     ({"loss_variant": "luspo", "aggregation": "token-mean"}, {}, None,
      "model.aggregation: loss_variant 'luspo' takes 'seq-sum' only, got 'token-mean'"),
     ({"loss_variant": "vespo", "ratio_level": "sequence"}, {}, None,
-     "model.ratio_level 'sequence' with loss_variant 'vespo': only unclipped, clip, cispo, sapo choose their "
-     "ratio's level (gspo and luspo are the sequence's, reinforce and vespo take none); leave it unset"),
+     "model.ratio_level 'sequence' with loss_variant 'vespo': only unclipped, clip, cispo, sapo, luspo choose their "
+     "ratio's level (gspo's is the sequence's: clip is gspo at token level; reinforce and vespo take none); leave it "
+     "unset"),
+    ({"loss_variant": "dpo", "kl_ratio_correction": True}, {}, None,
+     "model.kl_ratio_correction with loss_variant 'dpo': online DPO's loss on pairs has no policy-gradient surrogate "
+     "to mask, weight or regularise; leave it unset"),
+    ({"advantage_mode": "gdpo"}, {"overlong_cache": 2}, None,
+     "data.overlong_cache with model.advantage_mode 'gdpo': GDPO normalises each of the task's rewards apart, and "
+     "the overlong penalty is none of them; leave overlong_cache unset (data.mask_truncated takes truncated "
+     "completions out of the loss instead)"),
     ({"loss_variant": "sapo", "clip_delta": 4.0}, {}, None,
      "model.clip_delta with loss_variant 'sapo': it caps the clip's ratio, which only clip, gspo, luspo take; leave "
      "it unset"),

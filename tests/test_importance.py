@@ -1,6 +1,8 @@
 """The sampler correction (TIS and MIS, per token and per sequence) and DeepSeek-V3.2's off-policy sequence mask, by
 hand, and how the module sets the buffer's per-token sampler ratios."""
 
+import math
+
 import pytest
 import torch
 
@@ -73,3 +75,38 @@ def test_a_vespo_sequence_correction_is_refused(tiny_llama_dir):
     with pytest.raises(ValueError, match="'vespo': VESPO takes the sampler's per-token ratios"):
         PolicyModule(model_name_or_path=str(tiny_llama_dir), loss_variant="vespo",
                      sampler_correction={"mode": "sequence_mask"})
+
+
+def test_a_runaway_sampler_ratio_stays_finite():
+    # a sampler 30 nats below pi_old on two tokens: the sequence's product e^60 is clamped to e^20 (no clip_max), so
+    # a flat group's advantage 0 times the weight stays 0, not NaN; a sampler log-prob of -inf likewise
+    old = torch.zeros(1, 2, dtype=torch.float64)
+    sampler = torch.tensor([[-30.0, float("-inf")]], dtype=torch.float64)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    for mode in ("sequence_truncate", "token_truncate"):
+        ratio = sampler_importance_ratio(old, sampler, mask, mode, None, None)
+        assert torch.equal(ratio, torch.full((1, 2), math.exp(20.0), dtype=torch.float64))
+
+
+def test_gdpo_gives_a_failed_completion_advantage_zero(tiny_llama_dir):
+    from lit_grpo.policy.advantages import AdvantageKnobs, assign_advantages
+    from lit_grpo.policy.objective import Objective
+
+    parts = torch.tensor([1.0, 0.0, 1.0, 0.0])  # one reward over a group of four; the third completion's scoring failed
+    buffer = RolloutBuffer(
+        input_ids=torch.zeros(4, 2, dtype=torch.long), attention_mask=torch.ones(4, 2, dtype=torch.bool),
+        completion_mask=torch.ones(4, 2, dtype=torch.bool), rewards=torch.tensor([1.0, 0.0, -1.0, 0.0]),
+        correct=torch.zeros(4, dtype=torch.bool), truncated=torch.zeros(4, dtype=torch.bool), group_size=4,
+        temperature=1.0, max_new_tokens=2, reward_parts={"exact": parts}, reward_weights={"exact": 1.0},
+        reward_failed=torch.tensor([False, False, True, False]))
+    module_args = {"advantage_mode": "gdpo", "loss_variant": "clip", "clip_eps": None, "clip_eps_high": None,
+                   "aggregation": None, "kl_coef": 0.0, "kl_estimator": "k3", "kl_in": "loss"}
+    assign_advantages(buffer, Objective.from_arguments(module_args), AdvantageKnobs())
+    # the others (1, 0, 0): mean 1/3, sample std sqrt(1/3); normalised (2/3, -1/3, -1/3) / (0.5773503 + 1e-4);
+    # then over the batch: mean 0, sample std of those three values
+    group = torch.tensor([2 / 3, -1 / 3, -1 / 3], dtype=torch.float64) / (math.sqrt(1 / 3) + 1e-4)
+    batch_std = math.sqrt(float((group ** 2).sum()) / 2)
+    expected = (group / (batch_std + 1e-4)).tolist()
+    assert buffer.advantages[2].item() == 0.0
+    assert [buffer.advantages[i].item() for i in (0, 1, 3)] == pytest.approx(expected, abs=1e-6)
+    assert buffer.rewards.tolist() == [1.0, 0.0, -1.0, 0.0]  # the rewards themselves untouched

@@ -197,3 +197,19 @@ def test_the_two_sided_cap_reports_where_it_binds():
     _, stats = policy_loss(logp, old, adv, torch.ones(1, 3, dtype=torch.bool), "clip", 0.2,
                            options=SurrogateOptions(delta=2.0))
     assert stats["clip_ratio/delta_mean"].item() == pytest.approx(1 / 3, abs=1e-12)
+
+
+def test_the_entropy_coefficient_skips_an_empty_step_and_a_loaded_one_keeps_this_runs_bounds():
+    from lit_grpo.policy.policy_step import EntropyCoefficient
+    from lit_grpo.run.objective_knobs import EntropyControl
+
+    assert EntropyControl().problems() == ["entropy: sets nothing (top_quantile 1, coef 0, not adaptive): give "
+                                           "top_quantile < 1, coef > 0 or adaptive true, or leave entropy unset"]
+    coefficient = EntropyCoefficient(EntropyControl(coef=0.01, adaptive=True, target=0.2, coef_max=0.05))
+    coefficient.step()  # no token observed: nothing measured, nothing changes
+    assert (coefficient.coef, coefficient.last_entropy) == (0.01, float("inf"))
+    coefficient.observe(torch.tensor([0.3, 2.0], dtype=F64))  # mean entropy 0.15 <= 0.2: up by 0.005
+    coefficient.step()
+    assert coefficient.coef == pytest.approx(0.015, abs=1e-15) and coefficient.last_entropy == 0.15
+    coefficient.load_state_dict({"coef": 0.4, "last_entropy": 0.1})  # a checkpoint's 0.4 above this run's 0.05
+    assert coefficient.coef == 0.05 and coefficient.applied() == 0.05

@@ -71,6 +71,10 @@ def theirs(config: dict, logp: torch.Tensor, *, sampler: bool = False) -> torch.
 
 def assert_equal_to_trl(knobs: dict, config: dict, *, sampler: bool = False, entropies: bool = False,
                         tol: dict = TOL) -> None:
+    from lit_grpo.run.rules import cross_knob_problems
+
+    args = DEFAULTS | knobs  # a setting the module accepts, as a config would give it
+    assert PolicyModule.config_problems(args) + cross_knob_problems(args, None) == []
     logp_ours = (OLD + RATIO.log()).requires_grad_(True)
     logp_trl = (OLD + RATIO.log()).requires_grad_(True)
     loss_ours = ours(knobs, logp_ours, sampler=sampler, entropies=entropies)

@@ -43,6 +43,7 @@ class RolloutBuffer:
     pair_role: torch.Tensor | None = None  # [N] +1 chosen, -1 rejected, 0 neither (online DPO)
     pair_id: torch.Tensor | None = None  # [N] the pair's group index, -1 outside a pair (online DPO)
     reward_errors: int = 0
+    reward_failed: torch.Tensor | None = None  # [N] bool: the completion's scoring failed (it scored failure_reward)
     sampling_draws: int = 1  # draws made to fill it (DAPO's dynamic sampling draws again for flat groups)
     reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [N], NaN where it did not apply
     reward_weights: dict[str, float] = field(default_factory=dict)  # name -> the task's weight of that reward
@@ -275,6 +276,7 @@ def select_groups(buffer: RolloutBuffer, groups: list[int]) -> RolloutBuffer:
         max_new_tokens=buffer.max_new_tokens,
         sampler_logp=None if buffer.sampler_logp is None else buffer.sampler_logp[index],
         reward_errors=buffer.reward_errors,
+        reward_failed=None if buffer.reward_failed is None else buffer.reward_failed[index],
         reward_parts={name: values[index] for name, values in buffer.reward_parts.items()},
         reward_weights=buffer.reward_weights,
         prompt_texts=[buffer.prompt_texts[r] for r in rows],
@@ -304,6 +306,8 @@ def concat_buffers(buffers: list[RolloutBuffer]) -> RolloutBuffer:
         max_new_tokens=first.max_new_tokens,
         sampler_logp=cat("sampler_logp") if has_logp else None,
         reward_errors=sum(b.reward_errors for b in buffers),
+        reward_failed=(torch.cat([b.reward_failed for b in buffers])
+                       if all(b.reward_failed is not None for b in buffers) else None),
         reward_parts={name: torch.cat([b.reward_parts[name] for b in buffers]) for name in first.reward_parts
                       if all(name in b.reward_parts for b in buffers)},
         reward_weights=first.reward_weights,

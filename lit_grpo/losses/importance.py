@@ -9,6 +9,8 @@ import torch
 
 from lit_grpo.run.objective_knobs import SAMPLER_CORRECTION_MODES
 
+LOG_RATIO_LIMIT = 20.0  # as losses.policy's: exp(20) is finite in float32, and no weight a clip keeps is near it
+
 
 def sampler_importance_ratio(old_logp: torch.Tensor, sampler_logp: torch.Tensor, completion_mask: torch.Tensor,
                              mode: str, clip_min: float | None, clip_max: float | None) -> torch.Tensor:
@@ -19,7 +21,7 @@ def sampler_importance_ratio(old_logp: torch.Tensor, sampler_logp: torch.Tensor,
     modes take each token's ratio, ``sequence_*`` the product over the row's counted tokens (one weight per row,
     spread over its tokens). ``*_truncate`` clamps the ratio to [``clip_min``, ``clip_max``] (truncated importance
     sampling, TIS); ``*_mask`` sets it to 0 outside that range (masked importance sampling, MIS). A bound of None
-    is no bound; a token whose sampler log-prob is NaN counts as ratio 1.
+    is no bound; a token whose sampler log-prob is NaN counts as ratio 1; the log of the ratio is clamped to ±20.
 
     Example: old log 0.5, sampler log 0.25 (ratio 2), clip_max 1.5: token_truncate 1.5, token_mask 0. Two such
     tokens in a row: sequence ratio 4, sequence_truncate 1.5 on both.
@@ -31,8 +33,10 @@ def sampler_importance_ratio(old_logp: torch.Tensor, sampler_logp: torch.Tensor,
     log_ratio = torch.nan_to_num(torch.where(mask, old_logp - sampler_logp, 0.0), nan=0.0)  # [N, T]
     if mode.startswith("sequence"):
         log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(old_logp)  # [N, T], the row's product
-    ratio = torch.exp(log_ratio)
-    if mode.endswith("truncate"):
+    # clamped as the policy's log ratio is: a long row's product (or a sampler log-prob of -inf) would overflow, and a
+    # flat group's 0 advantage times inf is NaN; inside the bound the weight is exact
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    if mode.endswith("truncate") and (clip_min is not None or clip_max is not None):
         ratio = ratio.clamp(min=clip_min, max=clip_max)
     else:
         low = -math.inf if clip_min is None else clip_min

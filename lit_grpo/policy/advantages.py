@@ -85,13 +85,16 @@ def assign_advantages(buffer: RolloutBuffer, objective: Objective, knobs: Advant
 def gdpo(buffer: RolloutBuffer, ranks: tuple[Any, int]) -> torch.Tensor:
     """GDPO's advantages ``[B, G]``: each of the task's rewards (``reward_parts``, weighted by ``reward_weights``;
     the reward itself when the task names no parts) normalised in its group, summed, then normalised over every
-    rank's completions with the sample std."""
+    rank's completions with the sample std. A completion whose scoring failed (``reward_failed``: a reward raised, or
+    the sum left its range) carries no signal, as one no reward applied to: advantage 0, out of the batch's moments."""
     names = list(buffer.reward_parts)
     if names:
         parts = torch.stack([buffer.reward_parts[name] for name in names], dim=-1).double()  # [N, K]
         weights = torch.tensor([buffer.reward_weights.get(name, 1.0) for name in names], dtype=torch.float64)
     else:
-        parts, weights = buffer.rewards.double()[:, None], torch.ones(1, dtype=torch.float64)
+        parts, weights = buffer.rewards.double()[:, None].clone(), torch.ones(1, dtype=torch.float64)
+    if buffer.reward_failed is not None:
+        parts[buffer.reward_failed] = float("nan")
     sums = gdpo_group_sums(parts.view(-1, buffer.group_size, parts.shape[-1]), weights)  # [B, G]
     scored = sums[~sums.isnan()]
     count, mean, std = global_moments(scored, *ranks)

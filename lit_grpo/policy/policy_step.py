@@ -110,7 +110,9 @@ class EntropyCoefficient:
         if world_size > 1:
             window = strategy.reduce(window.to(strategy.root_device), reduce_op="sum").cpu()
         self.window = torch.zeros(2, dtype=torch.float64)
-        entropy = float(window[0] / window[1].clamp(min=1.0))
+        if window[1] == 0:  # a step that counted no token (its training steps returned None) measures nothing
+            return
+        entropy = float(window[0] / window[1])
         control = self.control
         self.coef = next_entropy_coef(self.coef, entropy, control.target, control.coef_delta, control.coef_min,
                                       control.coef_max)
@@ -120,4 +122,7 @@ class EntropyCoefficient:
         return {"coef": self.coef, "last_entropy": self.last_entropy}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
-        self.coef, self.last_entropy = float(state["coef"]), float(state["last_entropy"])
+        """A checkpoint's adaptive state, its coefficient held within this run's ``coef_min`` and ``coef_max``."""
+        control = self.control
+        self.coef = min(max(float(state["coef"]), control.coef_min), control.coef_max)
+        self.last_entropy = float(state["last_entropy"])

@@ -43,7 +43,7 @@ class TrainedState(pl.LightningModule):
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
         if self.risk_replay is not None:
             checkpoint["risk_replay"] = self.risk_replay.state_dict()
-        if self.entropy_coef is not None:  # the adaptive coefficient goes on from where it was
+        if self.entropy_coef is not None and self.entropy_coef.control.adaptive:  # it goes on from where it was
             checkpoint["entropy_coef"] = self.entropy_coef.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -56,7 +56,7 @@ class TrainedState(pl.LightningModule):
             raise InputError(other_base or f"checkpoint lacks {len(missing)} trained tensors (e.g. {missing[0]})")
         if self.risk_replay is not None and "risk_replay" in checkpoint:
             self.risk_replay.load_state_dict(checkpoint["risk_replay"])
-        if self.entropy_coef is not None and "entropy_coef" in checkpoint:
+        if self.entropy_coef is not None and self.entropy_coef.control.adaptive and "entropy_coef" in checkpoint:
             self.entropy_coef.load_state_dict(checkpoint["entropy_coef"])
 
     def trainable_keys(self) -> set[str]:

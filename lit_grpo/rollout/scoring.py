@@ -28,6 +28,7 @@ def score_buffer(scorer: Any, buffer: RolloutBuffer, records: Sequence[PromptRec
     if warning:
         rank_zero_warn(warning)
     buffer.reward_errors = sum(s.error is not None for s in scored)
+    buffer.reward_failed = torch.tensor([s.error is not None for s in scored])
     buffer.reward_parts = reward_parts(scored)
     buffer.reward_weights = reward_weights(scorer)
     buffer.completion_texts = texts

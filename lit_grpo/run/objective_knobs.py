@@ -100,6 +100,9 @@ class EntropyControl:
             problems.append(f"entropy.coef_delta: must be positive, got {self.coef_delta}")
         if self.adaptive and not self.target >= 0:
             problems.append(f"entropy.target: must be >= 0, got {self.target}")
+        if not problems and self.top_quantile == 1.0 and not self.bonus:
+            problems.append("entropy: sets nothing (top_quantile 1, coef 0, not adaptive): give top_quantile < 1, "
+                            "coef > 0 or adaptive true, or leave entropy unset")
         return problems
 
 

@@ -119,7 +119,7 @@ def choice_problems(function: Callable, args: dict[str, Any]) -> list[str]:
 # the aggregation that defines a variant (a variant missing here takes any; losses.policy checks it too)
 VARIANT_AGGREGATION = {"gspo": "seq-mean", "luspo": "seq-sum"}
 PER_SEQUENCE_ADVANTAGE = ("gspo", "luspo", "vespo")  # they weigh a whole sequence by one advantage
-RATIO_VARIANTS = ("unclipped", "clip", "cispo", "sapo")  # the variants whose ratio may be a token's or a sequence's
+RATIO_VARIANTS = ("unclipped", "clip", "cispo", "sapo", "luspo")  # their ratio may be a token's or a sequence's
 CLIP_VARIANTS = ("clip", "gspo", "luspo")  # the variants that clip the ratio (and cap it with clip_delta)
 # knob -> the variant that reads it: set to other than its defaults with another variant, it would do nothing
 VARIANT_KNOBS = {"sapo": (SapoTemperatures, "sapo"), "vespo": (VespoShape, "vespo")}
@@ -153,10 +153,10 @@ def surrogate_knob_problems(model_args: dict[str, Any]) -> list[str]:
     variant = model_args["loss_variant"]
     problems = []
     level = model_args.get("ratio_level")
-    if level is not None and variant not in RATIO_VARIANTS:
+    if level is not None and variant not in RATIO_VARIANTS and (variant, level) != ("gspo", "sequence"):
         problems.append(f"model.ratio_level {level!r} with loss_variant {variant!r}: only "
-                        f"{', '.join(RATIO_VARIANTS)} choose their ratio's level (gspo and luspo are the sequence's, "
-                        "reinforce and vespo take none); leave it unset")
+                        f"{', '.join(RATIO_VARIANTS)} choose their ratio's level (gspo's is the sequence's: clip is "
+                        "gspo at token level; reinforce and vespo take none); leave it unset")
     if model_args.get("clip_delta") is not None and variant not in CLIP_VARIANTS:
         problems.append(f"model.clip_delta with loss_variant {variant!r}: it caps the clip's ratio, which only "
                         f"{', '.join(CLIP_VARIANTS)} take; leave it unset")
@@ -177,7 +177,8 @@ def surrogate_knob_problems(model_args: dict[str, Any]) -> list[str]:
                         "kl_in 'loss'")
     if variant == "dpo":
         on = [name for name in ("entropy", "off_policy_mask_threshold", "sampler_correction")
-              if model_args.get(name) is not None]
+              if model_args.get(name) is not None] + (["kl_ratio_correction"] if model_args.get("kl_ratio_correction")
+                                                      else [])
         problems += [f"model.{name} with loss_variant 'dpo': online DPO's loss on pairs has no policy-gradient "
                      "surrogate to mask, weight or regularise; leave it unset" for name in on]
     return problems
@@ -246,6 +247,10 @@ def risk_decision_problems(decision: str, task_name: str, task_names_answer_toke
 
 
 def group_of_one_problems(model_args: dict[str, Any], data_args: dict[str, Any]) -> list[str]:
+    if model_args["advantage_mode"] == "gdpo" and data_args.get("overlong_cache") is not None:
+        return ["data.overlong_cache with model.advantage_mode 'gdpo': GDPO normalises each of the task's rewards "
+                "apart, and the overlong penalty is none of them; leave overlong_cache unset (data.mask_truncated "
+                "takes truncated completions out of the loss instead)"]
     if model_args["advantage_mode"] == "gdpo" and data_args["rollout"] != "grouped":
         return [f"model.advantage_mode 'gdpo' with data.rollout {data_args['rollout']!r}: GDPO normalises each of a "
                 "task's rewards within a prompt's group of completions, and an episode is scored by its "
