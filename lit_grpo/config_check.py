@@ -13,7 +13,7 @@ from typing import Any
 
 from jsonargparse import ArgumentParser
 
-from lit_grpo.config_names import accepted_keys, did_you_mean, with_package
+from lit_grpo.run.config_names import accepted_keys, did_you_mean, with_package
 from lit_grpo.errors import InputError
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.policy.optimizers import lr_scheduler_entry

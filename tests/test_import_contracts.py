@@ -2,11 +2,11 @@
 an import that goes up a layer, joins the two sides or reaches the callbacks from below breaks them.
 
 import-linter finds a package's modules by walking its folder, so ``lint-imports`` runs on a copy of the package laid
-out as installed (``callbacks/`` inside ``lit_grpo/``, as setuptools' package-dir puts it)."""
+out as installed (``callbacks/`` inside ``lit_grpo/``, as setuptools' package-dir puts it), as
+``scripts/lint_imports.py`` runs it from the checkout root."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,24 +14,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from lint_imports import installed_layout  # noqa: E402 - the maintainer's wrapper: one copy of the layout
+from lint_imports import lint_imports as run_lint_imports  # noqa: E402
 LAYERS = "the folders import down only (design §1)"
 
 
-def installed_layout(target: Path) -> Path:
-    """``target`` holding ``lit_grpo/`` with ``callbacks/`` as ``lit_grpo/callbacks``, and pyproject.toml."""
-    skip = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(ROOT / "lit_grpo", target / "lit_grpo", ignore=skip)
-    shutil.copytree(ROOT / "callbacks", target / "lit_grpo" / "callbacks", ignore=skip)
-    shutil.copy(ROOT / "pyproject.toml", target / "pyproject.toml")
-    return target
-
-
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
-    """import-linter's ``lint-imports`` command (its console-script entry point) run from ``cwd``."""
-    run = ("import sys; from importlib.metadata import entry_points; "
-           "(script,) = entry_points(group='console_scripts', name='lint-imports'); "
-           "sys.argv = ['lint-imports', '--no-cache', '--no-logo']; sys.exit(script.load()())")
-    return subprocess.run([sys.executable, "-c", run], cwd=cwd, capture_output=True, text=True, timeout=300)
+    """``lint-imports`` run in ``cwd`` as ``scripts/lint_imports.py`` runs it."""
+    return run_lint_imports(cwd, ["--no-logo"])
 
 
 def test_the_code_keeps_every_contract(tmp_path):
@@ -79,3 +70,16 @@ def test_the_rollout_reaching_into_a_tool_task_breaks_its_contract(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert "tool tasks are met through MultiRoundTask's turns only BROKEN" in result.stdout
     assert f"{LAYERS} KEPT" in result.stdout  # tasks sit below the rollout: only this contract says no
+
+
+@pytest.mark.slow  # a second: lint-imports on a fresh copy
+def test_the_wrapper_runs_lint_imports_from_the_checkout_root():
+    result = subprocess.run([sys.executable, "scripts/lint_imports.py"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{LAYERS} KEPT" in result.stdout and "0 broken" in result.stdout
+
+
+def test_no_loose_module_beside_the_entry_points():
+    loose = sorted(p.name for p in (ROOT / "lit_grpo").glob("*.py"))
+    assert loose == ["__init__.py", "cli.py", "config_check.py", "errors.py"]
