@@ -7,7 +7,9 @@ import math
 
 import torch
 
-from lit_grpo.run.objective_knobs import SAMPLER_CORRECTION_MODES
+# the modes run/objective_knobs.SamplerCorrection's Literal spells for the configuration (losses/ imports nothing
+# outside itself; tests/test_importance.py holds the two equal)
+SAMPLER_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 LOG_RATIO_LIMIT = 20.0  # as losses.policy's: exp(20) is finite in float32, and no weight a clip keeps is near it
 

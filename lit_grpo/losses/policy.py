@@ -11,12 +11,15 @@ import torch
 from lit_grpo.losses.advantages import check_choice
 from lit_grpo.losses.aggregation import check_aggregation, masked_aggregate, masked_mean, sequence_mean
 from lit_grpo.losses.surrogates import clip_surrogate, cispo_surrogate, sapo_gate, sapo_surrogate, vespo_weights
-from lit_grpo.run.rules import PER_SEQUENCE_ADVANTAGE, VARIANT_AGGREGATION
 
 PolicyVariant = Literal["reinforce", "unclipped", "clip", "gspo", "cispo", "sapo", "luspo", "vespo"]
 POLICY_VARIANTS: tuple[str, ...] = get_args(PolicyVariant)
 RatioLevel = Literal["token", "sequence"]
 SEQUENCE_RATIO_VARIANTS = ("gspo", "luspo")  # their ratio is the sequence's; the others' a token's by default
+# losses/ is pure tensor math and imports nothing outside itself (design §1): these guard direct callers, and
+# run/rules.py refuses the same settings up front (tests/test_importance.py holds them equal)
+VARIANT_AGGREGATION = {"gspo": "seq-mean", "luspo": "seq-sum"}  # the aggregation that defines the variant
+PER_SEQUENCE_ADVANTAGE = ("gspo", "luspo", "vespo")  # they weigh a whole sequence by one advantage
 # |log ratio| beyond this is clamped before exp (as verl does): exp(88.7) overflows float32, and with A = 0 (a flat
 # group) 0 * inf is NaN. Inside the bound the loss is exact; beyond it the ratio is e^20 and passes no gradient.
 LOG_RATIO_LIMIT = 20.0
