@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lit_grpo.callbacks import ReferencePolicy, RolloutMetrics
@@ -13,7 +14,9 @@ from support import DigitShareTask, eval_logprobs
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import AutoModelForCausalLM
 
+from lit_grpo.errors import InputError
 from lit_grpo.policy.module import PolicyModule
+from lit_grpo.policy.reference import install_reference
 from lit_grpo.rollout.datamodule import RolloutDataModule
 
 
@@ -94,14 +97,14 @@ def test_refresh_copies_the_adapter_and_then_stays_frozen(tiny_llama_dir, tmp_pa
     module, datamodule = make_pair(tiny_llama_dir)
     trainer = make_trainer(tmp_path, 3, [reference, capture])
     trainer.fit(module, datamodule)
-    with reference.active(module.policy):
+    with module.reference_active():
         ref_logp = eval_logprobs(module.policy, probe, mask, 1.0)
     # refreshed after epoch index 1 (the second epoch): pi_ref is pi_theta as it was then, not as it is now
     torch.testing.assert_close(ref_logp, capture.policy_logp[1], rtol=0, atol=1e-6)
     assert (ref_logp - capture.policy_logp[2]).abs().max() > 1e-4
     frozen = [p for n, p in module.policy.named_parameters() if ".reference." in n]
     assert frozen and not any(p.requires_grad for p in frozen)
-    assert reference.state_dict()["frozen"] and all(".reference." in k for k in reference.state_dict()["frozen"])
+    assert set(reference.state_dict()["frozen"]) == set(module.adapter_copy())  # the adapter's keys, PEFT's format
 
 
 def test_rollout_metrics_reach_tensorboard(tiny_llama_dir, tmp_path):
@@ -130,15 +133,32 @@ def test_installing_the_reference_adapter_draws_nothing_from_the_global_rng(tiny
     # checkpoint restored that RNG, so every later draw (dropout, sampling) moved against the uninterrupted run
     module, _ = make_pair(tiny_llama_dir)
     module.configure_model()  # loads the policy (Lightning calls it at fit start)
-    reference = ReferencePolicy(refresh_every_n_epochs=2)
-    reference._freeze(module.policy)  # the first install: add_adapter, then the copy
-    frozen = [p for n, p in module.policy.named_parameters() if ".reference." in n]
-    assert frozen
+    weights = module.adapter_copy()
+    install_reference(module.policy, weights)  # the first install: add_adapter, then the copy
+    assert [p for n, p in module.policy.named_parameters() if ".reference." in n]
     state = torch.get_rng_state()
-    reference._frozen = {k: v + 1 for k, v in reference._frozen.items()}
     module.policy.delete_adapter("reference")
-    reference._install(module.policy)
+    install_reference(module.policy, {k: v + 1 for k, v in weights.items()})
     assert torch.equal(torch.get_rng_state(), state)
+    installed = {n.replace(".reference.", "."): p for n, p in module.policy.named_parameters() if ".reference." in n}
+    assert installed.keys() == weights.keys()
+    assert all(torch.equal(installed[k], weights[k] + 1) and not installed[k].requires_grad for k in weights)
+
+
+def test_a_reference_of_another_adapter_shape_is_refused(tiny_llama_dir):
+    module, _ = make_pair(tiny_llama_dir)
+    module.configure_model()
+    weights = {f"{k}.extra": v for k, v in module.adapter_copy().items()}
+    with pytest.raises(InputError, match="do not fit the policy's adapter"):
+        install_reference(module.policy, weights)
+
+
+def test_a_checkpoint_from_before_issue_51_keeps_its_frozen_reference():
+    # frozen weights were saved under the reference adapter's parameter names; now in adapter_copy's format
+    reference = ReferencePolicy("initial")
+    weight = torch.ones(2)
+    reference.load_state_dict({"frozen": {"base_model.model.q_proj.lora_A.reference.weight": weight}})
+    assert reference.reference_adapter() == {"base_model.model.q_proj.lora_A.weight": weight}
 
 
 def test_the_phase_line_offers_drawing_ahead_only_where_the_engine_can(caplog):

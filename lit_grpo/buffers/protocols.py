@@ -99,9 +99,20 @@ class TakesRiskThreshold(Protocol):
 
 
 class ReferenceSource(Protocol):
-    """What makes the policy run as π_ref (``callbacks.ReferencePolicy``: a frozen or refreshed adapter)."""
+    """What π_ref is (``callbacks.ReferencePolicy``): the LoRA weights the policy runs with as π_ref (a frozen or
+    refreshed copy of its adapter, in ``adapter_copy``'s format), or None for the base model (the adapter off)."""
 
-    def active(self, policy: Any) -> AbstractContextManager[None]: ...
+    def reference_adapter(self) -> Mapping[str, torch.Tensor] | None: ...
+
+
+@runtime_checkable
+class TakesReference(Protocol):
+    """A LightningModule that computes π_ref as a ``ReferenceSource`` says (``PolicyModule``), and whose adapter a
+    source copies to freeze it."""
+
+    def use_reference(self, source: ReferenceSource | None) -> None: ...
+
+    def adapter_copy(self) -> dict[str, torch.Tensor]: ...
 
 
 @runtime_checkable

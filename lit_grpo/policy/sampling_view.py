@@ -11,6 +11,7 @@ import torch
 from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
 from lit_grpo.buffers.protocols import ReferenceSource
+from lit_grpo.policy.reference import running_as_reference
 
 CONTEXT_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length")
 
@@ -70,12 +71,11 @@ class SamplingView:
             set_peft_model_state_dict(self.policy, saved)
 
     def use_reference(self, source: ReferenceSource | None) -> None:
-        """Compute π_ref inside ``source.active(policy)`` (a frozen or refreshed adapter, ``ReferencePolicy``);
+        """Compute π_ref with ``source``'s adapter weights (a frozen or refreshed copy, ``ReferencePolicy``);
         ``None``: the base model with the adapter switched off."""
         self.reference_source = source
 
     def reference_active(self) -> Any:
-        """A context in which the policy model runs as π_ref: the reference source's, else the adapter switched off."""
-        if self.reference_source is not None:
-            return self.reference_source.active(self.policy)
-        return self.policy.disable_adapter()
+        """A context in which the policy model runs as π_ref (``policy/reference.py``)."""
+        adapter = None if self.reference_source is None else self.reference_source.reference_adapter()
+        return running_as_reference(self.policy, adapter)
