@@ -8,10 +8,10 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_grpo.buffers.protocols import PreparesEpochs, TakesRiskThreshold
+from lit_grpo.buffers.protocols import PreparesEpochs, SamplingPolicy, TakesRiskThreshold
 from lit_grpo.errors import InputError, refuse
 from lit_grpo.risk.head import expected_calibration_error, learn_then_test
-from lit_grpo.rollout.rule_outcomes import rule_outcome
+from lit_grpo.rollout.rule_outcomes import MeasuresRiskRule, RuleOutcome
 
 DEFAULT_CANDIDATES = [0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0]
 
@@ -116,20 +116,21 @@ class RiskThreshold(pl.Callback):
             pl_module.log(f"risk/{name}", float(value), on_step=False, on_epoch=True, batch_size=1)
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
-        if trainer.sanity_checking or pl_module.risk_head is None:
+        data = trainer.datamodule
+        if trainer.sanity_checking or not isinstance(data, MeasuresRiskRule):
             return
-        datamodule = trainer.datamodule
-        records = datamodule.val_records()
-        outcomes = {tau: rule_outcome(pl_module, datamodule, records, tau) for tau in self.candidates}
+        if not isinstance(pl_module, SamplingPolicy) or pl_module.context_risk() is None:
+            return  # no risk head: no rule to measure
+        records = data.val_records()
+        outcomes = {tau: data.rule_outcome(pl_module, records, tau) for tau in self.candidates}
         if self.mode == "calibrated":
             counts = [(t, int(o.errors.sum()), int(o.covered.sum())) for t, o in outcomes.items()]
             self.calibrated_tau, _ = learn_then_test(counts, self.alpha, self.delta)
         tau = self.current_tau(trainer.current_epoch)
         if self.decision == "value":
-            current = rule_outcome(pl_module, datamodule, records, None, decision="value",
-                                   cvar_level=self.cvar_level)
+            current = data.rule_outcome(pl_module, records, None, decision="value", cvar_level=self.cvar_level)
         else:
-            current = outcomes.get(tau) or rule_outcome(pl_module, datamodule, records, tau)
+            current = outcomes.get(tau) or data.rule_outcome(pl_module, records, tau)
         self.log_outcome(pl_module, current)
         self.log_curve(trainer, [outcomes[t] for t in self.candidates])
         shown = ("value rule" if self.decision == "value" else
@@ -139,7 +140,7 @@ class RiskThreshold(pl.Callback):
                        f"mean return {float(current.returns.mean()):.3f}; curve (tau: coverage, error): " +
                        ", ".join(f"{t:g}: {o.coverage:.2f}, {fmt(o.selective_error)}" for t, o in outcomes.items()))
 
-    def log_outcome(self, pl_module: Any, outcome: Any) -> None:
+    def log_outcome(self, pl_module: Any, outcome: RuleOutcome) -> None:
         error = outcome.selective_error
         metrics = {
             "risk/always_defer": float(outcome.tau is None and self.decision == "threshold"),
@@ -153,7 +154,7 @@ class RiskThreshold(pl.Callback):
         for name, value in metrics.items():
             pl_module.log(name, torch.tensor(value), sync_dist=True)
 
-    def log_curve(self, trainer: pl.Trainer, outcomes: list[Any]) -> None:
+    def log_curve(self, trainer: pl.Trainer, outcomes: list[RuleOutcome]) -> None:
         logger = trainer.logger
         if logger is None or not hasattr(logger.experiment, "add_figure"):
             return
@@ -170,7 +171,7 @@ def fmt(value: float | None) -> str:
     return "undefined" if value is None else f"{value:.3f}"
 
 
-def risk_coverage_figure(outcomes: list[Any]) -> Any:
+def risk_coverage_figure(outcomes: list[RuleOutcome]) -> Any:
     """Selective error against coverage, one point per tau (labelled)."""
     import matplotlib
 

@@ -21,7 +21,6 @@ from lit_grpo.policy.risk_features import context_error_probability
 from lit_grpo.risk.head import RiskHeadSpec
 from lit_grpo.risk.rule import RiskRule
 from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.rollout.rule_outcomes import rule_outcome
 from support import load_checkpoint
 from lit_grpo.tasks import ClarifyTask
 from lit_grpo.tasks.multiround import MultiRoundTask
@@ -132,7 +131,7 @@ def test_calibration_in_the_loop_and_tau_in_the_checkpoint(tmp_path):
     trainer.fit(module, datamodule)
     # greedy episodes are deterministic: rerun each candidate's validation episodes (the measurement), then apply
     # Learn-then-Test by hand: from the smallest tau up, keep going while P(Bin(covered, alpha) <= errors) <= delta
-    outcomes = {t: rule_outcome(module, datamodule, datamodule.val_records(), t) for t in threshold.candidates}
+    outcomes = {t: datamodule.rule_outcome(module, datamodule.val_records(), t) for t in threshold.candidates}
     assert outcomes[0.0].coverage == 0.0 and outcomes[0.0].selective_error is None  # P(error) > 0: always defers
     expected = None
     for t in (0.0, 0.3, 0.5, 1.0):
@@ -189,7 +188,7 @@ def test_the_value_rule_forces_an_answer_or_a_question_by_the_heads_two_values(t
     with torch.no_grad():
         module.risk_head.linear.bias.zero_()
         module.risk_head.linear.bias[atoms - 1] = 10.0
-    outcome = rule_outcome(module, datamodule, records, None, decision="value")
+    outcome = datamodule.rule_outcome(module, records, None, decision="value")
     assert outcome.covered.all()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -25,23 +26,24 @@ from lit_grpo.rollout.ahead import RolloutPrefetcher, rollouts_ahead
 from lit_grpo.rollout.cursor import PromptCursor, task_record
 from lit_grpo.rollout.engine_sync import EngineSync
 from lit_grpo.rollout.grouped import GroupedDraw
-from lit_grpo.rollout.held_out import HeldOutLoaders
+from lit_grpo.rollout.held_out import HeldOutPrompts, Scores
 from lit_grpo.rollout.probes import probe_labels
 from lit_grpo.rollout.prompt_check import LongPrompts, check_inputs
 from lit_grpo.rollout.reward_worker import RewardWorker
+from lit_grpo.rollout.rule_outcomes import RuleOutcome, rule_outcome
 from lit_grpo.rollout.scoring import TimedScoring
 from lit_grpo.rollout.settings import data_config_problems, resuming_after_finished_epoch
 from lit_grpo.rollout.trees import grow_epoch_trees
 from lit_grpo.run.distributed import minibatch_padding, rank_and_world
-from lit_grpo.run.rules import RolloutKind, TrainerFacts, choice_problems, cross_knob_problems, staleness_problems
 from lit_grpo.run.resume import task_notes
-from lit_grpo.run.rules import risk_decision_problems
+from lit_grpo.run.rules import (RolloutKind, TrainerFacts, choice_problems, cross_knob_problems, risk_decision_problems,
+                                 staleness_problems)
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks import ArithmeticTask, PromptRecord, Task
 from lit_grpo.tasks.multiround import names_answer_tokens
 
 
-class RolloutDataModule(HeldOutLoaders, pl.LightningDataModule):
+class RolloutDataModule(pl.LightningDataModule):
     """Prompts, rollout engine and rewards; regenerates the rollout buffer at the start of every epoch.
 
     Needs ``Trainer(reload_dataloaders_every_n_epochs=1)`` (the CLI sets it), else the first buffer is reused.
@@ -52,7 +54,8 @@ class RolloutDataModule(HeldOutLoaders, pl.LightningDataModule):
     (``rollout/engine_sync.py``); drawing ahead to ``RolloutPrefetcher`` and ``rollouts_ahead`` (``rollout/ahead.py``);
     trees and greedy episodes to ``rollout/trees.py``; scoring, timed, to ``TimedScoring`` (``rollout/scoring.py``;
     in a ``RewardWorker`` with a ``reward_timeout``); the prompt checks to ``check_inputs``; the validation and test
-    loaders, scored greedily, to ``HeldOutLoaders`` (``rollout/held_out.py``).
+    prompts, batched and scored greedily, to ``HeldOutPrompts`` (``rollout/held_out.py``); the rule's greedy episodes
+    to ``rule_outcome`` (``rollout/rule_outcomes.py``, ``MeasuresRiskRule``).
     It sees the LightningModule as a ``SamplingPolicy`` and the risk threshold as a ``RiskThresholdSource`` (given
     by ``use_risk_threshold``); it publishes each epoch's ``RolloutReport`` (``epoch_report``, and with the
     ``EpochBatches`` the module prepares) and serves its validation batches to the module (``ServesHeldOutScores``).
@@ -142,8 +145,9 @@ class RolloutDataModule(HeldOutLoaders, pl.LightningDataModule):
                                    max_sampling_rounds, overlong_cache, mask_truncated)
         self.prompts = PromptCursor(prompts_per_epoch, group_size, completion_budget)  # carried by checkpoints
         self.risk_threshold: RiskThresholdSource | None = None  # use_risk_threshold; None: no infer/defer rule
-        self.val_max_prompts, self.val_batch_size, self.seed = val_max_prompts, val_batch_size, seed
-        self.long_prompts = long_prompts
+        self.held_out = HeldOutPrompts(task, self.engine, self.scorer, len(self.branching), val_max_prompts,
+                                       val_batch_size)
+        self.seed, self.long_prompts = seed, long_prompts
         self._task_record: dict[str, Any] | None = None  # what the cursor indexes (task_identity)
         self.prompts_checked = False  # against the loaded tokenizer and context, at the first loader
         self._report: RolloutReport | None = None
@@ -242,9 +246,7 @@ class RolloutDataModule(HeldOutLoaders, pl.LightningDataModule):
         rank_zero_info(
             f"epoch {epoch}: {len(records)} prompts, {buffer.input_ids.shape[0]} segments in {done - clock:.2f}s "
             f"({', '.join(f'{name} {seconds:.2f}s' for name, seconds in phases.items())}); "
-            f"reward mean {buffer.rewards.mean():.3f}, "
-            f"accuracy {buffer.correct.float().mean():.3f}"
-        )
+            f"reward mean {buffer.rewards.mean():.3f}, accuracy {buffer.correct.float().mean():.3f}")
         return buffer
 
     def rollouts_now(self, module: SamplingPolicy, epoch: int) -> tuple[RolloutBuffer, list[PromptRecord], dict[str, float]]:
@@ -280,8 +282,7 @@ class RolloutDataModule(HeldOutLoaders, pl.LightningDataModule):
                                  self.scoring, self.next_prompts)
 
     def next_prompts(self, count: int | None = None) -> list[PromptRecord]:
-        """This rank's share of the next ``count`` (default ``prompts_per_epoch``) training prompts (``PromptCursor``:
-        wrapping around the split; the cursor moves past all ranks' shares)."""
+        """This rank's share of the next ``count`` (default ``prompts_per_epoch``) training prompts (``PromptCursor``)."""
         return self.prompts.take(self.task.train_records(), count, *rank_and_world(self.trainer))
 
     # --- engine ------------------------------------------------------------------------------------------------
@@ -328,6 +329,41 @@ class RolloutDataModule(HeldOutLoaders, pl.LightningDataModule):
     def epoch_seed(self, epoch: int, stream: str = "rollout") -> int:
         """The base seed of one of an epoch's random streams (``rollout`` sampling, minibatch ``shuffle``)."""
         return derived_seed(self.seed, epoch, stream)
+
+    # --- held-out prompts: validation, test, the risk rule's calibration ----------------------------------------
+    def val_records(self) -> list[PromptRecord]:
+        """The validation prompts a validation (and a calibration) uses (``HeldOutPrompts.validation``)."""
+        return self.held_out.validation()
+
+    def val_dataloader(self) -> DataLoader:
+        """Batches of validation prompts, each scored greedily with the current policy when the loop reaches it."""
+        return self.greedy_loader(self.held_out.validation)
+
+    def held_out_scores(self) -> DataLoader:
+        return self.val_dataloader()  # for the module's measures outside Lightning's loop (ServesHeldOutScores)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.greedy_loader(self.held_out.test)  # the test split, scored as validation's is
+
+    def greedy_loader(self, held_out: Callable[[], list[PromptRecord]]) -> DataLoader:
+        module = self.checked_module()  # first: the prompt check may drop prompts too long for the model
+        return self.held_out.loader(held_out(), lambda records: self.greedy_scores(module, records))
+
+    def greedy_scores(self, module: SamplingPolicy, records: list[PromptRecord]) -> Scores:
+        self.prefetch.wait()  # the engine serves one caller at a time
+        self.sync_policy(module)
+        sampling = self.sampling_spec(module, greedy=True, seed=None)
+        return self.held_out.greedy_scores(module.tokenizer, records, sampling, self.risk_rule(module))
+
+    def rule_outcome(self, module: SamplingPolicy, records: list[PromptRecord], tau: float | None,
+                     decision: str = "threshold", cvar_level: float = 0.0) -> RuleOutcome:
+        """Fresh greedy episodes of ``records`` under the infer/defer rule at ``tau`` (``decision`` and ``cvar_level``
+        as in ``RiskRule``), for ``RiskThreshold``'s calibration and curve (``MeasuresRiskRule``)."""
+        self.sync_policy(module)
+        risk = module.context_risk()
+        rule = RiskRule.for_task(risk, tau, self.task, module.tokenizer, decision, cvar_level)
+        return rule_outcome(self.task, self.engine, module.tokenizer, risk, records, len(self.branching),
+                            self.sampling_spec(module, greedy=True, seed=None), rule)
 
     # --- state and teardown ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

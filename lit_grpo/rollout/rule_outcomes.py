@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from lit_grpo.buffers.protocols import SamplingPolicy
+from lit_grpo.buffers.protocols import ContextRisk, SamplingPolicy
 from lit_grpo.buffers.tree_layout import SegmentNode
+from lit_grpo.engines import RolloutEngine, SamplingSpec
 from lit_grpo.risk.head import selective_error
 from lit_grpo.risk.rule import RiskRule
 from lit_grpo.rollout.trees import greedy_trees
+from lit_grpo.tasks import PromptRecord, Task
 from lit_grpo.tree import depth_first
 
 
@@ -39,18 +41,24 @@ class RuleOutcome:
         return selective_error(self.errors, self.covered)
 
 
-def rule_outcome(module: SamplingPolicy, datamodule: Any, records: Sequence[Any], tau: float | None,
-                 apply_rule: bool = True, success_threshold: float = 0.0, decision: str = "threshold",
-                 cvar_level: float = 0.0) -> RuleOutcome:
-    """Fresh greedy episodes of the held-out ``records`` with the rule at ``tau`` (the calibration runs of
-    docs/guide.md#risk-averse-inferdefer-the-risk-head; ``decision``/``cvar_level`` as in ``RiskRule``);
-    ``apply_rule=False`` plays the policy alone (no head needed; ``success_threshold`` then defines an error)."""
-    task, tokenizer, risk = datamodule.task, module.tokenizer, module.context_risk()
-    datamodule.sync_policy(module)
-    rule = RiskRule.for_task(risk, tau, task, tokenizer, decision, cvar_level) if apply_rule else None
-    sampling = datamodule.sampling_spec(module, greedy=True, seed=None)
-    roots = greedy_trees(task, datamodule.engine, tokenizer, records, len(datamodule.branching), sampling, rule)
-    threshold = risk.success_threshold if risk is not None else success_threshold
+@runtime_checkable
+class MeasuresRiskRule(Protocol):
+    """A DataModule that measures the infer/defer rule on its held-out prompts (``RolloutDataModule``), as
+    ``callbacks.RiskThreshold`` calibrates and draws the risk-coverage curve."""
+
+    def val_records(self) -> list[PromptRecord]: ...
+
+    def rule_outcome(self, module: SamplingPolicy, records: Sequence[PromptRecord], tau: float | None,
+                     decision: str = "threshold", cvar_level: float = 0.0) -> RuleOutcome: ...
+
+
+def rule_outcome(task: Task, engine: RolloutEngine, tokenizer: Any, risk: ContextRisk, records: Sequence[PromptRecord],
+                 rounds: int, sampling: SamplingSpec, rule: RiskRule) -> RuleOutcome:
+    """Fresh greedy episodes of the held-out ``records``, up to ``rounds`` rounds, with ``rule`` deciding (the
+    calibration runs of docs/guide.md#risk-averse-inferdefer-the-risk-head); ``risk``'s success threshold defines
+    an error."""
+    roots = greedy_trees(task, engine, tokenizer, records, rounds, sampling, rule)
+    threshold = risk.success_threshold
     covered, errors, returns, decisions = [], [], [], []
     for root in roots:
         path = depth_first(root)[1:]
@@ -61,9 +69,9 @@ def rule_outcome(module: SamplingPolicy, datamodule: Any, records: Sequence[Any]
         covered.append(committed)
         errors.append(committed and last.reward < threshold)
         returns.append(sum(node.reward for node in path))
-        if committed and risk is not None:  # the head's calibration is read at the decisions it let through
+        if committed:  # the head's calibration is read at the decisions it let through
             decisions.append(last)
     p_error = risk.p_error([list(n.context) for n in decisions]) if decisions else torch.zeros(0)
     decision_error = torch.tensor([n.reward < threshold for n in decisions], dtype=torch.bool)
-    return RuleOutcome(tau if apply_rule else None, torch.tensor(covered), torch.tensor(errors),
-                       torch.tensor(returns), p_error, decision_error)
+    return RuleOutcome(rule.tau, torch.tensor(covered), torch.tensor(errors), torch.tensor(returns), p_error,
+                       decision_error)
