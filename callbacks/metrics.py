@@ -16,7 +16,9 @@ from torchmetrics import MeanMetric
 from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.buffers.protocols import PreparesEpochs, ReportsRollouts
 from lit_grpo.buffers.report import RolloutReport
+from lit_grpo.buffers.tree_layout import SegmentNode
 from lit_grpo.rollout.ahead import epoch_costs
+from lit_grpo.tree import Node
 
 
 def rollout_stats(buffer: RolloutBuffer) -> dict[str, float]:
@@ -120,7 +122,6 @@ def tool_stats(roots: list[Any]) -> dict[str, float]:
 def tool_leaves(roots: list[Any]) -> list[tuple[Any, int]]:
     """The leaves of a tool task's trees that hold their ``Episode``, with their depths (a node the environment
     closed at the depth limit is a plain Node, with no episode)."""
-    from lit_grpo.buffers.tree_layout import SegmentNode
     from lit_grpo.tasks.tool_task import Episode
 
     return [(node, depth) for root in roots for node, depth in leaves_with_depth(root)
@@ -157,7 +158,7 @@ def conversations_table(roots: list[Any], max_rows: int) -> str:
     return "\n".join(lines)
 
 
-def leaves_with_depth(root: Any) -> list[tuple[Any, int]]:
+def leaves_with_depth(root: Node) -> list[tuple[Node, int]]:
     """Every terminal node under ``root`` with its depth (the root is 0), depth first."""
     found, pending = [], [(root, 0)]
     while pending:
@@ -168,9 +169,9 @@ def leaves_with_depth(root: Any) -> list[tuple[Any, int]]:
     return found
 
 
-def max_depth(node: Any) -> int:
+def max_depth(node: Node) -> int:
     """Policy rounds on the deepest path below ``node`` (closing no-answer children count as no round)."""
-    rounds = [max_depth(child) + bool(getattr(child, "segment", ())) for child in node.children]
+    rounds = [max_depth(child) + (isinstance(child, SegmentNode) and bool(child.segment)) for child in node.children]
     return max(rounds, default=0)
 
 
@@ -294,15 +295,17 @@ class RolloutMetrics(pl.Callback):
             self.write_tree(trainer, report.buffer.trees[0], module_tokenizer(pl_module))
 
     @rank_zero_only
-    def write_tree(self, trainer: pl.Trainer, root: Any, tokenizer: Any = None) -> None:
+    def write_tree(self, trainer: pl.Trainer, root: SegmentNode, tokenizer: Any = None) -> None:
         """One tree as indented text: each node's reward, value, q and advantage, and its segment and the
         environment's reply when a tokenizer is given."""
         from lit_grpo.tree import render_tree
 
-        def label(node: Any) -> str:
-            segment = tokenizer.decode(list(getattr(node, "segment", ())), skip_special_tokens=True)
-            reply = tokenizer.decode(list(getattr(node, "reply", ())), skip_special_tokens=True)
-            return f"{segment!r}" + (f" -> {reply!r}" if reply else "") if getattr(node, "segment", ()) else ""
+        def label(node: Node) -> str:
+            if not isinstance(node, SegmentNode) or not node.segment:
+                return ""
+            segment = tokenizer.decode(list(node.segment), skip_special_tokens=True)
+            reply = tokenizer.decode(list(node.reply), skip_special_tokens=True)
+            return f"{segment!r}" + (f" -> {reply!r}" if reply else "")
 
         logger = trainer.logger
         if logger is not None and hasattr(logger.experiment, "add_text"):

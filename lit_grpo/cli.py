@@ -161,7 +161,8 @@ class LitGRPOCLI(LightningCLI):
             if not Path(path).is_file():
                 raise InputError(f"ckpt_path: {path!r} is not a file; pass a .ckpt this program wrote, or 'last'")
             # the task is compared when training goes on from the checkpoint's cursor (validate/test may use another)
-            task = self.datamodule.task_identity() if subcommand == "fit" else None
+            fit = subcommand == "fit" and isinstance(self.datamodule, RolloutDataModule)
+            task = self.datamodule.task_identity() if fit else None
             for note in check_resume(path, dict(self.model.hparams), task, type(self.datamodule).__qualname__):
                 print(f"lit-grpo: resuming {path}: {note}", file=sys.stderr)
 

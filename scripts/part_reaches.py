@@ -33,10 +33,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = (ROOT / "lit_grpo", ROOT / "callbacks")
 ROLE_OF_NAME = {"trainer": "trainer", "pl_module": "module", "lightning_module": "module", "module": "module",
                 "datamodule": "datamodule", "data_module": "datamodule", "data": "datamodule",
-                "engine": "engine", "task": "task", "environment": "environment", "scorer": "scorer",
-                "buffer": "buffer", "episode": "episode", "outcome": "outcome", "spec": "spec", "node": "node",
-                "labels": "labels", "head": "head", "risk": "risk"}
+                "engine": "engine", "task": "task", "scorer": "scorer", "buffer": "buffer", "episode": "episode",
+                "outcome": "outcome", "node": "node", "labels": "labels", "head": "head", "risk": "risk"}
+# Not parts, so not here: a user's tool environment (TRL's contract: its class's public methods are its tools) and
+# raw configuration values (a YAML's strings and mappings, checked by config_check.py).
+PINNED_PRIVATE = frozenset({"_accelerator_connector"})  # tests/test_private_apis.py's inventory pins each
 THROUGH_TRAINER = {"datamodule": "datamodule", "lightning_module": "module"}
+# what a LightningModule, a DataModule or a LightningCLI holds of the others
+SELF_ROLES = {"trainer": "trainer", "_trainer": "trainer", "datamodule": "datamodule"}
 ATTRIBUTE_FUNCTIONS = {"getattr": "read", "hasattr": "read", "setattr": "write", "delattr": "write"}
 
 
@@ -127,7 +131,7 @@ class FileReaches(ast.NodeVisitor):
 
     def __init__(self, path: Path, tree: ast.Module) -> None:
         self.path, self.part = path, part_of_path(path)
-        self.imports = imported_names(tree)
+        self.imports = imported_names(tree) | defined_names(tree, module_name(path))
         self.found: list[Reach] = []
         self.scopes: list[dict[str, Foreign | None]] = [{}]
 
@@ -159,28 +163,27 @@ class FileReaches(ast.NodeVisitor):
         types = self.resolve(annotation)
         role = ROLE_OF_NAME.get(name)
         classes = [t for t in types if isinstance(t, type) and t is not Any]  # Any is a class since 3.11
-        mine = [c for c in classes if part_of_class(c) in (self.part, None) and not lightning_base(c)]
-        if mine:
+        package = [c for c in classes if part_of_class(c) is not None]
+        others = [c for c in package if part_of_class(c) != self.part]
+        if others:  # of a union, what every one of the package's classes declares
+            return Foreign(frozenset.intersection(*map(declared_members, package)), f"a {others[0].__name__}")
+        if package or any(not lightning_base(c) for c in classes):
             return None  # its own part's or a library's object
-        others = [c for c in classes if part_of_class(c) is not None]
-        if others:
-            return Foreign(frozenset().union(*map(declared_members, others)), f"a {others[0].__name__}")
         untyped = annotation is None or any(t is Any for t in types) or any(lightning_base(c) for c in classes)
         if role is not None and untyped:
             return Foreign(lightning_api(role), f"{name}, typed {ast.unparse(annotation) if annotation else 'nothing'}")
         return None
 
     def foreign(self, node: ast.expr) -> Foreign | None:
-        if isinstance(node, ast.Name):
-            for scope in reversed(self.scopes):
-                if node.id in scope:
-                    return scope[node.id]
-            return None
+        key = dotted(node)  # a name, or an attribute chain narrowed by isinstance (``self.datamodule``)
+        for scope in reversed(self.scopes):
+            if key is not None and key in scope:
+                return scope[key]
         if isinstance(node, ast.Attribute):
-            if node.attr in ("trainer", "_trainer") and isinstance(node.value, ast.Name) and node.value.id == "self":
-                return Foreign(lightning_api("trainer"), "self.trainer")
+            if isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in SELF_ROLES:
+                return Foreign(lightning_api(SELF_ROLES[node.attr]), f"self.{node.attr}")
             owner = self.foreign(node.value)
-            if owner is not None and owner.what.startswith(("trainer", "self.trainer")) and node.attr in THROUGH_TRAINER:
+            if owner is not None and owner.what.startswith(("trainer", "self.trainer", "self._trainer")) and node.attr in THROUGH_TRAINER:
                 return Foreign(lightning_api(THROUGH_TRAINER[node.attr]), f"trainer.{node.attr}")
         return None
 
@@ -202,7 +205,9 @@ class FileReaches(ast.NodeVisitor):
 
     def bind_assignments(self, statement: ast.stmt, scope: dict[str, Foreign | None]) -> None:
         for node in ast.walk(statement):
-            if isinstance(node, ast.Assign):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):  # typed as a parameter is
+                scope.setdefault(node.target.id, self.foreign_of_annotation(node.target.id, node.annotation))
+            elif isinstance(node, ast.Assign):
                 for target in node.targets:
                     if isinstance(target, ast.Name):
                         scope.setdefault(target.id, self.foreign(node.value) or self.via_getattr(node.value))
@@ -226,9 +231,8 @@ class FileReaches(ast.NodeVisitor):
                 options = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
                 classes = [c for option in options for c in self.resolve(option) if isinstance(c, type)]
                 added = frozenset().union(*map(declared_members, classes)) if classes else frozenset()
-                narrowed = Foreign(current.allowed | added, current.what)
-                if isinstance(subject, ast.Name):
-                    scope[subject.id] = narrowed
+                if dotted(subject) is not None:
+                    scope[dotted(subject)] = Foreign(current.allowed | added, current.what)
 
     # --- the checks ---------------------------------------------------------------------------------------------
     def visit_Attribute(self, node: ast.Attribute) -> None:
@@ -251,6 +255,8 @@ class FileReaches(ast.NodeVisitor):
         self.generic_visit(node)
 
     def check(self, node: ast.AST, owner: Foreign, attribute: str, kind: str, text: str) -> None:
+        if attribute in PINNED_PRIVATE or (attribute.startswith("__") and attribute.endswith("__")):
+            return  # a pinned private API of Lightning's; a type's own name or class
         if attribute.startswith("_") or attribute not in owner.allowed:
             self.report(node, kind, text, f"{attribute} is not declared by {owner.what}")
 
@@ -262,6 +268,18 @@ def lightning_base(cls: type) -> bool:
     import lightning.pytorch as pl
 
     return cls in (pl.Trainer, pl.LightningModule, pl.LightningDataModule)
+
+
+def module_name(path: Path) -> str:
+    """The dotted name a source file imports as (``callbacks/x.py`` is ``lit_grpo.callbacks.x``)."""
+    parts = list(path.resolve().relative_to(ROOT).with_suffix("").parts)
+    parts = ["lit_grpo", *parts] if parts[0] == "callbacks" else parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def defined_names(tree: ast.Module, module: str) -> dict[str, str]:
+    """The classes a file defines at its top level, by their dotted names."""
+    return {node.name: f"{module}.{node.name}" for node in tree.body if isinstance(node, ast.ClassDef)}
 
 
 def dotted(node: ast.AST) -> str | None:

@@ -200,10 +200,10 @@ def test_the_value_rule_with_a_task_that_cannot_force_an_answer_is_refused_befor
     trainer = SimpleNamespace(datamodule=data)
     with pytest.raises(InputError, match="NoAnswerIds does not say which first tokens answer"):
         RiskThreshold(decision="value").setup(trainer, None, "fit")  # the data module refuses what its task can't do
-    assert data.risk_threshold is None
+    assert data.risk_threshold.source is None
     threshold = RiskThreshold(decision="threshold")
     threshold.setup(trainer, None, "fit")  # the threshold rule only forces questions
-    assert data.risk_threshold is threshold
+    assert data.risk_threshold.source is threshold
 
 
 def test_a_data_module_that_takes_no_risk_threshold_is_refused_by_name():

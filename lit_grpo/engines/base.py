@@ -55,17 +55,29 @@ class RolloutEngine(Protocol):
         """Release the engine's resources; generating afterwards is an error."""
 
 
-def engine_metrics(engine: Any) -> dict[str, float]:
-    """A copy of the engine's optional ``metrics`` (``RolloutEngine``), empty for an engine without them."""
-    return dict(getattr(engine, "metrics", None) or {})
+@runtime_checkable
+class ReportsEngineMetrics(Protocol):
+    """An engine with figures of its own (``RolloutEngine``'s optional ``metrics``)."""
+
+    metrics: dict[str, float]
 
 
-def end_turns(engine: Any) -> None:
-    """Tell ``engine`` that no further turn follows, where it takes the hint (``RolloutEngine``'s optional
-    ``end_turns``)."""
-    hook = getattr(engine, "end_turns", None)
-    if callable(hook):
-        hook()
+@runtime_checkable
+class EndsTurns(Protocol):
+    """An engine that keeps something for a next turn and lets it go (``RolloutEngine``'s optional ``end_turns``)."""
+
+    def end_turns(self) -> None: ...
+
+
+def engine_metrics(engine: RolloutEngine) -> dict[str, float]:
+    """A copy of the engine's optional ``metrics`` (``ReportsEngineMetrics``), empty for an engine without them."""
+    return dict(engine.metrics or {}) if isinstance(engine, ReportsEngineMetrics) else {}
+
+
+def end_turns(engine: RolloutEngine) -> None:
+    """Tell ``engine`` that no further turn follows, where it takes the hint (``EndsTurns``)."""
+    if isinstance(engine, EndsTurns):
+        engine.end_turns()
 
 
 def engine_dtype(configured: str, model: Any) -> str:

@@ -102,7 +102,7 @@ def gdpo(buffer: RolloutBuffer, ranks: tuple[Any, int]) -> torch.Tensor:
     return gdpo_advantages(sums, mean, sample_std).to(buffer.rewards.dtype)
 
 
-def gae_advantages(buffer: Any, objective: Objective, knobs: AdvantageKnobs, ranks: tuple[Any, int] = (None, 1),
+def gae_advantages(buffer: RolloutBuffer, objective: Objective, knobs: AdvantageKnobs, ranks: tuple[Any, int] = (None, 1),
                    chains: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO: per-token rewards (the task reward on the last token, less beta * k1 with ``kl_in='reward'``), GAE
     against the old values, advantages whitened over every rank's counted tokens.  -> ``([N, L], [N, L])``.

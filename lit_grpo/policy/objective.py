@@ -110,7 +110,7 @@ def adapter_config_problems(adapter: str | None, lora_rank: int, targets: Any, m
     return problems
 
 
-def risk_spec_problems(risk: Any) -> list[str]:
+def risk_spec_problems(risk: RiskHeadSpec | dict[str, Any] | None) -> list[str]:
     """Problems of the ``risk`` head spec, given as a ``RiskHeadSpec`` or as the mapping a config file holds."""
     if risk is None:
         return []

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from lit_grpo.buffers.tree_layout import SegmentNode
-from lit_grpo.tasks.base import PromptRecord
+from lit_grpo.tasks.base import PromptRecord, Task
 from lit_grpo.tree import depth_first
 
 
@@ -59,7 +59,7 @@ def episode_labels(root: SegmentNode, defer_ids: Sequence[int]) -> list[tuple[tu
     return labels
 
 
-def probe_records(task: Any, epoch_records: Sequence[PromptRecord], cursor: int, count: int) -> list[PromptRecord]:
+def probe_records(task: Task, epoch_records: Sequence[PromptRecord], cursor: int, count: int) -> list[PromptRecord]:
     """The epoch's prompts, then the training prompts from ``cursor`` on, ``count`` in all (fewer if the epoch's
     are more)."""
     train = task.train_records()

@@ -10,6 +10,7 @@ import torch
 
 from lit_grpo.buffers.protocols import ContextRisk
 from lit_grpo.risk.head import first_token_constraints, forced_defer, value_rule_defers
+from lit_grpo.tasks.multiround import MultiRoundTask
 
 
 class RiskRule:
@@ -29,7 +30,7 @@ class RiskRule:
         self.decision, self.cvar_level, self.answer_token_ids = decision, cvar_level, tuple(answer_token_ids)
 
     @classmethod
-    def for_task(cls, risk: ContextRisk, tau: float | None, task: Any, tokenizer: Any, decision: str = "threshold",
+    def for_task(cls, risk: ContextRisk, tau: float | None, task: MultiRoundTask, tokenizer: Any, decision: str = "threshold",
                  cvar_level: float = 0.0) -> RiskRule:
         """The rule with ``task``'s defer (and, for the value rule, answer) first tokens."""
         answer_ids = task.answer_token_ids(tokenizer) if decision == "value" else ()

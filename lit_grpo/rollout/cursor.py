@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from lit_grpo.run.distributed import rank_share
-from lit_grpo.tasks.base import PromptRecord, prompt_text
+from lit_grpo.tasks.base import PromptRecord, Task, prompt_text
 
 FINGERPRINT_PROMPTS = 16  # the first training prompts hashed into a task's record
 
 
-def task_record(task: Any) -> dict[str, Any]:
+def task_record(task: Task) -> dict[str, Any]:
     """What a checkpoint's prompt cursor indexes: the task's class, its training split's size and a hash of its first
     prompts (strings and ints: checkpoints load with ``weights_only=True``), and, to name it, the first prompt and
     the data file, if any. Taken before any prompt is dropped for length (``run.resume.task_notes`` compares them)."""
@@ -27,8 +27,8 @@ def task_record(task: Any) -> dict[str, Any]:
     record = {"class": f"{kind.__module__}.{kind.__qualname__}", "train_prompts": len(train),
               "fingerprint": hashlib.sha256("\x1e".join(first).encode("utf-8")).hexdigest()[:16],
               "first_prompt": first[0][:60] if first else ""}
-    if isinstance(getattr(task, "path", None), str):
-        record["data"] = task.path
+    if task.data_source() is not None:
+        record["data"] = task.data_source()
     return record
 
 

@@ -21,7 +21,6 @@ from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
 from lit_grpo.engines.base import engine_metrics
 from lit_grpo.errors import refuse
 from lit_grpo.risk.probes import probe_records
-from lit_grpo.risk.rule import RiskRule
 from lit_grpo.rollout.ahead import RolloutPrefetcher, rollouts_ahead
 from lit_grpo.rollout.cursor import PromptCursor, task_record
 from lit_grpo.rollout.engine_sync import EngineSync
@@ -32,15 +31,14 @@ from lit_grpo.rollout.prompt_check import LongPrompts, check_inputs
 from lit_grpo.rollout.reward_worker import RewardWorker
 from lit_grpo.rollout.rule_outcomes import RuleOutcome, rule_outcome
 from lit_grpo.rollout.scoring import TimedScoring
-from lit_grpo.rollout.settings import data_config_problems, resuming_after_finished_epoch
+from lit_grpo.rollout.threshold import ThresholdedRule
+from lit_grpo.rollout.settings import data_config_problems, fit_problems, resuming_after_finished_epoch
 from lit_grpo.rollout.trees import grow_epoch_trees
 from lit_grpo.run.distributed import minibatch_padding, rank_and_world
 from lit_grpo.run.resume import task_notes
-from lit_grpo.run.rules import (RolloutKind, TrainerFacts, choice_problems, cross_knob_problems, risk_decision_problems,
-                                 staleness_problems)
+from lit_grpo.run.rules import RolloutKind, choice_problems, cross_knob_problems, staleness_problems
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks import ArithmeticTask, PromptRecord, Task
-from lit_grpo.tasks.multiround import names_answer_tokens
 
 
 class RolloutDataModule(pl.LightningDataModule):
@@ -48,17 +46,16 @@ class RolloutDataModule(pl.LightningDataModule):
 
     Needs ``Trainer(reload_dataloaders_every_n_epochs=1)`` (the CLI sets it), else the first buffer is reused.
 
-    It delegates: the prompt cursor, the completions counted and the completion budget to ``PromptCursor``
-    (``rollout/cursor.py``, ``self.prompts``); the grouped draw with dynamic sampling and DAPO's overlong terms to
-    ``GroupedDraw`` (``rollout/grouped.py``); pushing the policy into the engine to ``EngineSync``
-    (``rollout/engine_sync.py``); drawing ahead to ``RolloutPrefetcher`` and ``rollouts_ahead`` (``rollout/ahead.py``);
-    trees and greedy episodes to ``rollout/trees.py``; scoring, timed, to ``TimedScoring`` (``rollout/scoring.py``;
-    in a ``RewardWorker`` with a ``reward_timeout``); the prompt checks to ``check_inputs``; the validation and test
-    prompts, batched and scored greedily, to ``HeldOutPrompts`` (``rollout/held_out.py``); the rule's greedy episodes
-    to ``rule_outcome`` (``rollout/rule_outcomes.py``, ``MeasuresRiskRule``).
-    It sees the LightningModule as a ``SamplingPolicy`` and the risk threshold as a ``RiskThresholdSource`` (given
-    by ``use_risk_threshold``); it publishes each epoch's ``RolloutReport`` (``epoch_report``, and with the
-    ``EpochBatches`` the module prepares) and serves its validation batches to the module (``ServesHeldOutScores``).
+    It delegates: the prompt cursor and the completion budget to ``PromptCursor`` (``rollout/cursor.py``); the grouped
+    draw with dynamic sampling and DAPO's overlong terms to ``GroupedDraw`` (``rollout/grouped.py``); pushing the
+    policy to ``EngineSync`` (``rollout/engine_sync.py``); drawing ahead to ``RolloutPrefetcher`` and
+    ``rollouts_ahead`` (``rollout/ahead.py``); trees and greedy episodes to ``rollout/trees.py``, under the rule of
+    ``ThresholdedRule`` (``rollout/threshold.py``); scoring, timed, to ``TimedScoring`` (``rollout/scoring.py``; in a
+    ``RewardWorker`` with a ``reward_timeout``); the prompt checks to ``check_inputs``; the held-out prompts to
+    ``HeldOutPrompts`` (``rollout/held_out.py``); the rule's greedy episodes to ``rule_outcome``
+    (``rollout/rule_outcomes.py``). It sees the LightningModule as a ``SamplingPolicy``; it publishes each epoch's
+    ``RolloutReport`` (``epoch_report``, and in the ``EpochBatches`` the module prepares) and serves held-out
+    scores (``ServesHeldOutScores``) and the rule's outcomes (``MeasuresRiskRule``).
 
     Args:
         task: the prompts and rewards, by class path (``lit_grpo.tasks.ArithmeticTask``, ``SortTask``,
@@ -144,7 +141,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.grouped = GroupedDraw(group_size, prompts_per_epoch, temperature, max_new_tokens, dynamic_sampling,
                                    max_sampling_rounds, overlong_cache, mask_truncated)
         self.prompts = PromptCursor(prompts_per_epoch, group_size, completion_budget)  # carried by checkpoints
-        self.risk_threshold: RiskThresholdSource | None = None  # use_risk_threshold; None: no infer/defer rule
+        self.risk_threshold = ThresholdedRule(task)  # use_risk_threshold's source: the infer/defer rule, if any
         self.held_out = HeldOutPrompts(task, self.engine, self.scorer, len(self.branching), val_max_prompts,
                                        val_batch_size)
         self.seed, self.long_prompts = seed, long_prompts
@@ -166,13 +163,7 @@ class RolloutDataModule(pl.LightningDataModule):
     def setup(self, stage: str) -> None:
         """Refuse what the rules between knobs refuse (the module's, the data's, the trainer's; run/rules.py): the CLI
         reported them before loading, a Python run hears them here, before any weights load."""
-        module: SamplingPolicy = self.trainer.lightning_module
-        trainer = self.trainer
-        sampler = getattr(trainer._accelerator_connector, "use_distributed_sampler", False)  # no public attribute
-        # fresh rollouts every epoch matter to fit alone: validate and test train no epoch, so any reload setting runs
-        reload = trainer.reload_dataloaders_every_n_epochs if stage == "fit" else None
-        facts = TrainerFacts(trainer.world_size, sampler, reload)
-        problems = cross_knob_problems(dict(module.model_arguments), self.settings, self.engine, self.task, facts)
+        problems = fit_problems(self.trainer, self.trainer.lightning_module, self.settings, self.engine, self.task, stage)
         refuse("the module and the data do not fit together", problems)
         self.task.use_device(self.trainer.strategy.root_device)  # a reward model runs beside the policy
         self.task_identity()  # before the first loader may drop long prompts
@@ -180,10 +171,7 @@ class RolloutDataModule(pl.LightningDataModule):
     def use_risk_threshold(self, source: RiskThresholdSource | None) -> None:
         """Apply the infer/defer rule at ``source``'s tau to tree rollouts and validation (``RiskThreshold`` gives
         itself at setup); ``None``: no rule. A source whose way of deciding this task cannot take is refused."""
-        if source is not None:
-            refuse("the callbacks and the task do not fit together",
-                   risk_decision_problems(source.decision, type(self.task).__name__, names_answer_tokens(self.task)))
-        self.risk_threshold = source
+        self.risk_threshold.use(source)
 
     @property
     def epoch_report(self) -> RolloutReport | None:
@@ -291,8 +279,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.engine_sync.sync(module)
 
     def push_policy_now(self, module: SamplingPolicy) -> None:
-        """Push the policy's weights as they are, once the draw ahead is done with the engine (``EngineSync``)."""
-        self.engine_sync.push_now(module)
+        self.engine_sync.push_now(module)  # the weights as they are, once the draw ahead is done with the engine
 
     def sampling_spec(self, module: SamplingPolicy, greedy: bool, seed: int | None) -> SamplingSpec:
         return SamplingSpec(max_new_tokens=self.max_new_tokens, temperature=self.temperature, greedy=greedy,
@@ -301,20 +288,9 @@ class RolloutDataModule(pl.LightningDataModule):
     def grow_trees(self, module: SamplingPolicy, records: list[PromptRecord], widths: list[int],
                    sampling: SamplingSpec) -> list[Any]:
         """The epoch's trees (``grow_epoch_trees``), ``risk_threshold.explore_fraction`` of them without the rule."""
-        rule = self.risk_rule(module, training=True)
-        explore = 0.0 if rule is None else self.risk_threshold.explore_fraction
-        return grow_epoch_trees(self.task, self.engine, module.tokenizer, records, widths, sampling, rule, explore,
-                                self.prompts.share_start)
-
-    def risk_rule(self, module: SamplingPolicy, training: bool = False) -> RiskRule | None:
-        """The infer/defer rule at the tau of ``risk_threshold`` (which also says how it decides); None without a
-        risk head or a threshold source."""
-        threshold, risk = self.risk_threshold, module.context_risk()
-        if risk is None or threshold is None:
-            return None
-        epoch = self.trainer.current_epoch
-        tau = threshold.training_tau(epoch) if training else threshold.current_tau(epoch)
-        return RiskRule.for_task(risk, tau, self.task, module.tokenizer, threshold.decision, threshold.cvar_level)
+        rule = self.risk_threshold.at(module, self.trainer.current_epoch, training=True)
+        return grow_epoch_trees(self.task, self.engine, module.tokenizer, records, widths, sampling, rule,
+                                self.risk_threshold.explore_fraction(rule), self.prompts.share_start)
 
     def checked_module(self) -> SamplingPolicy:
         """The trainer's module, once the prompts were checked against its tokenizer and context (``check_inputs``:
@@ -353,17 +329,16 @@ class RolloutDataModule(pl.LightningDataModule):
         self.prefetch.wait()  # the engine serves one caller at a time
         self.sync_policy(module)
         sampling = self.sampling_spec(module, greedy=True, seed=None)
-        return self.held_out.greedy_scores(module.tokenizer, records, sampling, self.risk_rule(module))
+        rule = self.risk_threshold.at(module, self.trainer.current_epoch, training=False)
+        return self.held_out.greedy_scores(module.tokenizer, records, sampling, rule)
 
     def rule_outcome(self, module: SamplingPolicy, records: list[PromptRecord], tau: float | None,
                      decision: str = "threshold", cvar_level: float = 0.0) -> RuleOutcome:
         """Fresh greedy episodes of ``records`` under the infer/defer rule at ``tau`` (``decision`` and ``cvar_level``
         as in ``RiskRule``), for ``RiskThreshold``'s calibration and curve (``MeasuresRiskRule``)."""
         self.sync_policy(module)
-        risk = module.context_risk()
-        rule = RiskRule.for_task(risk, tau, self.task, module.tokenizer, decision, cvar_level)
-        return rule_outcome(self.task, self.engine, module.tokenizer, risk, records, len(self.branching),
-                            self.sampling_spec(module, greedy=True, seed=None), rule)
+        return rule_outcome(self.task, self.engine, module, records, len(self.branching),
+                            self.sampling_spec(module, greedy=True, seed=None), tau, decision, cvar_level)
 
     # --- state and teardown ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

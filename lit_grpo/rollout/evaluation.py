@@ -9,7 +9,9 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from lit_grpo.tasks import PromptRecord
+from lit_grpo.engines import RolloutEngine, SamplingSpec
+from lit_grpo.rollout.reward_worker import RewardWorker
+from lit_grpo.tasks import PromptRecord, Task
 
 
 class HeldOutScores(Dataset):
@@ -27,8 +29,8 @@ class HeldOutScores(Dataset):
         return {self.reward_name: rewards, "correct": correct}
 
 
-def greedy_completion_scores(task: Any, engine: Any, scorer: Any, tokenizer: Any, records: list[PromptRecord],
-                             sampling: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def greedy_completion_scores(task: Task, engine: RolloutEngine, scorer: Task | RewardWorker, tokenizer: Any,
+                             records: list[PromptRecord], sampling: SamplingSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """One greedy completion per prompt, scored by ``scorer`` (the task, or its reward worker): ``(rewards [B],
     correct [B])``."""
     prompt_ids = [task.prompt_ids(r, tokenizer) for r in records]

@@ -74,7 +74,7 @@ def fit_prompts_to_context(task: Task, tokenizer: Any, limit: int, budget: int, 
                        f"{budget} generated tokens)")
 
 
-def possibly_too_long(task: Any, tokenizer: Any, records: Sequence[Any], room: int) -> list[Any]:
+def possibly_too_long(task: Task, tokenizer: Any, records: Sequence[Any], room: int) -> list[Any]:
     """The records whose prompt may take more than ``room`` tokens; only these are tokenised, since tokenising a
     whole split can take seconds. Assumes at most one token per UTF-8 byte of the text (true of byte-level BPE,
     character and SentencePiece byte-fallback vocabularies) plus the fixed overhead measured on the first record

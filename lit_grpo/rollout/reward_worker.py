@@ -36,7 +36,10 @@ def serve_rewards(connection: Connection, task: Task) -> None:
         if request is None:
             return
         kind, *arguments = request
-        connection.send(task.score_group(*arguments) if kind == "group" else task.column(*arguments))
+        if kind == "column" and isinstance(task, DatasetTask):  # only a DatasetTask's rewards are asked by column
+            connection.send(task.column(*arguments))
+        else:
+            connection.send(task.score_group(*arguments))
 
 
 class RewardWorker:
@@ -98,6 +101,9 @@ class RewardWorker:
             return failed(f"TimeoutError: the reward took longer than {self.timeout}s per {unit}")
         except WorkerDied as died:
             return failed(f"RuntimeError: the reward's worker process died ({died})")
+
+    def reward_weights(self) -> dict[str, float]:
+        return self.task.reward_weights()
 
     def close(self) -> None:
         """End the child process (idempotent)."""

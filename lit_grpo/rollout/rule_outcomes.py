@@ -9,13 +9,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from lit_grpo.buffers.protocols import ContextRisk, SamplingPolicy
+from lit_grpo.buffers.protocols import SamplingPolicy
 from lit_grpo.buffers.tree_layout import SegmentNode
 from lit_grpo.engines import RolloutEngine, SamplingSpec
 from lit_grpo.risk.head import selective_error
 from lit_grpo.risk.rule import RiskRule
 from lit_grpo.rollout.trees import greedy_trees
-from lit_grpo.tasks import PromptRecord, Task
+from lit_grpo.tasks import MultiRoundTask, PromptRecord
 from lit_grpo.tree import depth_first
 
 
@@ -52,12 +52,17 @@ class MeasuresRiskRule(Protocol):
                      decision: str = "threshold", cvar_level: float = 0.0) -> RuleOutcome: ...
 
 
-def rule_outcome(task: Task, engine: RolloutEngine, tokenizer: Any, risk: ContextRisk, records: Sequence[PromptRecord],
-                 rounds: int, sampling: SamplingSpec, rule: RiskRule) -> RuleOutcome:
-    """Fresh greedy episodes of the held-out ``records``, up to ``rounds`` rounds, with ``rule`` deciding (the
-    calibration runs of docs/guide.md#risk-averse-inferdefer-the-risk-head); ``risk``'s success threshold defines
-    an error."""
-    roots = greedy_trees(task, engine, tokenizer, records, rounds, sampling, rule)
+def rule_outcome(task: MultiRoundTask, engine: RolloutEngine, module: SamplingPolicy, records: Sequence[PromptRecord],
+                 rounds: int, sampling: SamplingSpec, tau: float | None, decision: str = "threshold",
+                 cvar_level: float = 0.0) -> RuleOutcome:
+    """Fresh greedy episodes of the held-out ``records``, up to ``rounds`` rounds, under the rule at ``tau``
+    (``decision`` and ``cvar_level`` as in ``RiskRule``; the calibration runs of
+    docs/guide.md#risk-averse-inferdefer-the-risk-head); the risk head's success threshold defines an error."""
+    risk = module.context_risk()
+    if risk is None:
+        raise ValueError("rule_outcome: the module has no risk head (SamplingPolicy.context_risk is None)")
+    rule = RiskRule.for_task(risk, tau, task, module.tokenizer, decision, cvar_level)
+    roots = greedy_trees(task, engine, module.tokenizer, records, rounds, sampling, rule)
     threshold = risk.success_threshold
     covered, errors, returns, decisions = [], [], [], []
     for root in roots:

@@ -10,11 +10,13 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_grpo.buffers.buffer import RolloutBuffer, reward_parts
-from lit_grpo.tasks import PromptRecord
+from lit_grpo.rollout.reward_worker import RewardWorker
+from lit_grpo.tasks import PromptRecord, Task
 from lit_grpo.tasks.base import ScoredCompletion, prompt_text
 
 
-def score_buffer(scorer: Any, buffer: RolloutBuffer, records: Sequence[PromptRecord], tokenizer: Any) -> None:
+def score_buffer(scorer: Task | RewardWorker, buffer: RolloutBuffer, records: Sequence[PromptRecord],
+                 tokenizer: Any) -> None:
     """Rewards and correctness of every completion of ``buffer`` (``records``: one per group), in place; a failing
     reward scores the task's failure, and the call's reward errors are printed in one warning."""
     rows = range(buffer.input_ids.shape[0])
@@ -30,20 +32,11 @@ def score_buffer(scorer: Any, buffer: RolloutBuffer, records: Sequence[PromptRec
     buffer.reward_errors = sum(s.error is not None for s in scored)
     buffer.reward_failed = torch.tensor([s.error is not None for s in scored])
     buffer.reward_parts = reward_parts(scored)
-    buffer.reward_weights = reward_weights(scorer)
+    buffer.reward_weights = scorer.reward_weights()
     buffer.completion_texts = texts
     buffer.prompt_texts = [prompt_text(record) for record in row_records]
 
 
-def reward_weights(scorer: Any) -> dict[str, float]:
-    """Each named reward's weight in the task's sum (a ``DatasetTask``'s ``names`` and ``weights``, read through a
-    reward worker), for advantages that weigh the rewards apart (``advantage_mode: gdpo``); empty for a task that
-    names none."""
-    task = getattr(scorer, "task", scorer)
-    names, weights = getattr(task, "names", None), getattr(task, "weights", None)
-    if not isinstance(names, list) or not isinstance(weights, list) or len(names) != len(weights):
-        return {}
-    return {name: float(weight) for name, weight in zip(names, weights)}
 
 
 def reward_error_warning(scored: Sequence[ScoredCompletion], records: Sequence[PromptRecord],
@@ -72,7 +65,7 @@ class TimedScoring:
     """``score_buffer`` with ``scorer``, its seconds summed in ``seconds``: rewards scored while generating (grouped
     draws) are counted as scoring, not as generation time."""
 
-    def __init__(self, scorer: Any) -> None:
+    def __init__(self, scorer: Task | RewardWorker) -> None:
         self.scorer, self.seconds = scorer, 0.0
 
     def __call__(self, buffer: RolloutBuffer, records: Sequence[PromptRecord], tokenizer: Any) -> None:

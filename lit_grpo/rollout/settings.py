@@ -6,6 +6,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from lit_grpo.buffers.protocols import SamplingPolicy
+from lit_grpo.engines import RolloutEngine
+from lit_grpo.run.rules import TrainerFacts, cross_knob_problems
+from lit_grpo.tasks import Task
+
 
 def data_config_problems(args: dict[str, Any]) -> list[str]:
     """Every problem with RolloutDataModule's own argument values beyond their choices
@@ -25,6 +30,17 @@ def data_config_problems(args: dict[str, Any]) -> list[str]:
     if args["val_max_prompts"] is not None and args["val_max_prompts"] < 1:
         problems.append(f"val_max_prompts: must be >= 1 or None, got {args['val_max_prompts']}")
     return problems
+
+
+def fit_problems(trainer: pl.Trainer, module: SamplingPolicy, settings: dict[str, Any], engine: RolloutEngine,
+                 task: Task, stage: str) -> list[str]:
+    """What the rules between knobs refuse of the module's, the data's and the trainer's settings (run/rules.py)."""
+    # Lightning keeps the setting in no public attribute (pinned by tests/test_python_api.py)
+    sampler = getattr(trainer._accelerator_connector, "use_distributed_sampler", False)
+    # fresh rollouts every epoch matter to fit alone: validate and test train no epoch, so any reload setting runs
+    reload = trainer.reload_dataloaders_every_n_epochs if stage == "fit" else None
+    facts = TrainerFacts(trainer.world_size, sampler, reload)
+    return cross_knob_problems(dict(module.model_arguments), settings, engine, task, facts)
 
 
 def resuming_after_finished_epoch(trainer: pl.Trainer) -> bool:

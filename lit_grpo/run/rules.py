@@ -34,6 +34,20 @@ SNAPSHOT_ATTRIBUTE = "samples_from_copy"
 
 
 @runtime_checkable
+class SamplesFromCopy(Protocol):
+    """An engine (instance or class) that declares whether it samples from its own copy of the pushed weights."""
+
+    samples_from_copy: bool
+
+
+@runtime_checkable
+class DeclaresRounds(Protocol):
+    """A multi-round task (instance or class) that says how many rounds it runs at most."""
+
+    max_rounds: int
+
+
+@runtime_checkable
 class MultiRound(Protocol):
     """A task that tree and chain rollouts can grow (``tasks.MultiRoundTask``): an environment step per round."""
 
@@ -269,8 +283,9 @@ def staleness_problems(max_staleness: int, rollout: str, engine: Any, old_logp_s
     if max_staleness == 0:
         return []
     problems = []
-    name = getattr(engine, "__name__", type(engine).__name__)
-    if engine is not None and not getattr(engine, SNAPSHOT_ATTRIBUTE, False):  # None: not importable, said apart
+    name = engine.__name__ if isinstance(engine, type) else type(engine).__name__
+    copies = isinstance(engine, SamplesFromCopy) and bool(engine.samples_from_copy)
+    if engine is not None and not copies:  # None: not importable, said apart
         problems.append(
             f"data.max_staleness {max_staleness} with data.engine {name}: it samples from the model being trained, "
             "which changes under it while the next rollouts are drawn; use lit_grpo.engines.VLLMEngine or "
@@ -338,7 +353,7 @@ def declared_rounds(task: Any, task_args: dict[str, Any] | None) -> tuple[int | 
     except (TypeError, ValueError):  # a class without a Python signature: its attribute, if any
         declared = {}
     argument = next((a for a in ROUNDS_ARGUMENTS if a in declared), "")
-    rounds = getattr(task, "max_rounds", None)
+    rounds = task.max_rounds if isinstance(task, DeclaresRounds) else None
     if isinstance(task, type) and argument:
         default = declared[argument].default
         rounds = (task_args or {}).get(argument, None if default is inspect.Parameter.empty else default)

@@ -173,6 +173,15 @@ class Task(ABC):
         """Where the policy runs (the data module tells the task at setup, before the model loads): for rewards that
         run a model."""
 
+    def data_source(self) -> str | None:
+        """The data file or dataset the prompts come from, to name it in a checkpoint's task record; None here."""
+        return None
+
+    def reward_weights(self) -> dict[str, float]:
+        """Each named reward's weight in the task's sum, for advantages that weigh them apart (``advantage_mode:
+        gdpo``); empty here: one unnamed reward."""
+        return {}
+
     def close(self) -> None:
         """Release what the task started (a tool task's worker process); the DataModule's teardown calls it. Here:
         nothing."""

@@ -209,6 +209,12 @@ class DatasetTask(Task):
         columns = [(column or self.column)(index, batch) for index in range(len(self.rewards))]
         return self.combined(batch, columns)
 
+    def data_source(self) -> str | None:
+        return self.path if isinstance(self.path, str) else None
+
+    def reward_weights(self) -> dict[str, float]:
+        return {name: float(weight) for name, weight in zip(self.names, self.weights)}
+
     def column(self, index: int, batch: Completions) -> Column:
         """Reward ``index``'s values and errors on ``batch``: a ``Reward`` is called per completion and fails alone;
         a batched function is called once."""

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lit_grpo.errors import InputError
-from lit_grpo.tasks.base import PromptRecord, is_conversation, prompt_text
+from lit_grpo.tasks.base import PromptRecord, Task, is_conversation, prompt_text
 
 Located = tuple[str, PromptRecord]  # where the row is (``file:line`` or ``path [split] row N``), its record
 TRL_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
@@ -112,7 +112,7 @@ def check_rows(rows: Sequence[Located], answers_compared: bool, trl_functions: b
                                  "functions receive (the column would be lost); rename it")
 
 
-def check_rendering(task: Any, tokenizer: Any, model_name: str) -> None:
+def check_rendering(task: Task, tokenizer: Any, model_name: str) -> None:
     """Render every distinct prompt of both splits once through the tokenizer's chat template, where it is used (a
     conversation, or ``use_chat_template``): a missing template, one that raises, or one that renders none of the
     prompt's text is named with the prompt, before any rollout. About 0.1 ms per prompt."""
@@ -143,7 +143,7 @@ def missing_template(split: str, conversations: bool, model_name: str) -> str:
             "data.task.init_args.use_chat_template false, or use a model whose tokenizer has one")
 
 
-def rendering_problem(task: Any, tokenizer: Any, record: PromptRecord) -> str | None:
+def rendering_problem(task: Task, tokenizer: Any, record: PromptRecord) -> str | None:
     """Why the chat template cannot render ``record``'s prompt: it raises, or renders none of the prompt's text."""
     try:
         text = task.chat_text(record, tokenizer)
