@@ -10,9 +10,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for benchmarks.*
 
-from benchmarks.research.risk.risk_curves import at, fixed_curve  # noqa: E402
+from benchmarks.research.risk.risk_curves import fixed_curve  # noqa: E402
 from benchmarks.research.risk.risk_episodes import (  # noqa: E402
-    StateTable, always_ask, curve, depth_returns, episodes, state_table)
+    StateTable, always_ask, at, curve, depth_returns, episodes, state_table)
 
 from lit_grpo.tasks.stale_digits import StaleDigitsTask  # noqa: E402
 

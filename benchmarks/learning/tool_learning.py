@@ -27,6 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the checkout, for benchmarks.*
 
+from benchmarks.result_rows import append_row, read_rows  # noqa: E402
 from benchmarks.timed_child import fit_command, run_child  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "tool_learning.jsonl"
@@ -97,7 +98,7 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="only print the table of the results file's runs")
     options = parser.parse_args()
     if options.report:
-        report([json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()])
+        report(read_rows(RESULTS))
         return
     runs = []
     for engine in options.engines:
@@ -105,8 +106,7 @@ def main() -> None:
             for seed in options.seeds:
                 result = run(config, engine, seed)
                 print(json.dumps(result), flush=True)
-                with RESULTS.open("a") as handle:
-                    handle.write(json.dumps(result) + "\n")
+                append_row(RESULTS, result)
                 runs.append(result)
     report(runs)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, for benchmarks.*
+from benchmarks.result_rows import append_row, read_rows  # noqa: E402
 from benchmarks.timed_child import run_child  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,8 +74,7 @@ def interval(values: list[float]) -> str:
 
 
 def learning(args: argparse.Namespace) -> None:
-    done = {(r["max_staleness"], r["seed"]) for r in map(json.loads, RESULTS.read_text().splitlines())} \
-        if RESULTS.exists() else set()
+    done = {(r["max_staleness"], r["seed"]) for r in read_rows(RESULTS)}
     for seed in args.seeds:
         for k in (0, 1):
             if (k, seed) in done:
@@ -83,11 +83,9 @@ def learning(args: argparse.Namespace) -> None:
                 scalars = run(k, seed, 20, Path(work))
             row = {"max_staleness": k, "seed": seed, "val_accuracy": [v for _, v in scalars["val/accuracy"]],
                    "rollout_accuracy_last5": statistics.fmean(v for _, v in scalars["rollout/accuracy"][-5:])}
-            with RESULTS.open("a") as out:
-                out.write(json.dumps(row) + "\n")
+            append_row(RESULTS, row)
             print(json.dumps(row), flush=True)
-    rows = [json.loads(line) for line in RESULTS.read_text().splitlines()]
-    rows = [r for r in rows if r["seed"] in args.seeds]
+    rows = [r for r in read_rows(RESULTS) if r["seed"] in args.seeds]
     print("max_staleness | greedy accuracy: before   after 10   after 20 | rollout accuracy, last 5 epochs")
     for k in (0, 1):
         mine = sorted((r for r in rows if r["max_staleness"] == k), key=lambda r: r["seed"])

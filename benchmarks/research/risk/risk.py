@@ -19,7 +19,6 @@ intervals) and ``docs/risk_*.png`` come from the rows.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from lit_grpo.cli import LitGRPOCLI  # noqa: E402
 from lit_grpo.engines import SamplingSpec  # noqa: E402
 from lit_grpo.risk.rule import RiskRule  # noqa: E402
 from benchmarks.research.risk.risk_report import report  # noqa: E402
+from benchmarks.result_rows import append_row, read_rows  # noqa: E402
 from benchmarks.research.risk.risk_signals import LogProbRule, answer_decisions, decision_scores, play  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "risk.jsonl"
@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--delta", type=float, default=0.1, help="Learn-then-Test's level")
     parser.add_argument("--report-only", action="store_true")
     options = parser.parse_args()
-    done = {json.loads(line)["seed"] for line in RESULTS.read_text().splitlines()} if RESULTS.exists() else set()
+    done = {row["seed"] for row in read_rows(RESULTS)}
     for seed in options.seeds:
         if options.report_only or seed in done:
             continue
@@ -101,11 +101,9 @@ def main() -> None:
         row = {"seed": seed, **evaluate(cli, seed), "train_seconds": trained,
                "eval_seconds": time.time() - started - trained}
         cli.datamodule.engine.close()
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        with RESULTS.open("a") as file:
-            file.write(json.dumps(row) + "\n")
+        append_row(RESULTS, row)
         print(f"seed {seed}: trained in {trained:.0f}s, evaluated in {row['eval_seconds']:.0f}s", flush=True)
-    rows = [json.loads(line) for line in RESULTS.read_text().splitlines()]
+    rows = read_rows(RESULTS)
     report([r for r in rows if r["seed"] in options.seeds], options.alpha, options.delta, ROOT / "docs")
 
 

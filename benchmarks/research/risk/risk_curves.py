@@ -28,7 +28,6 @@ held-out set.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import statistics
@@ -40,8 +39,9 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))  # the checkout, for benchmarks.*
 
 from benchmarks.research.risk.risk_episodes import (  # noqa: E402
-    StateTable, always_ask, curve, episodes, results_path, state_table)
+    StateTable, always_ask, at, curve, episodes, results_path, state_table, upper)
 from benchmarks.research.trees.tree_vs_chains_report import interval  # noqa: E402
+from benchmarks.result_rows import read_rows  # noqa: E402
 
 SCORES = {"draft head": "head", "draft log-prob": "seq_logprob", "probe (pre-answer state)": "probe",
           "sampled disagreement": "agreement_8", "smallest token probability": "min_token_prob",
@@ -49,24 +49,6 @@ SCORES = {"draft head": "head", "draft log-prob": "seq_logprob", "probe (pre-ans
           "information-hidden flag": "info_hidden"}
 READS_THE_RECORD = {"information-hidden flag"}  # knows what is still hidden: no signal a policy has
 GAMES = ("calculator", "stale-digits", "hidden-operands")
-
-
-def upper(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The best return at each ask rate, sorted by rate (the curve a threshold can reach)."""
-    best: dict[float, float] = {}
-    for rate, ret in points:
-        best[rate] = max(best.get(rate, -float("inf")), ret)
-    return sorted(best.items())
-
-
-def at(points: list[tuple[float, float]], rate: float) -> float:
-    """The curve's return at ``rate``, linear between its neighbouring points (nan outside them)."""
-    below = [p for p in points if p[0] <= rate]
-    above = [p for p in points if p[0] >= rate]
-    if not below or not above:
-        return float("nan")
-    (a0, r0), (a1, r1) = below[-1], above[0]
-    return r0 if a1 == a0 else r0 + (r1 - r0) * (rate - a0) / (a1 - a0)
 
 
 def mean_over(points: list[tuple[float, float]], low: float, high: float, steps: int = 50) -> float:
@@ -163,8 +145,7 @@ def report(game: str, rows: list[dict], splits: int) -> None:
 
 def stored_rows(path: Path, game: str) -> list[dict]:
     """The rows of ``game`` in ``path``; refused when they mix setups (training prompts, held-out prompts)."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r.get("game", "calculator") == game]
+    rows = [r for r in read_rows(path) if r.get("game", "calculator") == game]
     setups = {(r["train_prompts"], len(r["errors"])) for r in rows}
     if len(setups) > 1:
         raise SystemExit(f"{path}: rows of different setups (training prompts, states): {sorted(setups)}")

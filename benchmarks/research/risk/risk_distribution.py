@@ -18,7 +18,6 @@ rule (answer iff E[answer] >= E[ask]) where both branches were observed. Rows go
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -33,6 +32,7 @@ from lit_grpo.risk.head import DEFER, INFER, risk_loss  # noqa: E402
 from lit_grpo.rollout.probes import probe_labels
 from lit_grpo.policy.risk_features import context_features
 from lit_grpo.risk.selective import auroc, brier  # noqa: E402
+from benchmarks.result_rows import append_row, read_rows  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "risk_distribution.jsonl"
 V_MIN, V_MAX, STEPS, LRS = -1.5, 1.0, 200, (0.01, 0.05, 0.2)
@@ -197,16 +197,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     options = parser.parse_args()
-    done = {json.loads(line)["seed"] for line in RESULTS.read_text().splitlines()} if RESULTS.exists() else set()
+    done = {row["seed"] for row in read_rows(RESULTS)}
     for seed in options.seeds:
         if seed in done:
             continue
         row = measure(seed)
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        with RESULTS.open("a") as file:
-            file.write(json.dumps(row) + "\n")
+        append_row(RESULTS, row)
         print(f"seed {seed} done", flush=True)
-    rows = [json.loads(line) for line in RESULTS.read_text().splitlines()]
+    rows = read_rows(RESULTS)
     report([r for r in rows if r["seed"] in options.seeds])
 
 

@@ -36,7 +36,6 @@ AUROC / E-AURC / ECE / Learn-then-Test code. Run it alone: it takes the 2 cores.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -57,7 +56,7 @@ from lit_grpo.risk.draft import DraftRule, LogisticHead  # noqa: E402
 from lit_grpo.run.model_files import load_tokenizer  # noqa: E402
 from lit_grpo.tasks.games import CalculatorTask, HiddenOperandsTask  # noqa: E402
 from lit_grpo.tasks.stale_digits import StaleDigitsTask  # noqa: E402
-from benchmarks.research.risk.risk_episodes import StateTable, curve, results_path  # noqa: E402
+from benchmarks.research.risk.risk_episodes import StateTable, at, curve, results_path, upper  # noqa: E402
 from benchmarks.research.risk.risk_report import (  # noqa: E402
     SIGNALS,
     calibration,
@@ -67,6 +66,7 @@ from benchmarks.research.risk.risk_report import (  # noqa: E402
     print_signal_table,
 )
 from benchmarks.research.risk.risk_signals import agreement, play  # noqa: E402
+from benchmarks.result_rows import append_row, read_rows  # noqa: E402
 
 GAMES = {"hidden-operands": (ROOT / "data" / "tiny-llama-hidden", HiddenOperandsTask, 3),
          "calculator": (ROOT / "data" / "tiny-llama-calculator", CalculatorTask, 3),
@@ -174,16 +174,7 @@ def midway_threshold(score: torch.Tensor) -> float:
 def return_at(curve: list[tuple[float, float, float]], ask_rate: float) -> float:
     """The curve's return at ``ask_rate``: linear between the operating points on either side (the best return
     among points at the same rate)."""
-    best: dict[float, float] = {}
-    for _, asks, ret in curve:
-        best[asks] = max(best.get(asks, -float("inf")), ret)
-    points = sorted(best.items())
-    below = [p for p in points if p[0] <= ask_rate]
-    above = [p for p in points if p[0] >= ask_rate]
-    if not below or not above:
-        return float("nan")
-    (a0, r0), (a1, r1) = below[-1], above[0]
-    return r0 if a1 == a0 else r0 + (r1 - r0) * (ask_rate - a0) / (a1 - a0)
+    return at(upper([(asks, ret) for _, asks, ret in curve]), ask_rate)
 
 
 def one_seed(drafting: Drafting, seed: int, train_prompts: int, test: dict, heldout: list[dict]) -> dict:
@@ -253,10 +244,7 @@ def report(rows: list[dict], alpha: float, delta: float) -> None:
 def stored(results: Path, game: str, train_prompts: int) -> list[dict]:
     """The rows of ``game`` in ``results`` (rows without a game are the calculator's first ones); refused when a row
     of that game was drawn from another number of training prompts (rows of two setups never mix)."""
-    if not results.exists():
-        return []
-    rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r.get("game", "calculator") == game]
+    rows = [r for r in read_rows(results) if r.get("game", "calculator") == game]
     other = sorted({r["train_prompts"] for r in rows} - {train_prompts})
     if other:
         raise SystemExit(f"{results} holds {game} rows of {other} training prompts, not {train_prompts}: another file")
@@ -286,9 +274,7 @@ def main() -> None:
             test = states(drafting, heldout)
             for seed in missing:
                 row = one_seed(drafting, seed, args.train_prompts, test, heldout)
-                results.parent.mkdir(parents=True, exist_ok=True)
-                with results.open("a") as file:
-                    file.write(json.dumps(row) + "\n")
+                append_row(results, row)
                 print(f"seed {seed}: {row['seconds']:.0f} s", flush=True)
     rows = stored(results, args.game, args.train_prompts)
     report([r for r in rows if r["seed"] in args.seeds], args.alpha, args.delta)

@@ -105,6 +105,24 @@ def always_ask(table: StateTable, k: int, records: Sequence[int]) -> tuple[float
     return float(k), float(depth_returns(table, records)[:, k].mean())
 
 
+def upper(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The best return at each ask rate, sorted by rate (the curve a threshold can reach)."""
+    best: dict[float, float] = {}
+    for rate, ret in points:
+        best[rate] = max(best.get(rate, -float("inf")), ret)
+    return sorted(best.items())
+
+
+def at(points: list[tuple[float, float]], rate: float) -> float:
+    """The curve's return at ``rate``, linear between its neighbouring points (nan outside them)."""
+    below = [p for p in points if p[0] <= rate]
+    above = [p for p in points if p[0] >= rate]
+    if not below or not above:
+        return float("nan")
+    (a0, r0), (a1, r1) = below[-1], above[0]
+    return r0 if a1 == a0 else r0 + (r1 - r0) * (rate - a0) / (a1 - a0)
+
+
 def results_path(game: str) -> Path:
     """Where risk_draft.py stores a game's rows: the calculator's first file keeps its name, each other game its own
     (so no file mixes games)."""

@@ -55,6 +55,7 @@ sys.path.insert(0, str(ROOT))  # the checkout, for benchmarks.*
 
 from benchmarks.research.trees.tree_vs_chains_report import report  # noqa: E402
 from benchmarks.research.trees.tree_vs_chains_run import PROTOCOL, marker, model_id  # noqa: E402
+from benchmarks.result_rows import read_rows  # noqa: E402
 
 GRID_START = (5e-4, 1e-3, 2e-3)
 LR_LIMITS = (6.25e-5, 8e-3)
@@ -162,10 +163,6 @@ def load_rows(path: Path, game: str) -> list[dict]:
         if r.get("protocol") == PROTOCOL and r["game"] == game and r["model"] == model:
             kept.setdefault((r["variant"], r["seed"], r["lr"], r["budget"]), r)
     return list(kept.values())
-
-
-def read_rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
 def tuning(rows: list[dict], variant: str, seed: int, budget: int) -> dict[float, float]:

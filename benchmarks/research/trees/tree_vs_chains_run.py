@@ -14,7 +14,6 @@ and the per-round shares of rows with advantage exactly 0.
 from __future__ import annotations
 
 import csv
-import fcntl
 import hashlib
 import json
 import os
@@ -40,6 +39,7 @@ from lit_grpo.tasks.stale_digits import StaleDigitsTask  # noqa: E402
 from lit_grpo.tree import depth_first  # noqa: E402
 
 from benchmarks.research.trees.decision_tables import cue_free_policies, greedy_table, sampled_summary  # noqa: E402
+from benchmarks.result_rows import append_row  # noqa: E402
 
 PROTOCOL = 3
 GAMES = {"hidden-operands": ("data/tiny-llama-hidden", "lit_grpo.tasks.games.HiddenOperandsTask", HiddenOperandsTask),
@@ -162,13 +162,6 @@ def evaluate(game: str, adapter: Path | None) -> dict[str, Any]:
     return scores
 
 
-def append(results: Path, row: dict) -> None:
-    results.parent.mkdir(parents=True, exist_ok=True)
-    with results.open("a") as file:
-        fcntl.flock(file, fcntl.LOCK_EX)
-        file.write(json.dumps(row) + "\n")
-
-
 def marker(run: dict) -> Path:
     """The file that says this run is going (its pid inside), so a scheduler started again does not repeat it."""
     folder = Path(run["results"]).with_suffix(".running")
@@ -197,7 +190,7 @@ def one_run(run: dict) -> None:
             adapter, trained = train(run, run["arguments"], Path(work))
             row.update(evaluate(run["game"], adapter), **trained)
     row["arguments"] = run.get("arguments", [])
-    append(Path(run["results"]), row)
+    append_row(Path(run["results"]), row)
     print(f"{run['game']} {run['variant']} seed {run['seed']} lr {run['lr']} budget {run['budget']}: test return "
           f"{row['test_return']:.3f} (val {row['val_return']:.3f}), questions {row['test_questions']:.2f}, "
           f"{row['policy_tokens']:.0f} policy tokens, {row['seconds']:.0f} s", flush=True)
