@@ -51,8 +51,9 @@ def test_merged_output_keeps_the_order_and_leaves_stderr_empty():
 
 
 def test_a_child_past_its_timeout_is_stopped_with_its_own_children():
-    sleeper = "import subprocess, sys, time; g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);" \
-              " print(g.pid, flush=True); time.sleep(60)"
+    sleeper = ("import subprocess, sys, time; "
+               "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+               "print(g.pid, flush=True); time.sleep(60)")
     done = run_child([sys.executable, "-c", sleeper], timeout=1.0)
     assert done.timed_out and done.returncode is None
     assert done.seconds < 30

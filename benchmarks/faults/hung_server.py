@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,8 +30,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))  # the real-server helpers the failover tests use
+sys.path.insert(0, str(ROOT))  # the checkout, for benchmarks.*
 
 from failover_check import RealServer  # noqa: E402
+
+from benchmarks.timed_child import run_child  # noqa: E402
 
 MODEL = ROOT / "data" / "tiny-llama"
 SERVER_CONFIG = ROOT / "configs" / "quickstart_server.yaml"
@@ -94,7 +96,7 @@ class Hang:
 
 @dataclass
 class Run:
-    returncode: int
+    returncode: int | None  # None: stopped at the timeout
     seconds: float
     stderr: str
     adapter: Path
@@ -106,11 +108,9 @@ def fit(workdir: Path, urls: list[str], epochs: int) -> Run:
                "--model.model_name_or_path", str(MODEL), "--data.engine.init_args.urls", json.dumps(urls),
                "--trainer.max_epochs", str(epochs)]
     workdir.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    result = subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=1800)
-    seconds = time.monotonic() - started
+    done = run_child(command, cwd=workdir, timeout=1800)
     adapter = workdir / "runs" / "quickstart_server" / "version_0" / "adapter"
-    return Run(result.returncode, seconds, result.stderr, adapter)
+    return Run(done.returncode, done.seconds, done.stderr, adapter)
 
 
 def adapter_difference(first: Path, second: Path) -> float:

@@ -10,7 +10,7 @@ the training figure named beside it (``train/...``, logged to CSV). Runs go one 
 on the machine's load (deterministic runs), so no timing is reported here.
 
     .venv/bin/python benchmarks/research/objectives/objectives.py [--seeds 0 1 2] [--only CISPO SAPO] [--lr 0.001]
-    .venv/bin/python benchmarks/research/objectives/objectives.py --sweep 0.00025 0.0005 0.001 --seeds 0   # one row per objective
+    .venv/bin/python benchmarks/research/objectives/objectives.py --sweep 0.00025 0.0005 0.001 --seeds 0  # a row each
 """
 
 from __future__ import annotations

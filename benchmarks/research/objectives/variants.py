@@ -43,8 +43,9 @@ def run(args: list[str], seed: int) -> dict[str, float]:
     done = run_child(command, cwd=ROOT).checked(" ".join(args))
     generated, last_epoch = map(int, STOP.search(done.output).groups())
     before, after = held_out_accuracies(done.output, last_epoch)
-    return {"gain": 100 * (after - before), "epochs": last_epoch + 1, "seconds_per_epoch": done.seconds / (last_epoch + 1),
-            "rss_mb": done.peak_rss_bytes / 2**20, "completions": generated}
+    return {"gain": 100 * (after - before), "epochs": last_epoch + 1,
+            "seconds_per_epoch": done.seconds / (last_epoch + 1), "rss_mb": done.peak_rss_bytes / 2**20,
+            "completions": generated}
 
 
 def main() -> None:

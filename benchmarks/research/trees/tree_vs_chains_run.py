@@ -18,10 +18,8 @@ import hashlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +38,7 @@ from lit_grpo.tree import depth_first  # noqa: E402
 
 from benchmarks.research.trees.decision_tables import cue_free_policies, greedy_table, sampled_summary  # noqa: E402
 from benchmarks.result_rows import append_row  # noqa: E402
+from benchmarks.timed_child import run_child  # noqa: E402
 
 PROTOCOL = 3
 GAMES = {"hidden-operands": ("data/tiny-llama-hidden", "lit_grpo.tasks.games.HiddenOperandsTask", HiddenOperandsTask),
@@ -79,9 +78,7 @@ def train(run: dict, arguments: list[str], work: Path) -> tuple[Path, dict]:
     threads = str(run["threads"])
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": threads,
            "MKL_NUM_THREADS": threads}
-    started = time.time()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
-    seconds = time.time() - started
+    done = run_child(command, cwd=ROOT, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{run} failed:\n{done.stderr[-3000:]}")
     (metrics,) = work.rglob("metrics.csv")
@@ -91,7 +88,7 @@ def train(run: dict, arguments: list[str], work: Path) -> tuple[Path, dict]:
     credit = round_shares(rows)
     epochs = json.loads(log_path.read_text())["epochs"] if log_path.is_file() else []
     return adapter, {"curve": [float(row["rollout/mean_return"]) for row in rows], "epochs": len(rows),
-                     "policy_tokens": sum(float(row["rollout/policy_tokens"]) for row in rows), "seconds": seconds,
+                     "policy_tokens": sum(float(row["rollout/policy_tokens"]) for row in rows), "seconds": done.seconds,
                      "round_credit": credit, "sampled": sampled_summary(epochs),
                      "sampled_first10": sampled_summary(epochs, 10)}
 
