@@ -50,6 +50,7 @@ def test_merged_output_keeps_the_order_and_leaves_stderr_empty():
     assert done.stdout == "out\nerr\n" and done.stderr == ""
 
 
+@pytest.mark.slow  # waits out a 1 s timeout
 def test_a_child_past_its_timeout_is_stopped_with_its_own_children():
     sleeper = ("import subprocess, sys, time; "
                "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
