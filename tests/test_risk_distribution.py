@@ -1,13 +1,14 @@
-"""The scoring and loss of benchmarks/risk_distribution.py (atoms against quantiles), worked out by hand."""
+"""The scoring and loss of benchmarks/research/risk/risk_distribution.py (atoms against quantiles), worked out by
+hand."""
 
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for benchmarks.*
 
-from risk_distribution import crps, pinball_loss, quantile_levels  # noqa: E402
+from benchmarks.research.risk.risk_distribution import crps, pinball_loss, quantile_levels  # noqa: E402
 
 
 def test_crps_of_discrete_distributions_by_hand():

@@ -1,6 +1,6 @@
-"""Episodes replayed from a state table (benchmarks/risk_episodes.py, risk_curves.py), worked out by hand on a
-table of 2 prompts x 4 depths with stale-digits costs: a question revealing a stale digit costs 0.1, one answered
-``none;`` (nothing stale left) costs 0.5."""
+"""Episodes replayed from a state table (benchmarks/research/risk/risk_episodes.py, risk_curves.py), worked out by hand
+on a table of 2 prompts x 4 depths with stale-digits costs: a question revealing a stale digit costs 0.1, one
+answered ``none;`` (nothing stale left) costs 0.5."""
 
 import sys
 from pathlib import Path
@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for benchmarks.*
 
-from risk_curves import at, fixed_curve  # noqa: E402
-from risk_episodes import StateTable, always_ask, curve, depth_returns, episodes, state_table  # noqa: E402
+from benchmarks.research.risk.risk_curves import fixed_curve  # noqa: E402
+from benchmarks.research.risk.risk_episodes import (  # noqa: E402
+    StateTable, always_ask, at, curve, depth_returns, episodes, state_table)
 
 from lit_grpo.tasks.stale_digits import StaleDigitsTask  # noqa: E402
 

@@ -1,5 +1,5 @@
-"""The rules of benchmarks/tree_vs_chains.py's protocol (issues 41 and 49), worked out by hand: the rate grid, the
-policy-token budget's last epoch, one width per round of each game, the t-interval and the gap closed."""
+"""The rules of benchmarks/research/trees/tree_vs_chains.py's protocol (issues 41 and 49), worked out by hand: the
+rate grid, the policy-token budget's last epoch, one width per round of each game, the t-interval and the gap closed."""
 
 import json
 import sys
@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for benchmarks.*
 
-from token_budget import prompts_paid_for  # noqa: E402
-from tree_vs_chains import chosen_rate, load_rows, model_id, variant_arguments  # noqa: E402
-from tree_vs_chains_report import gap_closed, interval  # noqa: E402
+from benchmarks.research.trees.token_budget import prompts_paid_for  # noqa: E402
+from benchmarks.research.trees.tree_vs_chains import (  # noqa: E402
+    chosen_rate, load_rows, model_id, variant_arguments)
+from benchmarks.research.trees.tree_vs_chains_report import gap_closed, interval  # noqa: E402
 
 
 @pytest.mark.parametrize("returns, expected", [

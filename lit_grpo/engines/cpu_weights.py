@@ -3,8 +3,8 @@
 A decode step multiplies a few rows by every weight matrix, the output head included (``[rows, hidden] x [hidden,
 vocab]``). On this machine's CPU (AVX-512 with avx512_bf16), PyTorch's plain ``linear`` does that for 4 rows by
 Qwen2.5-0.5B's head in 18 ms in bf16 and 86 ms in fp32; the same product on a weight reordered once by oneDNN (the
-prepacking ``torch.compile`` uses for CPU inference) takes 10 and 19 ms (``benchmarks/generation.py``). bf16 results
-are bit-identical; fp32 ones differ in accumulation order, by ~2e-6 on the head's logits.
+prepacking ``torch.compile`` uses for CPU inference) takes 10 and 19 ms (``benchmarks/speed/generation.py``). bf16
+results are bit-identical; fp32 ones differ in accumulation order, by ~2e-6 on the head's logits.
 
 Not every CPU packs every dtype. oneDNN packs bf16 only on an x86 CPU with avx512bw, avx512vl and avx512dq, or with
 avx_ne_convert (elsewhere ``_reorder_linear_weight`` raises "bf16 path needs the cpu support avx_ne_convert or

@@ -70,7 +70,7 @@ class TokenLogSoftmaxEntropy(torch.autograd.Function):
     """``[M, 2]``: each row's ``logits[m, target_m] - logsumexp(logits[m])`` and the entropy H of softmax(logits[m]),
     for ``logits [M, V]``, ``targets [M]``, saving only the logits (as ``TokenLogSoftmax``). Its backward builds the
     gradient g_logp (onehot - p) - g_H p (log p + H) in two ``[M, V]`` buffers. Measured at Qwen2.5-0.5B width
-    (``benchmarks/entropy_cost.py``, 8 x 512 tokens): the entropy costs 0.15 GB of peak RSS above the log-probs
+    (``benchmarks/speed/entropy_cost.py``, 8 x 512 tokens): the entropy costs 0.15 GB of peak RSS above the log-probs
     alone, where autograd's log-softmax, product and sum cost 0.45 GB. A logit of -inf (an id
     ``restrict_to_allowed`` forbids) has p = 0 and gradient 0.
 

@@ -13,9 +13,9 @@ atom probabilities below the threshold, with no interpolation between quantiles 
 resolve a two-point distribution), and its cross-entropy loss is a proper scoring rule, so the P(error) it learns
 is calibrated in the limit. CVaR follows in closed form from the same probabilities. The return of deferring
 takes more values (each question's cost, then right, wrong or cut off), which the atoms hold as well when their
-spacing divides the costs. Measured (``benchmarks/risk_distribution.py``, docs/benchmarks.md): on the same features
-and labels, 11-51 quantiles with the pinball loss had three times the atoms' CRPS on the answering branch and twice
-their value-rule regret, with the same Brier score and AUROC of P(error).
+spacing divides the costs. Measured (``benchmarks/research/risk/risk_distribution.py``, docs/benchmarks.md): on the same
+features and labels, 11-51 quantiles with the pinball loss had three times the atoms' CRPS on the answering branch and
+twice their value-rule regret, with the same Brier score and AUROC of P(error).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ glibc serves a request below its mmap threshold from the heap, and raises that t
 it frees a mapped block. A training step allocates and frees activations of a few MiB per layer (a [8 x 512, 896]
 bf16 hidden state is 7 MiB), so after the first step they all come from the heap, whose holes are not returned:
 on a 24-layer Qwen2.5-0.5B-width model at 8 x 512 tokens one GRPO step peaked at 4.7 GiB of RSS, 2.3 GiB with the
-threshold fixed (benchmarks/memory.py). Fixing it maps every block of at least ``MMAP_THRESHOLD`` bytes on its own
-and unmaps it when freed: the peak RSS follows live memory, at the price of the page faults of fresh mappings
+threshold fixed (benchmarks/memory/memory.py). Fixing it maps every block of at least ``MMAP_THRESHOLD`` bytes on its
+own and unmaps it when freed: the peak RSS follows live memory, at the price of the page faults of fresh mappings
 (that step took 104 s instead of 84 s on this CPU; on a GPU the activations are not host memory).
 """
 
@@ -15,7 +15,7 @@ import ctypes
 import ctypes.util
 import os
 
-MMAP_THRESHOLD = 2**20  # bytes; of 1, 4 and 32 MiB, 1 MiB gave the lowest peaks in benchmarks/memory.py
+MMAP_THRESHOLD = 2**20  # bytes; of 1, 4 and 32 MiB, 1 MiB gave the lowest peaks in benchmarks/memory/memory.py
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
 USER_SETTING = "MALLOC_MMAP_THRESHOLD_"  # glibc's own environment tunable: a user who set it keeps it
 

@@ -6,7 +6,7 @@ region, so that the next region starts without a wake-up. A training loop on a s
 few hundred microseconds, so torch's worker threads never sleep: with 2 threads on 2 cores the second core is never
 free for the run's other threads (the background checkpoint writer, the draw ahead, TensorBoard's writer) or for
 another process on a shared machine, and each of them runs against a spinner. Measured with
-``benchmarks/checkpoint_cost.py`` (docs/benchmarks.md, "What the per-epoch checkpoint costs").
+``benchmarks/speed/checkpoint_cost.py`` (docs/benchmarks.md, "What the per-epoch checkpoint costs").
 
 ``libgomp`` reads the variable once, when torch loads it, so this runs before the command's first ``import torch``;
 in a process that imported torch earlier (a user's own script) it changes nothing, and that user sets the variable

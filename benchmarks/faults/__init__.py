@@ -1,0 +1,1 @@
+"""What a run does when a part fails: a vLLM server that hangs."""

@@ -1,0 +1,1 @@
+"""Studies of open questions, each folder one question (trees, risk, objectives)."""

@@ -1,0 +1,1 @@
+"""Which objective (loss variant) learns most on the quickstart workload, and what each mechanism acts on?"""
