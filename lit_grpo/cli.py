@@ -53,7 +53,7 @@ try:  # the libraries take seconds to load: a Ctrl-C then is one line too, not a
     from lit_grpo.run.distributed import release_process_group, share_cores
     from lit_grpo.run.host_memory import return_freed_memory
     from lit_grpo.run.nonfinite import NonFiniteTrainingError
-    from lit_grpo.run.refusals import REPORT_BUG, input_refusal, lightning_refusal
+    from lit_grpo.run import refusals
     from lit_grpo.run.resume import check_resume, find_last_checkpoint, resume_point
     from lit_grpo.run.run_dir import (
         check_writable,
@@ -99,6 +99,7 @@ class LitGRPOCLI(LightningCLI):
         kwargs.setdefault("trainer_defaults", TRAINER_DEFAULTS)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)  # the optimizer is PolicyModule's own argument
+        refusals.install_builder()  # a class refusing its arguments is named where it is built (run/refusals.py)
         super().__init__(PolicyModule, RolloutDataModule, *args, **kwargs)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
@@ -129,6 +130,10 @@ class LitGRPOCLI(LightningCLI):
             trainer = super().instantiate_trainer(**kwargs)
         except MisconfigurationException as error:  # Lightning's own refusal of a trainer value, before any work
             raise InputError(f"trainer: {error}") from None
+        except InputError:
+            raise
+        except Exception as error:  # the Trainer refusing its arguments (no lit-grpo code runs in its constructor)
+            raise (refusals.refused_arguments(self.trainer_class, error) or error) from error
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default; a user's plugin is kept
             trainer.strategy.checkpoint_io = BackgroundCheckpointIO()  # written beside, renamed, in the background
         check_writable(trainer)  # before any weights load
@@ -175,13 +180,14 @@ class LitGRPOCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         # a class refusing its arguments (a task's low > high, a user reward's own check) is a bad input: its
         # message, before any weights load (the model loads in configure_model, at fit time); anything else raised
-        # here is a bug, shown as one (run/refusals.py)
+        # here is a bug, shown as one (run/refusals.py, where each class is built)
         try:
-            super().instantiate_classes()
+            with refusals.building_classes():  # each class the configuration names is built by refusals.build
+                super().instantiate_classes()
         except Exception as error:
-            refusal = input_refusal(error)
+            refusal = refusals.input_refusal(error)
             if refusal is None:
-                error.add_note(REPORT_BUG)  # printed below its traceback; the command exits with code 1
+                error.add_note(refusals.REPORT_BUG)  # printed below its traceback; the command exits with code 1
                 raise
             if refusal is error or os.environ.get(DEBUG_ENV):
                 raise
@@ -380,7 +386,7 @@ def run_command(args: list[str] | None) -> Outcome:
         # without a logger; a plateau scheduler's metric never logged): the user's to change, not a bug
         if os.environ.get(DEBUG_ENV):
             raise
-        print(f"lit-grpo: {lightning_refusal(error)}", file=sys.stderr)
+        print(f"lit-grpo: {refusals.lightning_refusal(error)}", file=sys.stderr)
         return Outcome.REFUSED_INPUT
     except NonFiniteTrainingError as error:
         print(f"lit-grpo: {error}", file=sys.stderr)
