@@ -48,19 +48,19 @@ try:  # the libraries take seconds to load: a Ctrl-C then is one line too, not a
     from lit_grpo.errors import InputError
     from lit_grpo.policy.module import PolicyModule
     from lit_grpo.rollout.datamodule import RolloutDataModule
+    from lit_grpo.run import refusals
     from lit_grpo.run.checkpoint_io import BackgroundCheckpointIO
     from lit_grpo.run.command_line import check_config_files, merged_config
     from lit_grpo.run.distributed import release_process_group, share_cores
     from lit_grpo.run.host_memory import return_freed_memory
     from lit_grpo.run.nonfinite import NonFiniteTrainingError
-    from lit_grpo.run import refusals
     from lit_grpo.run.resume import check_resume, find_last_checkpoint, resume_point
     from lit_grpo.run.run_dir import (
         check_writable,
         claim_version,
         default_run_dir,
     )
-    from lit_grpo.run.signals import Terminated, command_stop, stopped_by_sigterm
+    from lit_grpo.run.signals import Terminated, command_stop, outcome_of_exit
 except KeyboardInterrupt:
     if not THE_COMMAND:  # from Python, an interrupted import stays an interrupted import
         raise
@@ -133,7 +133,10 @@ class LitGRPOCLI(LightningCLI):
         except InputError:
             raise
         except Exception as error:  # the Trainer refusing its arguments (no lit-grpo code runs in its constructor)
-            raise (refusals.refused_arguments(self.trainer_class, error) or error) from error
+            refusal = refusals.refused_arguments(self.trainer_class, error)
+            if refusal is None:
+                raise
+            raise refusal from error
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default; a user's plugin is kept
             trainer.strategy.checkpoint_io = BackgroundCheckpointIO()  # written beside, renamed, in the background
         check_writable(trainer)  # before any weights load
@@ -329,15 +332,17 @@ def main(args: list[str] | None = None) -> None:
     the run, 130 Ctrl-C before training, 143 SIGTERM; a bug raises on (its traceback, code 1). Called without
     arguments it is the process, which then ends without the interpreter's last garbage collection
     (``end_process``); called with arguments (from Python) it raises ``SystemExit`` as usual."""
-    quiet_third_parties()
-    return_freed_memory()  # before the model loads: its weights and every step's activations use the setting
     with command_stop() as stop:  # SIGTERM stops the command from here (StopOnSigterm takes over during a run)
         try:
+            quiet_third_parties()
+            return_freed_memory()  # before the model loads: its weights and every step's activations use it
             outcome = run_command(args)
         except SystemExit as stopped:  # Lightning's own after an interrupted run, jsonargparse's, --help
             outcome = outcome_of_exit(stopped, stop.terminated)
             if outcome is None:
                 raise
+        except Terminated:  # outside the trainer's own handling: before its fit started, or after it ended
+            outcome = terminated_before_training()
         finally:
             release_process_group()
     if outcome is Outcome.FINISHED:
@@ -345,18 +350,6 @@ def main(args: list[str] | None = None) -> None:
     if args is None:
         end_process(exit_code(outcome))
     raise SystemExit(exit_code(outcome))
-
-
-def outcome_of_exit(stopped: SystemExit, terminated: bool) -> Outcome | None:
-    """How a run that Lightning ended with ``SystemExit`` ended: its SIGTERM stop (``SIGTERMException``, or
-    ``sys.exit(1)`` after ``Terminated`` or after a Ctrl-C during which a SIGTERM arrived too), or its Ctrl-C path
-    (``sys.exit(1)`` after a ``KeyboardInterrupt``); None: a code someone else has decided (jsonargparse's refusal,
-    ``--help``)."""
-    if stopped_by_sigterm(stopped) or (terminated and stopped.code != 0):
-        return Outcome.TERMINATED
-    if isinstance(stopped.__context__, KeyboardInterrupt):
-        return Outcome.INTERRUPTED
-    return None
 
 
 def run_command(args: list[str] | None) -> Outcome:
@@ -391,8 +384,8 @@ def run_command(args: list[str] | None) -> Outcome:
     except NonFiniteTrainingError as error:
         print(f"lit-grpo: {error}", file=sys.stderr)
         return Outcome.FAILED
-    except Terminated:  # outside the trainer's own handling: before its fit started, or after it ended
-        return terminated_before_training()
+    except Terminated:  # main's to name
+        raise
     except KeyboardInterrupt:  # one inside the trainer's run is Lightning's (SaveOnInterrupt; its sys.exit(1))
         return interrupted_before_training()
     return Outcome.FINISHED

@@ -14,11 +14,16 @@ from typing import Any
 import pytest
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lit_grpo.cli import outcome_of_exit
 from lit_grpo.errors import InputError
 from lit_grpo.run import refusals
 from lit_grpo.run.exit_codes import EXIT_CODES, Outcome, exit_code
-from lit_grpo.run.signals import Phase, SigtermStop, StopOnSigterm, Terminated
+from lit_grpo.run.signals import (
+    Phase,
+    SigtermStop,
+    StopOnSigterm,
+    Terminated,
+    outcome_of_exit,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -185,7 +190,7 @@ def lightnings_exit_after(interrupt: KeyboardInterrupt) -> SystemExit:
         try:
             raise interrupt
         except KeyboardInterrupt:
-            raise SystemExit(1)  # noqa: B904 - Lightning's own, chained implicitly
+            raise SystemExit(1)  # as Lightning does: chained implicitly to the interrupt
     except SystemExit as stopped:
         return stopped
 

@@ -51,6 +51,8 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lit_grpo.run.exit_codes import Outcome
+
 RETRY_SECONDS = 0.05  # how often a stop held back by a checkpoint write looks again whether the write has ended
 
 Handler = Callable[[int, Any], Any] | int | None
@@ -67,6 +69,18 @@ def stopped_by_sigterm(exception: BaseException) -> bool:
     if isinstance(exception, (Terminated, SIGTERMException)):
         return True
     return isinstance(exception, SystemExit) and isinstance(exception.__context__, Terminated)
+
+
+def outcome_of_exit(stopped: SystemExit, terminated: bool) -> Outcome | None:
+    """How a run that Lightning ended with ``SystemExit`` ended: its SIGTERM stop (``SIGTERMException``, or
+    ``sys.exit(1)`` after ``Terminated`` or after a Ctrl-C during which a SIGTERM arrived too), or its Ctrl-C path
+    (``sys.exit(1)`` after a ``KeyboardInterrupt``); None: a code someone else has decided (jsonargparse's refusal,
+    ``--help``)."""
+    if stopped_by_sigterm(stopped) or (terminated and stopped.code != 0):
+        return Outcome.TERMINATED
+    if isinstance(stopped.__context__, KeyboardInterrupt):
+        return Outcome.INTERRUPTED
+    return None
 
 
 class Phase(enum.Enum):
