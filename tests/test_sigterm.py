@@ -26,7 +26,7 @@ from support import load_checkpoint
 
 from lit_grpo import cli
 from lit_grpo.run.exit_codes import SIGTERM_EXIT
-from lit_grpo.run.signals import StopOnSigterm
+from lit_grpo.run.signals import StopOnSigterm, Terminated
 
 TESTS = Path(__file__).resolve().parent
 RELEASE_TOKENIZER = TESTS.parent / "data" / "tiny-qwen2-chat"
@@ -370,6 +370,47 @@ def test_a_sigterm_while_a_checkpoint_is_written_stops_the_run_when_the_write_ha
     assert events[0] == "epoch 0 written" and len(events) == 2, events
     assert events[1] in ("SIGTERMException; received_sigterm=True", "Terminated; received_sigterm=True"), events
     assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL  # no other signal is borrowed
+
+
+class TakesSigtermAlone(pl.Callback):
+    """From ``on_train_start`` SIGTERM goes to ``StopOnSigterm``'s handler alone, as it does under DDP: Lightning's
+    own check after the epoch-end hooks (its ``received_sigterm``) never fires."""
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        stop = next(c for c in trainer.callbacks if isinstance(c, StopOnSigterm))
+        signal.signal(signal.SIGTERM, stop.handler)
+
+
+def test_a_stop_held_by_an_epoch_end_write_is_raised_in_the_next_epochs_generation(tmp_path):
+    # no hook of ours runs between the epoch's end and the next epoch's generation (train_dataloader, reloaded every
+    # epoch): the stop held back by the write is raised there, within a moment, not after an hour's generation
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    events: list[str] = []
+
+    class GeneratesSlowly(BoringModel):
+        def train_dataloader(self) -> Any:
+            if self.trainer.current_epoch >= 1:
+                events.append("generating epoch 1")
+                time.sleep(60)
+                events.append("generated")
+            return super().train_dataloader()
+
+    previous = signal.getsignal(signal.SIGTERM)
+    trainer = pl.Trainer(max_epochs=3, limit_train_batches=2, limit_val_batches=0, logger=False,
+                         reload_dataloaders_every_n_epochs=1, enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path, callbacks=[WritesSlowly(events), Records(events),
+                                                               TakesSigtermAlone(), StopOnSigterm()])
+    started = time.monotonic()
+    try:
+        with pytest.raises(SystemExit) as info:  # Lightning's Ctrl-C path after our Terminated
+            trainer.fit(GeneratesSlowly())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print(f"SIGTERM during the write to the stop: {time.monotonic() - started:.2f} s")
+    assert info.value.code == 1 and isinstance(info.value.__context__, Terminated)
+    assert events[0] == "epoch 0 written" and events[-1] == "Terminated; received_sigterm=False", events
+    assert "generated" not in events and time.monotonic() - started < STOP_WITHIN
 
 
 def test_a_sigterm_before_training_ends_the_command_with_143(monkeypatch, capsys):
