@@ -6,9 +6,10 @@ only sets ``trainer.received_sigterm`` for its loops to check between two batche
 generation (inside ``train_dataloader()``) nor a scoring that hangs nor a hook that waits. ``StopOnSigterm`` adds the
 smallest thing, with public APIs only: a ``SigtermStop``, one per run, a state machine driven by the callback's hooks
 
-    IDLE --setup--> RUNNING <--(a later hook, or the epoch-end hooks over)-- WRITING_CHECKPOINT
-                    RUNNING --(on_train_epoch_end, on_validation_end, on_train_end, on_save_checkpoint)--> WRITING
-    RUNNING/WRITING --SIGTERM raised, on_exception--> STOPPING --(the fit has raised: trainer.state.stage None)--> OVER
+    IDLE --setup--> RUNNING
+    RUNNING --on_train_epoch_end, on_validation_end, on_train_end, on_save_checkpoint--> WRITING_CHECKPOINT
+    WRITING_CHECKPOINT --our next hook, or trainer.current_epoch moved on--> RUNNING (a held stop raised then)
+    RUNNING --Terminated raised, or on_exception--> STOPPING --the fit raised on (trainer.state.stage None)--> OVER
     any --teardown--> OVER
 
 and its SIGTERM handler, which by state:
@@ -21,7 +22,9 @@ and its SIGTERM handler, which by state:
   in our hook of the same event; it closes at our next hook, which raises the held stop itself, or when
   ``trainer.current_epoch`` moves on ("updated after the epoch end hooks are run"), which a watcher thread sees and
   re-signals the main thread for (``signal.pthread_kill``; no other signal is borrowed);
-* STOPPING: notes it and raises nothing (a second SIGTERM must not cut the adapter's save short);
+* STOPPING: notes it and raises nothing (a second SIGTERM must not cut the adapter's save short). After Lightning's
+  Ctrl-C path (its ``sys.exit(1)``) nothing marks the run over: a script that catches that ``SystemExit`` and goes
+  on keeps this state until it puts its own handler back;
 * OVER: gives SIGTERM the handler found at ``setup`` back and delivers the signal to it (a Python script's own
   handler, or the default action, is never swallowed by a run long over).
 
