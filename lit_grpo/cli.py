@@ -10,19 +10,26 @@ import pickle
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from lit_grpo.run.exit_codes import Outcome, end_process, exit_code
 from lit_grpo.run.idle_threads import idle_threads_sleep
 
 idle_threads_sleep()  # before the imports below load torch (lit_grpo/run/idle_threads.py)
 
 
-def interrupted_before_training() -> NoReturn:
+def interrupted_before_training() -> Outcome:
     """Ctrl-C before the trainer runs (the libraries loading, the configuration parsed, the classes built, the resume
-    checked): one line and exit code 130 (128 + SIGINT); nothing was written, so nothing is saved."""
+    checked): one line; nothing was written, so nothing is saved."""
     print("lit-grpo: interrupted (Ctrl-C) before training began; nothing was written, so nothing to save or resume "
           "from: run the command again", file=sys.stderr, flush=True)
-    raise SystemExit(130)
+    return Outcome.INTERRUPTED_BEFORE_TRAINING
+
+
+def terminated_before_training() -> Outcome:
+    print("lit-grpo: stopped by SIGTERM before training began; nothing was written to resume from",
+          file=sys.stderr, flush=True)
+    return Outcome.TERMINATED
 
 
 # the command itself (its console script, or python -m lit_grpo.cli), not a Python program importing this module
@@ -41,23 +48,23 @@ try:  # the libraries take seconds to load: a Ctrl-C then is one line too, not a
     from lit_grpo.errors import InputError
     from lit_grpo.policy.module import PolicyModule
     from lit_grpo.rollout.datamodule import RolloutDataModule
+    from lit_grpo.run import refusals
     from lit_grpo.run.checkpoint_io import BackgroundCheckpointIO
     from lit_grpo.run.command_line import check_config_files, merged_config
     from lit_grpo.run.distributed import release_process_group, share_cores
     from lit_grpo.run.host_memory import return_freed_memory
     from lit_grpo.run.nonfinite import NonFiniteTrainingError
-    from lit_grpo.run.refusals import REPORT_BUG, input_refusal, lightning_refusal
     from lit_grpo.run.resume import check_resume, find_last_checkpoint, resume_point
     from lit_grpo.run.run_dir import (
         check_writable,
         claim_version,
         default_run_dir,
     )
-    from lit_grpo.run.signals import Terminated, exits_on_sigterm
+    from lit_grpo.run.signals import Terminated, command_stop, outcome_of_exit
 except KeyboardInterrupt:
     if not THE_COMMAND:  # from Python, an interrupted import stays an interrupted import
         raise
-    interrupted_before_training()
+    raise SystemExit(exit_code(interrupted_before_training())) from None
 
 DEBUG_ENV = "LIT_GRPO_DEBUG"  # set to 1 to see the traceback behind a one-line input error
 
@@ -92,6 +99,7 @@ class LitGRPOCLI(LightningCLI):
         kwargs.setdefault("trainer_defaults", TRAINER_DEFAULTS)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)  # the optimizer is PolicyModule's own argument
+        refusals.install_builder()  # a class refusing its arguments is named where it is built (run/refusals.py)
         super().__init__(PolicyModule, RolloutDataModule, *args, **kwargs)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
@@ -122,6 +130,13 @@ class LitGRPOCLI(LightningCLI):
             trainer = super().instantiate_trainer(**kwargs)
         except MisconfigurationException as error:  # Lightning's own refusal of a trainer value, before any work
             raise InputError(f"trainer: {error}") from None
+        except InputError:
+            raise
+        except Exception as error:  # the Trainer refusing its arguments (no lit-grpo code runs in its constructor)
+            refusal = refusals.refused_arguments(self.trainer_class, error)
+            if refusal is None:
+                raise
+            raise refusal from error
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default; a user's plugin is kept
             trainer.strategy.checkpoint_io = BackgroundCheckpointIO()  # written beside, renamed, in the background
         check_writable(trainer)  # before any weights load
@@ -169,13 +184,14 @@ class LitGRPOCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         # a class refusing its arguments (a task's low > high, a user reward's own check) is a bad input: its
         # message, before any weights load (the model loads in configure_model, at fit time); anything else raised
-        # here is a bug, shown as one (run/refusals.py)
+        # here is a bug, shown as one (run/refusals.py, where each class is built)
         try:
-            super().instantiate_classes()
+            with refusals.building_classes():  # each class the configuration names is built by refusals.build
+                super().instantiate_classes()
         except Exception as error:
-            refusal = input_refusal(error)
+            refusal = refusals.input_refusal(error)
             if refusal is None:
-                error.add_note(REPORT_BUG)  # printed below its traceback; the command exits with code 1
+                error.add_note(refusals.REPORT_BUG)  # printed below its traceback; the command exits with code 1
                 raise
             if refusal is error or os.environ.get(DEBUG_ENV):
                 raise
@@ -224,7 +240,7 @@ def report_problems(problems: list[str]) -> None:
     if problems:
         listing = "\n".join(f"  - {problem}" for problem in problems)
         print(f"lit-grpo: the configuration has {len(problems)} problem(s):\n{listing}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(exit_code(Outcome.REFUSED_INPUT))
 
 
 def settle_checkpoint_files(checkpoint: Any) -> str | None:
@@ -311,54 +327,69 @@ def quiet_third_parties() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
-@exits_on_sigterm  # exit code 143 when SIGTERM stopped the run (1 after Ctrl-C, 130 before training began; 2 for a
-# bad input; 0: finished)
 def main(args: list[str] | None = None) -> None:
-    quiet_third_parties()
-    return_freed_memory()  # before the model loads: its weights and every step's activations use the setting
-    try:
-        run_command(args)
-    finally:
-        release_process_group()
+    """The command: ``args`` the command line after ``lit-grpo`` (None: ``sys.argv``). It ends with
+    ``exit_code(outcome)`` (run/exit_codes.py): 0 finished, 2 a bad input, 1 a failure it explained or Ctrl-C during
+    the run, 130 Ctrl-C before training, 143 SIGTERM; a bug raises on (its traceback, code 1). Called without
+    arguments it is the process, which then ends without the interpreter's last garbage collection
+    (``end_process``); called with arguments (from Python) it raises ``SystemExit`` as usual."""
+    with command_stop() as stop:  # SIGTERM stops the command from here (StopOnSigterm takes over during a run)
+        try:
+            quiet_third_parties()
+            return_freed_memory()  # before the model loads: its weights and every step's activations use it
+            outcome = run_command(args)
+        except SystemExit as stopped:  # Lightning's own after an interrupted run, jsonargparse's, --help
+            outcome = outcome_of_exit(stopped, stop.terminated)
+            if outcome is None:
+                raise
+        except Terminated:  # outside the trainer's own handling: before its fit started, or after it ended
+            outcome = terminated_before_training()
+        finally:
+            release_process_group()
+    if outcome is Outcome.FINISHED:
+        return
+    if args is None:
+        end_process(exit_code(outcome))
+    raise SystemExit(exit_code(outcome))
 
 
-def run_command(args: list[str] | None) -> None:
-    """The command's run, each kind of failure its one message and exit code."""
+def run_command(args: list[str] | None) -> Outcome:
+    """The command's run: how it ended, each kind of failure with its one message."""
     try:
         LitGRPOCLI(args=args)
     except InputError as error:  # a bad input is the user's to fix: its message, not a traceback
         if os.environ.get(DEBUG_ENV):
             raise
         print(f"lit-grpo: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+        return Outcome.REFUSED_INPUT
     except pickle.UnpicklingError as error:  # checkpoints are read with weights_only=True
         print(
             "lit-grpo: refused to load the checkpoint: it holds pickled objects other than tensors and plain "
             f"containers, which could run code when loaded ({refused_global(error)})",
             file=sys.stderr,
         )
-        raise SystemExit(2) from None
+        return Outcome.REFUSED_INPUT
     except ServersUnavailable as error:  # the servers are the user's to restart; the run resumes from its checkpoint
-        if rank_zero_only.rank != 0:
-            raise SystemExit(1) from None  # every rank stops; rank 0 tells the user, once
-        print(" ".join([f"lit-grpo: {error}", *getattr(error, "__notes__", [])]), file=sys.stderr)  # PEP 678 notes
-        raise SystemExit(1) from None
+        if rank_zero_only.rank == 0:  # every rank stops; rank 0 tells the user, once
+            print(" ".join([f"lit-grpo: {error}", *getattr(error, "__notes__", [])]), file=sys.stderr)  # PEP 678
+        return Outcome.FAILED
     except Refused as error:  # a 4xx (a wrong key, a server without runtime LoRA): every server would refuse it
         print(f"lit-grpo: {str(error).splitlines()[0]}", file=sys.stderr)
-        raise SystemExit(2) from None
+        return Outcome.REFUSED_INPUT
     except MisconfigurationException as error:  # Lightning refusing a setting once it runs (a LearningRateMonitor
         # without a logger; a plateau scheduler's metric never logged): the user's to change, not a bug
         if os.environ.get(DEBUG_ENV):
             raise
-        print(f"lit-grpo: {lightning_refusal(error)}", file=sys.stderr)
-        raise SystemExit(2) from None
+        print(f"lit-grpo: {refusals.lightning_refusal(error)}", file=sys.stderr)
+        return Outcome.REFUSED_INPUT
     except NonFiniteTrainingError as error:
         print(f"lit-grpo: {error}", file=sys.stderr)
-        raise SystemExit(1) from None
-    except KeyboardInterrupt as interrupt:  # one inside the trainer's run is Lightning's (SaveOnInterrupt; exit 1)
-        if isinstance(interrupt, Terminated):  # SIGTERM's: exits_on_sigterm's to report (exit 143)
-            raise
-        interrupted_before_training()
+        return Outcome.FAILED
+    except Terminated:  # main's to name
+        raise
+    except KeyboardInterrupt:  # one inside the trainer's run is Lightning's (SaveOnInterrupt; its sys.exit(1))
+        return interrupted_before_training()
+    return Outcome.FINISHED
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ import pytest
 from reliability_doc import documented
 
 from lit_grpo import cli
-from lit_grpo.run.signals import SIGTERM_EXIT, Terminated
+from lit_grpo.run.exit_codes import SIGTERM_EXIT
+from lit_grpo.run.signals import Terminated
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_LINE = ("lit-grpo: interrupted (Ctrl-C) before training began; nothing was written, so nothing to save or resume "

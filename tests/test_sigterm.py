@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
@@ -22,11 +22,11 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from reliability_doc import documented
-
-from lit_grpo.run import signals
 from support import load_checkpoint
 
-from lit_grpo.run.signals import SIGTERM_EXIT, StopOnSigterm, Terminated, exits_on_sigterm
+from lit_grpo import cli
+from lit_grpo.run.exit_codes import SIGTERM_EXIT
+from lit_grpo.run.signals import StopOnSigterm, Terminated
 
 TESTS = Path(__file__).resolve().parent
 RELEASE_TOKENIZER = TESTS.parent / "data" / "tiny-qwen2-chat"
@@ -292,7 +292,6 @@ def test_lightning_composes_its_sigterm_handler_with_the_one_installed_in_setup(
     # the composition, the SIGTERM below would only set the flag and the run would sleep for a minute
     events: list[str] = []
     previous = signal.getsignal(signal.SIGTERM)
-    signals.reset()
     with pytest.raises(SystemExit) as info:  # Lightning's Ctrl-C path ends with sys.exit(1)
         fit_tiny(tmp_path, Records(events, pause_at_batch=1))
     assert info.value.code == 1
@@ -330,7 +329,6 @@ def test_after_a_fit_sigterm_goes_to_the_handler_found_at_setup_however_the_fit_
         assert signal.getsignal(signal.SIGTERM) is scripts_own
     finally:
         signal.signal(signal.SIGTERM, before)
-        signals.reset()
 
 
 def test_a_plain_python_script_ends_on_sigterm_after_a_fit_that_raised(tmp_path):
@@ -364,90 +362,77 @@ print("survived SIGTERM")
 def test_a_sigterm_while_a_checkpoint_is_written_stops_the_run_when_the_write_has_ended(tmp_path):
     events: list[str] = []
     previous = signal.getsignal(signal.SIGTERM)
-    signals.reset()
     with pytest.raises(SystemExit):  # Lightning's SIGTERMException, or sys.exit(1) after stop_now's Terminated
         fit_tiny(tmp_path, WritesSlowly(events), Records(events))
     signal.signal(signal.SIGTERM, previous)
     # the write ended, then the run stopped before another epoch began: by Lightning's own check right after the
-    # hook, or (should this process be held up there for RETRY_SECONDS) by stop_now's retry
+    # hook, or (should this process be held up there for RETRY_SECONDS) by the watcher's re-signal
     assert events[0] == "epoch 0 written" and len(events) == 2, events
     assert events[1] in ("SIGTERMException; received_sigterm=True", "Terminated; received_sigterm=True"), events
-    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL  # a retry no longer pending gave SIGALRM back
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL  # no other signal is borrowed
 
 
-def test_a_stop_held_back_by_a_checkpoint_write_is_raised_when_the_write_ends():
-    # without Lightning's loop around it: stop_now looks again every RETRY_SECONDS until the write has ended
-    class Writer(Checkpoint):
-        def write(self, events: list[str]) -> None:
-            handler(signal.SIGTERM, sys._getframe())  # noqa: SLF001 - the frame a signal would find here
-            events.append("written")
+class TakesSigtermAlone(pl.Callback):
+    """From ``on_train_start`` SIGTERM goes to ``StopOnSigterm``'s handler alone, as it does under DDP: Lightning's
+    own check after the epoch-end hooks (its ``received_sigterm``) never fires."""
 
-    signals.reset()
-    handler = signals.stop_now()
+    def on_train_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        stop = next(c for c in trainer.callbacks if isinstance(c, StopOnSigterm))
+        signal.signal(signal.SIGTERM, stop.handler)
+
+
+def test_a_stop_held_by_an_epoch_end_write_is_raised_in_the_next_epochs_generation(tmp_path):
+    # no hook of ours runs between the epoch's end and the next epoch's generation (train_dataloader, reloaded every
+    # epoch): the stop held back by the write is raised there, within a moment, not after an hour's generation
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
     events: list[str] = []
-    with pytest.raises(Terminated):
-        Writer().write(events)
-        events.append("after the write")
-        deadline = time.monotonic() + 60  # generous: the retry fires after 0.05 s on an idle machine
-        while time.monotonic() < deadline:
-            time.sleep(0.01)
-    assert events == ["written", "after the write"]
-    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL
-    signals.reset()
+
+    class GeneratesSlowly(BoringModel):
+        def train_dataloader(self) -> Any:
+            if self.trainer.current_epoch >= 1:
+                events.append("generating epoch 1")
+                time.sleep(60)
+                events.append("generated")
+            return super().train_dataloader()
+
+    previous = signal.getsignal(signal.SIGTERM)
+    trainer = pl.Trainer(max_epochs=3, limit_train_batches=2, limit_val_batches=0, logger=False,
+                         reload_dataloaders_every_n_epochs=1, enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path, callbacks=[WritesSlowly(events), Records(events),
+                                                               TakesSigtermAlone(), StopOnSigterm()])
+    started = time.monotonic()
+    try:
+        with pytest.raises(SystemExit) as info:  # Lightning's Ctrl-C path after our Terminated
+            trainer.fit(GeneratesSlowly())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print(f"SIGTERM during the write to the stop: {time.monotonic() - started:.2f} s")
+    assert info.value.code == 1 and isinstance(info.value.__context__, Terminated)
+    assert events[0] == "epoch 0 written" and events[-1] == "Terminated; received_sigterm=False", events
+    assert "generated" not in events and time.monotonic() - started < STOP_WITHIN
 
 
-def test_a_sigterm_before_training_ends_the_command_with_143(capsys):
-    @exits_on_sigterm
-    def main(args: list[str]) -> None:
+def test_a_sigterm_before_training_ends_the_command_with_143(monkeypatch, capsys):
+    def parse_arguments(self, parser, args) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)
         raise AssertionError("not stopped")
 
+    monkeypatch.setattr(cli.LitGRPOCLI, "parse_arguments", parse_arguments)
     previous = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as info:
-        main(["fit"])  # with arguments: called from Python, so it raises SystemExit instead of ending the process
+        cli.main(["fit"])  # with arguments: called from Python, so it raises SystemExit instead of ending the process
     assert info.value.code == SIGTERM_EXIT
     assert "lit-grpo: stopped by SIGTERM before training began" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is previous  # restored
 
 
-def test_lightnings_own_sigterm_stop_ends_the_command_with_143():
-    @exits_on_sigterm
-    def main(args: list[str]) -> None:
-        signals.state.terminated = True  # as stop_now notes it, while Lightning's loop raised its own stop
-        raise SIGTERMException  # a SystemExit without a code: 0 to the shell
+def test_lightnings_own_sigterm_stop_ends_the_command_with_143(monkeypatch):
+    def parse_arguments(self, parser, args) -> None:
+        raise SIGTERMException  # Lightning's loop's own stop: a SystemExit without a code, 0 to the shell
 
+    monkeypatch.setattr(cli.LitGRPOCLI, "parse_arguments", parse_arguments)
     with pytest.raises(SystemExit) as info:
-        main(["fit"])
+        cli.main(["fit"])
     assert info.value.code == SIGTERM_EXIT
-
-
-def test_a_second_sigterm_while_stopping_raises_nothing():
-    signals.reset()
-    handler = signals.stop_now()
-    with pytest.raises(Terminated):
-        handler(signal.SIGTERM, None)
-    handler(signal.SIGTERM, None)  # the stop under way goes on
-    signals.reset()
-
-
-def test_a_retry_that_finds_the_run_stopping_on_an_exception_does_not_raise_over_it():
-    # the race seen under load: Lightning's own check stopped the run after the write, and the pending retry fired
-    # while its on_exception hooks ran; a Terminated raised there would have replaced Lightning's stop
-    class Writer(Checkpoint):
-        def write(self) -> None:
-            handler(signal.SIGTERM, sys._getframe())  # noqa: SLF001 - held back: a write is on the stack
-
-    signals.reset()
-    handler = signals.stop_now()
-    Writer().write()
-    try:
-        try:
-            raise SIGTERMException
-        except SIGTERMException:
-            signals.raise_unless_writing(sys._getframe())  # noqa: SLF001 - the retry, inside the handling
-            assert signal.getitimer(signal.ITIMER_REAL)[0] > 0  # still pending, not raised
-            signals.hold()  # what StopOnSigterm.on_exception does next
-    finally:
-        signals.stop_retrying()
-    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL)[0] == 0

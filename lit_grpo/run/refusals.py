@@ -1,17 +1,24 @@
 """Whose fault an exception is, for the command: a refusal of the user's input (one line, exit code 2) or a bug in
 lit-grpo (its traceback and a request to report it, exit code 1).
 
-lit-grpo refuses input with ``InputError`` only, so any other exception raised by lit-grpo's own code is a bug. An
-exception raised while the command builds a class that is not lit-grpo's (a user's reward or task, a Lightning
-logger, the ``Trainer``) is that class refusing the arguments the user's configuration gave it: the user's to fix,
-named by its class. Lightning's ``MisconfigurationException`` is its refusal of a setting, whoever raised it.
+lit-grpo refuses input with ``InputError`` only, so any other exception raised by lit-grpo's own code is a bug. The
+command builds every class its configuration names through ``build`` (jsonargparse's instantiator while
+``building_classes`` is on; the ``Trainer`` directly), which knows the class it builds: an exception raised while
+building a class that is not lit-grpo's (a user's reward or task, a Lightning logger, the ``Trainer``) is that class
+refusing the arguments the user's configuration gave it, the user's to fix, named by its class. Lightning's
+``MisconfigurationException`` is its refusal of a setting, whoever raised it; an error of jsonargparse's own types
+is its refusal of a value.
 """
 
 from __future__ import annotations
 
-import types
-from collections.abc import Iterator
+import argparse
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
+import jsonargparse
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lit_grpo.errors import InputError
@@ -19,6 +26,68 @@ from lit_grpo.errors import InputError
 REPORT_BUG = "lit-grpo: this is a bug in lit-grpo, please report it with the traceback above"
 OWN_MODULES = ("lit_grpo",)  # lit-grpo's package (its callbacks are lit_grpo.callbacks)
 BUILDER_MODULES = ("jsonargparse", "lightning.pytorch.cli")  # they call the constructors; they refuse nothing here
+
+Built = TypeVar("Built")
+
+# on while the command builds its classes: jsonargparse's instantiators are process-wide, and another parser in
+# the same process keeps its own behaviour
+building = contextvars.ContextVar("lit_grpo_building_classes", default=False)
+
+
+def is_within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == package or module.startswith(f"{package}.") for package in packages)
+
+
+def named_class(class_type: type) -> type:
+    """The class the configuration named: a ``lazy_instance`` is a subclass jsonargparse made of it."""
+    return next(c for c in class_type.__mro__ if not is_within(c.__module__, BUILDER_MODULES))
+
+
+def build(class_type: Callable[..., Built], *args: Any, **kwargs: Any) -> Built:
+    """``class_type(*args, **kwargs)``, with a class that is not lit-grpo's refusing its arguments (any
+    ``Exception`` but an ``InputError`` or ``MisconfigurationException``, which say so themselves) turned into the
+    ``InputError`` that names it. lit-grpo's own classes raise on unchanged: anything but an ``InputError`` from them
+    is a bug."""
+    try:
+        return class_type(*args, **kwargs)
+    except (InputError, MisconfigurationException):
+        raise
+    except Exception as error:
+        refusal = refused_arguments(class_type, error)
+        if refusal is None:
+            raise
+        raise refusal from error
+
+
+def refused_arguments(class_type: Any, error: Exception) -> InputError | None:
+    """``error``, raised by ``class_type``'s constructor, as the class's refusal of its arguments; None for
+    lit-grpo's own classes (a bug)."""
+    named = named_class(class_type) if isinstance(class_type, type) else class_type
+    if is_within(getattr(named, "__module__", ""), OWN_MODULES):
+        return None
+    return InputError(f"{named.__module__}.{named.__qualname__} refused its arguments: {error}")
+
+
+def instantiate(class_type: type[Built], *args: Any, **kwargs: Any) -> Built:
+    """jsonargparse's instantiator of every class (``install_builder``): ``build`` while the command builds."""
+    if building.get():
+        return build(class_type, *args, **kwargs)
+    return class_type(*args, **kwargs)
+
+
+def install_builder() -> None:
+    """Every class jsonargparse builds goes through ``instantiate`` (after LightningCLI's own instantiators of the
+    model and data classes, which are lit-grpo's: registered on the parser, they are asked first)."""
+    jsonargparse.add_instantiator(instantiate, object, subclasses=True)
+
+
+@contextlib.contextmanager
+def building_classes() -> Iterator[None]:
+    token = building.set(True)
+    try:
+        yield
+    finally:
+        building.reset(token)
 
 
 def chain(error: BaseException) -> Iterator[BaseException]:
@@ -34,36 +103,6 @@ def chain(error: BaseException) -> Iterator[BaseException]:
         pending += [current.__cause__, current.__context__]
 
 
-def module_of(frame: types.FrameType) -> str:
-    return str(frame.f_globals.get("__name__", ""))
-
-
-def is_within(module: str, packages: tuple[str, ...]) -> bool:
-    return any(module == package or module.startswith(f"{package}.") for package in packages)
-
-
-def class_being_built(error: BaseException) -> type | None:
-    """The class whose constructor was running, outermost, when ``error`` was raised (None: no constructor was):
-    the class the configuration named, since the builders' own frames are skipped."""
-    traceback = error.__traceback__
-    while traceback is not None:
-        frame = traceback.tb_frame
-        target = frame.f_locals.get("self") if frame.f_code.co_name == "__init__" else None
-        if target is not None and not is_within(module_of(frame), BUILDER_MODULES):
-            # a lazy_instance is a subclass jsonargparse made of the class the configuration named
-            return next(c for c in type(target).__mro__ if not is_within(c.__module__, BUILDER_MODULES))
-        traceback = traceback.tb_next
-    return None
-
-
-def raised_by_builder(error: BaseException) -> bool:
-    """Whether ``error`` was raised in jsonargparse's own code: its check of a value against a type."""
-    traceback = error.__traceback__
-    while traceback is not None and traceback.tb_next is not None:
-        traceback = traceback.tb_next
-    return traceback is not None and is_within(module_of(traceback.tb_frame), ("jsonargparse",))
-
-
 def lightning_refusal(error: MisconfigurationException) -> InputError:
     """Lightning's refusal of a setting, while the classes are built or once the run starts (a
     ``LearningRateMonitor`` without a logger): the user's to change, worded once."""
@@ -73,7 +112,7 @@ def lightning_refusal(error: MisconfigurationException) -> InputError:
 def input_refusal(error: BaseException) -> InputError | None:
     """The ``InputError`` to show for ``error`` raised while the configuration's classes were built; None when it
     is a bug in lit-grpo. jsonargparse wraps a class's refusal in its report of a union type's members, so the
-    exceptions it was raised from are read too (the innermost is the refusal itself)."""
+    exceptions it was raised from are read too."""
     for each in chain(error):
         if isinstance(each, InputError):
             return each
@@ -82,9 +121,7 @@ def input_refusal(error: BaseException) -> InputError | None:
     root = error
     while root.__cause__ is not None:  # the union reports' "from": the refusal they wrap
         root = root.__cause__
-    built = class_being_built(root)
-    if built is None:
-        return InputError(f"the configuration could not be built: {root}") if raised_by_builder(root) else None
-    if is_within(built.__module__, OWN_MODULES):
-        return None  # lit-grpo's classes refuse input with InputError: anything else they raise is a bug
-    return InputError(f"{built.__module__}.{built.__qualname__} refused its arguments: {root}")
+    if isinstance(root, argparse.ArgumentError) or is_within(type(root).__module__, ("jsonargparse",)):  # its own
+        # check of a value against a type
+        return InputError(f"the configuration could not be built: {root}")
+    return None

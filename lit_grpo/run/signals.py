@@ -1,58 +1,61 @@
 """SIGTERM stops a run as Ctrl-C does: now, wherever it is (generating, scoring, waiting for a draw ahead,
-training), keeping what is finished, and with an exit code a scheduler reads as "did not finish".
+training), keeping what is finished; ``run/exit_codes.py`` turns the stop into exit code 143.
 
-A scheduler sends SIGTERM some seconds before SIGKILL (SLURM, Kubernetes: 30 s by default). Lightning's own SIGTERM
-handler, registered at the start of every ``fit``/``validate``/``test``, kills the processes its launcher started,
-sets ``trainer.received_sigterm``, and leaves the stop to its loops, which raise ``SIGTERMException`` between two
-batches. That reaches neither a generation (drawn inside ``train_dataloader()``, before the epoch's first batch) nor
-a scoring that hangs nor a hook that waits. So ``StopOnSigterm`` adds the smallest thing, with public APIs only:
+A scheduler sends SIGTERM some seconds before SIGKILL (SLURM, Kubernetes: 30 s by default). Lightning's own handler
+only sets ``trainer.received_sigterm`` for its loops to check between two batches, which reaches neither a
+generation (inside ``train_dataloader()``) nor a scoring that hangs nor a hook that waits. ``StopOnSigterm`` adds the
+smallest thing, with public APIs only: a ``SigtermStop``, one per run, a state machine driven by the callback's hooks
 
-* in its ``setup`` hook it installs ``stop_now`` with ``signal.signal``; Lightning, registering its handler after
-  ``setup``, composes the two (its own first, then the one it found: ``tests/test_sigterm.py`` pins this).
-  ``stop_now`` raises ``Terminated`` (a ``KeyboardInterrupt``) in the main thread at once, so Lightning runs its
-  Ctrl-C path: the callbacks' ``on_exception`` (the adapter as it was is saved, the resume command printed), its
-  teardown (a checkpoint still being written in the background is finished), exit code 1, which ``exits_on_sigterm``
-  turns into ``SIGTERM_EXIT``;
-* except while a checkpoint is being written (a ``Checkpoint`` callback's method or ``Trainer.save_checkpoint`` on
-  the stack: cut short, the epoch just trained would lose its checkpoint, or ``last.ckpt`` its link): then the stop
-  waits for the write to end (Lightning's own check after the hook, or ``stop_now``'s retry every ``RETRY_SECONDS``);
-* under DDP Lightning's handler also broadcasts from inside the signal handler. On gloo the source of that broadcast
-  waits until every rank has run the same handler, and a rank already waiting inside another collective never does
-  (measured: both ranks hang until gloo's 30-minute timeout). So from the first hook after Lightning registered
-  (``on_train_start``, ``on_validation_start``, ``on_test_start``, ``on_predict_start``) SIGTERM goes to
-  ``stop_now`` alone; no collective runs on the way out, and no rank waits at a barrier for one that has stopped.
-  Before that hook (the first epoch's generation of a DDP fit) Lightning's handler is in place;
-* once the run is over the handler found at ``setup`` is SIGTERM's again: ``teardown`` puts it back, and after a
-  run that raised (Lightning runs no teardown hook then, and its own teardown puts ``stop_now``'s handler back last)
-  the first SIGTERM that finds the run over goes to it (``stop_during_run``), so a Python script's own handler, or
-  the default action, is never swallowed by a run long over.
+    IDLE --setup--> RUNNING
+    RUNNING --on_train_epoch_end, on_validation_end, on_train_end, on_save_checkpoint--> WRITING_CHECKPOINT
+    WRITING_CHECKPOINT --our next hook, or trainer.current_epoch moved on--> RUNNING (a held stop raised then)
+    RUNNING --Terminated raised, or on_exception--> STOPPING --the fit raised on (trainer.state.stage None)--> OVER
+    any --teardown--> OVER
 
-Exit codes of an interrupted run: 143 (128 + SIGTERM, the shell's convention) after SIGTERM, 1 after Ctrl-C. Either
-way the last epoch's checkpoint is the resume point (``--ckpt_path last``), so a scheduler may requeue the job with
-the same command plus ``--ckpt_path last``. Under DDP each rank stops on its own signal (a launcher or scheduler
-signals every rank; rank 0 also forwards the signal to the ranks it launched, from a thread when its main thread
-waits inside a collective).
+and its SIGTERM handler, which by state:
+
+* RUNNING: raises ``Terminated`` (a ``KeyboardInterrupt``) in the main thread at once, so Lightning runs its Ctrl-C
+  path: the callbacks' ``on_exception`` (the adapter as it was is saved, the resume command printed), its teardown (a
+  checkpoint still being written in the background is finished);
+* WRITING_CHECKPOINT: holds the stop back (cut short, the epoch just trained would lose its checkpoint, or
+  ``last.ckpt`` its link). Lightning runs ``Checkpoint`` callbacks last in a hook, after ours, so the window opens
+  in our hook of the same event; it closes at our next hook, which raises the held stop itself, or when
+  ``trainer.current_epoch`` moves on ("updated after the epoch end hooks are run"), which a watcher thread sees and
+  re-signals the main thread for (``signal.pthread_kill``; no other signal is borrowed);
+* STOPPING: notes it and raises nothing (a second SIGTERM must not cut the adapter's save short). After Lightning's
+  Ctrl-C path (its ``sys.exit(1)``) nothing marks the run over: a script that catches that ``SystemExit`` and goes
+  on keeps this state until it puts its own handler back;
+* OVER: gives SIGTERM the handler found at ``setup`` back and delivers the signal to it (a Python script's own
+  handler, or the default action, is never swallowed by a run long over).
+
+Lightning registers its handler after the callbacks' ``setup`` and composes it with ours (its own first, then
+ours: ``tests/test_sigterm.py`` pins this). Under DDP its handler broadcasts from inside the signal handler; on gloo
+the broadcast's source waits for every rank, and a rank inside another collective never comes (measured: both ranks
+hang until gloo's 30-minute timeout). So from the first hook after Lightning registered (``on_train_start``,
+``on_validation_start``, ``on_test_start``, ``on_predict_start``) SIGTERM goes to ours alone. Under DDP each rank
+stops on its own signal; rank 0 also forwards it to the ranks it launched, from a thread when its main thread waits
+inside a collective. The command's own handler before and after a run is ``command_stop`` (a ``SigtermStop``
+without a trainer, always RUNNING).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import gc
+import enum
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-SIGTERM_EXIT = 128 + signal.SIGTERM  # 143
+from lit_grpo.run.exit_codes import Outcome
+
 RETRY_SECONDS = 0.05  # how often a stop held back by a checkpoint write looks again whether the write has ended
 
 Handler = Callable[[int, Any], Any] | int | None
@@ -64,35 +67,31 @@ class Terminated(KeyboardInterrupt):
 
 
 def stopped_by_sigterm(exception: BaseException) -> bool:
-    """Whether ``exception`` is a SIGTERM's stop: ``stop_now``'s or Lightning's (its loops' ``SIGTERMException``)."""
-    return isinstance(exception, (Terminated, SIGTERMException))
+    """Whether ``exception`` is a SIGTERM's stop: ours (``Terminated``), Lightning's (its loops'
+    ``SIGTERMException``), or Lightning's ``sys.exit(1)`` raised while it handled our ``Terminated``."""
+    if isinstance(exception, (Terminated, SIGTERMException)):
+        return True
+    return isinstance(exception, SystemExit) and isinstance(exception.__context__, Terminated)
 
 
-@dataclass
-class StopState:
-    terminated: bool = False  # a SIGTERM arrived
-    stopping: bool = False  # the run is already on its way out (a Ctrl-C or a SIGTERM is being handled)
-    pending: bool = False  # a SIGTERM arrived during a checkpoint write: raised when the write has ended
-    alarm_handler: Handler = None  # SIGALRM's handler before a retry borrowed it
+def outcome_of_exit(stopped: SystemExit, terminated: bool) -> Outcome | None:
+    """How a run that Lightning ended with ``SystemExit`` ended: its SIGTERM stop (``SIGTERMException``, or
+    ``sys.exit(1)`` after ``Terminated`` or after a Ctrl-C during which a SIGTERM arrived too), or its Ctrl-C path
+    (``sys.exit(1)`` after a ``KeyboardInterrupt``); None: a code someone else has decided (jsonargparse's refusal,
+    ``--help``)."""
+    if stopped_by_sigterm(stopped) or (terminated and stopped.code != 0):
+        return Outcome.TERMINATED
+    if isinstance(stopped.__context__, KeyboardInterrupt):
+        return Outcome.INTERRUPTED
+    return None
 
 
-state = StopState()
-
-
-def reset() -> None:
-    stop_retrying()
-    state.terminated = state.stopping = False
-
-
-def writing_a_checkpoint(frame: FrameType | None) -> bool:
-    """Whether the main thread's stack, from ``frame`` (where a signal found it), holds a checkpoint being written:
-    a ``Checkpoint`` callback's method (its save and its ``last.ckpt`` link) or ``Trainer.save_checkpoint``."""
-    save = pl.Trainer.save_checkpoint.__code__
-    while frame is not None:
-        if frame.f_code is save or isinstance(frame.f_locals.get("self"), Checkpoint):
-            return True
-        frame = frame.f_back
-    return False
+class Phase(enum.Enum):
+    IDLE = "idle"  # no run yet: the handler is not installed
+    RUNNING = "running"  # a SIGTERM raises Terminated at once
+    WRITING_CHECKPOINT = "writing a checkpoint"  # a SIGTERM is held back until the write has ended
+    STOPPING = "stopping"  # the run is on its way out: a SIGTERM is noted, nothing raised
+    OVER = "over"  # the run has ended: a SIGTERM goes to the handler found at setup
 
 
 def forward(trainer: pl.Trainer | None, signum: int) -> None:
@@ -101,46 +100,6 @@ def forward(trainer: pl.Trainer | None, signum: int) -> None:
     if launcher is not None:
         with contextlib.suppress(Exception):  # one already gone needs no signal
             launcher.kill(signum)
-
-
-def stop_now(trainer: pl.Trainer | None = None) -> Callable[[int, Any], None]:
-    """The SIGTERM handler: the first signal raises ``Terminated`` where the main thread stands (after a checkpoint
-    write, if one is under way) and is forwarded to the ranks ``trainer``'s launcher started; one arriving while the
-    run stops is noted, not raised, so it cannot cut the adapter's save short."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        if not state.terminated:
-            state.terminated = True
-            forward(trainer, signum)
-        raise_unless_writing(frame)
-
-    return handler
-
-
-def stop_during_run(trainer: pl.Trainer, previous: Handler) -> Callable[[int, Any], None]:
-    """``StopOnSigterm``'s handler: ``stop_now(trainer)`` while ``trainer`` runs (one of its methods on the main
-    thread's stack: a fit, validate, test or predict, its way out included); once that run is over, however it
-    ended, a SIGTERM gives the signal ``previous`` back and goes to it (``pass_on``). ``StopOnSigterm.teardown`` puts
-    ``previous`` back when the run ends normally; after a run that raised, no hook of ours runs after Lightning's own
-    teardown, which puts back the handler it found at its registration (this one), so this one retires itself."""
-    stop = stop_now(trainer)
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        if frame is not None and not running(trainer, frame):
-            pass_on(signum, frame, previous)
-            return
-        stop(signum, frame)
-
-    return handler
-
-
-def running(trainer: pl.Trainer, frame: FrameType | None) -> bool:
-    """Whether the main thread's stack, from ``frame``, is inside one of ``trainer``'s own methods."""
-    while frame is not None:
-        if frame.f_locals.get("self") is trainer:
-            return True
-        frame = frame.f_back
-    return False
 
 
 def pass_on(signum: int, frame: FrameType | None, handler: Handler) -> None:
@@ -154,39 +113,105 @@ def pass_on(signum: int, frame: FrameType | None, handler: Handler) -> None:
         signal.raise_signal(signum)
 
 
-def raise_unless_writing(frame: FrameType | None) -> None:
-    """Raise ``Terminated`` now, or, during a checkpoint write, look again in ``RETRY_SECONDS`` (``SIGALRM``)."""
-    if state.stopping:
-        return
-    # a retry that finds an exception being handled finds the run on its way out already (Lightning's own SIGTERM
-    # check stopped it after the write, and its on_exception hooks are running): raising now would replace that stop
-    if writing_a_checkpoint(frame) or (state.pending and sys.exc_info()[1] is not None):
-        if not state.pending:
-            state.pending = True
-            state.alarm_handler = signal.signal(signal.SIGALRM, lambda signum, later: raise_unless_writing(later))
-        signal.setitimer(signal.ITIMER_REAL, RETRY_SECONDS)
-        return
-    stop_retrying()
-    state.stopping = True
-    raise Terminated(f"received signal {signal.SIGTERM} (SIGTERM)")
-
-
-def stop_retrying() -> None:
-    """Cancel a pending retry and give SIGALRM its handler back."""
-    if state.pending:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, state.alarm_handler if state.alarm_handler is not None else signal.SIG_DFL)
-        state.pending, state.alarm_handler = False, None
-
-
-def hold() -> None:
-    """The run is stopping (its ``on_exception`` hooks run): a later SIGTERM is noted but raises nothing."""
-    state.stopping = True
-    stop_retrying()  # Lightning's own check stopped the run first
-
-
 def on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
+
+
+class SigtermStop:
+    """One run's SIGTERM state (module docstring). ``trainer`` None: the command's own stop, outside any run.
+    ``handle`` is the signal handler; the other methods are the transitions the hooks drive."""
+
+    def __init__(self, trainer: pl.Trainer | None = None, previous: Handler = None) -> None:
+        self.trainer, self.previous = trainer, previous
+        self.phase = Phase.IDLE if trainer is not None else Phase.RUNNING
+        self.terminated = False  # a SIGTERM arrived
+        self.pending = False  # a SIGTERM arrived during a checkpoint write: raised when the write has ended
+        self.write_epoch: int | None = None  # trainer.current_epoch when the write window opened
+        self.watcher: threading.Thread | None = None
+        # the command's stop around this run: it learns of a SIGTERM here too, for the exit code
+        self.outer: SigtermStop | None = getattr(previous, "__self__", None)
+        if not isinstance(self.outer, SigtermStop):
+            self.outer = None
+
+    def start(self) -> None:
+        self.phase = Phase.RUNNING
+
+    def begin_write(self) -> None:
+        """A checkpoint may be written from here (our hook runs before the ``Checkpoint`` callbacks' own)."""
+        if self.phase in (Phase.RUNNING, Phase.WRITING_CHECKPOINT):
+            self.phase = Phase.WRITING_CHECKPOINT
+            self.write_epoch = self.trainer.current_epoch if self.trainer is not None else None
+
+    def end_write(self) -> None:
+        """A later hook: any write has ended; a stop held back by it is raised here, in the main thread."""
+        if self.phase is Phase.WRITING_CHECKPOINT:
+            self.phase = Phase.RUNNING
+        if self.pending and self.phase is Phase.RUNNING and on_main_thread():
+            self.raise_stop()
+
+    def stopping(self) -> None:
+        """The run is on its way out (its ``on_exception`` hooks run): a later SIGTERM is noted, nothing raised."""
+        if self.phase is not Phase.OVER:
+            self.phase = Phase.STOPPING
+        self.pending = False
+
+    def finish(self) -> None:
+        self.phase, self.pending = Phase.OVER, False
+
+    def writing(self) -> bool:
+        """Whether a checkpoint write may be in flight: the window is open and the epoch-end hooks it opened in
+        have not all run (``trainer.current_epoch`` moves on after them)."""
+        if self.phase is not Phase.WRITING_CHECKPOINT:
+            return False
+        return self.trainer is None or self.trainer.current_epoch == self.write_epoch
+
+    def over(self) -> bool:
+        """Whether the run has ended: torn down, or stopped on an exception that has left the trainer (Lightning
+        sets ``trainer.state.stage`` to None after its teardown, then raises on)."""
+        if self.phase is Phase.OVER:
+            return True
+        return self.phase is Phase.STOPPING and self.trainer is not None and self.trainer.state.stage is None
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        """The SIGTERM handler (module docstring: what each state does with it)."""
+        if self.over():
+            self.finish()
+            pass_on(signum, frame, self.previous)
+            return
+        if not self.terminated:
+            self.terminated = True
+            forward(self.trainer, signum)
+        if self.outer is not None:
+            self.outer.terminated = True
+        if self.phase is Phase.STOPPING:
+            return
+        # an exception being handled here is the run already on its way out (Lightning's own check stopped it after
+        # the write; its on_exception hooks are about to run): raising now would replace that stop
+        if self.writing() or (self.pending and sys.exc_info()[1] is not None):
+            self.hold_back()
+            return
+        self.raise_stop()
+
+    def raise_stop(self) -> None:
+        self.pending = False
+        self.phase = Phase.STOPPING
+        raise Terminated(f"received signal {signal.SIGTERM} (SIGTERM)")
+
+    def hold_back(self) -> None:
+        """Keep the stop for when the write has ended; a watcher thread re-signals the main thread then, in case no
+        hook of ours comes first (the epoch-end hooks are followed by the next epoch's generation)."""
+        self.pending = True
+        if self.watcher is None or not self.watcher.is_alive():
+            self.watcher = threading.Thread(target=self.resignal_when_written, name="lit-grpo-sigterm-retry",
+                                            daemon=True)
+            self.watcher.start()
+
+    def resignal_when_written(self) -> None:
+        main = threading.main_thread().ident
+        while self.pending and self.phase in (Phase.RUNNING, Phase.WRITING_CHECKPOINT):
+            time.sleep(RETRY_SECONDS)
+            if self.pending and not self.writing() and main is not None:
+                signal.pthread_kill(main, signal.SIGTERM)
 
 
 def forward_while_blocked(trainer: pl.Trainer) -> None:
@@ -220,32 +245,36 @@ def forward_while_blocked(trainer: pl.Trainer) -> None:
 
 
 class StopOnSigterm(pl.Callback):
-    """SIGTERM stops the run at once wherever it stands (see this module's docstring); the handler found at ``setup``
-    is put back at ``teardown``, or, after a run that raised (``teardown`` does not run then), by the first SIGTERM
-    that finds the run over (``stop_during_run``), which goes to it."""
+    """SIGTERM stops the run at once wherever it stands (module docstring); its hooks drive the run's ``SigtermStop``
+    (``self.stop``). The handler found at ``setup`` is put back at ``teardown``, or, after a run that raised
+    (``teardown`` does not run then), by the first SIGTERM that finds the run over, which goes to it."""
 
     def __init__(self) -> None:
-        self.previous: Handler = None
-        self.handler: Callable[[int, Any], None] | None = None
+        self.stop: SigtermStop | None = None
+
+    @property
+    def handler(self) -> Callable[[int, Any], None] | None:
+        return self.stop.handle if self.stop is not None else None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if not on_main_thread():  # Python sets handlers on the main thread only
             return
-        reset()  # a fit earlier in this process may have been stopped: this one starts unsignalled
-        self.handler = stop_during_run(trainer, signal.getsignal(signal.SIGTERM))
-        self.previous = signal.signal(signal.SIGTERM, self.handler)  # Lightning composes it with its own
+        self.stop = SigtermStop(trainer, signal.getsignal(signal.SIGTERM))  # a fresh one: this run is unsignalled
+        self.stop.start()
+        signal.signal(signal.SIGTERM, self.stop.handle)  # Lightning composes it with its own
         forward_while_blocked(trainer)
 
     def take_sigterm_under_ddp(self, trainer: pl.Trainer) -> None:
-        """Under DDP, SIGTERM goes to ``stop_now`` alone from here: Lightning's handler broadcasts (see above)."""
-        if self.handler is not None and trainer.world_size > 1 and on_main_thread():
-            signal.signal(signal.SIGTERM, self.handler)
+        """Under DDP, SIGTERM goes to ours alone from here: Lightning's handler broadcasts (see above)."""
+        if self.stop is not None and trainer.world_size > 1 and on_main_thread():
+            signal.signal(signal.SIGTERM, self.stop.handle)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.take_sigterm_under_ddp(trainer)
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.take_sigterm_under_ddp(trainer)
+        self.end_write()
 
     def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.take_sigterm_under_ddp(trainer)
@@ -253,56 +282,64 @@ class StopOnSigterm(pl.Callback):
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.take_sigterm_under_ddp(trainer)
 
+    # the hooks a Checkpoint callback writes in: Lightning calls Checkpoint callbacks last, after this one
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.begin_write()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.begin_write()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.begin_write()
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: Any) -> None:
+        self.begin_write()  # any save, whoever called trainer.save_checkpoint
+
+    # the hooks that come after a write
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.end_write()
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self.end_write()
+
+    def begin_write(self) -> None:
+        if self.stop is not None:
+            self.stop.begin_write()
+
+    def end_write(self) -> None:
+        if self.stop is not None:
+            self.stop.end_write()
+
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        hold()  # the run is stopping (Lightning's own SIGTERM check may have come first): no retry may raise later
+        if self.stop is not None:
+            self.stop.stopping()  # Lightning's own SIGTERM check may have come first: nothing may raise later
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        stop_retrying()  # a stop held back by a save after the last epoch (a user's save at the end of fit)
-        if self.handler is not None and on_main_thread() and self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
-        self.handler = None
+        if self.stop is None:
+            return
+        self.stop.finish()  # a stop held back by a save after the last epoch is dropped: the run has finished
+        if on_main_thread() and self.stop.previous is not None:
+            signal.signal(signal.SIGTERM, self.stop.previous)
 
 
-def end_process(code: int) -> None:
-    """End the process with ``code`` as the interpreter does (the non-daemon threads joined, the exit hooks run: a
-    vLLM server stopped, a temporary directory removed, the logs flushed), less its last full garbage collection:
-    the objects alive now (torch, transformers, the model) are frozen out of it (``gc.freeze``), since walking them
-    would spend seconds of the grace period a scheduler gives between SIGTERM and SIGKILL."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    gc.freeze()
-    raise SystemExit(code)
+def hold(trainer: pl.Trainer) -> None:
+    """The run is stopping (an ``on_exception`` hook saves what it can): a later SIGTERM is noted, nothing raised.
+    For a callback that may run before ``StopOnSigterm``'s own ``on_exception``."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, StopOnSigterm) and callback.stop is not None:
+            callback.stop.stopping()
 
 
-def exits_on_sigterm(main: Callable[..., Any]) -> Callable[..., Any]:
-    """``main`` with SIGTERM handled by ``stop_now`` from its first line (``StopOnSigterm`` takes over during a
-    run), and the process's exit code ``SIGTERM_EXIT`` whenever a SIGTERM stopped it (Lightning ends an interrupted
-    fit with exit code 1, or none after its own ``SIGTERMException``; the run's callbacks have said what was kept and
-    how to resume). Called without arguments, ``main`` is the process (its command line is ``sys.argv``), which then
-    ends without the interpreter's last garbage collection (``end_process``); called with arguments (from Python),
-    it raises ``SystemExit`` as usual. The previous handler is restored on return."""
-
-    @functools.wraps(main)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        reset()
-        the_process = not args and not kwargs
-        previous = signal.signal(signal.SIGTERM, stop_now()) if on_main_thread() else None
-        try:
-            return main(*args, **kwargs)
-        except Terminated:  # outside the trainer's own handling: before its fit started, or after it ended
-            print("lit-grpo: stopped by SIGTERM before training began; nothing was written to resume from",
-                  file=sys.stderr, flush=True)
-            code = SIGTERM_EXIT
-        except SystemExit as exit:  # Lightning's: 1 after a Terminated, None after its own SIGTERMException
-            if not state.terminated or exit.code == 0:
-                raise
-            code = SIGTERM_EXIT
-        finally:
-            stop_retrying()
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
-        if the_process:
-            end_process(code)
-        raise SystemExit(code)
-    return run
+@contextlib.contextmanager
+def command_stop() -> Iterator[SigtermStop]:
+    """SIGTERM raises ``Terminated`` from here (``StopOnSigterm`` takes over during a run); the previous handler
+    is put back on the way out."""
+    stop = SigtermStop()
+    previous = signal.signal(signal.SIGTERM, stop.handle) if on_main_thread() else None
+    try:
+        yield stop
+    finally:
+        stop.finish()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
