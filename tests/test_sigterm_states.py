@@ -15,7 +15,7 @@ import pytest
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lit_grpo.errors import InputError
-from lit_grpo.run import refusals
+from lit_grpo.run import refusals, signals
 from lit_grpo.run.exit_codes import EXIT_CODES, Outcome, exit_code
 from lit_grpo.run.signals import (
     Phase,
@@ -68,6 +68,22 @@ def test_during_a_write_the_stop_is_held_back_and_raised_by_the_next_hook():
     with pytest.raises(Terminated):
         stop.end_write()
     assert (stop.phase, stop.pending) == (Phase.STOPPING, False)
+
+
+def test_a_stop_is_held_back_no_longer_than_the_limit(installed, monkeypatch):
+    # the window spans every epoch-end hook (a spent budget's last validation scores rewards, which may hang): the
+    # watcher raises the stop once it has been held HOLD_LIMIT_SECONDS, whatever the hooks do
+    monkeypatch.setattr(signals, "HOLD_LIMIT_SECONDS", 0.3)
+    stop = running_stop()
+    signal.signal(signal.SIGTERM, stop.handle)
+    stop.begin_write()
+    stop.handle(signal.SIGTERM, None)
+    assert stop.pending  # held back at first
+    with pytest.raises(Terminated):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert time.monotonic() - stop.write_opened >= 0.3 and stop.phase is Phase.STOPPING
 
 
 def test_a_write_window_without_a_stop_closes_quietly():

@@ -57,6 +57,10 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lit_grpo.run.exit_codes import Outcome
 
 RETRY_SECONDS = 0.05  # how often a stop held back by a checkpoint write looks again whether the write has ended
+# The longest a stop is held back: the window also spans the other epoch-end hooks (the module's last validation
+# of a spent budget scores rewards, which may hang), and a scheduler kills 30 s after SIGTERM. The write itself
+# takes well under this: the trained weights only, the file written in the background (run/checkpoint_io.py).
+HOLD_LIMIT_SECONDS = 10.0
 
 Handler = Callable[[int, Any], Any] | int | None
 
@@ -127,6 +131,7 @@ class SigtermStop:
         self.terminated = False  # a SIGTERM arrived
         self.pending = False  # a SIGTERM arrived during a checkpoint write: raised when the write has ended
         self.write_epoch: int | None = None  # trainer.current_epoch when the write window opened
+        self.write_opened = 0.0  # time.monotonic() then
         self.watcher: threading.Thread | None = None
         # the command's stop around this run: it learns of a SIGTERM here too, for the exit code
         self.outer: SigtermStop | None = getattr(previous, "__self__", None)
@@ -141,6 +146,7 @@ class SigtermStop:
         if self.phase in (Phase.RUNNING, Phase.WRITING_CHECKPOINT):
             self.phase = Phase.WRITING_CHECKPOINT
             self.write_epoch = self.trainer.current_epoch if self.trainer is not None else None
+            self.write_opened = time.monotonic()
 
     def end_write(self) -> None:
         """A later hook: any write has ended; a stop held back by it is raised here, in the main thread."""
@@ -159,9 +165,9 @@ class SigtermStop:
         self.phase, self.pending = Phase.OVER, False
 
     def writing(self) -> bool:
-        """Whether a checkpoint write may be in flight: the window is open and the epoch-end hooks it opened in
-        have not all run (``trainer.current_epoch`` moves on after them)."""
-        if self.phase is not Phase.WRITING_CHECKPOINT:
+        """Whether a checkpoint write may be in flight: the window is open, for less than ``HOLD_LIMIT_SECONDS``,
+        and the epoch-end hooks it opened in have not all run (``trainer.current_epoch`` moves on after them)."""
+        if self.phase is not Phase.WRITING_CHECKPOINT or time.monotonic() - self.write_opened > HOLD_LIMIT_SECONDS:
             return False
         return self.trainer is None or self.trainer.current_epoch == self.write_epoch
 
