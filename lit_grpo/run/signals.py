@@ -8,7 +8,8 @@ smallest thing, with public APIs only: a ``SigtermStop``, one per run, a state m
 
     IDLE --setup--> RUNNING
     RUNNING --on_train_epoch_end, on_validation_end, on_train_end, on_save_checkpoint--> WRITING_CHECKPOINT
-    WRITING_CHECKPOINT --our next hook, or trainer.current_epoch moved on--> RUNNING (a held stop raised then)
+    WRITING_CHECKPOINT --our next hook, trainer.current_epoch moved on, or HOLD_LIMIT_SECONDS--> RUNNING (a held stop
+        raised then)
     RUNNING --Terminated raised, or on_exception--> STOPPING --the fit raised on (trainer.state.stage None)--> OVER
     any --teardown--> OVER
 
