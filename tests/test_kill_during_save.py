@@ -12,7 +12,6 @@ import signal
 import time
 
 import pytest
-import torch
 from reliability_doc import documented
 from support import load_checkpoint
 from test_kill_resume import (

@@ -3,7 +3,6 @@ loss and its normaliser (``model.tree_flat_groups: drop``), and branching named 
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch

@@ -43,6 +43,14 @@ class PromptCursor:
     cursor: int = 0
     completions_generated: int = 0
     share_start: int = 0
+    task: dict[str, Any] | None = None  # the task's record (``task_record``), once taken
+
+    def task_identity(self, task: Task) -> dict[str, Any]:
+        """What the cursor indexes (``task_record``: strings and ints), taken once, before any prompt is dropped for
+        length; a resume onto another task is refused by it (``run.resume.check_resume``)."""
+        if self.task is None:
+            self.task = task_record(task)
+        return self.task
 
     def take(self, train: Sequence[PromptRecord], count: int | None, rank: int, world_size: int) -> list[PromptRecord]:
         """This rank's share of the next ``count`` (default ``prompts_per_epoch``) prompts of ``train``, wrapping

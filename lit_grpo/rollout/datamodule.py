@@ -22,7 +22,7 @@ from lit_grpo.engines.base import engine_metrics
 from lit_grpo.errors import refuse
 from lit_grpo.risk.probes import probe_records
 from lit_grpo.rollout.ahead import RolloutPrefetcher, rollouts_ahead
-from lit_grpo.rollout.cursor import PromptCursor, task_record
+from lit_grpo.rollout.cursor import PromptCursor
 from lit_grpo.rollout.engine_sync import EngineSync
 from lit_grpo.rollout.grouped import GroupedDraw
 from lit_grpo.rollout.held_out import HeldOutPrompts, Scores
@@ -130,8 +130,7 @@ class RolloutDataModule(pl.LightningDataModule):
         problems = self.config_problems(arguments)
         problems += cross_knob_problems(None, arguments, engine if engine is not None else HFEngine, task)
         refuse("invalid RolloutDataModule configuration", problems)
-        self.settings = arguments  # checked again beside the module's in setup
-        self.task = task
+        self.settings, self.task = arguments, task  # the settings are checked again beside the module's in setup
         self.scorer: Task | RewardWorker = task if reward_timeout is None else RewardWorker(task, reward_timeout)
         self.engine: RolloutEngine = engine if engine is not None else HFEngine()
         self.group_size, self.prompts_per_epoch = group_size, prompts_per_epoch
@@ -145,7 +144,6 @@ class RolloutDataModule(pl.LightningDataModule):
         self.held_out = HeldOutPrompts(task, self.engine, self.scorer, len(self.branching), val_max_prompts,
                                        val_batch_size)
         self.seed, self.long_prompts = seed, long_prompts
-        self._task_record: dict[str, Any] | None = None  # what the cursor indexes (task_identity)
         self.prompts_checked = False  # against the loaded tokenizer and context, at the first loader
         self._report: RolloutReport | None = None
         self.timings: dict[str, float] = {}
@@ -163,14 +161,14 @@ class RolloutDataModule(pl.LightningDataModule):
     def setup(self, stage: str) -> None:
         """Refuse what the rules between knobs refuse (the module's, the data's, the trainer's; run/rules.py): the CLI
         reported them before loading, a Python run hears them here, before any weights load."""
-        problems = fit_problems(self.trainer, self.trainer.lightning_module, self.settings, self.engine, self.task, stage)
-        refuse("the module and the data do not fit together", problems)
+        module, trainer = self.trainer.lightning_module, self.trainer
+        refuse("the module and the data do not fit together",
+               fit_problems(trainer, module, self.settings, self.engine, self.task, stage))
         self.task.use_device(self.trainer.strategy.root_device)  # a reward model runs beside the policy
         self.task_identity()  # before the first loader may drop long prompts
 
     def use_risk_threshold(self, source: RiskThresholdSource | None) -> None:
-        """Apply the infer/defer rule at ``source``'s tau to tree rollouts and validation (``RiskThreshold`` gives
-        itself at setup); ``None``: no rule. A source whose way of deciding this task cannot take is refused."""
+        """Apply the infer/defer rule at ``source``'s tau (``RiskThreshold`` gives itself); ``None``: no rule."""
         self.risk_threshold.use(source)
 
     @property
@@ -180,9 +178,8 @@ class RolloutDataModule(pl.LightningDataModule):
 
     # --- the epoch's buffer (docs/guide.md#layout) -------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
-        trainer = self.trainer
-        epoch = trainer.current_epoch
-        if resuming_after_finished_epoch(trainer):
+        epoch = self.trainer.current_epoch
+        if resuming_after_finished_epoch(self.trainer):
             # Lightning asks for the finished epoch's loader before moving on to the next one and never iterates
             # it: generating here would draw (and skip) a whole epoch of prompts
             return DataLoader([{}], batch_size=None)
@@ -190,16 +187,20 @@ class RolloutDataModule(pl.LightningDataModule):
             # nothing to draw: no batches, and Lightning ends the fit ("No training batches")
             rank_zero_info(f"completion budget spent ({self.prompts.completions_generated} generated): nothing to draw")
             return DataLoader([], batch_size=None)
-        module = self.checked_module()
-        buffer = self.collect_rollouts(module, epoch)
+        buffer = self.collect_rollouts(self.checked_module(), epoch)  # the steps: lit_grpo/epoch/one_epoch.py
+        return DataLoader(self.hand_over(buffer, epoch), batch_size=None, shuffle=False)
+
+    def hand_over(self, buffer: RolloutBuffer, epoch: int) -> EpochBatches:
+        """The epoch's rollouts as the module receives them, with their ``RolloutReport`` (``epoch_report``) and the
+        order of their minibatches (the module cuts them in its ``on_train_epoch_start``, docs/guide.md#layout)."""
         self._report = self.report(buffer)
         generator = torch.Generator().manual_seed(self.epoch_seed(epoch, "shuffle"))
         plan = minibatch_plan(buffer, self.minibatch_size, self.ppo_epochs, generator)
         # trees differ in size from rank to rank (grouped rollouts never do): every rank steps as often as the others
         # (decided by the setting, not the buffer: every rank must reach the collective, one without trees too)
+        trainer = self.trainer
         padding = 0 if self.rollout == "grouped" else minibatch_padding(len(plan), trainer.strategy, trainer.world_size)
-        # the module prepares the buffer and cuts these minibatches in its on_train_epoch_start (docs/guide.md#layout)
-        return DataLoader(EpochBatches(buffer, plan, self._report, padding), batch_size=None, shuffle=False)
+        return EpochBatches(buffer, plan, self._report, padding)
 
     def report(self, buffer: RolloutBuffer) -> RolloutReport:
         """The epoch's ``RolloutReport``, once its rollouts are drawn (a draw ahead may be running already)."""
@@ -270,13 +271,12 @@ class RolloutDataModule(pl.LightningDataModule):
                                  self.scoring, self.next_prompts)
 
     def next_prompts(self, count: int | None = None) -> list[PromptRecord]:
-        """This rank's share of the next ``count`` (default ``prompts_per_epoch``) training prompts (``PromptCursor``)."""
+        """This rank's share of the next ``count`` (default ``prompts_per_epoch``) training prompts."""
         return self.prompts.take(self.task.train_records(), count, *rank_and_world(self.trainer))
 
     # --- engine ------------------------------------------------------------------------------------------------
     def sync_policy(self, module: SamplingPolicy) -> None:
-        """Push the current policy into the engine, once per optimizer step at most (``EngineSync``)."""
-        self.engine_sync.sync(module)
+        self.engine_sync.sync(module)  # the current policy into the engine, once per optimizer step at most
 
     def push_policy_now(self, module: SamplingPolicy) -> None:
         self.engine_sync.push_now(module)  # the weights as they are, once the draw ahead is done with the engine
@@ -349,11 +349,8 @@ class RolloutDataModule(pl.LightningDataModule):
         return {**loop_state, **self.prefetch.state_dict(), "task": self.task_identity()}
 
     def task_identity(self) -> dict[str, Any]:
-        """What the cursor indexes (``rollout.cursor.task_record``: strings and ints), taken once, before any prompt is
-        dropped; a resume onto another task is refused by it (``run.resume.check_resume``)."""
-        if self._task_record is None:
-            self._task_record = task_record(self.task)
-        return self._task_record
+        """What the cursor indexes, taken before any prompt is dropped (``PromptCursor.task_identity``)."""
+        return self.prompts.task_identity(self.task)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # a resume from Python is refused onto another task as the command's is (its cursor counts that task's prompts)

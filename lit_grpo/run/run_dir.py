@@ -7,7 +7,6 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
