@@ -28,7 +28,9 @@ def test_no_module_of_the_package_or_its_callbacks_is_over_400_lines():
 
 
 @pytest.mark.parametrize(("cls", "path", "delegates"), [
-    (PolicyModule, "lit_grpo/policy/module.py", ["HeldOutMeasures", "TrainedState", "SamplingView"]),
+    (PolicyModule, "lit_grpo/policy/module.py",
+     ["sampling_view.py", "epoch_passes.py", "advantages.py", "PolicyStep", "policy_step.py", "HeldOutMeasures",
+      "measures.py", "GreedyEvaluation", "trained_state.py"]),
     (RolloutDataModule, "lit_grpo/rollout/datamodule.py",
      ["HeldOutPrompts", "ThresholdedRule", "PromptCursor", "GroupedDraw", "EngineSync", "RolloutPrefetcher",
       "TimedScoring", "check_inputs"]),

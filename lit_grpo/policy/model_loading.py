@@ -1,4 +1,5 @@
-"""Loading the base causal LM and wrapping it in a PEFT LoRA adapter."""
+"""Loading the base causal LM and wrapping it in a PEFT LoRA adapter (``load_module_model``: what
+``PolicyModule.configure_model`` loads)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,16 @@ from peft import (
 from transformers import AutoModelForCausalLM
 
 from lit_grpo.errors import InputError
+from lit_grpo.policy.logprobs import head_problem
 from lit_grpo.run.input_check import lora_target_problem
 from lit_grpo.run.dtype_choice import auto_dtype
 from lit_grpo.run.model_files import (
     Shapes,
     expected_adapter_shapes,
+    load_tokenizer,
     misfit,
     refuse_remote_code,
+    resolve_model_path,
 )
 
 
@@ -185,3 +189,19 @@ def load_policy(
         )
         policy = get_peft_model(base, config, autocast_adapter_dtype=True)
     return policy  # autocast_adapter_dtype: the adapter is float32 (and so its optimizer state) on any base
+
+
+def load_module_model(hparams: Any, trainer: Any) -> tuple[Any, PeftModel, tuple[int, ...]]:
+    """``(tokenizer, policy, the ids that end a completion)`` of ``PolicyModule``'s arguments (its ``hparams``): the
+    model resolved as the user named it, the base in the run's dtype on ``trainer``'s device (None: outside a
+    trainer), a trainable LoRA adapter; refuses a model whose output head the log-prob passes cannot read."""
+    path = resolve_model_path(hparams.model_name_or_path)
+    tokenizer = load_tokenizer(path, hparams.trust_remote_code)
+    policy = load_policy(
+        path, hparams.lora_rank, hparams.lora_alpha, hparams.lora_dropout, hparams.lora_target_modules,
+        hparams.init_adapter, hparams.attn_implementation, hparams.trust_remote_code,
+        run_base_dtype(path, hparams.dtype, trainer, hparams.trust_remote_code), hparams.gradient_checkpointing)
+    problem = head_problem(policy)
+    if problem:
+        raise InputError(f"model_name_or_path: {problem}")
+    return tokenizer, policy, completion_stop_ids(tokenizer, policy)

@@ -3,61 +3,57 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from types import MappingProxyType
 from typing import Any, Literal
 
+import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from lit_grpo.buffers.buffer import RolloutBuffer, policy_mask
+from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.buffers.epoch import EpochBatches
+from lit_grpo.buffers.protocols import ReferenceSource
 from lit_grpo.buffers.tree_layout import FlatGroups
-from lit_grpo.buffers.positions import batch_constraint
-from lit_grpo.errors import InputError, refuse
-from lit_grpo.losses import Aggregation, KLEstimator, aggregation_terms
+from lit_grpo.errors import refuse
+from lit_grpo.losses import Aggregation, KLEstimator
 from lit_grpo.losses.advantages import AdvantageMode
 from lit_grpo.losses.policy import PolicyVariant, RatioLevel
+from lit_grpo.policy import epoch_passes, sampling_view, trained_state
 from lit_grpo.policy.advantages import AdvantageKnobs, assign_advantages
 from lit_grpo.policy.evaluation import GreedyEvaluation
-from lit_grpo.policy.head_losses import head_losses, nothing_to_learn, share
 from lit_grpo.policy.interrupt import SaveOnInterrupt
 from lit_grpo.policy.learning_signal import LearningSignalWatch
-from lit_grpo.policy.logprobs import (
-    CHUNK_TOKENS,
-    body_and_head,
-    head_problem,
-    logprobs_and_hidden,
-    sampler_agreement,
-)
+from lit_grpo.policy.logprobs import CHUNK_TOKENS
 from lit_grpo.policy.measures import HeldOutMeasures
-from lit_grpo.policy.model_loading import completion_stop_ids, load_policy, run_base_dtype
+from lit_grpo.policy.model_loading import load_module_model
 from lit_grpo.policy.objective import Objective, module_config_problems
-from lit_grpo.policy.online_dpo import online_dpo_loss
 from lit_grpo.policy.optimizers import module_optimizers
-from lit_grpo.policy.policy_step import EntropyCoefficient, policy_terms
 from lit_grpo.policy.packed import TokenLogprobs
-from lit_grpo.policy.risk_features import HeadOnContexts, fit_on_replay
-from lit_grpo.policy.sampling_view import SamplingView
-from lit_grpo.policy.trained_state import TrainedState
-from lit_grpo.policy.value_head import ValueHead, old_values
+from lit_grpo.policy.policy_step import EntropyCoefficient, PolicyStep
+from lit_grpo.policy.risk_features import HeadOnContexts
+from lit_grpo.policy.value_head import ValueHead
 from lit_grpo.risk.fit import RiskReplay
 from lit_grpo.risk.head import RiskHead, RiskHeadSpec
-from lit_grpo.run.distributed import global_step_denominators
-from lit_grpo.run.model_files import BaseDtype, load_tokenizer, resolve_model_path
+from lit_grpo.run.model_files import BaseDtype
 from lit_grpo.run.objective_knobs import EntropyControl, SamplerCorrection, SapoTemperatures, VespoShape, plain
 from lit_grpo.run.rules import choice_problems, cross_knob_problems
 from lit_grpo.run.run_callbacks import EVERY_RUN, missing_run_callbacks
 from lit_grpo.tree import StdScope, ValueMode
 
 
-class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
+class PolicyModule(pl.LightningModule):
     """A Hugging Face causal LM with a trainable LoRA adapter, trained with a GRPO-family loss.
 
-    The rollout side sees it as a ``buffers.protocols.SamplingPolicy`` (``SamplingView``); callbacks configure it
-    through ``use_reference``; it reads the epoch's buffer and ``RolloutReport`` from the ``EpochBatches`` the train
-    loader hands over. It delegates: the policy measured on held-out prompts, inside Lightning's validation and test
-    loops and outside them (the data module's ``ServesHeldOutScores``), and the run's end when the report says the
-    completion budget is spent, to ``HeldOutMeasures`` (``policy/measures.py``); what a checkpoint holds and the
-    adapter's save to ``TrainedState`` (``policy/trained_state.py``); the rollout side's view to ``SamplingView``.
+    Its state and Lightning's hooks are here, each hook handing its work to a helper (in ``policy/``) that holds its
+    own state or is a function of what it is given: the rollout side's view (``buffers.protocols.SamplingPolicy``)
+    and ``use_reference`` call ``sampling_view.py``; ``prepare_epoch`` readies the ``EpochBatches`` the train loader
+    hands over with ``epoch_passes.py`` and ``advantages.py``; a training step's loss is its ``PolicyStep``'s
+    (``policy_step.py``); the policy measured on held-out prompts outside Lightning's loops and the run's end when
+    the completion budget is spent are its ``HeldOutMeasures``' (``measures.py``, with the ``GreedyEvaluation``
+    Lightning's validation and test steps feed); what checkpoints hold (``state_dict``: always the trained weights)
+    and the adapter's save are ``trained_state.py``'s.
 
     Args:
         model_name_or_path: a local model directory (relative paths also resolve against the project checkout)
@@ -141,6 +137,16 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
             ``lightning.pytorch.cli.ReduceLROnPlateau`` with ``monitor`` (``rollout/reward_mean``, say).
     """
 
+    # what configure_model loads beside the policy and the heads (submodules, set in __init__)
+    tokenizer: Any = None
+    stop_token_ids: tuple[int, ...] = ()  # what ends a completion
+    token_logprobs: TokenLogprobs | None = None  # the trainer's log-prob passes
+    policy_step: PolicyStep | None = None  # a training step's loss
+    risk_replay: RiskReplay | None = None  # the detached risk head's labelled states (risk/fit.py)
+    reference_source: ReferenceSource | None = None  # what pi_ref is (use_reference); None: the base model
+    risk_fit_stats: Mapping[str, float] = MappingProxyType({})  # the last fit of the detached risk head
+    preparation_timings: Mapping[str, float] = MappingProxyType({})  # the last epoch's no-grad passes and risk fit
+
     def __init__(
         self,
         model_name_or_path: str = "data/tiny-llama",
@@ -189,27 +195,19 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
     ) -> None:
         super().__init__()
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "optimizer", "lr_scheduler")}
-        # the rules between its own knobs too (the module alone, before it meets a data module)
-        problems = self.config_problems(arguments) + cross_knob_problems(arguments, None)
+        problems = self.config_problems(arguments) + cross_knob_problems(arguments, None)  # its own knobs' rules too
         refuse("invalid PolicyModule configuration", problems)
         # hparams go into checkpoints, which load with weights_only=True: the grouped knobs as plain mappings there
         risk, sapo, vespo, entropy, sampler_correction = map(plain, (risk, sapo, vespo, entropy, sampler_correction))
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
-        self.objective = Objective.from_arguments(arguments)
-        self.entropy_coef = EntropyCoefficient.of(self.objective.entropy)  # None without an entropy bonus
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.strict_loading = False  # checkpoints hold the trainable weights only, not the frozen base
-        self.policy: Any = None  # the PEFT model and its tokenizer (configure_model)
-        self.tokenizer: Any = None
-        self.stop_token_ids: tuple[int, ...] = ()  # what ends a completion (configure_model)
-        self.value_head: ValueHead | None = None  # the heads, built in configure_model when configured
-        self.risk_head: RiskHead | None = None
+        self.objective = Objective.from_arguments(arguments)
+        self.entropy_coef = EntropyCoefficient.of(self.objective.entropy)  # None without an entropy bonus
         self.risk_spec = None if risk is None else RiskHeadSpec(**plain(risk))
-        self.risk_replay: RiskReplay | None = None  # the detached head's labelled states (risk/fit.py)
-        self.risk_fit_stats: dict[str, float] = {}
-        self.token_logprobs: TokenLogprobs | None = None
-        self.evaluation = GreedyEvaluation()
-        self.preparation_timings: dict[str, float] = {}  # the last epoch's no-grad passes and risk head fit
+        self.policy, self.value_head, self.risk_head = None, None, None  # submodules once configure_model built them
+        self.evaluation = GreedyEvaluation()  # a submodule, so that its metric states move with the policy
+        self.measures = HeldOutMeasures(self.evaluation)
 
     @classmethod
     def config_problems(cls, args: dict[str, Any]) -> list[str]:
@@ -221,22 +219,16 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         if self.policy is not None:
             return
         hp = self.hparams
-        path = resolve_model_path(hp.model_name_or_path)
-        self.tokenizer = load_tokenizer(path, hp.trust_remote_code)
-        self.policy = load_policy(
-            path, hp.lora_rank, hp.lora_alpha, hp.lora_dropout, hp.lora_target_modules,
-            hp.init_adapter, hp.attn_implementation, hp.trust_remote_code,
-            run_base_dtype(path, hp.dtype, self._trainer, hp.trust_remote_code), hp.gradient_checkpointing)
-        problem = head_problem(self.policy)
-        if problem:
-            raise InputError(f"model_name_or_path: {problem}")
-        self.stop_token_ids = completion_stop_ids(self.tokenizer, self.policy)
+        self.tokenizer, self.policy, self.stop_token_ids = load_module_model(hp, self._trainer)
         self.token_logprobs = TokenLogprobs(self.policy, hp.packed_forward, hp.logprob_chunk_tokens)
-        if hp.advantage_mode == "gae":
-            self.value_head = ValueHead(self.policy.config.hidden_size)
-        if self.risk_spec is not None:
-            self.risk_head = RiskHead(self.policy.config.hidden_size, self.risk_spec)
-            self.risk_replay = RiskReplay(self.risk_spec.replay_size) if self.risk_spec.detach else None
+        spec, hidden = self.risk_spec, self.policy.config.hidden_size
+        self.value_head = ValueHead(hidden) if hp.advantage_mode == "gae" else None
+        self.risk_head = None if spec is None else RiskHead(hidden, spec)
+        self.risk_replay = RiskReplay(spec.replay_size) if spec is not None and spec.detach else None
+        joint_risk = None if spec is None or spec.detach else (self.risk_head, spec.coef)
+        value = None if self.value_head is None else (self.value_head, hp.vf_coef, hp.vf_clip)
+        self.policy_step = PolicyStep(self.objective, self.policy, self.token_logprobs, hp.logprob_chunk_tokens,
+                                      self.entropy_coef, hp.dpo_beta, joint_risk, value)
 
     def configure_callbacks(self) -> list[Any]:
         """What every run needs, under the command or any ``Trainer``: ``NonFiniteGuard``, ``RngState``,
@@ -250,45 +242,36 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         if self.entropy_coef is not None:  # the adaptive coefficient, from this step's entropy over every rank
-            self.entropy_coef.step(*self.ranks())
+            self.entropy_coef.step(*epoch_passes.ranks(self._trainer))
 
-    # --- the epoch's buffer: no-grad passes, advantages, the risk head's fit (docs/guide.md#layout) ------------------
-    def on_train_epoch_start(self) -> None:
-        """Prepare the buffer the DataModule handed over (``EpochBatches``, the train loader's dataset), then cut
-        its minibatches with each optimizer step's counts over all ranks."""
-        epoch = getattr(self.trainer.train_dataloader, "dataset", None)
-        if isinstance(epoch, EpochBatches) and epoch.batches is None:
-            self.prepare_epoch(epoch)
+    # --- what the rollout side sees (buffers.protocols.SamplingPolicy) and callbacks set: sampling_view.py ---------
+    @property
+    def model_arguments(self) -> Mapping[str, Any]:
+        return dict(self.hparams)
 
-    def prepare_epoch(self, epoch: EpochBatches) -> None:
-        clock = time.perf_counter()
-        buffer = epoch.buffer
-        self.run_no_grad_passes(buffer)
-        self.assign_advantages(buffer)
-        done = time.perf_counter()
-        self.preparation_timings = {"no_grad_passes": done - clock}
-        if self.risk_replay is not None and buffer.risk_probes is not None:
-            self.fit_risk_head(buffer.risk_probes)
-            self.preparation_timings["risk_head_fit"] = time.perf_counter() - done
-        trainer = self.trainer
-        batches = epoch.serve(trainer.accumulate_grad_batches, self.objective.aggregation)
-        global_step_denominators(batches, trainer.strategy, trainer.world_size)  # over all ranks
+    @property
+    def model_name(self) -> str:
+        return str(self.hparams.model_name_or_path)
 
-    def run_no_grad_passes(self, buffer: RolloutBuffer) -> None:
-        """pi_old (unless the sampler's log-probs are used) and pi_ref log-probs of the whole buffer."""
-        batch_tokens = self.hparams.no_grad_batch_tokens
-        args = (buffer.input_ids.to(self.device), buffer.attention_mask.to(self.device))
-        rows = (*args, buffer.completion_mask.to(self.device), buffer.temperature, batch_tokens)
-        constraint = buffer.first_token_constraint()  # the risk rule's forced defers, scored as sampled
-        if self.hparams.old_logp_source == "trainer" or self.objective.sampler_correction or buffer.sampler_logp is None:
-            buffer.old_logp = self.token_logprobs.batched(self.policy, *rows, constraint).cpu()
-        else:
-            buffer.old_logp = buffer.sampler_logp
-        if self.objective.needs_reference:
-            with self.reference_active():
-                buffer.ref_logp = self.token_logprobs.batched(self.policy, *rows, constraint).cpu()
-        if self.value_head is not None:
-            buffer.values = old_values(self.policy, self.value_head, *args, batch_tokens).cpu()
+    @property
+    def context_length(self) -> int | None:
+        return sampling_view.context_length(self.policy.config)
+
+    def weights_version(self) -> int:
+        return sampling_view.weights_version(self._trainer)
+
+    def adapter_copy(self) -> dict[str, torch.Tensor]:
+        return sampling_view.adapter_weights(self.policy)
+
+    def adapter_swapped(self, adapter: dict[str, torch.Tensor] | None) -> AbstractContextManager[None]:
+        return sampling_view.adapter_swapped(self.policy, adapter)
+
+    def use_reference(self, source: ReferenceSource | None) -> None:
+        """Compute π_ref with ``source``'s adapter weights (``ReferencePolicy``); ``None``: the base model."""
+        self.reference_source = source
+
+    def reference_active(self) -> AbstractContextManager[None]:
+        return sampling_view.reference_active(self.policy, self.reference_source)
 
     def context_risk(self) -> HeadOnContexts | None:
         """The risk head at open contexts, for the rollout side's infer/defer rule; None without a head."""
@@ -299,77 +282,91 @@ class PolicyModule(SamplingView, TrainedState, HeldOutMeasures):
         """Prompts of greedy probes the DataModule labels each epoch for the detached risk head (0: none)."""
         return self.risk_spec.probe_prompts if self.risk_replay is not None else 0
 
-    def fit_risk_head(self, labels: Any) -> None:
-        """The detached risk head's fit of the epoch on its replay (``risk_fit.fit_on_replay``); under DDP every
-        rank then takes rank 0's head, so the rule is the same everywhere."""
-        spec = self.risk_spec
-        self.risk_fit_stats = fit_on_replay(self.policy, self.risk_head, self.risk_replay, labels,
-                                            self.tokenizer.pad_token_id, spec.fit_steps, spec.fit_lr)
-        if self._trainer is not None and self.trainer.world_size > 1:
-            self.risk_head.load_state_dict(self.trainer.strategy.broadcast(self.risk_head.state_dict(), src=0))
+    # --- the epoch's buffer: no-grad passes, advantages, the risk head's fit (docs/guide.md#layout) ------------------
+    def on_train_epoch_start(self) -> None:
+        epoch = epoch_passes.served_epoch(self.trainer)
+        if epoch is not None and epoch.batches is None:
+            self.prepare_epoch(epoch)
+
+    def prepare_epoch(self, epoch: EpochBatches) -> None:
+        """Prepare the buffer the DataModule handed over (``EpochBatches``, the train loader's dataset), then cut
+        its minibatches with each optimizer step's counts over all ranks."""
+        clock = time.perf_counter()
+        buffer = epoch.buffer
+        self.run_no_grad_passes(buffer)
+        self.assign_advantages(buffer)
+        done = time.perf_counter()
+        self.preparation_timings = {"no_grad_passes": done - clock}
+        if self.risk_replay is not None and buffer.risk_probes is not None:  # the detached head's fit (its replay)
+            self.risk_fit_stats = epoch_passes.fit_detached_risk_head(
+                self.policy, self.risk_head, self.risk_replay, buffer.risk_probes, self.tokenizer.pad_token_id,
+                self.risk_spec, epoch_passes.ranks(self._trainer))
+            self.preparation_timings["risk_head_fit"] = time.perf_counter() - done
+        epoch_passes.serve_minibatches(epoch, self.trainer, self.objective.aggregation)
+
+    def run_no_grad_passes(self, buffer: RolloutBuffer) -> None:
+        """pi_old (unless the sampler's log-probs are used), pi_ref log-probs and old values of the whole buffer."""
+        recompute_old = self.hparams.old_logp_source == "trainer" or bool(self.objective.sampler_correction)
+        reference = self.reference_active if self.objective.needs_reference else None
+        epoch_passes.no_grad_passes(buffer, self.policy, self.token_logprobs, self.device,
+                                    self.hparams.no_grad_batch_tokens, recompute_old, reference, self.value_head)
 
     def assign_advantages(self, buffer: RolloutBuffer) -> None:
-        """The buffer's advantages (``rollout_advantages.assign_advantages``) with this module's knobs."""
+        """The buffer's advantages (``policy/advantages.py``) with this module's knobs."""
         hp = self.hparams
         knobs = AdvantageKnobs(hp.std_scope, hp.tree_value_mode, hp.tree_std_scope, hp.gamma, hp.gae_lambda,
                                value_head=self.value_head is not None, tree_flat_groups=hp.tree_flat_groups)
-        assign_advantages(buffer, self.objective, knobs, self.ranks())
-
-    def ranks(self) -> tuple[Any, int]:
-        """``(strategy, world size)`` for statistics pooled over ranks; ``(None, 1)`` outside a trainer."""
-        trainer = self._trainer
-        return (None, 1) if trainer is None else (trainer.strategy, trainer.world_size)
+        assign_advantages(buffer, self.objective, knobs, epoch_passes.ranks(self._trainer))
 
     # --- training ----------------------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, Any] | None:
-        if self.objective.variant == "dpo":
-            return self.dpo_step(batch)
-        heads = self.joint_risk_head is not None or self.value_head is not None
-        if nothing_to_learn(batch, heads, self.trainer.world_size):
-            return None  # no optimizer step: AdamW would move the weights by its momentum on a zero gradient
-        completion_mask, max_new_tokens = batch["completion_mask"], int(batch["max_new_tokens"])
-        args = (batch["input_ids"], batch["attention_mask"])
-        constraint, entropy = batch_constraint(batch), self.objective.needs_entropy
-        if not heads:
-            out = self.token_logprobs(self.policy, *args, completion_mask, float(batch["temperature"]), constraint,
-                                      entropy)
-        else:
-            out, hidden = logprobs_and_hidden(self.policy, *args, float(batch["temperature"]), constraint,
-                                              completion_mask, self.hparams.logprob_chunk_tokens, entropy)
-        logp, token_entropy = out.unbind(-1) if entropy else (out, None)  # [n, L] each
-        counted = policy_mask(batch)  # [n, L]: a tree's rows left out of the loss count in none of its terms
-        terms = policy_terms(self.objective, batch, logp, token_entropy, counted, max_new_tokens)
-        stats = terms.stats if counted.any() else {}  # a minibatch with nothing counted gives no figures (they'd read 0)
-        local_count = aggregation_terms(logp.detach(), counted, self.objective.aggregation, max_new_tokens)[1]
-        # each loss is its minibatch mean times the minibatch's share of that loss's count over the optimizer step
-        # (every rank's minibatches): a step's gradient is each loss's sum over the step divided by its own count
-        loss, reported = terms.loss * share(local_count, batch["step_denominator"]), terms.loss.detach()
-        if heads:
-            risk = None if self.joint_risk_head is None else (self.joint_risk_head, self.risk_spec.coef)
-            value = None if self.value_head is None else (self.value_head, self.hparams.vf_coef, self.hparams.vf_clip)
-            scaled, unscaled, head_stats = head_losses(hidden, batch, body_and_head(self.policy)[1], risk, value)
-            loss, reported, stats = loss + scaled, reported + unscaled, {**stats, **head_stats}
-        if batch_idx == 0 and "sampler_logp" in batch:  # no update yet this epoch: logp is the trainer's pi_old
-            stats.update(sampler_agreement(logp.detach(), batch["sampler_logp"], completion_mask))
-        self.log("train/loss", reported, prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp),
-                 sync_dist=True)
-        # Lightning divides by the accumulation count and DDP averages over ranks: undo both (docs/guide.md#the-math)
-        loss = loss * self.trainer.accumulate_grad_batches * self.trainer.world_size
-        if self.entropy_coef is not None:  # the bonus stays a mean over the step's minibatches and ranks, as TRL's
-            self.entropy_coef.observe(terms.entropy_sums)
-            loss, stats["entropy_coef"] = loss - self.entropy_coef.applied() * terms.entropy, self.entropy_coef.coef
-        return {"loss": loss, "stats": stats}
+        return self.policy_step(batch, batch_idx, self.log, self.trainer)
 
-    @property
-    def joint_risk_head(self) -> RiskHead | None:
-        """The risk head when it trains jointly with the policy (``risk.detach`` false), else None."""
-        return None if self.risk_spec is None or self.risk_spec.detach else self.risk_head
+    # --- held-out measures and the budget's end: measures.py -----------------------------------------------------
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            self.measures.warn_without_source(self.trainer)
 
-    def dpo_step(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """Online DPO: the mean DPO loss over the minibatch's pairs (a minibatch without a pair gives 0)."""
-        logp = self.token_logprobs(self.policy, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
-                                   float(batch["temperature"]))
-        loss, stats = online_dpo_loss(logp, batch["ref_logp"], batch["completion_mask"], batch["pair_role"],
-                                      batch["pair_id"], self.hparams.dpo_beta)
-        self.log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp))
-        return {"loss": loss, "stats": {f"dpo_{k}": v for k, v in stats.items()}}
+    def on_train_start(self) -> None:
+        self.measures.before_training(self.trainer, self.logger)
+
+    def on_train_epoch_end(self) -> None:
+        self.measures.end_if_budget_spent(self.trainer, epoch_passes.served_epoch(self.trainer), self)
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self.evaluation.update(batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self.evaluation.log_to(self, "val")
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self.evaluation.update(batch)
+
+    def on_test_epoch_end(self) -> None:
+        self.evaluation.log_to(self, "test")
+
+    # --- what checkpoints and the final adapter keep: trained_state.py --------------------------------------------
+    def state_dict(self, *, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> Any:
+        """The trained weights (the parameters with ``requires_grad``), always: bare as Lightning asks for a
+        checkpoint, or under ``prefix`` into ``destination`` when a wrapping module's ``state_dict`` recurses."""
+        return trained_state.trained_weights(self.named_parameters(), destination, prefix, keep_vars)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """What ``state_dict`` gives back: only a trained weight is reported missing (the base is in model files)."""
+        keys = super().load_state_dict(state_dict, strict=False, assign=assign)
+        return trained_state.only_trained_missing(keys, self.named_parameters(), strict, type(self).__name__)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        trained_state.keep_trained_state(checkpoint, self.named_parameters(), self.risk_replay, self.entropy_coef)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        path = getattr(self._trainer, "ckpt_path", None)
+        trained_state.restore_trained_state(checkpoint, self.named_parameters(), path, self.hparams.model_name_or_path,
+                                            self.risk_replay, self.entropy_coef)
+
+    def on_fit_end(self) -> None:
+        self.save_adapter(trained_state.adapter_directory(self.trainer))
+
+    def save_adapter(self, target: Any) -> Any:
+        """The trained adapter in PEFT format under ``target`` (rank 0 writes; ``trained_state.save_adapter``)."""
+        return trained_state.save_adapter(self.policy, self.tokenizer, target)

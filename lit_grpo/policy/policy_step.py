@@ -1,18 +1,35 @@
-"""The policy's part of a training step's loss: the surrogate of the module's ``Objective`` with its masks and
-sampler correction, the KL to the reference, and the entropy bonus's terms (docs/guide.md#the-math), each from one
-minibatch. The module scales them to the optimizer step; ``EntropyCoefficient`` holds the adaptive coefficient."""
+"""A training step's loss (``PolicyStep``, what ``PolicyModule.training_step`` returns): the policy's part, the
+surrogate of the module's ``Objective`` with its masks and sampler correction, the KL to the reference and the
+entropy bonus's terms (docs/guide.md#the-math), each from one minibatch (``policy_terms``); the jointly trained
+heads' losses; each scaled to the optimizer step. ``EntropyCoefficient`` holds the adaptive coefficient."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from lit_grpo.losses import kl_divergence, masked_aggregate, masked_mean, off_policy_keep, policy_loss
+from lit_grpo.buffers.buffer import policy_mask
+from lit_grpo.buffers.positions import batch_constraint
+from lit_grpo.losses import (
+    aggregation_terms,
+    kl_divergence,
+    masked_aggregate,
+    masked_mean,
+    off_policy_keep,
+    policy_loss,
+)
 from lit_grpo.losses.entropy import high_entropy_mask, next_entropy_coef
 from lit_grpo.losses.policy import importance_ratio
+from lit_grpo.policy.head_losses import head_losses, nothing_to_learn, share
+from lit_grpo.policy.logprobs import body_and_head, logprobs_and_hidden, sampler_agreement
 from lit_grpo.policy.objective import Objective
+from lit_grpo.policy.online_dpo import online_dpo_loss
+from lit_grpo.policy.packed import TokenLogprobs
+from lit_grpo.policy.value_head import ValueHead
+from lit_grpo.risk.head import RiskHead
 from lit_grpo.run.objective_knobs import EntropyControl
 
 
@@ -126,3 +143,68 @@ class EntropyCoefficient:
         control = self.control
         self.coef = min(max(float(state["coef"]), control.coef_min), control.coef_max)
         self.last_entropy = float(state["last_entropy"])
+
+
+class PolicyStep:
+    """One training step's loss from one minibatch, as ``PolicyModule.training_step`` returns it. Built by the module
+    once its model has loaded, with what every step reads: the objective, the policy and its log-prob passes
+    (``TokenLogprobs``), the jointly trained heads (``risk``: the joint risk head and its coefficient; ``value``: the
+    value head, ``vf_coef`` and ``vf_clip``), the entropy coefficient (the module's, which checkpoints it) and DPO's
+    beta. Each call takes the minibatch, Lightning's ``log`` and the trainer (its accumulation count and world size)."""
+
+    def __init__(self, objective: Objective, policy: Any, token_logprobs: TokenLogprobs, chunk_tokens: int,
+                 entropy_coef: EntropyCoefficient | None, dpo_beta: float,
+                 risk: tuple[RiskHead, float] | None = None,
+                 value: tuple[ValueHead, float, float | None] | None = None) -> None:
+        self.objective, self.policy, self.token_logprobs = objective, policy, token_logprobs
+        self.chunk_tokens, self.entropy_coef, self.dpo_beta = chunk_tokens, entropy_coef, dpo_beta
+        self.risk, self.value = risk, value
+
+    def __call__(self, batch: dict[str, torch.Tensor], batch_idx: int, log: Callable[..., None],
+                 trainer: Any) -> dict[str, Any] | None:
+        """``{"loss": [] (with gradient), "stats": detached figures}``, or None when the step has nothing to learn."""
+        if self.objective.variant == "dpo":
+            return self.dpo(batch, log)
+        world_size = trainer.world_size
+        heads = self.risk is not None or self.value is not None
+        if nothing_to_learn(batch, heads, world_size):
+            return None  # no optimizer step: AdamW would move the weights by its momentum on a zero gradient
+        completion_mask, max_new_tokens = batch["completion_mask"], int(batch["max_new_tokens"])
+        args = (batch["input_ids"], batch["attention_mask"])
+        constraint, entropy = batch_constraint(batch), self.objective.needs_entropy
+        if not heads:
+            out = self.token_logprobs(self.policy, *args, completion_mask, float(batch["temperature"]), constraint,
+                                      entropy)
+        else:
+            out, hidden = logprobs_and_hidden(self.policy, *args, float(batch["temperature"]), constraint,
+                                              completion_mask, self.chunk_tokens, entropy)
+        logp, token_entropy = out.unbind(-1) if entropy else (out, None)  # [n, L] each
+        counted = policy_mask(batch)  # [n, L]: a tree's rows left out of the loss count in none of its terms
+        terms = policy_terms(self.objective, batch, logp, token_entropy, counted, max_new_tokens)
+        stats = terms.stats if counted.any() else {}  # a minibatch with nothing counted gives no figures (they'd read 0)
+        local_count = aggregation_terms(logp.detach(), counted, self.objective.aggregation, max_new_tokens)[1]
+        # each loss is its minibatch mean times the minibatch's share of that loss's count over the optimizer step
+        # (every rank's minibatches): a step's gradient is each loss's sum over the step divided by its own count
+        loss, reported = terms.loss * share(local_count, batch["step_denominator"]), terms.loss.detach()
+        if heads:
+            scaled, unscaled, head_stats = head_losses(hidden, batch, body_and_head(self.policy)[1], self.risk,
+                                                       self.value)
+            loss, reported, stats = loss + scaled, reported + unscaled, {**stats, **head_stats}
+        if batch_idx == 0 and "sampler_logp" in batch:  # no update yet this epoch: logp is the trainer's pi_old
+            stats.update(sampler_agreement(logp.detach(), batch["sampler_logp"], completion_mask))
+        log("train/loss", reported, prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp), sync_dist=True)
+        # Lightning divides by the accumulation count and DDP averages over ranks: undo both (docs/guide.md#the-math)
+        loss = loss * trainer.accumulate_grad_batches * world_size
+        if self.entropy_coef is not None:  # the bonus stays a mean over the step's minibatches and ranks, as TRL's
+            self.entropy_coef.observe(terms.entropy_sums)
+            loss, stats["entropy_coef"] = loss - self.entropy_coef.applied() * terms.entropy, self.entropy_coef.coef
+        return {"loss": loss, "stats": stats}
+
+    def dpo(self, batch: dict[str, torch.Tensor], log: Callable[..., None]) -> dict[str, Any]:
+        """Online DPO: the mean DPO loss over the minibatch's pairs (a minibatch without a pair gives 0)."""
+        logp = self.token_logprobs(self.policy, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
+                                   float(batch["temperature"]))
+        loss, stats = online_dpo_loss(logp, batch["ref_logp"], batch["completion_mask"], batch["pair_role"],
+                                      batch["pair_id"], self.dpo_beta)
+        log("train/loss", loss.detach(), prog_bar=True, on_step=True, on_epoch=True, batch_size=len(logp))
+        return {"loss": loss, "stats": {f"dpo_{k}": v for k, v in stats.items()}}

@@ -1,78 +1,95 @@
 """What a checkpoint and the final adapter keep of a ``PolicyModule``: the trained weights (the adapter, the value
-and risk heads) and the risk head's replay; the adapter in PEFT format at the end of fit. The frozen base stays in
-the model files."""
+and risk heads, the parameters with ``requires_grad``) and the risk head's replay and adaptive entropy coefficient;
+the adapter in PEFT format at the end of fit. The frozen base stays in the model files. Functions of what they read
+(the module's named parameters, the checkpoint, the states that go with it): the module's hooks call them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, MutableMapping
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
+import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lit_grpo.errors import InputError
+from lit_grpo.policy.policy_step import EntropyCoefficient
+from lit_grpo.risk.fit import RiskReplay
 from lit_grpo.run.resume import checkpoint_misfit_message
 from lit_grpo.run.run_dir import unused_directory
 
+Parameters = Iterable[tuple[str, torch.nn.Parameter]]  # a module's ``named_parameters()``
 
-class TrainedState(pl.LightningModule):
-    """The checkpoint and final-adapter hooks of ``PolicyModule``, which sets ``policy``, ``tokenizer``,
-    ``risk_replay`` and ``entropy_coef``."""
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Called bare (as Lightning does for a checkpoint): the trained weights only, the frozen base is in the model
-        files (walking the whole model's state cost a one-step epoch of the quickstart ~5%). Called with arguments
-        (a wrapping module's recursion): ``nn.Module``'s, whole."""
-        if args or kwargs:
-            return super().state_dict(*args, **kwargs)
-        return {name: p.detach() for name, p in self.named_parameters() if p.requires_grad}
+def trainable_keys(parameters: Parameters) -> set[str]:
+    """State-dict keys of the trained weights: the adapter, and the value and risk heads if any."""
+    return {name for name, p in parameters if p.requires_grad}
 
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        """What ``state_dict`` gives back: the frozen base is in the model files, so only a trained weight is reported
-        missing (``load_from_checkpoint`` would otherwise warn about every base weight)."""
-        keys = super().load_state_dict(state_dict, strict=False, assign=assign)
-        trainable = self.trainable_keys()
-        keys = keys._replace(missing_keys=[key for key in keys.missing_keys if key in trainable])  # namedtuple's
-        if strict and (keys.missing_keys or keys.unexpected_keys):
-            raise RuntimeError(f"{type(self).__name__}.load_state_dict: missing trained weights {keys.missing_keys}, "
-                               f"unexpected keys {keys.unexpected_keys}")
-        return keys
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        trainable = self.trainable_keys()
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
-        if self.risk_replay is not None:
-            checkpoint["risk_replay"] = self.risk_replay.state_dict()
-        if self.entropy_coef is not None and self.entropy_coef.control.adaptive:  # it goes on from where it was
-            checkpoint["entropy_coef"] = self.entropy_coef.state_dict()
+def trained_weights(parameters: Parameters, destination: MutableMapping[str, Any] | None = None, prefix: str = "",
+                    keep_vars: bool = False) -> MutableMapping[str, Any]:
+    """The trained weights under ``prefix`` (detached unless ``keep_vars``), added to ``destination`` when a wrapping
+    module's ``state_dict`` recurses into the module, else in a new dict. The frozen base is in the model files
+    (walking the whole model's state cost a one-step epoch of the quickstart ~5%)."""
+    weights = {} if destination is None else destination
+    for name, p in parameters:
+        if p.requires_grad:
+            weights[prefix + name] = p if keep_vars else p.detach()
+    return weights
 
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        trainable = {name: tuple(p.shape) for name, p in self.named_parameters() if p.requires_grad}
-        other_base = checkpoint_misfit_message(  # check_resume could not tell before the model loaded
-            getattr(self._trainer, "ckpt_path", None), checkpoint["state_dict"], trainable,
-            (checkpoint.get("hyper_parameters") or {}).get("model_name_or_path"), self.hparams.model_name_or_path)
-        missing = sorted(set(trainable) - set(checkpoint["state_dict"]))
-        if other_base or missing:
-            raise InputError(other_base or f"checkpoint lacks {len(missing)} trained tensors (e.g. {missing[0]})")
-        if self.risk_replay is not None and "risk_replay" in checkpoint:
-            self.risk_replay.load_state_dict(checkpoint["risk_replay"])
-        if self.entropy_coef is not None and self.entropy_coef.control.adaptive and "entropy_coef" in checkpoint:
-            self.entropy_coef.load_state_dict(checkpoint["entropy_coef"])
 
-    def trainable_keys(self) -> set[str]:
-        """State-dict keys of the trained weights: the adapter, and the value and risk heads if any."""
-        return {name for name, p in self.named_parameters() if p.requires_grad}
+def only_trained_missing(keys: Any, parameters: Parameters, strict: bool, owner: str) -> Any:
+    """``load_state_dict``'s ``keys`` (a non-strict load's) with only trained weights counted as missing (the
+    frozen base is in the model files); a strict load with a trained weight missing or an unexpected key fails."""
+    trainable = trainable_keys(parameters)
+    keys = keys._replace(missing_keys=[key for key in keys.missing_keys if key in trainable])  # namedtuple's
+    if strict and (keys.missing_keys or keys.unexpected_keys):
+        raise RuntimeError(f"{owner}.load_state_dict: missing trained weights {keys.missing_keys}, "
+                           f"unexpected keys {keys.unexpected_keys}")
+    return keys
 
-    def on_fit_end(self) -> None:
-        # every rank asks for the log dir (a broadcast under DDP); rank 0 writes
-        self.save_adapter(Path(self.trainer.log_dir or self.trainer.default_root_dir) / "adapter")
 
-    @rank_zero_only
-    def save_adapter(self, target: Path) -> Path:
-        """The trained adapter in PEFT format under ``target`` (``<log dir>/adapter``), or beside it under a fresh
-        name if ``target`` holds files already (never written over); returns where it went."""
-        target = unused_directory(target)
-        self.policy.save_pretrained(str(target), selected_adapters=[self.policy.active_adapter])
-        self.tokenizer.save_pretrained(str(target))
-        rank_zero_info(f"adapter saved to {target}")
-        return target
+def keep_trained_state(checkpoint: dict[str, Any], parameters: Parameters, risk_replay: RiskReplay | None,
+                       entropy_coef: EntropyCoefficient | None) -> None:
+    """``on_save_checkpoint``: the trained weights only (whatever a strategy gathered), the detached risk head's
+    replay, and the entropy coefficient when adaptive (a resumed run goes on from where it was)."""
+    trainable = trainable_keys(parameters)
+    checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+    if risk_replay is not None:
+        checkpoint["risk_replay"] = risk_replay.state_dict()
+    if entropy_coef is not None and entropy_coef.control.adaptive:
+        checkpoint["entropy_coef"] = entropy_coef.state_dict()
+
+
+def restore_trained_state(checkpoint: dict[str, Any], parameters: Parameters, ckpt_path: Any, model_name: str,
+                          risk_replay: RiskReplay | None, entropy_coef: EntropyCoefficient | None) -> None:
+    """``on_load_checkpoint``: refuse a checkpoint (read from ``ckpt_path``) of another base model than
+    ``model_name`` or lacking a trained weight; restore the risk replay and the adaptive entropy coefficient it
+    holds."""
+    trainable = {name: tuple(p.shape) for name, p in parameters if p.requires_grad}
+    other_base = checkpoint_misfit_message(  # check_resume could not tell before the model loaded
+        ckpt_path, checkpoint["state_dict"], trainable,
+        (checkpoint.get("hyper_parameters") or {}).get("model_name_or_path"), model_name)
+    missing = sorted(set(trainable) - set(checkpoint["state_dict"]))
+    if other_base or missing:
+        raise InputError(other_base or f"checkpoint lacks {len(missing)} trained tensors (e.g. {missing[0]})")
+    if risk_replay is not None and "risk_replay" in checkpoint:
+        risk_replay.load_state_dict(checkpoint["risk_replay"])
+    if entropy_coef is not None and entropy_coef.control.adaptive and "entropy_coef" in checkpoint:
+        entropy_coef.load_state_dict(checkpoint["entropy_coef"])
+
+
+def adapter_directory(trainer: Any) -> Path:
+    """Where fit's end saves the adapter: ``<log dir>/adapter`` (every rank asks: a broadcast under DDP)."""
+    return Path(trainer.log_dir or trainer.default_root_dir) / "adapter"
+
+
+@rank_zero_only
+def save_adapter(policy: Any, tokenizer: Any, target: Path) -> Path:
+    """The trained adapter of ``policy`` in PEFT format, with ``tokenizer``, under ``target``, or beside it under a
+    fresh name if ``target`` holds files already (never written over); returns where it went (rank 0 writes)."""
+    target = unused_directory(target)
+    policy.save_pretrained(str(target), selected_adapters=[policy.active_adapter])
+    tokenizer.save_pretrained(str(target))
+    rank_zero_info(f"adapter saved to {target}")
+    return target
