@@ -120,3 +120,26 @@ def test_load_from_checkpoint_gives_the_trained_policy_back(tiny_llama_dir, tmp_
     untrained = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4)
     untrained.configure_model()
     assert any(not torch.equal(p, lora[f"policy.{n}"]) for n, p in untrained.policy.named_parameters() if "lora_" in n)
+
+
+def test_state_dict_is_the_trained_weights_bare_or_inside_a_wrapping_module(tiny_llama_dir):
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4, advantage_mode="gae")  # a value head
+    module.configure_model()
+    trained = {name: p for name, p in module.named_parameters() if p.requires_grad}
+    assert any(".lora_A." in name for name in trained) and any(name.startswith("value_head.") for name in trained)
+    assert any(not p.requires_grad for p in module.parameters())  # the frozen base, in no state dict below
+    bare = module.state_dict()
+    assert set(bare) == set(trained) and not any(value.requires_grad for value in bare.values())  # detached copies
+    wrapper = torch.nn.ModuleDict({"learner": module})  # what a user's own module holding the policy does
+    wrapped = wrapper.state_dict()
+    assert list(wrapped) == [f"learner.{name}" for name in trained]
+    assert all(torch.equal(wrapped[f"learner.{name}"], p) for name, p in trained.items())
+    kept = wrapper.state_dict(keep_vars=True)
+    assert all(kept[f"learner.{name}"] is p for name, p in trained.items())
+    # loading it back: only a trained weight counts as missing, on its own or under the wrapper's prefix
+    assert wrapper.load_state_dict(wrapped, strict=True).missing_keys == []
+    lacking = {key: value for key, value in wrapped.items() if not key.startswith("learner.value_head.")}
+    assert sorted(wrapper.load_state_dict(lacking, strict=False).missing_keys) == sorted(
+        f"learner.{name}" for name in trained if name.startswith("value_head."))
+    with pytest.raises(RuntimeError, match="learner.value_head"):
+        wrapper.load_state_dict(lacking, strict=True)

@@ -221,6 +221,7 @@ class PolicyModule(pl.LightningModule):
         hp = self.hparams
         self.tokenizer, self.policy, self.stop_token_ids = load_module_model(hp, self._trainer)
         self.token_logprobs = TokenLogprobs(self.policy, hp.packed_forward, hp.logprob_chunk_tokens)
+        trained_state.OnlyTrainedMissing(self)  # from now on a load misses the frozen base in no state dict
         spec, hidden = self.risk_spec, self.policy.config.hidden_size
         self.value_head = ValueHead(hidden) if hp.advantage_mode == "gae" else None
         self.risk_head = None if spec is None else RiskHead(hidden, spec)
@@ -352,9 +353,9 @@ class PolicyModule(pl.LightningModule):
         return trained_state.trained_weights(self.named_parameters(), destination, prefix, keep_vars)
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        """What ``state_dict`` gives back: only a trained weight is reported missing (the base is in model files)."""
+        """What ``state_dict`` gives back: only a trained weight is reported missing (``OnlyTrainedMissing``)."""
         keys = super().load_state_dict(state_dict, strict=False, assign=assign)
-        return trained_state.only_trained_missing(keys, self.named_parameters(), strict, type(self).__name__)
+        return trained_state.refuse_incomplete(keys, strict, type(self).__name__)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         trained_state.keep_trained_state(checkpoint, self.named_parameters(), self.risk_replay, self.entropy_coef)

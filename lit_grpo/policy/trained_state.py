@@ -38,11 +38,28 @@ def trained_weights(parameters: Parameters, destination: MutableMapping[str, Any
     return weights
 
 
-def only_trained_missing(keys: Any, parameters: Parameters, strict: bool, owner: str) -> Any:
-    """``load_state_dict``'s ``keys`` (a non-strict load's) with only trained weights counted as missing (the
-    frozen base is in the model files); a strict load with a trained weight missing or an unexpected key fails."""
-    trainable = trainable_keys(parameters)
-    keys = keys._replace(missing_keys=[key for key in keys.missing_keys if key in trainable])  # namedtuple's
+class OnlyTrainedMissing:
+    """Load hooks (``nn.Module.register_load_state_dict_pre_hook`` and ``..._post_hook``) that count only the trained
+    weights as missing when the module loads, on its own or inside a wrapping module's load (under its prefix): the
+    frozen base is in the model files, never in ``state_dict``. Holds the prefix of the load under way."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.prefix = ""
+        module.register_load_state_dict_pre_hook(self.note_prefix)
+        module.register_load_state_dict_post_hook(self.drop_frozen)
+
+    def note_prefix(self, module: torch.nn.Module, state_dict: Any, prefix: str, *rest: Any) -> None:
+        self.prefix = prefix
+
+    def drop_frozen(self, module: torch.nn.Module, keys: Any) -> None:
+        trainable, prefix = trainable_keys(module.named_parameters()), self.prefix
+        keys.missing_keys[:] = [key for key in keys.missing_keys  # in place, as torch asks of a post hook
+                                if not key.startswith(prefix) or key[len(prefix):] in trainable]
+
+
+def refuse_incomplete(keys: Any, strict: bool, owner: str) -> Any:
+    """``load_state_dict``'s ``keys`` (a non-strict load's, the frozen base not counted as missing): a strict load
+    with a trained weight missing or an unexpected key fails, naming them."""
     if strict and (keys.missing_keys or keys.unexpected_keys):
         raise RuntimeError(f"{owner}.load_state_dict: missing trained weights {keys.missing_keys}, "
                            f"unexpected keys {keys.unexpected_keys}")
