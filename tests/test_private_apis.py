@@ -24,9 +24,8 @@ Pinned elsewhere, where the code they guard is tested:
   signals.py never touches ``trainer._signal_connector``): tests/test_sigterm.py
   ``test_lightning_composes_its_sigterm_handler_with_the_one_installed_in_setup``.
 
-Not private, listed so that nobody looks again: ``namedtuple._replace`` (policy/trained_state.py; documented API of
-``collections.namedtuple``); ``BaseException.add_note``/``__notes__`` (cli.py, PEP 678); ``rank_zero_only.rank``
-(Lightning's documented rank attribute). engines/cpu_weights.py calls torch's
+Not private, listed so that nobody looks again: ``BaseException.add_note``/``__notes__`` (cli.py, PEP 678);
+``rank_zero_only.rank`` (Lightning's documented rank attribute). engines/cpu_weights.py calls torch's
 ``torch.ops.mkldnn._reorder_linear_weight`` and ``_linear_pointwise``: it probes them first and falls back to the plain linear when they are missing or fail
 (tests/test_cpu_features.py, tests/test_engine_hf.py), so an upgrade that drops them costs speed only.
 """

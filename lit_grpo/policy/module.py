@@ -47,13 +47,14 @@ class PolicyModule(pl.LightningModule):
     """A Hugging Face causal LM with a trainable LoRA adapter, trained with a GRPO-family loss.
 
     Its state and Lightning's hooks are here, each hook handing its work to a helper (in ``policy/``) that holds its
-    own state or is a function of what it is given: the rollout side's view (``buffers.protocols.SamplingPolicy``)
-    and ``use_reference`` call ``sampling_view.py``; ``prepare_epoch`` readies the ``EpochBatches`` the train loader
-    hands over with ``epoch_passes.py`` and ``advantages.py``; a training step's loss is its ``PolicyStep``'s
-    (``policy_step.py``); the policy measured on held-out prompts outside Lightning's loops and the run's end when
-    the completion budget is spent are its ``HeldOutMeasures``' (``measures.py``, with the ``GreedyEvaluation``
-    Lightning's validation and test steps feed); what checkpoints hold (``state_dict``: always the trained weights)
-    and the adapter's save are ``trained_state.py``'s.
+    own state or is a function of what it is given: the model loads with ``model_loading.py``, its optimizers are
+    ``optimizers.py``'s; the rollout side's view (``buffers.protocols.SamplingPolicy``) and ``use_reference`` call
+    ``sampling_view.py``; ``prepare_epoch`` readies the ``EpochBatches`` the train loader hands over with
+    ``epoch_passes.py`` and ``advantages.py``; a training step's loss is its ``PolicyStep``'s (``policy_step.py``);
+    the policy measured on held-out prompts outside Lightning's loops and the run's end when the completion budget
+    is spent are its ``HeldOutMeasures``' (``measures.py``, with the ``GreedyEvaluation`` Lightning's validation and
+    test steps feed); what checkpoints hold (``state_dict``: always the trained weights) and the adapter's save are
+    ``trained_state.py``'s.
 
     Args:
         model_name_or_path: a local model directory (relative paths also resolve against the project checkout)
@@ -197,9 +198,8 @@ class PolicyModule(pl.LightningModule):
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "optimizer", "lr_scheduler")}
         problems = self.config_problems(arguments) + cross_knob_problems(arguments, None)  # its own knobs' rules too
         refuse("invalid PolicyModule configuration", problems)
-        # hparams go into checkpoints, which load with weights_only=True: the grouped knobs as plain mappings there
         risk, sapo, vespo, entropy, sampler_correction = map(plain, (risk, sapo, vespo, entropy, sampler_correction))
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])  # weights_only checkpoints: plain mappings
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.strict_loading = False  # checkpoints hold the trainable weights only, not the frozen base
         self.objective = Objective.from_arguments(arguments)
