@@ -54,7 +54,8 @@ def test_the_rule_following_trees_continue_the_exploring_trees_request_seeds(mon
     monkeypatch.setattr(trees_module, "expand_trees",
                         lambda task, engine, tok, records, widths, sampling, rule=None, request_offset=0: calls.append(
                             (list(records), sampling.seed + request_offset, rule)) or [])
-    monkeypatch.setattr(data, "risk_rule", lambda module, training=False: "rule")
+    monkeypatch.setattr(data.risk_threshold, "at", lambda module, epoch, training: "rule")
+    data.trainer = SimpleNamespace(current_epoch=0)
     data.use_risk_threshold(SimpleNamespace(explore_fraction=0.25, decision="threshold"))
     data.grow_trees(SimpleNamespace(tokenizer=None), list("abcdefgh"), [2, 1], SamplingSpec(8, 1.0, seed=1000))
     # prompts a, b explore from seed 1000 (requests 1000, 1001); c..h follow the rule from 1002, not 1000 again
