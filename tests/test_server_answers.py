@@ -226,7 +226,7 @@ def as_documented(text: str, url: str) -> str:
 
 @pytest.mark.parametrize("kind", sorted(MALFORMED))
 def test_a_malformed_answer_counts_as_a_failed_server(servers, kind):
-    bad, good = servers("--malformed", kind), servers("--delay", "0.2")
+    bad, good = servers("--malformed", kind), servers("--delay", "0.05")  # in flight while the bad one fails
     engine = engine_on(bad, good)  # the first request goes to the bad one, the first in the list
     with pytest.warns(RuntimeWarning, match=re.escape(f"vLLM server {bad.url} failed and is skipped until the next "
                                                       f"policy push (1 of 2 left): {gave_up(bad.url, kind)}")):
