@@ -7,9 +7,19 @@ import signal
 from pathlib import Path
 
 import pytest
-import torch
 
-from support import save_tiny_model
+from lit_grpo.run.idle_threads import idle_threads_sleep
+
+# The suite's torch threads sleep when idle, as the command's do (lit_grpo/run/idle_threads.py): set before torch
+# loads. Spinning, they took the second core from what runs beside them (stand-in servers, reward workers, the
+# background checkpoint writer, the command in a child process, another process on the machine) and the quick loop
+# ran up to several times slower on a busy 2-core machine. The idle-threads tests set and clear the variable
+# themselves.
+TORCH_THREADS_SLEEP = idle_threads_sleep()
+
+import torch  # noqa: E402  (after the policy is set: libgomp reads it when torch loads it)
+
+from support import save_tiny_model  # noqa: E402
 
 torch.set_num_threads(2)
 

@@ -48,7 +48,7 @@ def wait_healthy(url: str, process: subprocess.Popen, timeout: float, log: Path 
             raise RuntimeError(f"the server for {url} exited with code {process.returncode} while starting\n{tail}")
         if healthy(url):
             return time.monotonic() - started
-        time.sleep(0.1)
+        time.sleep(0.02)  # a stand-in is up within tenths of a second, and the suite starts hundreds
     process.kill()
     raise RuntimeError(f"the server for {url} did not answer /health within {timeout:.0f}s")
 
@@ -57,14 +57,19 @@ class StandIn:
     """A lora_stand_in_server.py process on 127.0.0.1 (at ``port``, or a free one), its completions inside the tiny
     model's vocabulary and off its special tokens; ``flags`` are its fault flags."""
 
-    def __init__(self, root: Path, *flags: str, port: int | None = None) -> None:
+    def __init__(self, root: Path, *flags: str, port: int | None = None, wait: bool = True) -> None:
         self.port = port if port is not None else free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.stats_file = root / f"stand-in-{self.port}-{next(_starts)}.json"
         command = [sys.executable, str(STAND_IN), "--port", str(self.port), "--first-token", "3", "--modulo", "90",
                    "--stats-file", str(self.stats_file), *flags]
         self.process = subprocess.Popen(command)
+        if wait:  # without, the caller starts others meanwhile and calls wait_ready (each start is a Python startup)
+            self.wait_ready()
+
+    def wait_ready(self) -> StandIn:
         wait_healthy(self.url, self.process, timeout=60)
+        return self
 
     def stats(self) -> dict[str, list]:
         """What this process was asked: ``loads`` ([name, path]), ``unloads``, ``received`` (prompts) and

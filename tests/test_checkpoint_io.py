@@ -79,7 +79,7 @@ def test_the_command_saves_through_it(tiny_llama_dir, tmp_path):
 
 
 def test_a_background_save_returns_before_its_write_and_writes_the_state_at_save_time(tmp_path, monkeypatch):
-    monkeypatch.setenv(WRITE_DELAY_ENV, "3")  # the write sleeps before its rename, far longer than a return takes
+    monkeypatch.setenv(WRITE_DELAY_ENV, "1")  # the write sleeps before its rename, far longer than a return takes
     weight, moment = torch.arange(4.0), torch.zeros(4)
     checkpoint = {"epoch": 3, "state_dict": {"weight": weight},
                   "optimizer_states": [{"state": {0: {"exp_avg": moment}}, "param_groups": [{"lr": 0.1, "params": [0]}]}],

@@ -44,13 +44,13 @@ RECORD = {"prompt": "1+2=", "answer": "3"}
 
 
 def test_reward_worker_scores_raise_hang_and_death_as_failures():
-    worker = RewardWorker(Flaky(), timeout=2.0)
+    worker = RewardWorker(Flaky(), timeout=1.0)
     try:
         assert worker.score(RECORD, "3", [1]).reward == 1.0
         raised = worker.score(RECORD, "raise", [1])
         assert (raised.reward, raised.error) == (0.0, "ValueError: bad reward")
         hung = worker.score(RECORD, "hang", [1])
-        assert (hung.reward, hung.correct, hung.error) == (0.0, False, "TimeoutError: the reward took longer than 2.0s per completion")
+        assert (hung.reward, hung.correct, hung.error) == (0.0, False, "TimeoutError: the reward took longer than 1.0s per completion")
         assert worker.score(RECORD, "3", [1]).reward == 1.0  # a fresh worker took over
         died = worker.score(RECORD, "die", [1])
         assert (died.reward, died.error) == (0.0, "RuntimeError: the reward's worker process died (exit code 3)")
@@ -126,7 +126,7 @@ def fit_with_faults(model_dir: Path, root: Path, poison_steps: list[int], epochs
                           optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.0))
     task = FaultyDigitTask(calls_file=str(root / "calls.txt"), raise_on_call=3, hang_on_call=6)
     datamodule = RolloutDataModule(task=task, group_size=4, prompts_per_epoch=4, minibatch_size=8, max_new_tokens=4,
-                                   reward_timeout=2.0)
+                                   reward_timeout=1.0)
     recorder = StepRecorder()
     trainer = pl.Trainer(
         max_epochs=epochs, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0, limit_val_batches=0,

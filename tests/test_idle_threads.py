@@ -50,10 +50,12 @@ def test_too_late_once_torch_is_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert WAIT_POLICY not in os.environ
 
 
-@pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_the_command_sets_it_before_torch_loads(given: str | None, expected: str) -> None:
-    """``lit_grpo.cli`` (the command's module) sets the policy before its imports load torch: in a fresh process the
-    variable is there once the module is imported, and torch was not loaded before it was set."""
+CASES = [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")]
+
+
+def import_the_command(given: str | None) -> subprocess.Popen:
+    """A fresh process that imports ``lit_grpo.cli`` with the policy unset or set to ``given`` and prints the policy
+    after the import and, for each call of ``idle_threads_sleep``, whether torch was loaded before it."""
     program = ("import os, sys\n"
                f"os.environ.pop({WAIT_POLICY!r}, None)\n"
                + (f"os.environ[{WAIT_POLICY!r}] = {given!r}\n" if given else "")
@@ -63,5 +65,25 @@ def test_the_command_sets_it_before_torch_loads(given: str | None, expected: str
                "idle.idle_threads_sleep = lambda: (seen.append('torch' in sys.modules), original())[1]\n"
                "import lit_grpo.cli\n"
                f"print(os.environ.get({WAIT_POLICY!r}), seen)\n")
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
-    assert done.stdout.split("\n")[-2] == f"{expected} [False]"
+    return subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def command_imports() -> dict[str | None, subprocess.Popen]:
+    """Both cases' processes, started together: each spends seconds importing torch and Lightning, and on two cores
+    they overlap."""
+    processes = {given: import_the_command(given) for given, _ in CASES}
+    yield processes
+    for process in processes.values():
+        process.kill()
+        process.communicate()
+
+
+@pytest.mark.parametrize("given, expected", CASES)
+def test_the_command_sets_it_before_torch_loads(command_imports, given: str | None, expected: str) -> None:
+    """``lit_grpo.cli`` (the command's module) sets the policy before its imports load torch: in a fresh process the
+    variable is there once the module is imported, and torch was not loaded before it was set."""
+    process = command_imports[given]
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    assert stdout.split("\n")[-2] == f"{expected} [False]"

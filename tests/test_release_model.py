@@ -29,6 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "data" / "tiny-qwen2-chat"
 
 
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The shipped tokenizer as transformers loads it, once for the tests that only read it."""
+    return AutoTokenizer.from_pretrained(MODEL)
+
+
 def safetensors_header(path: Path) -> dict[str, dict]:
     """Tensor name -> {dtype, shape, data_offsets}, read from the file's JSON header (its length is the first 8
     bytes) rather than through a loader that might convert."""
@@ -39,9 +45,8 @@ def safetensors_header(path: Path) -> dict[str, dict]:
     return header
 
 
-def test_the_config_is_qwen2_with_grouped_query_attention_biases_tied_embeddings_and_bf16_weights():
+def test_the_config_is_qwen2_with_grouped_query_attention_biases_tied_embeddings_and_bf16_weights(tokenizer):
     config = json.loads((MODEL / "config.json").read_text())
-    tokenizer = AutoTokenizer.from_pretrained(MODEL)
     header = safetensors_header(MODEL / "model.safetensors")
     assert config["model_type"] == "qwen2" and config["architectures"] == ["Qwen2ForCausalLM"]
     assert config["num_key_value_heads"] < config["num_attention_heads"]  # grouped-query attention
@@ -59,9 +64,8 @@ def test_the_config_is_qwen2_with_grouped_query_attention_biases_tied_embeddings
         assert f"model.layers.{layer}.self_attn.o_proj.bias" not in header  # Qwen2: q/k/v biases only
 
 
-def test_the_generation_config_lists_both_eos_ids_and_sampling_options_of_its_own():
+def test_the_generation_config_lists_both_eos_ids_and_sampling_options_of_its_own(tokenizer):
     generation = json.loads((MODEL / "generation_config.json").read_text())
-    tokenizer = AutoTokenizer.from_pretrained(MODEL)
     im_end, endoftext = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
     assert generation["eos_token_id"] == [im_end, endoftext] and generation["pad_token_id"] == endoftext
     assert tokenizer.eos_token_id == im_end and tokenizer.pad_token_id == endoftext
@@ -79,8 +83,7 @@ def test_the_tokenizer_that_loads_is_the_shipped_file():
     assert json.loads(loaded.backend_tokenizer.to_str()) == shipped
 
 
-def test_the_byte_level_tokenizer_round_trips_any_text_up_to_nfc():
-    tokenizer = AutoTokenizer.from_pretrained(MODEL)
+def test_the_byte_level_tokenizer_round_trips_any_text_up_to_nfc(tokenizer):
     generator = random.Random(0)
     # code points from every plane but the surrogates (not encodable as UTF-8), control characters included
     scattered = "".join(chr(generator.choice([generator.randrange(0, 0xD800), generator.randrange(0xE000, 0x110000)]))
@@ -93,8 +96,7 @@ def test_the_byte_level_tokenizer_round_trips_any_text_up_to_nfc():
     assert tokenizer("<|im_end|>", add_special_tokens=False)["input_ids"] == [tokenizer.eos_token_id]
 
 
-def test_the_chat_template_renders_chatml_with_the_generation_prompt():
-    tokenizer = AutoTokenizer.from_pretrained(MODEL)
+def test_the_chat_template_renders_chatml_with_the_generation_prompt(tokenizer):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2="}]
     assert tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2=<|im_end|>\n<|im_start|>assistant\n")
@@ -102,8 +104,7 @@ def test_the_chat_template_renders_chatml_with_the_generation_prompt():
         "<|im_start|>user\n2+2=<|im_end|>\n")
 
 
-def test_a_tasks_chat_prompt_is_the_chatml_turn():
-    tokenizer = AutoTokenizer.from_pretrained(MODEL)
+def test_a_tasks_chat_prompt_is_the_chatml_turn(tokenizer):
     task = ArithmeticTask(use_chat_template=True)
     record = task.train_records()[0]
     expected = f"<|im_start|>user\n{record['prompt']}<|im_end|>\n<|im_start|>assistant\n"

@@ -36,13 +36,13 @@ def reward_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
-def direct_score(directory: Path, text: str) -> float:
-    """The classifier's output for one text alone (no padding), fp32."""
+def direct_scores(directory: Path, texts: list[str]) -> list[float]:
+    """The classifier's output for each text alone (a forward of its own, no padding), fp32."""
     tokenizer = AutoTokenizer.from_pretrained(directory)
     model = Qwen2ForSequenceClassification.from_pretrained(directory, dtype=torch.float32).eval()
-    ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+    alone = [torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]]) for text in texts]
     with torch.no_grad():
-        return float(model(input_ids=ids).logits[0, 0])
+        return [float(model(input_ids=ids).logits[0, 0]) for ids in alone]
 
 
 def batch() -> Completions:
@@ -61,7 +61,7 @@ def test_scores_equal_a_direct_forward_on_the_same_texts(reward_model_dir: Path)
         "<|im_start|>user\n3+3=<|im_end|>\n<|im_start|>assistant\n6<|im_end|>\n",
     ]
     assert scorer.texts(batch()) == texts
-    expected = [direct_score(reward_model_dir, text) for text in texts]
+    expected = direct_scores(reward_model_dir, texts)
     scores = scorer.score_batch(batch())
     assert len(set(expected)) == 4  # the texts differ in what the classifier sees
     assert max(abs(s - e) for s, e in zip(scores, expected)) <= 1e-5
@@ -113,9 +113,14 @@ def two_label_copy(reward_model_dir: Path, target: Path, **settings: object) -> 
     return target
 
 
-def test_a_head_with_several_outputs_is_refused_until_one_is_named(reward_model_dir, tmp_path):
-    sentiment = two_label_copy(reward_model_dir, tmp_path / "sentiment", id2label={0: "NEGATIVE", 1: "POSITIVE"},
-                               label2id={"NEGATIVE": 0, "POSITIVE": 1})
+@pytest.fixture(scope="module")
+def sentiment(reward_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny classifier with a NEGATIVE/POSITIVE head, built once for the tests that only read it."""
+    return two_label_copy(reward_model_dir, tmp_path_factory.mktemp("two-labels") / "sentiment",
+                          id2label={0: "NEGATIVE", 1: "POSITIVE"}, label2id={"NEGATIVE": 0, "POSITIVE": 1})
+
+
+def test_a_head_with_several_outputs_is_refused_until_one_is_named(reward_model_dir, sentiment, tmp_path):
     with pytest.raises(InputError) as info:
         RewardModel(str(sentiment))
     assert str(info.value) == (
@@ -135,9 +140,7 @@ def test_a_head_with_several_outputs_is_refused_until_one_is_named(reward_model_
         RewardModel(str(regression))
 
 
-def test_the_positive_label_is_what_is_scored(reward_model_dir, tmp_path):
-    sentiment = two_label_copy(reward_model_dir, tmp_path / "sentiment", id2label={0: "NEGATIVE", 1: "POSITIVE"},
-                               label2id={"NEGATIVE": 0, "POSITIVE": 1})
+def test_the_positive_label_is_what_is_scored(sentiment):
     scorer = RewardModel(str(sentiment), dtype="float32", label="POSITIVE")
     tokenizer = AutoTokenizer.from_pretrained(sentiment)
     model = Qwen2ForSequenceClassification.from_pretrained(sentiment, dtype=torch.float32).eval()

@@ -189,8 +189,8 @@ class FakePolicy:
 def servers(tmp_path):
     started: list[StandIn] = []
 
-    def start(*flags: str) -> StandIn:
-        started.append(StandIn(tmp_path, *flags))
+    def start(*flags: str, wait: bool = True) -> StandIn:
+        started.append(StandIn(tmp_path, *flags, wait=wait))
         return started[-1]
 
     yield start
@@ -226,7 +226,9 @@ def as_documented(text: str, url: str) -> str:
 
 @pytest.mark.parametrize("kind", sorted(MALFORMED))
 def test_a_malformed_answer_counts_as_a_failed_server(servers, kind):
-    bad, good = servers("--malformed", kind), servers("--delay", "0.2")
+    # both start at once; the good one is slowed so that its requests are in flight while the bad one fails
+    bad, good = servers("--malformed", kind, wait=False), servers("--delay", "0.05")
+    bad.wait_ready()
     engine = engine_on(bad, good)  # the first request goes to the bad one, the first in the list
     with pytest.warns(RuntimeWarning, match=re.escape(f"vLLM server {bad.url} failed and is skipped until the next "
                                                       f"policy push (1 of 2 left): {gave_up(bad.url, kind)}")):

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -43,13 +44,19 @@ class FakePolicy:
 
 @pytest.fixture
 def servers(tmp_path):
-    """``servers(*flags, port=None)`` starts a stand-in; all are stopped at the end."""
+    """``servers(*flags, port=None)`` starts a stand-in, ``servers.pair(flags, flags)`` two at once (their Python
+    startups overlap); all are stopped at the end."""
     started: list[StandIn] = []
 
     def start(*flags: str, port: int | None = None) -> StandIn:
         started.append(StandIn(tmp_path, *flags, port=port))
         return started[-1]
 
+    def pair(first: Sequence[str] = (), second: Sequence[str] = ()) -> tuple[StandIn, StandIn]:
+        started.extend([StandIn(tmp_path, *first, wait=False), StandIn(tmp_path, *second, wait=False)])
+        return started[-2].wait_ready(), started[-1].wait_ready()
+
+    start.pair = pair
     yield start
     for server in started:
         server.stop()
@@ -80,7 +87,7 @@ def answered(server: StandIn) -> dict[tuple[int, ...], tuple[str, int, int]]:
 
 
 def test_groups_go_to_the_server_with_fewest_requests_in_flight_and_never_span_servers(servers):
-    first, second = servers("--delay", "0.3"), servers("--delay", "0.3")
+    first, second = servers.pair(("--delay", "0.3"), ("--delay", "0.3"))
     engine = engine_on(first, second)
     batch = prompts(8)
     answers = engine.generate(batch, 3, SPEC)
@@ -92,7 +99,7 @@ def test_groups_go_to_the_server_with_fewest_requests_in_flight_and_never_span_s
     assert all(n == 3 for _, n, _ in [*by_first.values(), *by_second.values()])  # the whole group in that request
 
     # a slow server holds its request while the fast one answers the rest: dealt by load, not in turn
-    slow, fast = servers("--delay", "1.0"), servers()
+    slow, fast = servers.pair(("--delay", "1.0"))
     engine = engine_on(slow, fast, max_parallel_requests=2)
     check_answers(engine.generate(batch, 2, SPEC), 8, 2)
     assert len(answered(slow)) <= 2 and len(answered(fast)) >= 6  # in turn would be 4 and 4
@@ -108,7 +115,7 @@ FAULTS = {
 @pytest.mark.parametrize("fault", FAULTS)
 def test_a_failed_request_is_retried_on_the_other_server_which_takes_the_rest(servers, fault):
     flags, knobs = FAULTS[fault]
-    failing, healthy = servers(*flags), servers("--delay", "0.2")
+    failing, healthy = servers.pair(flags, ("--delay", "0.2"))
     engine = engine_on(failing, healthy, **knobs)
     assert engine.metrics == {"servers_alive": 2.0, "requests_hedged": 0.0}
     with pytest.warns(RuntimeWarning, match=f"vLLM server {failing.url} failed and is skipped until the next policy "
@@ -128,7 +135,7 @@ def test_a_failed_request_is_retried_on_the_other_server_which_takes_the_rest(se
 
 
 def test_a_failed_server_is_skipped_until_a_push_finds_it_answering_again(servers):
-    crashing, healthy = servers("--exit-after", "1"), servers()
+    crashing, healthy = servers.pair(("--exit-after", "1"))
     engine = engine_on(crashing, healthy)
     with pytest.warns(RuntimeWarning, match="failed and is skipped"):
         engine.generate(prompts(4), 2, SPEC)
@@ -164,7 +171,7 @@ def test_a_push_gives_a_server_that_does_not_answer_health_a_short_probe(servers
 
 
 def test_a_server_that_restarted_since_the_push_lacks_the_adapter_and_is_skipped(servers):
-    restarting, healthy = servers(), servers()
+    restarting, healthy = servers.pair()
     engine = engine_on(restarting, healthy)
     restarting.stop()
     restarted = servers(port=restarting.port)  # answers /health, but its adapter is gone: HTTP 404
@@ -175,7 +182,7 @@ def test_a_server_that_restarted_since_the_push_lacks_the_adapter_and_is_skipped
 
 
 def test_no_server_left_is_one_message_naming_every_server(servers):
-    first, second = servers("--exit-after", "0"), servers("--error-after", "0", "--error-code", "503")
+    first, second = servers.pair(("--exit-after", "0"), ("--error-after", "0", "--error-code", "503"))
     engine = engine_on(first, second)
     with pytest.warns(RuntimeWarning), pytest.raises(ServersUnavailable) as info:
         engine.generate(prompts(4), 2, SPEC)
@@ -194,7 +201,7 @@ def test_no_server_left_is_one_message_naming_every_server(servers):
 
 
 def test_a_request_seed_comes_from_the_prompt_whichever_server_draws_it(servers):
-    first, second = servers(), servers()
+    first, second = servers.pair()
     engine = engine_on(first, second)
     batch = prompts(5)
     engine._pool.set_alive([first.url])  # every request to the first server...

@@ -66,7 +66,7 @@ def test_each_validation_writes_a_sampled_tree_with_its_segments_to_tensorboard(
     module = PolicyModule(model_name_or_path="data/tiny-llama-hidden", kl_coef=0.0,
                           optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
     datamodule = RolloutDataModule(task=HiddenOperandsTask(), rollout="tree", branching=[2, 2, 2],
-                                   prompts_per_epoch=2, minibatch_size=64, max_new_tokens=5, val_max_prompts=4)
+                                   prompts_per_epoch=1, minibatch_size=64, max_new_tokens=5, val_max_prompts=1)
     logger = TensorBoardLogger(tmp_path, name="run")
     trainer = pl.Trainer(max_epochs=2, num_sanity_val_steps=0, reload_dataloaders_every_n_epochs=1, logger=logger,
                          callbacks=[RolloutMetrics(table_every_n_epochs=0)], enable_checkpointing=False,
