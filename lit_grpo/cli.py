@@ -331,8 +331,9 @@ def main(args: list[str] | None = None) -> None:
     """The command: ``args`` the command line after ``lit-grpo`` (None: ``sys.argv``). It ends with
     ``exit_code(outcome)`` (run/exit_codes.py): 0 finished, 2 a bad input, 1 a failure it explained or Ctrl-C during
     the run, 130 Ctrl-C before training, 143 SIGTERM; a bug raises on (its traceback, code 1). Called without
-    arguments it is the process, which then ends without the interpreter's last garbage collection
-    (``end_process``); called with arguments (from Python) it raises ``SystemExit`` as usual."""
+    arguments it is the process, which after a SIGTERM ends without the interpreter's last garbage collection
+    (``end_process``: frozen, the objects alive then are not freed, which some bindings report as leaks at exit, so
+    only there); otherwise, and called with arguments (from Python), it raises ``SystemExit`` as usual."""
     with command_stop() as stop:  # SIGTERM stops the command from here (StopOnSigterm takes over during a run)
         try:
             quiet_third_parties()
@@ -348,7 +349,7 @@ def main(args: list[str] | None = None) -> None:
             release_process_group()
     if outcome is Outcome.FINISHED:
         return
-    if args is None:
+    if args is None and outcome is Outcome.TERMINATED:  # the scheduler's grace period: no last collection
         end_process(exit_code(outcome))
     raise SystemExit(exit_code(outcome))
 
