@@ -288,8 +288,8 @@ def test_lightning_composes_its_sigterm_handler_with_the_one_installed_in_setup(
     # the private Lightning behaviour relied on (lightning.pytorch.trainer.connectors.signal_connector): at each fit,
     # after the callbacks' setup and before on_train_start (where StopOnSigterm takes SIGTERM alone under DDP),
     # Lightning installs a SIGTERM handler that runs its own notifier (which sets the public
-    # trainer.received_sigterm) and then calls the handler it found (StopOnSigterm's stop_now); should an upgrade drop
-    # the composition, the SIGTERM below would only set the flag and the run would sleep for a minute
+    # trainer.received_sigterm) and then calls the handler it found (StopOnSigterm's SigtermStop.handle); should an
+    # upgrade drop the composition, the SIGTERM below would only set the flag and the run would sleep for a minute
     events: list[str] = []
     previous = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as info:  # Lightning's Ctrl-C path ends with sys.exit(1)
@@ -362,7 +362,7 @@ print("survived SIGTERM")
 def test_a_sigterm_while_a_checkpoint_is_written_stops_the_run_when_the_write_has_ended(tmp_path):
     events: list[str] = []
     previous = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(SystemExit):  # Lightning's SIGTERMException, or sys.exit(1) after stop_now's Terminated
+    with pytest.raises(SystemExit):  # Lightning's SIGTERMException, or sys.exit(1) after SigtermStop's Terminated
         fit_tiny(tmp_path, WritesSlowly(events), Records(events))
     signal.signal(signal.SIGTERM, previous)
     # the write ended, then the run stopped before another epoch began: by Lightning's own check right after the
