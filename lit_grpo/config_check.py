@@ -6,6 +6,7 @@ span classes (``group_size`` against the advantage mode), which no single signat
 
 from __future__ import annotations
 
+import functools
 import inspect
 import pkgutil
 from collections.abc import Callable
@@ -71,11 +72,19 @@ def required_arguments(cls: type | Callable) -> list[str]:
             if name != "self" and p.kind not in skip and p.default is inspect.Parameter.empty]
 
 
+@functools.lru_cache(maxsize=64)
+def arguments_parser(cls: type | Callable) -> ArgumentParser:
+    """A parser of one class's (or function's) arguments; built once per class in a process (a test suite builds the
+    command's check many times over), and only parsed with afterwards, which leaves it as it was."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls) if isinstance(cls, type) else parser.add_function_arguments(cls)
+    return parser
+
+
 def key_problems(section: str, cls: type | Callable, values: dict[str, Any]) -> dict[str, str]:
     """Unknown keys and wrongly typed values of one class's arguments, checked one key at a time (each beside the
     given required arguments, which a class's parser needs whatever key it checks)."""
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_class_arguments(cls) if isinstance(cls, type) else parser.add_function_arguments(cls)
+    parser = arguments_parser(cls)
     missing = [name for name in required_arguments(cls) if name not in values]
     if missing:  # every key's parse would fail on them: report them alone (and a given key that looks like one)
         return {name: f"{section}.{name}: required, not given{did_you_mean(name, values).replace('did you mean', 'is it')}"
