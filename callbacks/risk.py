@@ -89,6 +89,10 @@ class RiskThreshold(pl.Callback):
             raise InputError(f"RiskThreshold: the trainer's data module ({type(data).__name__}) takes no risk "
                              "threshold (use_risk_threshold, lit_grpo.buffers.protocols.TakesRiskThreshold): use "
                              "lit_grpo.RolloutDataModule, or leave the callback out")
+        if not isinstance(data, MeasuresRiskRule):  # the calibration and the curve would never run: say so
+            raise InputError(f"RiskThreshold: the trainer's data module ({type(data).__name__}) does not measure the "
+                             "rule on held-out prompts (val_records, rule_outcome: lit_grpo.rollout.rule_outcomes."
+                             "MeasuresRiskRule): use lit_grpo.RolloutDataModule, or leave the callback out")
         # the rollouts' infer/defer rule reads its tau from here; the data module refuses a decision its task cannot
         # take (rules.risk_decision_problems)
         data.use_risk_threshold(self)

@@ -345,7 +345,8 @@ def main(args: list[str] | None = None) -> None:
                 raise
         except Terminated:  # outside the trainer's own handling: before its fit started, or after it ended
             outcome = terminated_before_training()
-        finally:
+        finally:  # the outcome is known: a SIGTERM from here on is noted, not raised over the way out
+            stop.stopping()
             release_process_group()
     if outcome is Outcome.FINISHED:
         return

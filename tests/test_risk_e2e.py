@@ -217,3 +217,15 @@ def test_a_data_module_that_takes_no_risk_threshold_is_refused_by_name():
     with pytest.raises(InputError, match=r"RiskThreshold: the trainer's data module \(PlainData\) takes no risk "
                                          r"threshold"):
         RiskThreshold().setup(SimpleNamespace(datamodule=PlainData()), None, "fit")
+
+
+def test_a_data_module_that_cannot_measure_the_rule_is_refused_by_name():
+    # one that takes the threshold but plays no held-out episodes would never calibrate it nor draw its curve
+    class ThresholdOnly(pl.LightningDataModule):
+        def use_risk_threshold(self, source: Any) -> None:
+            self.source = source
+
+    data = ThresholdOnly()
+    with pytest.raises(InputError, match=r"\(ThresholdOnly\) does not measure the rule on held-out prompts"):
+        RiskThreshold().setup(SimpleNamespace(datamodule=data), None, "fit")
+    assert not hasattr(data, "source")  # refused before it was configured

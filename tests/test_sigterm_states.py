@@ -271,3 +271,17 @@ def test_the_frame_walking_check_finds_a_planted_walk():
     assert FRAME_WALKING.search("frame = error.__traceback__.tb_frame")
     assert FRAME_WALKING.search("while frame is not None: frame = frame.f_back")
     assert not FRAME_WALKING.search("def handle(self, signum: int, frame: FrameType | None) -> None:")
+
+
+def test_a_sigterm_while_the_command_lets_go_of_its_process_group_is_noted_not_raised(monkeypatch):
+    # the run's outcome is known by then: a late SIGTERM (a scheduler's, after rank 0 forwarded one) must not escape
+    # the command as a traceback
+    import os
+
+    from lit_grpo import cli
+
+    monkeypatch.setattr(cli, "run_command", lambda args: Outcome.FINISHED)
+    monkeypatch.setattr(cli, "release_process_group", lambda: os.kill(os.getpid(), signal.SIGTERM))
+    previous = signal.getsignal(signal.SIGTERM)
+    cli.main(["fit"])  # returns: the run had finished before the signal came
+    assert signal.getsignal(signal.SIGTERM) == previous

@@ -25,7 +25,9 @@ The steps, with the hook that runs each in a real fit (``Trainer(reload_dataload
    ``ReferencePolicy`` refreshes π_ref, the module ends a run whose completion budget is spent, and
    ``ModelCheckpoint`` writes the checkpoint (``StopOnSigterm`` holds a SIGTERM back while it does).
 
-Steps 4 and 5 read and record; they change no weight, so this function leaves them to the loop.
+Steps 4 and 5 read and record; they change no weight, so this function leaves them to the loop. It steps the
+optimizer as Lightning's default precision does (lit-grpo's: the base weights' dtype is ``model.dtype``, the LoRA
+weights and their optimizer stay float32); a mixed-precision plugin's loss scaling is not shown here.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ def one_epoch(trainer: pl.Trainer, module: PolicyModule, data: RolloutDataModule
     (optimizer,) = trainer.optimizers
     accumulate, count = trainer.accumulate_grad_batches, len(served)
     for index in range(count):
-        out = module.policy_step(served[index], index, no_logging, trainer)
+        batch = trainer.strategy.batch_to_device(served[index])  # Lightning moves each batch to the module's device
+        out = module.policy_step(batch, index, no_logging, trainer)
         if out is not None:  # None: nothing to learn in this minibatch, no backward (Lightning skips it too)
             (out["loss"] / accumulate).backward()
         if (index + 1) % accumulate == 0 or index + 1 == count:

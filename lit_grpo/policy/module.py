@@ -256,7 +256,7 @@ class PolicyModule(pl.LightningModule):
 
     @property
     def context_length(self) -> int | None:
-        return sampling_view.context_length(self.policy.config)
+        return None if self.policy is None else sampling_view.context_length(self.policy.config)
 
     def weights_version(self) -> int:
         return sampling_view.weights_version(self._trainer)

@@ -141,6 +141,11 @@ class SigtermStop:
 
     def start(self) -> None:
         self.phase = Phase.RUNNING
+        if self.trainer is not None and (self.watcher is None or not self.watcher.is_alive()):
+            # started here, not in the handler: a thread's start takes a lock the interrupted code may hold
+            self.watcher = threading.Thread(target=self.resignal_when_written, name="lit-grpo-sigterm-retry",
+                                            daemon=True)
+            self.watcher.start()
 
     def begin_write(self) -> None:
         """A checkpoint may be written from here (our hook runs before the ``Checkpoint`` callbacks' own)."""
@@ -150,11 +155,12 @@ class SigtermStop:
             self.write_opened = time.monotonic()
 
     def end_write(self) -> None:
-        """A later hook: any write has ended; a stop held back by it is raised here, in the main thread."""
+        """A later hook: any write has ended; a stop held back by it is raised here, in the main thread (the flag
+        cleared before the phase moves: the watcher must not see a held stop outside a write and signal it again)."""
+        if self.pending and self.phase in (Phase.WRITING_CHECKPOINT, Phase.RUNNING) and on_main_thread():
+            self.raise_stop()
         if self.phase is Phase.WRITING_CHECKPOINT:
             self.phase = Phase.RUNNING
-        if self.pending and self.phase is Phase.RUNNING and on_main_thread():
-            self.raise_stop()
 
     def stopping(self) -> None:
         """The run is on its way out (its ``on_exception`` hooks run): a later SIGTERM is noted, nothing raised."""
@@ -205,17 +211,15 @@ class SigtermStop:
         raise Terminated(f"received signal {signal.SIGTERM} (SIGTERM)")
 
     def hold_back(self) -> None:
-        """Keep the stop for when the write has ended; a watcher thread re-signals the main thread then, in case no
-        hook of ours comes first (the epoch-end hooks are followed by the next epoch's generation)."""
+        """Keep the stop for when the write has ended (the handler only sets a flag: it may run anywhere)."""
         self.pending = True
-        if self.watcher is None or not self.watcher.is_alive():
-            self.watcher = threading.Thread(target=self.resignal_when_written, name="lit-grpo-sigterm-retry",
-                                            daemon=True)
-            self.watcher.start()
 
     def resignal_when_written(self) -> None:
+        """The run's watcher (started with it): a held stop is re-signalled to the main thread once the write has
+        ended, in case no hook of ours comes first (the epoch-end hooks are followed by the next epoch's
+        generation). Ends with the run."""
         main = threading.main_thread().ident
-        while self.pending and self.phase in (Phase.RUNNING, Phase.WRITING_CHECKPOINT):
+        while self.phase in (Phase.IDLE, Phase.RUNNING, Phase.WRITING_CHECKPOINT):
             time.sleep(RETRY_SECONDS)
             if self.pending and not self.writing() and main is not None:
                 signal.pthread_kill(main, signal.SIGTERM)
