@@ -11,8 +11,10 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lit_grpo.buffers.protocols import TakesReference
 from lit_grpo.errors import InputError
+from lit_grpo.policy.reference import REFERENCE_ADAPTER
 
-OLD_ADAPTER_KEY = ".reference."  # checkpoints before issue 51 kept the frozen weights under the adapter's own name
+# checkpoints before issue 51 kept the frozen weights under the reference adapter's parameter names
+OLD_ADAPTER_KEY = f".{REFERENCE_ADAPTER}."
 
 
 class ReferencePolicy(pl.Callback):

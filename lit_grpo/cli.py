@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -126,17 +127,10 @@ class LitGRPOCLI(LightningCLI):
             print(f"lit-grpo: no logger; this run writes to {kwargs['default_root_dir']}", file=sys.stderr)
         # NonFiniteGuard, RngState, StopOnSigterm and SaveOnInterrupt come from PolicyModule.configure_callbacks,
         # as under any Trainer
-        try:
-            trainer = super().instantiate_trainer(**kwargs)
+        try:  # the Trainer refusing its arguments is named as any class is (no lit-grpo code runs in it)
+            trainer = refusals.built_as(self.trainer_class, functools.partial(super().instantiate_trainer, **kwargs))
         except MisconfigurationException as error:  # Lightning's own refusal of a trainer value, before any work
             raise InputError(f"trainer: {error}") from None
-        except InputError:
-            raise
-        except Exception as error:  # the Trainer refusing its arguments (no lit-grpo code runs in its constructor)
-            refusal = refusals.refused_arguments(self.trainer_class, error)
-            if refusal is None:
-                raise
-            raise refusal from error
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default; a user's plugin is kept
             trainer.strategy.checkpoint_io = BackgroundCheckpointIO()  # written beside, renamed, in the background
         check_writable(trainer)  # before any weights load

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import contextvars
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -48,12 +49,18 @@ def build(class_type: Callable[..., Built], *args: Any, **kwargs: Any) -> Built:
     ``Exception`` but an ``InputError`` or ``MisconfigurationException``, which say so themselves) turned into the
     ``InputError`` that names it. lit-grpo's own classes raise on unchanged: anything but an ``InputError`` from them
     is a bug."""
+    return built_as(class_type, functools.partial(class_type, *args, **kwargs))
+
+
+def built_as(named: Any, make: Callable[[], Built]) -> Built:
+    """``make()``, which builds ``named`` (a class, or what a builder such as ``LightningCLI.instantiate_trainer``
+    builds): its refusal of its arguments turned into the ``InputError`` that names it, as ``build`` does."""
     try:
-        return class_type(*args, **kwargs)
+        return make()
     except (InputError, MisconfigurationException):
         raise
     except Exception as error:
-        refusal = refused_arguments(class_type, error)
+        refusal = refused_arguments(named, error)
         if refusal is None:
             raise
         raise refusal from error
