@@ -1,106 +1,160 @@
-"""Tool calls with a timeout, in a worker process (docs/guide.md#tools-and-environments).
+"""How one assistant turn's tool calls run, wherever they run (in the training process, or in an episode's host
+process: ``tasks/environment_host.py``): TRL 1.16's order (``GRPOTrainer._tool_call_loop``).
 
-A hung pure-Python call cannot be stopped from its own thread, and one left running would keep a core busy for the
-rest of the run; so with a timeout a task's tool calls run in a forked child, as rewards with a timeout do
-(``rollout/reward_worker.py``): the parent waits for each call at most ``timeout`` seconds (from the moment the
-child is ready), then kills the child and answers the call an error; the next call starts a fresh child. The tool
-functions are the child's from the fork (nothing of them is pickled; once CUDA is in use the child is spawned and
-they are pickled by reference, so they must be module-level functions); an environment's state travels with each
-call to one of its methods and comes back with what the method did to it, so it must pickle (plain state does; a
-tree's branching already needs it to deep-copy).
+The sync calls run one after another in call order; the async ones are then awaited together (``asyncio.gather``
+on one event loop that lives as long as the process, as TRL's daemon loop does, so a client an async tool opened in
+one turn still works in the next), their messages after the sync ones'. With ``parallel_sync`` a run of standalone
+sync function calls side by side runs in threads; an environment's methods always keep call order (its second call
+may read what its first wrote). A turn is a list of phases, each a group of calls that run together; a phase starts
+when the one before it has answered, so its calls' timeouts run from there.
+
+A tool's exception of any class (``KeyboardInterrupt``, ``SystemExit``, any ``BaseException``) is its call's failure,
+answered and counted, never printed; the user's own Ctrl-C, arriving while a tool runs in the main thread, still
+stops the run (``tasks/reward_guard.py``'s ``watching_sigint`` tells the two apart).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import json
-import pickle
-from collections.abc import Callable, Mapping
-from multiprocessing.connection import Connection
+import queue
+import threading
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from lit_grpo.errors import InputError
-from lit_grpo.run.worker_process import (
-    ChildProcess,
-    WorkerDied,
-    WorkerTimedOut,
-)
-
-Outcome = tuple[Any, "str | None"]  # (result, None) or (None, error text)
+from lit_grpo.run.signals import Terminated
+from lit_grpo.tasks.reward_guard import watching_sigint
+from lit_grpo.tasks.tools import Style, result_content
 
 
-def run_call(tool: Callable, arguments: Mapping[str, Any]) -> Outcome:
-    """One call in this process: its result (a coroutine run to its end), or its error as text."""
-    try:
-        result = tool(**arguments)
-        return (asyncio.run(result) if inspect.iscoroutine(result) else result), None
-    except (Exception, SystemExit) as error:  # noqa: BLE001 - a tool's exit is its failure, not the run's
-        return None, f"{type(error).__name__}: {error}"
+@dataclass(frozen=True)
+class Job:
+    """One call to run: its place in the turn, its tool and arguments, and how it runs (``awaited``: in the turn's
+    gather; ``alone``: in call order, not beside another call)."""
+
+    index: int
+    name: str
+    arguments: dict[str, Any]
+    awaited: bool
+    alone: bool
 
 
-def result_text(result: Any) -> str | Unreadable:
-    """A tool's result as the text the model sees: text as it is, anything else as JSON; a stand-in naming its
-    type where it is neither (such an object may not even pickle; ``ToolBox.answer`` makes it an error). The child
-    sends this, so a result is serialised once, where it was made."""
-    if isinstance(result, (str, Unreadable)):  # text, or a worker's text already
-        return result
-    try:
-        return json.dumps(result)
-    except (TypeError, ValueError):
-        return Unreadable(type(result).__name__)
+@dataclass(frozen=True)
+class Answer:
+    """What a call came to, as text that can travel between processes: the content the model sees, or the error
+    (``str(exception)`` and the exception's class name), or why the result cannot be shown."""
+
+    content: Any = None
+    error: str | None = None
+    error_type: str = ""
+    unreadable: str | None = None
 
 
-class Unreadable:
-    """A result that is neither text nor JSON, by its type's name (``ToolBox.answer`` makes it an error)."""
-
-    def __init__(self, type_name: str) -> None:
-        self.type_name = type_name
-
-
-def serve_calls(connection: Connection, functions: Mapping[str, Callable]) -> None:
-    """The child's loop until it receives None: ``(name, arguments, environment)`` is answered with
-    ``(result, error, environment)``, the environment (None for a function) as the call left it."""
-    while True:
-        request = connection.recv()
-        if request is None:
-            return
-        name, arguments, environment = request
-        tool = functions[name] if environment is None else getattr(environment, name)
-        result, error = run_call(tool, arguments)
-        connection.send((result_text(result), error, environment))
+def phases(jobs: Sequence[Job]) -> list[list[Job]]:
+    """The turn's phases: the sync calls in call order (a run of calls that may run side by side as one phase,
+    each other call alone), then the awaited ones together."""
+    out: list[list[Job]] = []
+    for job in (j for j in jobs if not j.awaited):
+        if not job.alone and out and not out[-1][0].alone:
+            out[-1].append(job)
+        else:
+            out.append([job])
+    awaited = [job for job in jobs if job.awaited]
+    return out + ([awaited] if awaited else [])
 
 
-class ToolWorker:
-    """A task's tool calls in a child process, each bounded by ``timeout`` seconds. Shared by every episode of the
-    task (a deep copy of an episode shares it too)."""
+class EventLoop:
+    """An event loop in a daemon thread, for a process's lifetime (TRL's ``async_loop``): async tools run on it
+    whatever loop the caller may be in, and what they open stays bound to one loop."""
 
-    def __init__(self, functions: Mapping[str, Callable], timeout: float) -> None:
-        if timeout <= 0:
-            raise InputError(f"tool_timeout must be positive (or null: no worker), got {timeout}")
-        self.timeout = timeout
-        self.child = ChildProcess(serve_calls, (dict(functions),), "lit-grpo-tools")
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="lit-grpo-tool-loop", daemon=True)
+        self.thread.start()
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> ToolWorker:
-        return self  # one child for the task, whatever copies of its episodes hold it
-
-    def call(self, name: str, arguments: Mapping[str, Any], environment: Any = None) -> tuple[Any, str | None, Any]:
-        """``(result, error, environment)`` of calling tool ``name`` (an ``environment`` method when one is given),
-        the environment as the call left it (as it was when the call did not come back)."""
-        try:
-            result, error, after = self.child.ask((name, dict(arguments), environment), self.timeout)
-        except WorkerTimedOut:
-            return None, f"timed out after {self.timeout:g} s", environment
-        except WorkerDied as died:
-            return None, f"the tool's worker process died ({died})", environment
-        except (pickle.PicklingError, TypeError, AttributeError) as error:
-            what = ("the tool functions" if environment is None else
-                    f"the environment {type(environment).__name__}")
-            raise InputError(f"{what} cannot be sent to the tools' worker process ({error}): keep an environment's "
-                             "state plain and tools module-level functions (picklable), or set tool_timeout null to "
-                             "run the tools in the training process without a timeout") from None
-        return result, error, after
+    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        """``coroutine``'s value, run on the loop (the caller waits)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
     def close(self) -> None:
-        """End the child process (idempotent)."""
-        self.child.close()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+
+
+def failure(error: BaseException) -> Answer:
+    return Answer(error=str(error), error_type=type(error).__name__)
+
+
+def shown(result: Any, style: Style) -> Answer:
+    content, unreadable = result_content(result, style)
+    return Answer(content=content, unreadable=unreadable)
+
+
+def guarded(call: Callable[[], Any]) -> tuple[Any, BaseException | None]:
+    """``(value, None)`` of ``call()``, or ``(None, error)`` for whatever it raised; in the main thread the user's
+    Ctrl-C meanwhile (or SIGTERM's ``Terminated``) is raised on, never taken for the tool's."""
+    with watching_sigint() as watch:
+        try:
+            value = call()
+        except BaseException as error:  # noqa: BLE001 - a tool's exception of any class is its call's failure
+            if isinstance(error, Terminated) or watch.arrived:
+                raise KeyboardInterrupt("Ctrl-C while a tool ran") if not isinstance(error, KeyboardInterrupt) else error
+            return None, error
+    if watch.arrived:  # the tool swallowed the user's Ctrl-C
+        raise KeyboardInterrupt("Ctrl-C while a tool ran")
+    return value, None
+
+
+async def awaited_answer(coroutine: Any, style: Style) -> Answer:
+    """An async call's answer; its exception of any class is caught inside its task, so none reaches the loop."""
+    try:
+        return shown(await coroutine, style)
+    except BaseException as error:  # noqa: BLE001 - CancelledError, KeyboardInterrupt, SystemExit: the tool's
+        return failure(error)
+
+
+def sync_answer(tool: Callable, arguments: Mapping[str, Any], style: Style, loop: Callable[[], EventLoop]) -> Answer:
+    """A sync call's answer (a coroutine it returns is awaited on ``loop``, where TRL would show its text)."""
+    value, error = guarded(lambda: tool(**arguments))
+    if error is not None:
+        return failure(error)
+    if inspect.iscoroutine(value):
+        return loop().run(awaited_answer(value, style))
+    return shown(value, style)
+
+
+def run_phases(turn: Sequence[Sequence[Job]], tools: Mapping[str, Callable], style: Style,
+               loop: Callable[[], EventLoop], emit: Callable[[int, Answer], None]) -> None:
+    """Run a turn's phases in order, giving each call's answer to ``emit(index, answer)`` as it comes (from this
+    thread only). ``loop`` gives the process's event loop (made at first need)."""
+    for phase in turn:
+        if phase[0].awaited:
+            coroutines = []
+            for job in phase:  # creating a coroutine runs no code of the tool's: its arguments bind (checked)
+                coroutines.append(awaited_answer(tools[job.name](**job.arguments), style))
+
+            async def together() -> list[Answer]:
+                return list(await asyncio.gather(*coroutines))
+
+            for job, answer in zip(phase, loop().run(together()), strict=True):
+                emit(job.index, answer)
+        elif len(phase) == 1:
+            job = phase[0]
+            emit(job.index, sync_answer(tools[job.name], job.arguments, style, loop))
+        else:
+            side_by_side(phase, tools, style, loop, emit)
+
+
+def side_by_side(phase: Sequence[Job], tools: Mapping[str, Callable], style: Style, loop: Callable[[], EventLoop],
+                 emit: Callable[[int, Answer], None]) -> None:
+    """``parallel_sync``: the phase's calls each in a thread, their answers emitted here as they come."""
+    answers: queue.Queue[tuple[int, Answer]] = queue.Queue()
+
+    def run(job: Job) -> None:
+        answers.put((job.index, sync_answer(tools[job.name], job.arguments, style, loop)))
+
+    for job in phase:
+        threading.Thread(target=run, args=(job,), name=f"lit-grpo-tool-{job.name}", daemon=True).start()
+    for _ in phase:
+        emit(*answers.get())

@@ -1,33 +1,43 @@
-"""Tools and environments as TRL 1.16 users write them (docs/guide.md#tools-and-environments).
+"""Tools as TRL 1.16 users write them, and the ``tool`` messages their calls answer (docs/guide.md#tools-and-environments).
 
 A tool is a plain Python function with type hints and a Google-style docstring (transformers' ``get_json_schema``
 reads both); an environment is a class whose public methods are its tools, with ``reset(**row) -> str | None`` and an
-optional ``get_reward() -> float`` (TRL's ``environment_factory`` contract: one instance per episode). A ``ToolBox``
-holds one episode's tools; ``ToolBox.call`` runs one parsed call and always returns a ``tool`` message: a tool that
-raises, is unknown, gets arguments it does not take, returns what is neither text nor JSON, or runs past its timeout
-answers ``{"error": ...}`` as TRL's does, counted as a failure; an answer longer than ``max_chars`` is cut, with a
-note the model sees.
+optional ``get_reward() -> float`` (TRL's ``environment_factory`` contract). This module holds the pure parts: the
+schemas, an environment's tools read off its class, a parsed call checked before it runs, and the message each
+outcome answers, in one of two styles:
+
+- ``"trl"`` (the default): exactly TRL's ``_tool_call_loop``: a result's content is ``str(result)`` (a list passes
+  through as is, for multimodal answers), a failure's is ``str({"error": str(error)})`` (a Python dict's text),
+  an unknown name answers ``Tool {name} not found.``, wrong arguments answer the ``TypeError`` of calling the tool.
+- ``"json"``: results as JSON text (``true`` for ``True``), ``{"error": ...}`` as JSON, and richer error texts
+  (the exception's type, the tools there are, the argument a call lacks), a result neither text nor JSON failed.
+
+``ToolKit`` (``tasks/tool_kit.py``) runs the calls; where they run is ``tasks/tool_worker.py``'s and
+``tasks/environment_host.py``'s.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from lit_grpo.errors import InputError
-from lit_grpo.tasks.tool_worker import ToolWorker, Unreadable, result_text, run_call
 
 ENVIRONMENT_HOOKS = ("reset", "get_reward")  # an environment's methods that are not tools
+Style = Literal["trl", "json"]
+FAILURES = ("unknown", "raised", "timeout", "arguments", "malformed", "unreadable", "lost")
 
 
 @dataclass(frozen=True)
 class ToolOutcome:
-    """One call's ``tool`` message and whether the call failed (``failure`` names how, for the counts)."""
+    """One call's ``tool`` message; ``name`` is the name the model wrote (``""`` where it wrote none), ``failure``
+    None or how the call failed (one of ``FAILURES``, for the counts)."""
 
     message: dict[str, Any]
+    name: str = ""
     failure: str | None = None
 
 
@@ -45,107 +55,73 @@ def tool_schema(function: Callable) -> dict[str, Any]:
 
 
 def environment_tools(environment: Any) -> list[Callable]:
-    """An environment's tools: its class's public functions other than ``reset`` and ``get_reward``, bound to it
-    (read on the class, as TRL reads them: the instance's properties are not evaluated)."""
-    if not callable(getattr(environment, "reset", None)):
+    """An environment's tools, as TRL's probe reads them: its class's public functions other than ``reset`` and
+    ``get_reward``, bound to it (read on the class: the instance's properties are not evaluated); ``InputError``
+    naming the class where it has no ``reset``."""
+    members = inspect.getmembers(type(environment), inspect.isfunction)
+    if "reset" not in dict(members):
         raise InputError(f"environment {type(environment).__qualname__}: needs a reset(**row) method (TRL's "
                          "environment_factory contract)")
-    return [getattr(environment, name) for name, _ in inspect.getmembers(type(environment), inspect.isfunction)
-            if not name.startswith("_") and name not in ENVIRONMENT_HOOKS]
+    return [getattr(environment, name) for name, _ in members if not name.startswith("_") and name not in
+            ENVIRONMENT_HOOKS]
 
 
-class ToolBox:
-    """The tools of one episode, by name: plain functions and, with an environment, its methods.
+def tools_by_name(tools: list[Callable]) -> dict[str, Callable]:
+    """``tools`` by name; ``InputError`` where two share one (the model could not tell them apart)."""
+    named: dict[str, Callable] = {}
+    for tool in tools:
+        if tool.__name__ in named:
+            raise InputError(f"tool {tool.__name__!r} is given twice (a function and an environment method, or two "
+                             "functions); tool names must be unique")
+        named[tool.__name__] = tool
+    return named
 
-    Args:
-        functions: the tool functions (shared by every episode: TRL's tools are stateless).
-        environment: the episode's environment instance, or None.
-        worker: the task's ``ToolWorker`` (calls in a child process, each bounded by its timeout: a call past it
-            answers an error and its child is killed); None: calls run here, unbounded.
-        max_chars: the longest answer the model sees; a longer one is cut, with a note.
-    """
 
-    def __init__(self, functions: Sequence[Callable], environment: Any = None, worker: ToolWorker | None = None,
-                 max_chars: int = 4000) -> None:
-        tools = [*functions, *(environment_tools(environment) if environment is not None else [])]
-        self.tools: dict[str, Callable] = {}
-        for tool in tools:
-            name = tool.__name__
-            if name in self.tools:
-                raise InputError(f"tool {name!r} is given twice (a function and an environment method, or two "
-                                 "functions); tool names must be unique")
-            self.tools[name] = tool
-        self.parameters = {name: tool_schema(tool)["function"]["parameters"] for name, tool in self.tools.items()}
-        self.environment, self.worker, self.max_chars = environment, worker, max_chars
-        self.functions = {function.__name__ for function in functions}  # the rest are the environment's
-
-    def schemas(self) -> list[dict[str, Any]]:
-        """The tools' JSON schemas, in the order given (the chat template's ``tools=``)."""
-        return [tool_schema(tool) for tool in self.tools.values()]
-
-    def argument_problem(self, name: str, arguments: dict[str, Any]) -> str | None:
-        """The first argument whose value is not of its schema's JSON type (``"x": "a"`` for an integer), or None;
-        an argument without a declared type takes anything."""
-        properties = self.parameters[name].get("properties", {})
-        for argument, value in arguments.items():
-            schema = properties.get(argument, {})
-            declared = schema.get("type")
-            types = [] if declared is None else declared if isinstance(declared, list) else [declared]
-            if value is None and schema.get("nullable"):  # get_json_schema's Optional[...]
-                continue
-            if types and not any(json_type_holds(kind, value) for kind in types):
-                return f"{name}: argument {argument!r} must be {' or '.join(types)}, got {json.dumps(value)}"
-        return None
-
-    def call(self, call: dict[str, Any]) -> ToolOutcome:
-        """Run one parsed tool call (``{"type": "function", "function": {"name": ..., "arguments": {...}}}``, as
-        transformers' response parsing gives it) and return the ``tool`` message it answers."""
-        function = call.get("function") if isinstance(call, dict) else None
-        name = function.get("name") if isinstance(function, dict) else None
-        if not isinstance(name, str):
-            return failed("unknown", "malformed", f"a tool call names no function: {call!r}")
-        arguments = function.get("arguments") or {}
-        if isinstance(arguments, str):  # some templates carry the arguments as JSON text
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                return failed(name, "malformed", f"the arguments of {name} are not JSON: {arguments!r}")
-        if not isinstance(arguments, dict):
-            return failed(name, "malformed", f"the arguments of {name} are not an object: {arguments!r}")
-        tool = self.tools.get(name)
-        if tool is None:
-            return failed(name, "unknown", f"there is no tool {name!r}; the tools are {', '.join(self.tools)}")
+def call_parts(call: Any) -> tuple[str, Any]:
+    """``(name, arguments)`` of a parsed function call (``{"type": "function", "function": {"name", "arguments"}}``);
+    arguments given as JSON text are read. ``ValueError`` naming what is wrong where the call cannot be run."""
+    if not isinstance(call, dict):
+        raise ValueError(f"a tool call is not an object: {call!r}")
+    function = call.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a tool call names no function: {call!r}")
+    arguments = function.get("arguments")
+    arguments = {} if arguments is None else arguments
+    if isinstance(arguments, str):  # some templates carry the arguments as JSON text
         try:
-            inspect.signature(tool).bind(**arguments)
-        except TypeError as error:
-            return failed(name, "arguments", f"{name}: {error}")
-        problem = self.argument_problem(name, arguments)
-        if problem is not None:  # the wrong type: the model's error to read, not the tool's to trip on
-            return failed(name, "arguments", problem)
-        if self.worker is None:
-            return self.answer(name, *run_call(tool, arguments))
-        method = name not in self.functions
-        result, error, environment = self.worker.call(name, arguments, self.environment if method else None)
-        if method:
-            self.use_environment(environment)  # what the call did to the environment's state, done here too
-        return self.answer(name, result, error)
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            raise ValueError(f"the arguments of {name} are not JSON: {arguments!r}") from None
+    if not isinstance(arguments, dict):
+        raise ValueError(f"the arguments of {name} are not an object: {arguments!r}")
+    return name, arguments
 
-    def use_environment(self, environment: Any) -> None:
-        """Make ``environment`` (the state a call in the worker left) this episode's, its methods the tools."""
-        self.environment = environment
-        self.tools.update({tool.__name__: tool for tool in environment_tools(environment)})
 
-    def answer(self, name: str, result: Any, error: str | None) -> ToolOutcome:
-        """The ``tool`` message of a call that returned ``result`` (or raised: ``error``)."""
-        if error is not None:
-            return failed(name, "timeout" if error.startswith("timed out") else "raised", error)
-        content = result_text(result)  # a worker's result is its text already: unchanged
-        if isinstance(content, Unreadable):
-            return failed(name, "unreadable", f"{name} returned a {content.type_name}, which is neither text nor JSON")
-        if len(content) > self.max_chars:
-            cut = len(content) - self.max_chars
-            content = f"{content[:self.max_chars]}\n[... {cut} more characters cut: answers are kept to {self.max_chars}]"
-        return ToolOutcome({"role": "tool", "name": name, "content": content})
+def binding_problem(tool: Callable, arguments: Mapping[str, Any]) -> str | None:
+    """Why ``tool`` cannot take ``arguments`` (a missing or unexpected one), or None."""
+    try:
+        inspect.signature(tool).bind(**arguments)
+    except TypeError as error:
+        return str(error)
+    except ValueError:  # no signature to read (a builtin): the call itself will say
+        return None
+    return None
+
+
+def argument_problem(name: str, parameters: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
+    """The first argument whose value is not of its schema's JSON type (``"x": "a"`` for an integer), or None; an
+    argument without a declared type takes anything (``check_argument_types``: not TRL's, which calls as given)."""
+    properties = parameters.get("properties", {})
+    for argument, value in arguments.items():
+        schema = properties.get(argument, {})
+        declared = schema.get("type")
+        types = [] if declared is None else declared if isinstance(declared, list) else [declared]
+        if value is None and schema.get("nullable"):  # get_json_schema's Optional[...]
+            continue
+        if types and not any(json_type_holds(kind, value) for kind in types):
+            return f"{name}: argument {argument!r} must be {' or '.join(types)}, got {json.dumps(value)}"
+    return None
 
 
 JSON_TYPES: dict[str, type | tuple[type, ...]] = {"integer": int, "number": (int, float), "string": str,
@@ -163,6 +139,41 @@ def json_type_holds(kind: str, value: Any) -> bool:
     return expected is None or isinstance(value, expected)
 
 
-def failed(name: str, kind: str, text: str) -> ToolOutcome:
-    """A failed call's message, as TRL's: ``{"error": ...}`` as the tool's content."""
-    return ToolOutcome({"role": "tool", "name": name, "content": json.dumps({"error": text})}, failure=kind)
+def result_content(result: Any, style: Style) -> tuple[Any, str | None]:
+    """``(content, None)``: a result as the model sees it (``"trl"``: ``str(result)``, a list as it is; ``"json"``:
+    text as it is, anything else as JSON), or ``(None, why)`` where it cannot be (neither text nor JSON, or its
+    ``__str__`` raised). Run where the result was made, so only text travels between processes."""
+    if style == "trl":
+        if isinstance(result, list):
+            return result, None
+        try:
+            return str(result), None
+        except BaseException as error:  # noqa: BLE001 - a result's __str__ is the tool's code
+            return None, f"its result's str() raised {type(error).__name__}: {error}"
+    if isinstance(result, str):
+        return result, None
+    try:
+        return json.dumps(result), None
+    except (TypeError, ValueError, RecursionError):
+        return None, f"returned a {type(result).__name__}, which is neither text nor JSON"
+
+
+def cut(content: Any, max_chars: int | None) -> Any:
+    """Text longer than ``max_chars`` cut, with a note the model sees (None: as TRL, never cut)."""
+    if max_chars is None or not isinstance(content, str) or len(content) <= max_chars:
+        return content
+    return f"{content[:max_chars]}\n[... {len(content) - max_chars} more characters cut: answers are kept to {max_chars}]"
+
+
+def answered(name: str, content: Any) -> ToolOutcome:
+    """A call's message where it returned."""
+    return ToolOutcome({"role": "tool", "name": name, "content": content}, name)
+
+
+def failed(name: str, kind: str, text: str, style: Style, message_name: str | None = None) -> ToolOutcome:
+    """A failed call's message: ``{"error": text}`` as the content, a Python dict's text (``"trl"``, as TRL builds
+    it) or JSON (``"json"``)."""
+    error = {"error": text}
+    content = str(error) if style == "trl" else json.dumps(error)
+    return ToolOutcome({"role": "tool", "name": name if message_name is None else message_name, "content": content},
+                       name, kind)

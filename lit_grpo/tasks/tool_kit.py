@@ -1,0 +1,419 @@
+"""A tool task's tools and environments: the standalone functions, the environment factories, and the pools of
+instances (docs/guide.md#tools-and-environments). TRL 1.16's behaviour is the default; ours are named options.
+
+As TRL's ``GRPOTrainer`` does, each factory is probed once (one instance, made here at first need: its class's
+public methods are the tools, ``get_reward`` makes a reward), and every rollout gets an instance of its own from a
+pool, ``reset(**row)`` with the whole row: "construct once, reset often", a new instance only when every one is in
+use. An environment is never pickled or copied unless it asks (``fork``: ``__deepcopy__`` or ``fork_environment``).
+
+Where the calls run: with ``timeout=None`` the instances live in this process and the calls run here, unbounded; with
+a timeout (10 s by default) each rollout's instance lives in its own long-lived host process
+(``tasks/environment_host.py``: the factory and ``reset`` run there, and the standalone functions too, so module
+state they change lives there), each call is bounded by the timeout, and one past it kills the host and loses the
+box (the episode must end). The turn's order is TRL's (``tasks/tool_worker.py``); the messages are TRL's
+(``messages="trl"``) or JSON (``"json"``), ``tasks/tools.py``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+from lit_grpo.errors import InputError
+from lit_grpo.run.worker_process import STARTUP_LIMIT, WorkerDied, WorkerTimedOut, fork_context
+from lit_grpo.tasks.environment_host import EnvironmentProxy, Host, can_fork, environment_copy
+from lit_grpo.tasks.multiround import RowUnavailable
+from lit_grpo.tasks.tool_worker import Answer, EventLoop, Job, guarded, phases, run_phases
+from lit_grpo.tasks.tools import (
+    ToolOutcome,
+    answered,
+    argument_problem,
+    binding_problem,
+    call_parts,
+    cut,
+    environment_tools,
+    failed,
+    tool_schema,
+    tools_by_name,
+)
+
+LOST = "the environment was lost: an earlier call of this episode timed out or ended its process"
+
+
+def named(factory: Callable) -> str:
+    return getattr(factory, "__qualname__", None) or repr(factory)
+
+
+class ToolKit:
+    """A tool task's tools and environments.
+
+    Args:
+        functions: standalone tools (type hints and a Google-style docstring each), shared by every rollout.
+        environments: factories (any callable: a class, a lambda) by name, routed by a row's environment column;
+            ``{None: factory}`` for TRL's single ``environment_factory``; None for no environment.
+        timeout: seconds a call may run (each rollout's environment then lives in its own host process, killed by
+            a call past it); None: in this process, unbounded.
+        messages: ``"trl"`` (TRL's ``str(result)`` / ``str({"error": ...})``) or ``"json"`` (JSON text).
+        check_argument_types: refuse a call whose arguments are not of its schema's types (not TRL's).
+        parallel_sync: a turn's standalone sync function calls run side by side in threads (not TRL's).
+        max_chars: the longest text answer the model sees, a longer one cut with a note; None: never cut (TRL).
+    """
+
+    def __init__(self, functions: Sequence[Callable], environments: Mapping[str | None, Callable[[], Any]] | None,
+                 timeout: float | None = 10.0, messages: Literal["trl", "json"] = "trl",
+                 check_argument_types: bool = False, parallel_sync: bool = False,
+                 max_chars: int | None = None) -> None:
+        if timeout is not None and not timeout > 0:
+            raise InputError(f"tool timeout must be positive (seconds), or null to run calls unbounded in the "
+                             f"training process; got {timeout}")
+        if messages not in ("trl", "json"):
+            raise InputError(f"tool messages must be 'trl' (TRL's text) or 'json', got {messages!r}")
+        if max_chars is not None and max_chars < 1:
+            raise InputError(f"max tool chars must be a positive number of characters, or null; got {max_chars}")
+        self.functions = list(functions)
+        tools_by_name(self.functions)
+        self.factories = dict(environments or {})
+        for name, factory in self.factories.items():
+            if not callable(factory):
+                raise InputError(f"environment {name!r}: the factory must be callable (a class or a function that "
+                                 f"returns an instance), got {type(factory).__name__}")
+        self.timeout, self.style, self.check_types = timeout, messages, check_argument_types
+        self.parallel_sync, self.max_chars = parallel_sync, max_chars
+        self.probes: dict[str | None, Any] = {}
+        self.idle: dict[str | None, list[Any]] = {}  # instances (in-process) or hosts, by environment
+        self.hosts: list[Host] = []  # every live host, in use or idle
+        self._loop: EventLoop | None = None
+        self._loop_lock = threading.Lock()
+
+    def environment_of(self, environment: str | None) -> str | None:
+        """The key of ``environment`` among the factories (InputError naming them where it is not one); None where
+        the kit has no environment."""
+        if not self.factories:
+            if environment is not None:
+                raise InputError(f"a row names environment {environment!r}, but no environment is configured")
+            return None
+        if environment not in self.factories:
+            raise InputError(f"a row names environment {environment!r}, which is not among the environments "
+                             f"configured: {list(self.factories)}")
+        return environment
+
+    def probe(self, environment: str | None) -> Any:
+        """The probe instance of ``environment``, made here at first need (and pooled, in-process)."""
+        if environment not in self.probes:
+            factory = self.factories[environment]
+            instance, error = guarded(factory)
+            if error is not None:
+                raise InputError(f"environment factory {named(factory)}: {type(error).__name__}: {error} (it is "
+                                 "called once at setup to read its tools)") from None
+            environment_tools(instance)  # it has a reset
+            self.probes[environment] = instance
+            if self.timeout is None:
+                self.idle.setdefault(environment, []).append(instance)
+        return self.probes[environment]
+
+    def tools(self, environment: str | None = None) -> list[Callable]:
+        """The standalone functions and that environment's methods (read from its probe instance)."""
+        key = self.environment_of(environment)
+        methods = [] if key is None and not self.factories else environment_tools(self.probe(key))
+        return list(tools_by_name([*self.functions, *methods]).values())
+
+    def schemas(self, environment: str | None = None) -> list[dict[str, Any]]:
+        """The tools' JSON schemas (the chat template's ``tools=``), in order."""
+        return [tool_schema(tool) for tool in self.tools(environment)]
+
+    def tool_names(self) -> list[str]:
+        """Every tool name over all environments, in order (the metrics' names, equal on every rank)."""
+        names: dict[str, None] = {}
+        for key in self.factories or [None]:
+            names.update({tool.__name__: None for tool in self.tools(key)})
+        return list(names)
+
+    def reward_environment_types(self) -> list[type]:
+        """The probed classes that define ``get_reward`` (TRL adds one reward for each), in order, once each."""
+        types: list[type] = []
+        for key in self.factories:
+            kind = type(self.probe(key))
+            if "get_reward" in dict(inspect.getmembers(kind, inspect.isfunction)) and kind not in types:
+                types.append(kind)
+        return types
+
+    def loop(self) -> EventLoop:
+        """This process's event loop for async tools (TRL's daemon loop), started at first need."""
+        with self._loop_lock:
+            if self._loop is None:
+                self._loop = EventLoop()
+            return self._loop
+
+    def open(self, row: dict[str, Any], environment: str | None = None) -> tuple[ToolBox, Any]:
+        """One rollout's box and the text its ``reset(**row)`` returned (None, text, or a list, as TRL takes it);
+        ``RowUnavailable`` where the factory or ``reset`` raised (or, hosted, timed out or ended its process)."""
+        key = self.environment_of(environment)
+        tools = self.tools(key)
+        if self.timeout is not None:
+            return self.open_hosted(row, key, tools)
+        if not self.factories:
+            return ToolBox(self, key, None, tools), None
+        pool = self.idle.setdefault(key, [])
+        if pool:
+            instance = pool.pop(0)
+        else:
+            factory = self.factories[key]
+            instance, error = guarded(factory)
+            if error is not None:
+                raise RowUnavailable(f"environment factory {named(factory)}: {type(error).__name__}: {error}")
+        text, error = guarded(lambda: instance.reset(**row))
+        if error is not None:
+            pool.append(instance)
+            raise RowUnavailable(f"{type(error).__name__}: {error}")
+        return ToolBox(self, key, instance, [*self.functions, *environment_tools(instance)]), text
+
+    def new_host(self, key: str | None) -> Host:
+        """A fresh host for ``key``'s environment (or for the functions alone)."""
+        factory = self.factories.get(key) if self.factories else None
+        context: Any = fork_context()
+        if context.get_start_method() == "spawn":  # CUDA is in use: what the host runs must pickle by reference
+            import pickle
+
+            for thing in [*([factory] if factory is not None else []), *self.functions]:
+                try:
+                    pickle.dumps(thing)
+                except Exception as error:  # noqa: BLE001 - any pickling failure names the same fix
+                    raise InputError(f"{named(thing)} cannot be sent to its host process ({error}): with CUDA in use "
+                                     "hosts are spawned, so environment factories and tool functions must be "
+                                     "module-level (importable by name); or set the tool timeout to null") from None
+        host = Host(factory, self.functions, self.style)
+        host.users = 0  # type: ignore[attr-defined]
+        self.hosts.append(host)
+        return host
+
+    def open_hosted(self, row: dict[str, Any], key: str | None, tools: list[Callable]) -> tuple[ToolBox, Any]:
+        """``open`` with the rollout's environment in a host (a pooled one, or a new one)."""
+        pool = self.idle.setdefault(key, [])
+        while pool and not pool[0].alive:
+            self.drop(pool.pop(0))
+        host = pool.pop(0) if pool else self.new_host(key)
+        host.users = 1  # type: ignore[attr-defined]
+        if not self.factories:
+            return ToolBox(self, key, None, tools, host), None
+        factory = self.factories[key]
+        try:
+            host.send(("open", 0, row))
+            if not host.made:
+                kind, error = host.receive(STARTUP_LIMIT)
+                if kind == "error":
+                    self.drop(host)
+                    raise RowUnavailable(f"environment factory {named(factory)}: {type(error).__name__}: {error}")
+                host.made = True
+            kind, answer = host.receive(self.timeout)
+        except (WorkerTimedOut, WorkerDied) as error:
+            self.drop(host)
+            what = f"timed out after {self.timeout:g} s" if isinstance(error, WorkerTimedOut) else \
+                f"ended its process ({error})"
+            raise RowUnavailable(f"environment {named(factory)}: reset {what}") from None
+        if kind == "error":
+            host.users = 0  # type: ignore[attr-defined]
+            pool.append(host)
+            raise RowUnavailable(f"{type(answer).__name__}: {answer}")
+        return ToolBox(self, key, None, tools, host), answer
+
+    def drop(self, host: Host) -> None:
+        """A host that is no longer used: ended, forgotten."""
+        host.close()
+        if host in self.hosts:
+            self.hosts.remove(host)
+
+    def close(self) -> None:
+        """End every host process and the event loop (idempotent)."""
+        for host in list(self.hosts):
+            self.drop(host)
+        self.idle = {key: ([] if self.timeout is not None else pool) for key, pool in self.idle.items()}
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+    def plan(self, calls: Sequence[Any], tools: Mapping[str, Callable]) -> tuple[list[Job], dict[int, ToolOutcome],
+                                                                                set[int]]:
+        """A turn's calls as jobs to run, the outcomes of those that cannot run, and the jobs whose arguments do not
+        bind (their ``TypeError`` is the ``"arguments"`` failure, in TRL's words)."""
+        jobs, ready, unbound = [], {}, set()
+        for index, call in enumerate(calls):
+            if isinstance(call, dict) and call.get("type", "function") != "function":  # TRL's words and name
+                ready[index] = failed("", "malformed", f"Unsupported tool call type: {call.get('type')}", self.style,
+                                      message_name=str(call.get("name", "unknown")))
+                continue
+            try:
+                name, arguments = call_parts(call)
+            except ValueError as error:
+                function = call.get("function") if isinstance(call, dict) else None
+                written = function.get("name") if isinstance(function, dict) else None
+                ready[index] = failed(written if isinstance(written, str) else "", "malformed", str(error),
+                                      self.style)
+                continue
+            tool = tools.get(name)
+            if tool is None:
+                text = f"Tool {name} not found." if self.style == "trl" else \
+                    f"there is no tool {name!r}; the tools are {', '.join(tools)}"
+                ready[index] = failed(name, "unknown", text, self.style)
+                continue
+            problem = binding_problem(tool, arguments)
+            if problem is not None and self.style == "json":
+                ready[index] = failed(name, "arguments", f"{name}: {problem}", self.style)
+                continue
+            if problem is None and self.check_types:
+                typed = argument_problem(name, tool_schema(tool)["function"]["parameters"], arguments)
+                if typed is not None:  # the wrong type: the model's error to read, not the tool's to trip on
+                    ready[index] = failed(name, "arguments", typed, self.style)
+                    continue
+            if problem is not None:
+                unbound.add(index)
+            function_tool = any(tool is f for f in self.functions)
+            jobs.append(Job(index, name, arguments, awaited=problem is None and inspect.iscoroutinefunction(tool),
+                            alone=not (self.parallel_sync and function_tool)))
+        return jobs, ready, unbound
+
+    def outcome(self, job: Job, answer: Answer | str, unbound: set[int]) -> ToolOutcome:
+        """A job's ``tool`` message from its answer (or from how it came to none)."""
+        name = job.name
+        if answer == "timeout":
+            return failed(name, "timeout", f"timed out after {self.timeout:g} s", self.style)
+        if answer == "died":
+            return failed(name, "raised", f"{name} ended its environment's process", self.style)
+        if answer == "lost" or not isinstance(answer, Answer):
+            return failed(name, "lost", LOST, self.style)
+        if answer.error is not None:
+            kind = "arguments" if job.index in unbound and answer.error_type == "TypeError" else "raised"
+            text = answer.error if self.style == "trl" else f"{answer.error_type}: {answer.error}"
+            return failed(name, kind, text, self.style)
+        if answer.unreadable is not None:
+            return failed(name, "unreadable", f"{name} {answer.unreadable}", self.style)
+        return answered(name, cut(answer.content, self.max_chars))
+
+
+
+class ToolBox:
+    """One rollout's tools and environment, from ``ToolKit.open``: ``call_turn`` runs an assistant turn's calls,
+    ``fork`` gives a branch its own copy (where the environment asks for one), ``release`` returns it to the pool.
+    ``environment`` is the live instance (in this process) or an ``EnvironmentProxy`` of the hosted one (None
+    without an environment); ``lost`` is True once its host was killed (the episode must end)."""
+
+    def __init__(self, kit: ToolKit, key: str | None, instance: Any, tools: Sequence[Callable], host: Host | None = None,
+                 slot: int = 0, root: bool = True) -> None:
+        self.kit, self.key, self.host, self.slot, self.root = kit, key, host, slot, root
+        self.tools = tools_by_name(list(tools))
+        self.released, self._lost, self._instance = False, False, instance
+        hosted = host is not None and bool(kit.factories)
+        self._proxy = EnvironmentProxy(self, type(kit.probe(key))) if hosted else None
+
+    @property
+    def environment(self) -> Any:
+        return self._instance if self.host is None else self._proxy
+
+    @property
+    def lost(self) -> bool:
+        return self._lost or (self.host is not None and not self.host.alive)
+
+    def lose(self) -> None:
+        """The host is gone (killed at a timeout, or ended): every box on it is lost."""
+        self._lost = True
+        if self.host is not None:
+            self.kit.drop(self.host)
+
+    def call_turn(self, calls: list[dict[str, Any]]) -> list[ToolOutcome]:
+        """One assistant turn's parsed calls, answered in TRL's order: the sync calls' messages in call order, then
+        the async calls' (awaited together); each call bounded by the kit's timeout."""
+        if self.released:
+            raise ValueError("ToolBox.call_turn after release(): a released box is not used")
+        jobs, ready, unbound = self.kit.plan(calls, self.tools)
+        answers: dict[int, Answer | str] = {}
+        if jobs and self.host is None:
+            run_phases(phases(jobs), self.tools, self.kit.style, self.kit.loop, answers.__setitem__)
+        elif jobs and self.lost:
+            answers = {job.index: "lost" for job in jobs}
+        elif jobs:
+            assert self.host is not None and self.kit.timeout is not None
+            try:
+                answers = self.host.turn(phases(jobs), self.slot, self.kit.timeout)
+            except OSError:  # the host had ended between turns
+                answers = {job.index: "lost" for job in jobs}
+            if any(isinstance(answer, str) for answer in answers.values()):
+                self.lose()
+        outcomes = {**ready, **{job.index: self.kit.outcome(job, answers[job.index], unbound) for job in jobs}}
+        awaited = {job.index for job in jobs if job.awaited}
+        return [outcomes[index] for index in sorted(outcomes, key=lambda index: (index in awaited, index))]
+
+    def fork(self) -> ToolBox | None:
+        """A box with the environment's own copy, made by the environment's ``fork_environment()`` or
+        ``__deepcopy__`` (hosted: made in its host, and a call past the timeout in either box then loses both);
+        None where the class defines neither or the copy failed (the caller replays the path's calls on a fresh
+        box). Without an environment, a box with the same tools."""
+        if self.released:
+            raise ValueError("ToolBox.fork after release(): a released box is not used")
+        if not self.kit.factories:
+            if self.host is not None:
+                self.host.users += 1  # type: ignore[attr-defined]
+            return ToolBox(self.kit, self.key, None, list(self.tools.values()), self.host, root=False)
+        if not can_fork(type(self.kit.probe(self.key))) or self.lost:
+            return None
+        if self.host is None:
+            copied, error = guarded(lambda: environment_copy(self._instance))
+            if error is not None:
+                return None
+            return ToolBox(self.kit, self.key, copied, [*self.kit.functions, *environment_tools(copied)], root=False)
+        slot = self.host.slots
+        self.host.slots += 1
+        try:
+            self.remote(("fork", self.slot, slot))
+        except (TimeoutError, RuntimeError, TypeError):
+            return None
+        except Exception:  # noqa: BLE001 - the environment's own copy raised
+            return None
+        self.host.users += 1  # type: ignore[attr-defined]
+        return ToolBox(self.kit, self.key, None, list(self.tools.values()), self.host, slot, root=False)
+
+    def release(self) -> None:
+        """The instance (or its host) goes back to its pool; a fork's copy is dropped. The box is not used after."""
+        if self.released:
+            return
+        self.released = True
+        if self.host is None:
+            if self.root and self._instance is not None:
+                self.kit.idle.setdefault(self.key, []).append(self._instance)
+            return
+        self.host.users -= 1  # type: ignore[attr-defined]
+        if not self.host.alive:
+            self.kit.drop(self.host)
+            return
+        if not self.root and self.kit.factories:
+            self.host.send(("drop", self.slot))
+        if self.host.users == 0:  # type: ignore[attr-defined]
+            self.kit.idle.setdefault(self.key, []).append(self.host)
+
+    def remote(self, message: tuple[Any, ...]) -> tuple[str, Any]:
+        """The host's answer to a request about the environment; the environment's exception raised here, and
+        ``TimeoutError`` or ``RuntimeError`` where the host is gone or goes (the box is then lost)."""
+        if self.released or self.lost or self.host is None:
+            raise RuntimeError("the environment is gone: its box was released" if self.released else LOST)
+        try:
+            self.host.send(message)
+            kind, answer = self.host.receive(self.kit.timeout)
+        except WorkerTimedOut:
+            self.lose()
+            raise TimeoutError(f"the environment's {message[0]} of {message[2]!r} timed out after "
+                               f"{self.kit.timeout:g} s; its process was killed") from None
+        except (WorkerDied, OSError):
+            self.lose()
+            raise RuntimeError(f"the environment's process ended during {message[0]} {message[2]!r}") from None
+        if kind == "error":
+            raise answer
+        return kind, answer
+
+    def environment_get(self, name: str) -> tuple[str, Any]:
+        return self.remote(("get", self.slot, name))
+
+    def environment_set(self, name: str, value: Any) -> None:
+        self.remote(("set", self.slot, name, value))
+
+    def environment_invoke(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self.remote(("invoke", self.slot, name, args, kwargs))[1]
