@@ -274,13 +274,16 @@ def turn_text(name: str, message: dict, tools=TOOLS, end: str | None = None) -> 
                                chat_template=template, **family.kwargs)
     prompt = render(user, add_generation_prompt=True)
     full = render(user + [message])
-    if not full.startswith(prompt):  # the generation prompt opens what the message renders (e.g. "<think>\n")
+    if full.startswith(prompt):  # the generation prompt opens what the message renders (e.g. "<think>\n")
+        body = full[len(prompt):]
+    else:  # Nemotron: the prompt opens "<think>\n", an empty reasoning renders "<think></think>": the model goes on
         common = 0
         while common < min(len(prompt), len(full)) and prompt[common] == full[common]:
             common += 1
-        raise AssertionError(f"{name}: the rendered assistant message does not continue the generation prompt "
-                             f"(from char {common}: {prompt[common:]!r} vs {full[common:common + 80]!r})")
-    body = full[len(prompt):]
+        if prompt[common:].strip():
+            raise AssertionError(f"{name}: the rendered assistant message does not continue the generation prompt "
+                                 f"(from char {common}: {prompt[common:]!r} vs {full[common:common + 80]!r})")
+        body = full[common:].lstrip()
     cut = [(body.index(s), s) for s in family.stops if s in body]
     if cut:
         at, stop = min(cut)
