@@ -113,15 +113,20 @@ def test_an_episode_trains_exactly_the_sampled_tokens_and_scores_the_conversatio
 
 
 def test_a_failed_call_is_the_models_to_read_and_a_malformed_one_ends_the_episode():
+    # TRL's ways: an unknown tool answers TRL's error text; a malformed call is kept as text and scored by the rewards
     task = ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=2)
     wrong = '<tool_call>\n{"name": "sub", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
     broken = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": }\n</tool_call>'
     root, _ = grow(task, lambda turn, text: [wrong, broken] if turn == 1 else ["8"], [2, 1])
     asked, malformed = root.children
     assert asked.episode.failures == {"sub": 1}
-    assert "there is no tool 'sub'" in TOKENIZER.decode(asked.reply)
+    assert "<tool_response>\n{'error': 'Tool sub not found.'}\n</tool_response>" in TOKENIZER.decode(asked.reply)
     assert (asked.children[0].kind, asked.children[0].reward) == ("answer", 0.0)
-    assert (malformed.kind, malformed.terminal, malformed.reward) == ("malformed", True, -1.0)
+    assert (malformed.kind, malformed.terminal, malformed.reward) == ("malformed", True, 0.0)  # exact_answer's 0
+    assert malformed.episode.completion == [{"role": "assistant", "content": broken}]
+    penalized = ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=2, malformed_turns="penalty")
+    root, _ = grow(penalized, lambda turn, text: [broken], [1, 1])
+    assert (root.children[0].kind, root.children[0].reward) == ("malformed", -1.0)
 
 
 def test_a_call_at_the_last_turn_ends_the_episode_scored_as_it_stands():
@@ -192,7 +197,7 @@ def test_the_tool_figures_of_an_epoch_are_trls_and_per_tool():
     assert stats == {"tools/call_frequency": 2 / 4, "tools/failure_frequency": 1 / 2,
                      "tools/turns_per_episode": 6 / 4, "tools/cut_episodes": 2 / 4, "tools/malformed_episodes": 1 / 4,
                      "tools/calls/add": 1 / 4, "tools/failures/add": 0.0,
-                     "tools/calls/sub": 1 / 4, "tools/failures/sub": 1 / 4}
+                     "tools/calls/unknown": 1 / 4, "tools/failures/unknown": 1 / 4}  # sub: no tool of the task
 
 
 def test_the_rules_ask_a_tool_task_for_turns_one_width_each_and_no_risk_head():
@@ -243,16 +248,19 @@ def test_a_call_without_arguments_is_answered_an_error_not_a_crash():
     root, _ = grow(task, lambda turn, text: [bare] if turn == 1 else ["7"], [1, 1])
     (asked,) = root.children
     assert asked.episode.failures == {"add": 1}
-    assert "missing a required argument: 'a'" in TOKENIZER.decode(asked.reply)
+    assert "add() missing 2 required positional arguments: 'a' and 'b'" in TOKENIZER.decode(asked.reply)
     assert asked.children[0].reward == 1.0
 
 
-def test_a_model_without_response_parsing_or_rows_too_few_is_refused_by_name():
+def test_a_model_without_response_parsing_gets_trls_and_an_unknown_one_or_rows_too_few_are_refused_by_name():
     task = ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=2)
-    plain = with_template(TOKENIZER.chat_template)  # Qwen2.5's template, no response_template
-    with pytest.raises(InputError, match=r"tiny-qwen2-chat' has no response_template, so its tool calls cannot be "
-                                         r"read"):
-        grow_with(task, plain)
+    plain = with_template(TOKENIZER.chat_template)  # Qwen2.5's template, no response_template: TRL's is added
+    grow_with(task, plain)
+    assert plain.response_template is not None
+    unknown = with_template(TOKENIZER.chat_template.replace("You are Qwen", "You are Q"))  # no family TRL knows
+    with pytest.raises(InputError, match=r"tiny-qwen2-chat' cannot be read: its tokenizer has no response_template "
+                                         r"and TRL's add_response_schema does not know its chat template"):
+        grow_with(ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=2), unknown)
     with pytest.raises(InputError, match=r"heldout_size must be in \[2, 9\] for 10 rows, got 10"):
         ToolTask(records=RECORDS, rewards=[exact_answer], heldout_size=10).split()
 
@@ -261,8 +269,8 @@ def test_a_template_that_does_not_render_tools_is_refused_by_name():
     task = ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=2)
     blind = with_template("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
                           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    with pytest.raises(InputError, match=r"the chat template of .*tiny-qwen2-chat' does not render tools \(tools=\): "
-                                         r"the model would never see the tools' schemas"):
+    with pytest.raises(InputError, match=r"the chat template of .*tiny-qwen2-chat' does not render tools: a "
+                                         r"conversation with tool calls and tool messages loses them"):
         grow_with(task, blind)
 
 

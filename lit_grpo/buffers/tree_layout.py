@@ -36,6 +36,8 @@ class SegmentNode(Node):
     record: PromptRecord = field(default_factory=dict)
     allowed: tuple[int, ...] | None = None
     episode: Any = None  # the task's state after this node's turn (a tool task's conversation and environment)
+    scorable: bool = True  # False: no reward applied to the episode ending here (its chain's advantage is 0)
+    reward_error: str | None = None  # the first error of a reward that failed on the episode ending here
 
 
 def policy_nodes(root: SegmentNode) -> list[SegmentNode]:
@@ -119,6 +121,7 @@ def tree_buffer(
         first_token_allowed=rows["allowed_ids"],
         inferred=rows["inferred"],
         tree_rounds=rounds,
+        reward_errors=sum(n.reward_error is not None for n in nodes),
     )
 
 
@@ -164,11 +167,23 @@ def tree_row_advantages(buffer: RolloutBuffer, advantage_mode: str, value_mode: 
             assign_advantages(root, value_mode, std_scope=std_scope)
     else:
         for root in buffer.trees:
-            returns = torch.tensor([chain_returns(root)], dtype=torch.float64)  # [1, G]
-            for chain, advantage in zip(root.children, group_advantages(returns, advantage_mode)[0].tolist()):
+            for chain, advantage in zip(root.children, chain_advantages(root, advantage_mode)):
                 for node in depth_first(chain):
                     node.advantage = advantage
     return torch.tensor([node.advantage for root in buffer.trees for node in policy_nodes(root)])  # [N]
+
+
+def chain_advantages(root: Node, advantage_mode: str) -> list[float]:
+    """The group advantage of each chain's return under ``root``; a chain whose episode no reward scored
+    (``scorable`` False on a node) gets 0 and stays out of its group's statistics."""
+    returns = chain_returns(root)
+    scorable = [all(node.scorable for node in depth_first(chain) if isinstance(node, SegmentNode))
+                for chain in root.children]
+    kept = [r for r, s in zip(returns, scorable) if s]
+    if not kept:
+        return [0.0] * len(returns)
+    advantages = iter(group_advantages(torch.tensor([kept], dtype=torch.float64), advantage_mode)[0].tolist())
+    return [next(advantages) if s else 0.0 for s in scorable]
 
 
 def loss_rows(roots: Sequence[Node], flat_groups: str) -> torch.Tensor | None:

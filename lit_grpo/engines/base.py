@@ -29,6 +29,7 @@ class SamplingSpec:
     stop_token_ids: tuple[int, ...] = ()
     allowed_token_ids: tuple[tuple[int, ...] | None, ...] | None = None
     next_turn: bool = False  # the caller's next call continues these rows (an engine may keep their cache for it)
+    context_limit: int | None = None  # the model's context in tokens, where the caller knows it (a turn's checks)
 
 
 @runtime_checkable

@@ -39,6 +39,7 @@ from lit_grpo.run.resume import task_notes
 from lit_grpo.run.rules import RolloutKind, choice_problems, cross_knob_problems, staleness_problems
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks import ArithmeticTask, PromptRecord, Task
+from lit_grpo.tasks.tool_rewards import RewardContext, trainer_state
 
 
 class RolloutDataModule(pl.LightningDataModule):
@@ -283,14 +284,15 @@ class RolloutDataModule(pl.LightningDataModule):
 
     def sampling_spec(self, module: SamplingPolicy, greedy: bool, seed: int | None) -> SamplingSpec:
         return SamplingSpec(max_new_tokens=self.max_new_tokens, temperature=self.temperature, greedy=greedy,
-                            seed=seed, stop_token_ids=module.stop_token_ids)
+                            seed=seed, stop_token_ids=module.stop_token_ids, context_limit=module.context_length)
 
     def grow_trees(self, module: SamplingPolicy, records: list[PromptRecord], widths: list[int],
                    sampling: SamplingSpec) -> list[Any]:
         """The epoch's trees (``grow_epoch_trees``), ``risk_threshold.explore_fraction`` of them without the rule."""
         rule = self.risk_threshold.at(module, self.trainer.current_epoch, training=True)
         return grow_epoch_trees(self.task, self.engine, module.tokenizer, records, widths, sampling, rule,
-                                self.risk_threshold.explore_fraction(rule), self.prompts.share_start)
+                                self.risk_threshold.explore_fraction(rule), self.prompts.share_start,
+                                RewardContext(trainer_state(self.trainer)))
 
     def checked_module(self) -> SamplingPolicy:
         """The trainer's module, once the prompts were checked against its tokenizer and context (``check_inputs``:

@@ -14,7 +14,7 @@ import torch
 from lit_grpo.buffers.tree_layout import SegmentNode, chain_returns
 from lit_grpo.engines.base import RolloutEngine, SamplingSpec, end_turns
 from lit_grpo.run.seeds import derived_seed
-from lit_grpo.tasks.base import PromptRecord
+from lit_grpo.tasks.base import PromptRecord, prompt_text
 from lit_grpo.rollout.turn_tokens import reply_ids
 from lit_grpo.errors import InputError
 from lit_grpo.tasks.multiround import EnvStep, MultiRoundTask, RowUnavailable
@@ -33,23 +33,32 @@ def expand_trees(
     sampling: SamplingSpec,
     decide: Decide | None = None,
     request_offset: int = 0,
+    reward_context: Any = None,
 ) -> list[SegmentNode]:
     """One tree per prompt, ``len(branching)`` rounds deep; round d gives every open node ``branching[d-1]``
     children, all open nodes of all trees in one engine call. A question still open after the last round is
     closed by the environment with the task's no-answer reward. ``decide`` (the risk rule) restricts the first
-    token of some open nodes' children; the restriction is kept on each child for the trainer."""
+    token of some open nodes' children; the restriction is kept on each child for the trainer. Episodes a task
+    scores once the batch has ended (a tool task's) are scored then, in one call (``reward_context``: what its
+    rewards are given of the run), and what they hold is released."""
     roots = started_roots(task, tokenizer, records)
     try:
-        grow_rounds(task, engine, tokenizer, roots, branching, sampling, decide, request_offset)
+        ended = grow_rounds(task, engine, tokenizer, roots, branching, sampling, decide, request_offset)
+        score_ended(task, roots, ended, reward_context)
     finally:
         end_turns(engine)  # episodes that all ended early, or an error: nothing kept for a turn that never comes
+        task.end_episodes([node.episode for root in roots for node in depth_first(root)
+                           if isinstance(node, SegmentNode) and node.episode is not None])
     return roots
 
 
 def grow_rounds(task: MultiRoundTask, engine: RolloutEngine, tokenizer: Any, roots: list[SegmentNode],
-                branching: Sequence[int], sampling: SamplingSpec, decide: Decide | None, request_offset: int) -> None:
-    """``expand_trees``' rounds: every open node of every tree gets its round's children in one engine call."""
+                branching: Sequence[int], sampling: SamplingSpec, decide: Decide | None,
+                request_offset: int) -> list[SegmentNode]:
+    """``expand_trees``' rounds: every open node of every tree gets its round's children in one engine call.
+    Returns the nodes whose episodes ended awaiting their score (``EnvStep.scored_later``)."""
     open_nodes: list[SegmentNode] = list(roots)
+    ended: list[SegmentNode] = []
     for depth, width in enumerate(branching, start=1):
         if not open_nodes:
             break
@@ -67,15 +76,47 @@ def grow_rounds(task: MultiRoundTask, engine: RolloutEngine, tokenizer: Any, roo
         groups = engine.generate(contexts, width, round_sampling)
         next_open = []
         for parent, context, completions, allowed in zip(open_nodes, contexts, groups, constraints):
-            for completion in completions:
-                child = segment_child(task, tokenizer, parent, depth, context, completion)
+            starts = task.branch(parent.episode, len(completions))  # each child's own state (a tree's copies)
+            for completion, start in zip(completions, starts):
+                child, later = segment_child(task, tokenizer, parent, start, depth, context, completion,
+                                             sampling.context_limit)
                 child.allowed = allowed
                 parent.children.append(child)
+                if later:
+                    ended.append(child)
                 if not child.terminal:
                     next_open.append(child)
         open_nodes = next_open
     for node in open_nodes:  # cut off at max_depth
         close_with_no_answer(node, task.no_answer_reward)
+    return ended
+
+
+def score_ended(task: MultiRoundTask, roots: Sequence[SegmentNode], ended: Sequence[SegmentNode],
+                reward_context: Any) -> None:
+    """The rewards of the episodes that ended awaiting them, in one call: each node's reward and correctness; an
+    episode no reward applied to is unscorable (reward 0, ``scorable`` False: its chain's advantage is 0)."""
+    if not ended:
+        return
+    starts = {id(node): len(root.context) for root in roots for node in depth_first(root)}
+    completion_ids = [list(node.context[starts[id(node)]:] + node.segment) for node in ended]
+    scores = task.score_episodes([node.episode for node in ended], completion_ids, reward_context)
+    unscorable, failed = 0, []
+    for node, score in zip(ended, scores):
+        node.scorable = score.reward is not None
+        node.reward = score.reward if score.reward is not None else 0.0
+        node.correct = score.correct
+        node.reward_error = score.errors[0] if score.errors else None
+        unscorable += not node.scorable
+        failed += [f"{error} (prompt {prompt_text(node.record)!r:.60})" for error in score.errors[:1]]
+    if failed:  # one warning per batch, with the first distinct messages
+        distinct = list(dict.fromkeys(failed))
+        warnings.warn(f"reward error on {len(failed)} of {len(ended)} episode(s), scored {task.failure_reward} "
+                      f"(rollout/reward_errors): " + "; ".join(distinct[:3]), stacklevel=2)
+    if unscorable:
+        warnings.warn(f"{unscorable} of {len(ended)} episode(s) were scored by no reward (every reward returned "
+                      "None for them): they carry no learning signal (advantage 0); check the rewards' columns",
+                      stacklevel=2)
 
 
 def started_roots(task: MultiRoundTask, tokenizer: Any, records: Sequence[PromptRecord]) -> list[SegmentNode]:
@@ -99,22 +140,40 @@ def started_roots(task: MultiRoundTask, tokenizer: Any, records: Sequence[Prompt
     return roots
 
 
-def segment_child(
-    task: MultiRoundTask, tokenizer: Any, parent: SegmentNode, depth: int, context: list[int], completion: Any
-) -> SegmentNode:
-    """The node for one generated segment, scored by the environment; a continuing one carries the reply's ids."""
-    text = tokenizer.decode(list(completion.token_ids), skip_special_tokens=True)
-    truncated = completion.finish_reason == "length"
+def segment_child(task: MultiRoundTask, tokenizer: Any, parent: SegmentNode, episode: Any, depth: int,
+                  context: list[int], completion: Any, context_limit: int | None) -> tuple[SegmentNode, bool]:
+    """The node for one generated segment, scored by the environment from ``episode`` (this child's state); a
+    continuing one carries the reply's ids. A segment past the episode's whole budget is cut to it; a reply that
+    would pass the budget or the model's context is dropped and the episode ends (the task's ``without_reply``).
+    Returns the node and whether its score comes once the batch has ended."""
+    ids, logprobs, truncated = list(completion.token_ids), list(completion.logprobs or ()), \
+        completion.finish_reason == "length"
+    left = task.tokens_left(episode, len(context))
+    if left is not None and len(ids) > max(left, 0):  # TRL cuts a turn to what the whole budget leaves
+        ids, logprobs, truncated = ids[:max(left, 0)], logprobs[:max(left, 0)], True
+    text = tokenizer.decode(ids, skip_special_tokens=True)
     # the environment is user code: it gets a copy of the record
-    step = task.turn(copy.deepcopy(parent.record), parent.episode, depth, text, tokenizer, truncated)
-    return SegmentNode(
-        reward=step.reward, terminal=step.terminal, context=tuple(context), segment=tuple(completion.token_ids),
-        logprobs=tuple(completion.logprobs or ()), reply=reply_tokens(tokenizer, step, completion, depth),
-        kind=step.kind, correct=step.correct, truncated=truncated, record=parent.record, episode=step.episode,
+    step = task.turn(copy.deepcopy(parent.record), episode, depth, text, tokenizer, truncated, segment_ids=ids,
+                     context_ids=context)
+    reply = reply_tokens(tokenizer, step, ids, depth)
+    if not step.terminal and overflows(task, step.episode, len(context) + len(ids) + len(reply), context_limit):
+        step, reply = task.without_reply(step), ()
+    node = SegmentNode(
+        reward=step.reward, terminal=step.terminal, context=tuple(context), segment=tuple(ids),
+        logprobs=tuple(logprobs), reply=tuple(reply), kind=step.kind, correct=step.correct, truncated=truncated,
+        record=parent.record, episode=step.episode,
     )
+    return node, step.scored_later
 
 
-def reply_tokens(tokenizer: Any, step: EnvStep, completion: Any, depth: int) -> tuple[int, ...]:
+def overflows(task: MultiRoundTask, episode: Any, length: int, context_limit: int | None) -> bool:
+    """Whether a context of ``length`` tokens passes the episode's budget or reaches the model's context (TRL's
+    rule for tool results: ``len > max_completion_length`` after the prompt, or ``>= max_model_len``)."""
+    left = task.tokens_left(episode, length)
+    return (left is not None and left < 0) or (context_limit is not None and length >= context_limit)
+
+
+def reply_tokens(tokenizer: Any, step: EnvStep, segment: Sequence[int], depth: int) -> tuple[int, ...]:
     """The reply's ids: a chat reply rendered by the template after the turn's last sampled token (the token rule,
     ``turn_tokens``), a text reply tokenized alone (the games), none after a terminal segment."""
     if step.terminal:
@@ -122,7 +181,8 @@ def reply_tokens(tokenizer: Any, step: EnvStep, completion: Any, depth: int) -> 
     if step.chat_reply is not None:
         reply = step.chat_reply
         return tuple(reply_ids(tokenizer, reply.conversation, reply.messages, reply.tools,
-                               end_of_turn=completion.token_ids[-1], turn=depth))
+                               end_of_turn=segment[-1] if segment else -1, turn=depth,
+                               chat_template=reply.chat_template, template_kwargs=reply.template_kwargs))
     return tuple(tokenizer(step.reply, add_special_tokens=False)["input_ids"])
 
 
@@ -134,9 +194,10 @@ def greedy_episodes(
     max_depth: int,
     sampling: SamplingSpec,
     decide: Decide | None = None,
+    reward_context: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One greedy episode per prompt: ``(returns [B], correct [B])``, correct meaning it ended in a right answer."""
-    roots = greedy_trees(task, engine, tokenizer, records, max_depth, sampling, decide)
+    roots = greedy_trees(task, engine, tokenizer, records, max_depth, sampling, decide, reward_context)
     returns, correct = [], []
     for root in roots:
         (episode_return,) = chain_returns(root)
@@ -154,21 +215,23 @@ def greedy_trees(
     max_depth: int,
     sampling: SamplingSpec,
     decide: Decide | None = None,
+    reward_context: Any = None,
 ) -> list[SegmentNode]:
     """One greedy episode per prompt, as single-path trees."""
-    return expand_trees(task, engine, tokenizer, records, [1] * max_depth, replace(sampling, greedy=True), decide)
+    return expand_trees(task, engine, tokenizer, records, [1] * max_depth, replace(sampling, greedy=True), decide,
+                        reward_context=reward_context)
 
 
 def grow_epoch_trees(task: MultiRoundTask, engine: RolloutEngine, tokenizer: Any, records: list[PromptRecord],
                      widths: list[int], sampling: SamplingSpec, rule: Decide | None, explore_fraction: float,
-                     start: int) -> list[SegmentNode]:
+                     start: int, reward_context: Any = None) -> list[SegmentNode]:
     """An epoch's trees of ``records`` (this rank's, from prompt ``start`` of the epoch's); with the risk ``rule``, the
     first ``explore_fraction`` of them grow without it, so the head keeps seeing outcomes of inferring where the rule
     would forbid it. The rule's trees continue the exploring trees' request seeds."""
     free = 0 if rule is None else round(len(records) * explore_fraction)
     roots = [] if not free else expand_trees(task, engine, tokenizer, records[:free], widths, sampling,
-                                             request_offset=start)
+                                             request_offset=start, reward_context=reward_context)
     if free < len(records):
         roots += expand_trees(task, engine, tokenizer, records[free:], widths, sampling, rule,
-                              request_offset=start + free)
+                              request_offset=start + free, reward_context=reward_context)
     return roots

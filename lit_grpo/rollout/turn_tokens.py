@@ -11,36 +11,40 @@ refused with the turn and the tokens where the two renderings part.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lit_grpo.errors import InputError
 
 
 def rendered_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
-                 generation_prompt: bool) -> list[int]:
-    """The chat template's ids of ``messages`` (with the tools' schemas), as the model's family renders them."""
+                 generation_prompt: bool, chat_template: str | None = None,
+                 template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+    """The chat template's ids of ``messages`` (with the tools' schemas), as the model's family renders them
+    (``chat_template``: the one the task uses, None: the tokenizer's own; ``template_kwargs``: passed through)."""
     ids = tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else None, tokenize=True,
-                                        add_generation_prompt=generation_prompt, return_dict=False)
+                                        chat_template=chat_template, add_generation_prompt=generation_prompt,
+                                        return_dict=False, **dict(template_kwargs or {}))
     return list(ids)
 
 
 def reply_ids(tokenizer: Any, conversation: Sequence[dict[str, Any]], reply: Sequence[dict[str, Any]],
-              tools: Sequence[dict[str, Any]] | None, end_of_turn: int, turn: int) -> list[int]:
+              tools: Sequence[dict[str, Any]] | None, end_of_turn: int, turn: int, chat_template: str | None = None,
+              template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
     """The ids between assistant turn ``turn`` (the last message of ``conversation``, which the engine ended with
     ``end_of_turn``) and the next one: ``reply``'s messages and the next assistant header.
+
+    The cut is after the rendering's last ``end_of_turn``; a turn that stopped on another stop id (Qwen's
+    ``<|endoftext|>`` where the template writes ``<|im_end|>``) is cut after the template's own end, the tokenizer's
+    end-of-sequence token, as TRL's ``_get_tool_suffix_ids`` cuts (the reply then follows the sampled stop id), and
+    a template that writes neither is not cut (the reply is what the rendering adds).
 
     ``InputError`` where the rendering with ``reply`` does not begin with the rendering without it up to that turn's
     end (a template that is not append-only), naming the turn and the first tokens that differ.
     """
-    before = rendered_ids(tokenizer, conversation, tools, generation_prompt=False)
-    after = rendered_ids(tokenizer, [*conversation, *reply], tools, generation_prompt=True)
-    ends = [index for index, token in enumerate(before) if token == end_of_turn]
-    if not ends:
-        raise InputError(f"the chat template renders assistant turn {turn} without its end-of-turn token "
-                         f"{tokenizer.convert_ids_to_tokens(end_of_turn)!r}: the sampled turn cannot be placed in "
-                         "the conversation")
-    cut = ends[-1] + 1
+    before = rendered_ids(tokenizer, conversation, tools, False, chat_template, template_kwargs)
+    after = rendered_ids(tokenizer, [*conversation, *reply], tools, True, chat_template, template_kwargs)
+    cut = end_cut(before, end_of_turn, tokenizer.eos_token_id)
     if after[:cut] != before[:cut]:
         at = next(i for i, (a, b) in enumerate(zip(after, before)) if a != b) if len(after) >= cut else len(after)
         raise InputError(
@@ -50,6 +54,16 @@ def reply_ids(tokenizer: Any, conversation: Sequence[dict[str, Any]], reply: Seq
             "use a template that renders earlier turns the same whatever follows (e.g. a family's *_training "
             "template)")
     return after[cut:]
+
+
+def end_cut(before: Sequence[int], end_of_turn: int, eos_token_id: int | None) -> int:
+    """Where the rendering of a conversation ending in an assistant turn is cut: after its last ``end_of_turn``
+    (the token the turn stopped on), else after its last end-of-sequence token, else at its end."""
+    for token in (end_of_turn, eos_token_id):
+        ends = [index for index, t in enumerate(before) if t == token]
+        if token is not None and ends:
+            return ends[-1] + 1
+    return len(before)
 
 
 def shown(tokenizer: Any, ids: Sequence[int]) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 from abc import abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from lit_grpo.errors import InputError
@@ -29,6 +29,8 @@ class ChatReply:
     conversation: tuple[dict[str, Any], ...]  # every message up to and including the assistant turn replied to
     messages: tuple[dict[str, Any], ...]  # the reply (``tool`` messages)
     tools: tuple[dict[str, Any], ...] = ()  # the tools' schemas, as the prompt rendered them
+    chat_template: str | None = None  # the template every rendering uses (None: the tokenizer's own)
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # chat_template_kwargs of every rendering
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,8 @@ class EnvStep:
     call) gets ``reply``, text the environment inserts into the context before the next round, or ``chat_reply``,
     messages the chat template renders; those tokens carry no loss. ``reward`` is the segment's immediate reward
     r(c); ``episode`` is the state the next turn continues from (a task's own; None for the games).
+    ``scored_later``: a terminal step whose reward the task gives once the whole batch has ended
+    (``MultiRoundTask.score_episodes``: a tool task's rewards are called once per batch, as TRL calls them).
     """
 
     kind: SegmentKind
@@ -48,6 +52,7 @@ class EnvStep:
     correct: bool = False
     chat_reply: ChatReply | None = None
     episode: Any = None
+    scored_later: bool = False
 
 
 class MultiRoundTask(Task):
@@ -92,10 +97,34 @@ class MultiRoundTask(Task):
         return self.prompt_ids(prompt_record, tokenizer)
 
     def turn(self, prompt_record: PromptRecord, episode: Any, round_index: int, segment_text: str, tokenizer: Any,
-             truncated: bool) -> EnvStep:
-        """The environment's response to round ``round_index``'s segment, from the episode's state (the parent's:
-        siblings share it, so a task that changes it works on its own copy). The games answer by ``step``."""
+             truncated: bool, segment_ids: Sequence[int] = (), context_ids: Sequence[int] = ()) -> EnvStep:
+        """The environment's response to round ``round_index``'s segment (its text, and its ``segment_ids`` sampled
+        after ``context_ids``), from the episode's state (from ``branch``: this child's own). The games answer by
+        ``step``."""
         return self.step(prompt_record, round_index, segment_text)
+
+    def branch(self, episode: Any, count: int) -> list[Any]:
+        """The states ``count`` children of a node start their turns from, one each (the games keep none)."""
+        return [episode] * count
+
+    def tokens_left(self, episode: Any, context_length: int) -> int | None:
+        """The tokens the next turn may take within the episode's whole budget (None: no budget but
+        ``max_new_tokens``)."""
+        return None
+
+    def without_reply(self, step: EnvStep) -> EnvStep:
+        """``step`` ended where its reply would pass the episode's budget or the model's context (a tool task drops
+        the reply, as TRL drops it); the games' replies are a few tokens, checked before the run."""
+        return EnvStep("cut", self.no_answer_reward, terminal=True, episode=step.episode)
+
+    def score_episodes(self, episodes: Sequence[Any], completion_ids: Sequence[Sequence[int]],
+                       context: Any = None) -> list[Any]:
+        """The scores of the batch's episodes that ended ``scored_later`` (a tool task's). The games score as they
+        step."""
+        raise NotImplementedError(f"{type(self).__name__} scores each step as it goes")
+
+    def end_episodes(self, episodes: Sequence[Any]) -> None:
+        """Release what the batch's episodes hold (a tool task's environments go back to their pool)."""
 
     def defer_token_ids(self, tokenizer: Any) -> list[int]:
         """The first tokens that start a defer (a question): the only ones the risk rule allows when it forces a

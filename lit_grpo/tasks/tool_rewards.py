@@ -35,6 +35,16 @@ class TrainerState:
     is_local_process_zero: bool = True
 
 
+def trainer_state(trainer: Any) -> TrainerState:
+    """A Lightning trainer's progress as TRL's ``trainer_state`` gives it (a trainer not attached yet: zeros)."""
+    if trainer is None:
+        return TrainerState()
+    return TrainerState(epoch=float(trainer.current_epoch), global_step=int(trainer.global_step),
+                        max_steps=int(trainer.max_steps), num_train_epochs=int(trainer.max_epochs or 0),
+                        is_world_process_zero=bool(trainer.is_global_zero),
+                        is_local_process_zero=int(trainer.local_rank) == 0)
+
+
 @dataclass
 class RewardContext:
     """What one rollout batch's reward calls share: the run's ``trainer_state``, and what rewards logged through
@@ -55,12 +65,14 @@ class RewardContext:
 
 @dataclass(frozen=True)
 class EpisodeScore:
-    """An episode's reward: ``reward`` (None: unscorable, no reward applied), each reward's value by name, and the
-    errors of the rewards that failed on it (then ``reward`` is the task's ``failure_reward``)."""
+    """An episode's reward: ``reward`` (None: unscorable, no reward applied), each reward's value by name, the
+    errors of the rewards that failed on it (then ``reward`` is the task's ``failure_reward``), and whether it
+    counts as correct (the task's ``success_reward`` reached)."""
 
     reward: float | None
     parts: Mapping[str, float | None]
     errors: tuple[str, ...] = ()
+    correct: bool = False
 
 
 def is_async(function: Any) -> bool:
@@ -82,9 +94,9 @@ def environment_reward(environment_type: type) -> Callable[..., Any]:
 
 
 def environment_class(environment: Any) -> type:
-    """The class of an environment, or of the one a proxy stands for (a proxy names it ``environment_class``)."""
-    return getattr(type(environment), "environment_class", None) or getattr(environment, "environment_class",
-                                                                              None) or type(environment)
+    """The class of an environment, or of the one a proxy stands for (``__class__``, which a proxy gives as its
+    environment's: TRL compares ``type(environment)``, the same for a live instance)."""
+    return environment.__class__
 
 
 def score_batch(rewards: Sequence[Callable[..., Any]], names: Sequence[str], weights: Sequence[float],

@@ -1,72 +1,77 @@
-"""A multi-turn task whose turns call tools (docs/guide.md#tools-and-environments): the prompts are conversations,
-the tools' schemas go through the model's own chat template, the model's calls are read by transformers' response
-parsing for that template, each call's answer goes back as a ``tool`` message, and the episode ends at a turn without
-a call or at ``max_turns``. In the tree's terms a turn with calls defers (the tool messages are the reply), a turn
-without one infers; its reward scores the whole conversation."""
+"""A multi-turn task whose turns call tools, run as TRL 1.16's ``GRPOTrainer`` runs them
+(docs/guide.md#tools-and-environments): the prompts are conversations rendered by the model's own chat template
+with the tools' schemas; each assistant turn is parsed from its token ids by TRL's response parsing
+(``chat_format.py``); the calls run in the rollout's ``ToolBox`` (``tool_kit.py``: one environment instance per
+rollout, reset with the whole row); each call's answer goes back as a ``tool`` message; the episode ends at a turn
+without a call, at ``max_turns``, or where the whole conversation would pass ``max_completion_length``; the rewards
+score every ended episode of a batch in one call (``tool_rewards.py``). In the tree's terms a turn with calls defers
+(the tool messages are the reply), a turn without one infers."""
 
 from __future__ import annotations
 
-import copy
-import json
+import dataclasses
 import pkgutil
 import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 from lit_grpo.errors import InputError
 from lit_grpo.tasks.base import PromptRecord
+from lit_grpo.tasks.chat_format import ChatFormat, chat_format
 from lit_grpo.tasks.multiround import ChatReply, EnvStep, MultiRoundTask, RowUnavailable
-from lit_grpo.tasks.reward_functions import import_reward
+from lit_grpo.tasks.reward_functions import import_reward, reward_name
 from lit_grpo.tasks.splits import halves
-from lit_grpo.tasks.tool_worker import ToolWorker
-from lit_grpo.tasks.tools import ToolBox
-
-
-@dataclass
-class Episode:
-    """One path's state: the conversation so far (the prompt's messages first), its tools and environment, and
-    what its calls did. Each turn continues from a copy of its parent's (siblings branch from the same state)."""
-
-    messages: list[dict[str, Any]]
-    prompt_messages: int
-    toolbox: ToolBox
-    schemas: tuple[dict[str, Any], ...]
-    calls: dict[str, int] = field(default_factory=dict)
-    failures: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def completion(self) -> list[dict[str, Any]]:
-        """The messages after the prompt, as TRL passes a conversational completion to a reward."""
-        return self.messages[self.prompt_messages:]
-
+from lit_grpo.tasks.tool_episode import Episode, TurnCalls, counted, replayed
+from lit_grpo.tasks.tool_kit import ToolKit
+from lit_grpo.tasks.tool_rewards import EpisodeScore, RewardContext, environment_reward, score_batch
 
 RewardFunction = Callable[..., Sequence[float | None]]
+Factory = Callable[[], Any]
+MalformedTurns = Literal["reward", "penalty"]
 
 
 class ToolTask(MultiRoundTask):
-    """Prompts with tools (functions) or an environment, scored by reward functions over the whole conversation.
+    """Prompts with tools (functions) or environments, scored by reward functions over the whole conversation.
+    TRL's behaviour is every default; where lit-grpo offers more it is a named option (the guide's TRL table).
 
     Args:
         path: the episodes' rows, a data file as ``DatasetTask`` reads one (``prompt``: a conversation, or text for
             one user message; any other columns the environment's ``reset`` and the rewards read).
         records: the rows themselves, from Python (instead of ``path``).
         tools: tool functions (type hints and a Google-style docstring each), or their import paths.
-        environment: a class, or its import path (TRL's ``environment_factory``): one instance per episode,
-            ``reset(**row)`` before its first turn (text it returns is added to the last user message), its public
-            methods the tools, its ``get_reward()`` (when it has one) added to the rewards. Copied with
-            ``copy.deepcopy`` where a tree branches, so each child has its own state.
-        rewards: functions (or ``package.module.function`` / ``path/to/file.py:function``, as DatasetTask reads
-            them) with TRL's signature, ``f(prompts, completions, **columns) ->
-            list[float | None]``, given the conversations (and ``environments=``); their sum is the episode's reward.
+        environment: TRL's ``environment_factory``: a class or any callable returning an instance (or its import
+            path), or a mapping of names to factories, each row routed by its ``environment`` column (not passed to
+            ``reset``). One instance per rollout, pooled across batches as TRL pools them; ``reset(**row)`` with the
+            whole row before its first turn (text it returns is added to the last user message); its public
+            methods are the tools; its ``get_reward()`` (when its class has one) is added to the rewards.
+        rewards: functions (or ``package.module.function`` / ``path/to/file.py:function``) with TRL's signature,
+            ``f(prompts, completions, completion_ids, **kwargs) -> list[float | None]``, sync or async, called once
+            per batch with every ended episode (``environments``, ``trainer_state``, ``log_metric``, ``log_extra``
+            and every other column among the keyword arguments).
+        reward_weights: one weight per reward (TRL's ``reward_weights``; an environment's ``get_reward`` weighs 1);
+            default: all 1.
         max_turns: assistant turns at most (TRL's ``max_tool_calling_iterations`` + 1); a turn that still calls a
             tool at the limit ends the episode, scored as it stands.
-        malformed_reward: the reward of a turn whose call cannot be read (and of a reward that fails).
+        max_completion_length: TRL's budget for the whole multi-turn completion, in tokens (assistant turns and tool
+            messages after the prompt): a turn is cut to what is left, and tool messages that would pass it (or the
+            model's context) are dropped, ending the episode with its last assistant turn scored, as TRL does.
+            None: only the model's context bounds it.
+        chat_template_kwargs: passed to every rendering of the chat template (TRL's, e.g. ``enable_thinking``).
+        malformed_turns: a turn whose call cannot be parsed: ``reward`` (TRL) keeps it as text, ends the episode
+            and scores it with the rewards; ``penalty`` scores it ``malformed_reward`` and runs no reward.
+        malformed_reward: the reward of a malformed turn under ``penalty``, and of an episode whose rewards failed
+            (a reward that raises is counted in ``rollout/reward_errors``; TRL would stop the run).
         success_reward: an episode with at least this reward counts as correct (``val/accuracy``).
-        tool_timeout: seconds a call may run before it answers an error; with a timeout the calls run in a worker
-            process that is killed at it (an environment's state then travels with each call: it must pickle).
-            null: the calls run in the training process, unbounded.
-        max_tool_chars: the longest answer the model sees.
+        tool_timeout: seconds each call may run before it answers an error. With a timeout each rollout's
+            environment lives in a worker process of its own, killed at a timeout (the episode then ends), and the
+            rewards read it through a proxy; null: the calls run in the training process, unbounded (TRL's).
+        tool_messages: ``trl`` (``str(result)``, errors as TRL writes them) or ``json`` (results as JSON, errors
+            naming the tools there are).
+        check_argument_types: check each call's arguments against its schema's JSON types before calling (TRL:
+            no check; the tool's own error answers).
+        parallel_sync: run a turn's sync standalone function calls at once (TRL: one after another; environment
+            methods always keep call order).
+        max_tool_chars: the longest answer the model sees, cut with a note (TRL: no cut; None).
         heldout_size: rows held out, disjoint from training: half validation, half test.
         split_seed: seed of the held-out draw.
     """
@@ -74,27 +79,47 @@ class ToolTask(MultiRoundTask):
     owns_turns = True
 
     def __init__(self, path: str | None = None, records: Sequence[PromptRecord] | None = None,
-                 tools: Sequence[Callable | str] = (), environment: type | str | None = None,
-                 rewards: Sequence[RewardFunction | str] = (), max_turns: int = 4, malformed_reward: float = -1.0,
-                 success_reward: float = 1.0, tool_timeout: float | None = 10.0, max_tool_chars: int = 4000,
-                 heldout_size: int = 100, split_seed: int = 0) -> None:
+                 tools: Sequence[Callable | str] = (), environment: Factory | str | Mapping[str, Factory | str] | None = None,
+                 rewards: Sequence[RewardFunction | str] = (), reward_weights: Sequence[float] | None = None,
+                 max_turns: int = 4, max_completion_length: int | None = 256,
+                 chat_template_kwargs: Mapping[str, Any] | None = None, malformed_turns: MalformedTurns = "reward",
+                 malformed_reward: float = -1.0, success_reward: float = 1.0, tool_timeout: float | None = 10.0,
+                 tool_messages: Literal["trl", "json"] = "trl", check_argument_types: bool = False,
+                 parallel_sync: bool = False, max_tool_chars: int | None = None, heldout_size: int = 100,
+                 split_seed: int = 0) -> None:
         super().__init__(use_chat_template=True)
+        problems = []
         if (path is None) == (records is None):
-            raise InputError("ToolTask: give path (a data file) or records (rows from Python), one of them")
+            problems.append("give path (a data file) or records (rows from Python), one of them")
         if tool_timeout is not None and tool_timeout <= 0:
-            raise InputError(f"ToolTask: tool_timeout must be positive (seconds), or null to run calls unbounded in "
-                             f"the training process; got {tool_timeout}")
-        self.environment = imported(environment) if isinstance(environment, str) else environment
-        if not rewards and not callable(getattr(self.environment, "get_reward", None)):
-            raise InputError("ToolTask: give rewards, or an environment with get_reward() (it then owns the reward)")
+            problems.append(f"tool_timeout must be positive (seconds), or null to run calls unbounded in the "
+                            f"training process; got {tool_timeout}")
+        if max_turns < 1:
+            problems.append(f"max_turns must be >= 1, got {max_turns}")
+        if max_completion_length is not None and max_completion_length < 1:
+            problems.append(f"max_completion_length must be >= 1 (tokens) or null, got {max_completion_length}")
+        if malformed_turns not in ("reward", "penalty"):
+            problems.append(f"malformed_turns must be 'reward' (TRL) or 'penalty', got {malformed_turns!r}")
+        if reward_weights is not None and len(reward_weights) != len(rewards):
+            problems.append(f"reward_weights has {len(reward_weights)} weight(s) for {len(rewards)} reward(s)")
+        if problems:
+            raise InputError("ToolTask: " + "; ".join(problems))
+        self.factories = factories(environment)
         self.path, self.given = path, None if records is None else [dict(r) for r in records]
         self.tools = [imported(t) if isinstance(t, str) else t for t in tools]
         self.rewards = [import_reward(r) if isinstance(r, str) else r for r in rewards]  # DatasetTask's reading
-        self.max_turns, self._malformed, self.success_reward = max_turns, malformed_reward, success_reward
-        self.tool_timeout, self.max_tool_chars = tool_timeout, max_tool_chars
-        self.heldout_size, self.split_seed = heldout_size, split_seed
-        self._worker: ToolWorker | None = None
-        self._renders_tools: set[int] = set()  # the tokenizers whose templates were seen to render the schemas
+        self.weights = [float(w) for w in reward_weights] if reward_weights is not None else [1.0] * len(rewards)
+        self.max_turns, self.max_completion_length = max_turns, max_completion_length
+        self.template_kwargs = dict(chat_template_kwargs or {})
+        self.malformed_turns, self._malformed, self.success_reward = malformed_turns, malformed_reward, success_reward
+        self.tool_timeout, self.heldout_size, self.split_seed = tool_timeout, heldout_size, split_seed
+        self.kit = ToolKit(self.tools, self.factories, timeout=tool_timeout, messages=tool_messages,
+                           check_argument_types=check_argument_types, parallel_sync=parallel_sync,
+                           max_chars=max_tool_chars)
+        if not self.rewards and not self.kit.reward_environment_types():
+            raise InputError("ToolTask: give rewards, or an environment whose class has get_reward() (it then owns "
+                             "the reward)")
+        self._formats: dict[int, ChatFormat] = {}  # one per tokenizer, as TRL prepares its processing class once
 
     @property
     def max_rounds(self) -> int:
@@ -127,90 +152,175 @@ class ToolTask(MultiRoundTask):
     def failure_reward(self) -> float:
         return self._malformed
 
+    def tool_names(self) -> list[str]:
+        """Every tool an episode may call, over all environments (the metrics log each by name)."""
+        return self.kit.tool_names()
+
     def step(self, prompt_record: PromptRecord, round_index: int, segment_text: str) -> EnvStep:
         raise NotImplementedError("a ToolTask's turns need their episode: the rollout calls turn()")
 
+    def format(self, tokenizer: Any) -> ChatFormat:
+        """The tokenizer prepared for tool calling as TRL prepares it (``chat_format``), once per tokenizer."""
+        if id(tokenizer) not in self._formats:
+            self._formats[id(tokenizer)] = chat_format(tokenizer, self.template_kwargs)
+        return self._formats[id(tokenizer)]
+
     def start_episode(self, prompt_record: PromptRecord) -> Episode:
-        environment = self.environment() if self.environment is not None else None
-        messages = conversation(prompt_record["prompt"])
-        if environment is not None:
-            try:
-                added = environment.reset(**{k: v for k, v in prompt_record.items() if k != "prompt"})
-            except Exception as error:  # noqa: BLE001 - user code failing for one row: that row is skipped
-                raise RowUnavailable(f"{type(error).__name__}: {error}") from error
-            if added:  # TRL: text reset returns is appended to the last user message
-                last = max(i for i, m in enumerate(messages) if m["role"] == "user")
-                messages[last] = {**messages[last], "content": f"{messages[last]['content']}{added}"}
-        box = ToolBox(self.tools, environment, self.tool_worker(), self.max_tool_chars)
-        return Episode(messages, len(messages), box, tuple(box.schemas()))
+        name = self.environment_of(prompt_record)
+        row = dict(prompt_record)
+        if len(self.factories) > 1 or None not in self.factories:
+            row.pop("environment", None)  # a routing column, not passed to reset (TRL's)
+        messages = conversation(prompt_record.get("prompt", ""))
+        box, added = self.kit.open(row, name)
+        if added:  # TRL: text reset returns is appended to the last user message
+            last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+            messages[last] = {**messages[last], "content": appended(messages[last]["content"], added)}
+        return Episode(messages, len(messages), box, tuple(self.kit.schemas(name)), row, name, added)
 
-    def tool_worker(self) -> ToolWorker | None:
-        """The task's one ``ToolWorker`` (started at the first call), None without a timeout."""
-        if self.tool_timeout is None:
+    def environment_of(self, prompt_record: PromptRecord) -> str | None:
+        """The row's environment name: its ``environment`` column with a mapping of factories, else None."""
+        if not self.factories or (len(self.factories) == 1 and None in self.factories):
             return None
-        if self._worker is None:
-            self._worker = ToolWorker({tool.__name__: tool for tool in self.tools}, self.tool_timeout)
-        return self._worker
+        name = prompt_record.get("environment")
+        if name not in self.factories:
+            raise RowUnavailable(f"the row's environment {name!r} is not among the environments given "
+                                 f"({', '.join(map(str, self.factories))})")
+        return name
 
-    def close(self) -> None:
-        if self._worker is not None:
-            self._worker.close()
+    def prompt_ids(self, prompt_record: PromptRecord, tokenizer: Any) -> list[int]:
+        """The prompt's ids as the engine receives them, the tools' schemas and the template's system text included
+        (what ``reset`` adds is known only once an episode starts)."""
+        try:
+            name = self.environment_of(prompt_record)
+        except RowUnavailable as error:
+            raise InputError(f"ToolTask: {error}") from None
+        messages = conversation(prompt_record.get("prompt", ""))
+        return self.format(tokenizer).render(messages, self.kit.schemas(name), generation_prompt=True)
 
     def episode_prompt_ids(self, prompt_record: PromptRecord, episode: Episode, tokenizer: Any) -> list[int]:
-        ids = list(tokenizer.apply_chat_template(episode.messages, tools=list(episode.schemas) or None,
-                                                 tokenize=True, add_generation_prompt=True, return_dict=False))
-        if episode.schemas and id(tokenizer) not in self._renders_tools:  # once per tokenizer
-            without = tokenizer.apply_chat_template(episode.messages, tokenize=True, add_generation_prompt=True,
-                                                    return_dict=False)
-            if list(without) == ids:
-                raise InputError(f"the chat template of {getattr(tokenizer, 'name_or_path', 'the model')!r} does not "
-                                 "render tools (tools=): the model would never see the tools' schemas; use a "
-                                 "template that does (the model family's own, e.g. Qwen2.5's)")
-            self._renders_tools.add(id(tokenizer))
+        ids = self.format(tokenizer).render(episode.messages, episode.schemas, generation_prompt=True)
+        episode.prompt_length = len(ids)
         return ids
 
-    def turn(self, prompt_record: PromptRecord, episode: Episode, round_index: int, segment_text: str,
-             tokenizer: Any, truncated: bool) -> EnvStep:
-        episode = copy.deepcopy(episode)  # the parent's state stays its other children's
-        message = parsed_turn(tokenizer, segment_text, episode.schemas)
-        if message is None:
+    def branch(self, episode: Any, count: int) -> list[Any]:
+        """``count`` children's starting states: the first continues ``episode``'s box, each other gets the
+        environment's own copy (``ToolBox.fork``) or a fresh instance replaying the path's calls (``replayed``)."""
+        if count <= 1 or not isinstance(episode, Episode):
+            return [episode] * count
+        copies = []
+        for _ in range(count - 1):
+            forked = episode.toolbox.fork()
+            if forked is not None:
+                copies.append(dataclasses.replace(episode.next(), toolbox=forked))
+                continue
+            try:
+                fresh, added = self.kit.open(dict(episode.row), episode.environment_name)
+            except RowUnavailable as error:
+                raise InputError(f"a tree branch could not start a second instance of the environment for a row "
+                                 f"whose first started ({error})") from None
+            copies.append(replayed(episode, fresh, added, self.environment_label(episode)))
+        return [episode, *copies]
+
+    def environment_label(self, episode: Episode) -> str:
+        environment = episode.environment
+        return type(environment).__name__ if environment is not None else "of the tools"
+
+    def tokens_left(self, episode: Any, context_length: int) -> int | None:
+        """The tokens the next turn may still take under ``max_completion_length`` (None: no budget)."""
+        if self.max_completion_length is None or not isinstance(episode, Episode):
+            return None
+        return max(self.max_completion_length - (context_length - episode.prompt_length), 0)
+
+    def turn(self, prompt_record: PromptRecord, episode: Any, round_index: int, segment_text: str,
+             tokenizer: Any, truncated: bool, segment_ids: Sequence[int] = (),
+             context_ids: Sequence[int] = ()) -> EnvStep:
+        episode = episode.next()  # the parent's state stays as it was (its node keeps it)
+        parsed = self.format(tokenizer).parse(segment_ids, context_ids, episode.schemas)
+        episode.messages.append(parsed.message)
+        episode.malformed = parsed.malformed
+        if parsed.malformed and self.malformed_turns == "penalty":
             return EnvStep("malformed", self._malformed, terminal=True, episode=episode)
-        episode.messages.append(message)
-        calls = message.get("tool_calls") or []
-        if not calls or truncated or round_index >= self.max_turns:
-            reward = self.episode_reward(prompt_record, episode)
-            kind = "answer" if not calls else "cut"
-            return EnvStep(kind, reward, terminal=True, correct=reward >= self.success_reward, episode=episode)
-        replies = []
-        for call in calls:
-            outcome = episode.toolbox.call(call)
-            name = outcome.message["name"]
-            episode.calls[name] = episode.calls.get(name, 0) + 1
-            if outcome.failure is not None:
-                episode.failures[name] = episode.failures.get(name, 0) + 1
-            replies.append(outcome.message)
-        reply = ChatReply(tuple(episode.messages), tuple(replies), episode.schemas)
+        calls = list(parsed.message.get("tool_calls") or [])
+        if parsed.malformed or not calls or truncated or round_index >= self.max_turns:
+            kind = "malformed" if parsed.malformed else "answer" if not calls else "cut"
+            return EnvStep(kind, 0.0, terminal=True, episode=episode, scored_later=True)
+        outcomes = episode.toolbox.call_turn(calls)
+        counted(episode, outcomes)
+        replies = tuple(outcome.message for outcome in outcomes)
+        episode.turns = (*episode.turns, TurnCalls(tuple(calls), replies))
+        if episode.toolbox.lost:  # a call timed out: its environment is gone, the episode ends as it stands
+            return EnvStep("cut", 0.0, terminal=True, episode=episode, scored_later=True)
+        formatting = self.format(tokenizer)
+        reply = ChatReply(tuple(episode.messages), replies, episode.schemas, formatting.chat_template,
+                          dict(formatting.template_kwargs))
         episode.messages.extend(replies)
         return EnvStep("call", 0.0, terminal=False, chat_reply=reply, episode=episode)
 
-    def episode_reward(self, prompt_record: PromptRecord, episode: Episode) -> float:
-        """The sum of the rewards over the conversation (and the environment's own), TRL's way: a reward that
-        returns None does not apply; none applying, or one raising, scores ``failure_reward``."""
-        columns = {k: [v] for k, v in prompt_record.items() if k != "prompt"}
-        environment = episode.toolbox.environment
-        extra = {"environments": [environment]} if environment is not None else {}
-        values = []
-        try:
-            for reward in self.rewards:
-                (value,) = reward(prompts=[episode.messages[:episode.prompt_messages]],
-                                  completions=[episode.completion], **extra, **columns)
-                values.append(value)
-            if callable(getattr(environment, "get_reward", None)):
-                values.append(environment.get_reward())
-        except Exception:  # noqa: BLE001 - a reward's failure scores failure_reward, never more than a wrong answer
-            return self.failure_reward
-        applied = [float(v) for v in values if v is not None]
-        return sum(applied) if applied else self.failure_reward
+    def without_reply(self, step: EnvStep) -> EnvStep:
+        """``step`` with its tool messages dropped (they would pass the budget or the context): the episode ends
+        with its last assistant turn, scored as it stands (TRL's rule)."""
+        episode = step.episode.next()
+        episode.messages = episode.messages[:len(episode.messages) - len(step.chat_reply.messages)]
+        return EnvStep("cut", 0.0, terminal=True, episode=episode, scored_later=True)
+
+    def score_episodes(self, episodes: Sequence[Episode], completion_ids: Sequence[Sequence[int]],
+                       context: RewardContext | None = None) -> list[EpisodeScore]:
+        """Every ended episode of a batch scored in one call per reward (``tool_rewards.score_batch``)."""
+        context = context or RewardContext()
+        environment_types = self.kit.reward_environment_types()
+        rewards = [*self.rewards, *(environment_reward(t) for t in environment_types)]
+        names = [*(reward_name(r) for r in self.rewards), *(t.__name__ for t in environment_types)]
+        weights = [*self.weights, *[1.0] * len(environment_types)]
+        rows = [e.row for e in episodes]
+        columns = sorted({k for row in rows for k in row} - {"prompt", "completion", "completion_ids"})
+        arguments = {**{k: [row.get(k) for row in rows] for k in columns},
+                     "prompts": [e.messages[:e.prompt_messages] for e in episodes],
+                     "completions": [e.completion for e in episodes],
+                     "completion_ids": [list(ids) for ids in completion_ids]}
+        if self.factories:
+            arguments["environments"] = [e.environment for e in episodes]
+        scores = score_batch(rewards, names, weights, arguments, len(episodes), self.failure_reward, context)
+        for episode, score in zip(episodes, scores):
+            episode.parts, episode.errors = dict(score.parts), score.errors
+        return [dataclasses.replace(s, correct=s.reward is not None and s.reward >= self.success_reward)
+                for s in scores]
+
+    def end_episodes(self, episodes: Sequence[Any]) -> None:
+        """Give every rollout's environment back to its pool (after the rewards read them)."""
+        boxes = {id(e.toolbox): e.toolbox for e in episodes if isinstance(e, Episode) and e.toolbox is not None}
+        for box in boxes.values():
+            box.release()
+
+    def reward_weights(self) -> dict[str, float]:
+        return {reward_name(r): w for r, w in zip(self.rewards, self.weights)}
+
+    def close(self) -> None:
+        self.kit.close()
+
+
+def factories(environment: Any) -> dict[str | None, Factory]:
+    """TRL's environment_factory as a mapping: one unnamed factory, or each named one (import paths resolved)."""
+    if environment is None:
+        return {}
+    given = dict(environment) if isinstance(environment, Mapping) else {None: environment}
+    resolved = {}
+    for name, factory in given.items():
+        factory = imported(factory) if isinstance(factory, str) else factory
+        if not callable(factory):
+            raise InputError(f"ToolTask: environment {name or ''} {factory!r} is not a class nor a callable that "
+                             "returns an environment")
+        resolved[name] = factory
+    return resolved
+
+
+def appended(content: Any, added: Any) -> Any:
+    """A user message's content with what ``reset`` returned after it, as TRL appends it (text to text, blocks to
+    blocks)."""
+    if isinstance(added, list) and isinstance(content, str):
+        return [{"type": "text", "text": content}, *added]
+    if isinstance(added, str) and isinstance(content, list):
+        return [*content, {"type": "text", "text": added}]
+    return content + added
 
 
 def imported(path: str) -> Any:
@@ -229,28 +339,3 @@ def conversation(prompt: Any) -> list[dict[str, Any]]:
         return [dict(m) for m in prompt]
     raise InputError(f"ToolTask: a prompt is a conversation (a list of role/content messages) or text, got "
                      f"{type(prompt).__name__}")
-
-
-def parsed_turn(tokenizer: Any, text: str, schemas: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """The assistant message in ``text`` by the tokenizer's own response parsing (``tokenizer.response_template``),
-    tool-call arguments typed by the tools' schemas; None where a call cannot be read (malformed syntax)."""
-    if getattr(tokenizer, "response_template", None) is None:
-        raise InputError(f"the tokenizer of {getattr(tokenizer, 'name_or_path', 'the model')!r} has no "
-                         "response_template, so its tool calls cannot be read; set one (transformers' response "
-                         "parsing docs; TRL's trl.chat_template_utils.add_response_schema knows released families)")
-    try:
-        message = tokenizer.parse_response(text, prefix="", tools=list(schemas) or None)
-    except (ValueError, KeyError, TypeError, json.JSONDecodeError):
-        return None
-    calls = [well_formed(call) for call in message.get("tool_calls") or []]
-    return {"role": "assistant", "content": message.get("content") or "", **({"tool_calls": calls} if calls else {})}
-
-
-def well_formed(call: Any) -> dict[str, Any]:
-    """A parsed call as the template renders it: a function with a name and an arguments object (a call that lacks
-    them keeps what it has, with ``{}`` arguments, and the tool box answers it an error)."""
-    function = call.get("function") if isinstance(call, dict) else None
-    function = function if isinstance(function, dict) else {}
-    arguments = function.get("arguments")
-    return {"type": "function", "function": {**function, "name": str(function.get("name", "")),
-                                             "arguments": arguments if isinstance(arguments, (dict, str)) else {}}}
