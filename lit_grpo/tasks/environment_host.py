@@ -58,6 +58,14 @@ def sent(connection: Connection, message: tuple[Any, ...]) -> None:
         connection.send(("error", TypeError(f"cannot be sent from the environment's host process ({error})")))
 
 
+def answer_sent(connection: Connection, index: int, answer: Answer) -> None:
+    """Send a call's answer; content that does not pickle (a list holding a lock) is sent as unreadable."""
+    try:
+        connection.send(("answer", index, answer))
+    except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as error:
+        connection.send(("answer", index, Answer(unreadable=f"returned what cannot leave its process ({error})")))
+
+
 def portable(error: BaseException) -> BaseException:
     """``error`` itself where it pickles, else a ``RuntimeError`` with its text."""
     try:
@@ -105,8 +113,7 @@ def serve(connection: Connection, factory: Callable[[], Any] | None, functions: 
                 tools[0] = tools_by_name([*functions, *environment_tools(slots[0])])
             sent(connection, value(lambda: slots[0].reset(**rest[0])) if factory is not None else ("value", None))
         elif kind == "turn":
-            run_phases(rest[0], tools[slot], style, loop, lambda index, answer: sent(connection, ("answer", index,
-                                                                                                  answer)))
+            run_phases(rest[0], tools[slot], style, loop, lambda index, answer: answer_sent(connection, index, answer))
         elif kind == "get":
             read = value(lambda: getattr(slots[slot], rest[0]))
             if read[0] == "value" and inspect.ismethod(read[1]):
