@@ -25,21 +25,9 @@ from lit_grpo.errors import InputError
 from lit_grpo.run.worker_process import STARTUP_LIMIT, WorkerDied, WorkerTimedOut, fork_context
 from lit_grpo.tasks.environment_host import EnvironmentProxy, Host, can_fork, environment_copy
 from lit_grpo.tasks.multiround import RowUnavailable
-from lit_grpo.tasks.tool_worker import Answer, EventLoop, Job, guarded, phases, run_phases
-from lit_grpo.tasks.tools import (
-    ToolOutcome,
-    answered,
-    argument_problem,
-    binding_problem,
-    call_parts,
-    cut,
-    environment_tools,
-    failed,
-    tool_schema,
-    tools_by_name,
-)
+from lit_grpo.tasks.tool_worker import LOST, Answer, EventLoop, guarded, outcome, phases, plan, run_phases
+from lit_grpo.tasks.tools import ToolOutcome, environment_tools, tool_schema, tools_by_name
 
-LOST = "the environment was lost: an earlier call of this episode timed out or ended its process"
 
 
 def named(factory: Callable) -> str:
@@ -233,64 +221,6 @@ class ToolKit:
             self._loop.close()
             self._loop = None
 
-    def plan(self, calls: Sequence[Any], tools: Mapping[str, Callable]) -> tuple[list[Job], dict[int, ToolOutcome],
-                                                                                set[int]]:
-        """A turn's calls as jobs to run, the outcomes of those that cannot run, and the jobs whose arguments do not
-        bind (their ``TypeError`` is the ``"arguments"`` failure, in TRL's words)."""
-        jobs, ready, unbound = [], {}, set()
-        for index, call in enumerate(calls):
-            if isinstance(call, dict) and call.get("type", "function") != "function":  # TRL's words and name
-                ready[index] = failed("", "malformed", f"Unsupported tool call type: {call.get('type')}", self.style,
-                                      message_name=str(call.get("name", "unknown")))
-                continue
-            try:
-                name, arguments = call_parts(call)
-            except ValueError as error:
-                function = call.get("function") if isinstance(call, dict) else None
-                written = function.get("name") if isinstance(function, dict) else None
-                ready[index] = failed(written if isinstance(written, str) else "", "malformed", str(error),
-                                      self.style)
-                continue
-            tool = tools.get(name)
-            if tool is None:
-                text = f"Tool {name} not found." if self.style == "trl" else \
-                    f"there is no tool {name!r}; the tools are {', '.join(tools)}"
-                ready[index] = failed(name, "unknown", text, self.style)
-                continue
-            problem = binding_problem(tool, arguments)
-            if problem is not None and self.style == "json":
-                ready[index] = failed(name, "arguments", f"{name}: {problem}", self.style)
-                continue
-            if problem is None and self.check_types:
-                typed = argument_problem(name, tool_schema(tool)["function"]["parameters"], arguments)
-                if typed is not None:  # the wrong type: the model's error to read, not the tool's to trip on
-                    ready[index] = failed(name, "arguments", typed, self.style)
-                    continue
-            if problem is not None:
-                unbound.add(index)
-            function_tool = any(tool is f for f in self.functions)
-            jobs.append(Job(index, name, arguments, awaited=problem is None and inspect.iscoroutinefunction(tool),
-                            alone=not (self.parallel_sync and function_tool)))
-        return jobs, ready, unbound
-
-    def outcome(self, job: Job, answer: Answer | str, unbound: set[int]) -> ToolOutcome:
-        """A job's ``tool`` message from its answer (or from how it came to none)."""
-        name = job.name
-        if answer == "timeout":
-            return failed(name, "timeout", f"timed out after {self.timeout:g} s", self.style)
-        if answer == "died":
-            return failed(name, "raised", f"{name} ended its environment's process", self.style)
-        if answer == "lost" or not isinstance(answer, Answer):
-            return failed(name, "lost", LOST, self.style)
-        if answer.error is not None:
-            kind = "arguments" if job.index in unbound and answer.error_type == "TypeError" else "raised"
-            text = answer.error if self.style == "trl" else f"{answer.error_type}: {answer.error}"
-            return failed(name, kind, text, self.style)
-        if answer.unreadable is not None:
-            return failed(name, "unreadable", f"{name} {answer.unreadable}", self.style)
-        return answered(name, cut(answer.content, self.max_chars))
-
-
 
 class ToolBox:
     """One rollout's tools and environment, from ``ToolKit.open``: ``call_turn`` runs an assistant turn's calls,
@@ -298,8 +228,8 @@ class ToolBox:
     ``environment`` is the live instance (in this process) or an ``EnvironmentProxy`` of the hosted one (None
     without an environment); ``lost`` is True once its host was killed (the episode must end)."""
 
-    def __init__(self, kit: ToolKit, key: str | None, instance: Any, tools: Sequence[Callable], host: Host | None = None,
-                 slot: int = 0, root: bool = True) -> None:
+    def __init__(self, kit: ToolKit, key: str | None, instance: Any, tools: Sequence[Callable],
+                 host: Host | None = None, slot: int = 0, root: bool = True) -> None:
         self.kit, self.key, self.host, self.slot, self.root = kit, key, host, slot, root
         self.tools = tools_by_name(list(tools))
         self.released, self._lost, self._instance = False, False, instance
@@ -325,7 +255,8 @@ class ToolBox:
         the async calls' (awaited together); each call bounded by the kit's timeout."""
         if self.released:
             raise ValueError("ToolBox.call_turn after release(): a released box is not used")
-        jobs, ready, unbound = self.kit.plan(calls, self.tools)
+        kit = self.kit
+        jobs, ready, unbound = plan(calls, self.tools, kit.functions, kit.style, kit.check_types, kit.parallel_sync)
         answers: dict[int, Answer | str] = {}
         if jobs and self.host is None:
             run_phases(phases(jobs), self.tools, self.kit.style, self.kit.loop, answers.__setitem__)
@@ -339,7 +270,8 @@ class ToolBox:
                 answers = {job.index: "lost" for job in jobs}
             if any(isinstance(answer, str) for answer in answers.values()):
                 self.lose()
-        outcomes = {**ready, **{job.index: self.kit.outcome(job, answers[job.index], unbound) for job in jobs}}
+        outcomes = {**ready, **{job.index: outcome(job, answers[job.index], unbound, kit.style, kit.timeout,
+                                                          kit.max_chars) for job in jobs}}
         awaited = {job.index for job in jobs if job.awaited}
         return [outcomes[index] for index in sorted(outcomes, key=lambda index: (index in awaited, index))]
 

@@ -25,7 +25,20 @@ from typing import Any
 
 from lit_grpo.run.signals import Terminated
 from lit_grpo.tasks.reward_guard import watching_sigint
-from lit_grpo.tasks.tools import Style, result_content
+from lit_grpo.tasks.tools import (
+    Style,
+    ToolOutcome,
+    answered,
+    argument_problem,
+    binding_problem,
+    call_parts,
+    cut,
+    failed,
+    result_content,
+    tool_schema,
+)
+
+LOST = "the environment was lost: an earlier call of this episode timed out or ended its process"
 
 
 @dataclass(frozen=True)
@@ -99,7 +112,9 @@ def guarded(call: Callable[[], Any]) -> tuple[Any, BaseException | None]:
             value = call()
         except BaseException as error:  # noqa: BLE001 - a tool's exception of any class is its call's failure
             if isinstance(error, Terminated) or watch.arrived:
-                raise KeyboardInterrupt("Ctrl-C while a tool ran") if not isinstance(error, KeyboardInterrupt) else error
+                if isinstance(error, KeyboardInterrupt):
+                    raise
+                raise KeyboardInterrupt("Ctrl-C while a tool ran") from error
             return None, error
     if watch.arrived:  # the tool swallowed the user's Ctrl-C
         raise KeyboardInterrupt("Ctrl-C while a tool ran")
@@ -158,3 +173,62 @@ def side_by_side(phase: Sequence[Job], tools: Mapping[str, Callable], style: Sty
         threading.Thread(target=run, args=(job,), name=f"lit-grpo-tool-{job.name}", daemon=True).start()
     for _ in phase:
         emit(*answers.get())
+
+
+def plan(calls: Sequence[Any], tools: Mapping[str, Callable], functions: Sequence[Callable], style: Style,
+         check_types: bool, parallel_sync: bool) -> tuple[list[Job], dict[int, ToolOutcome], set[int]]:
+    """A turn's calls as jobs to run, the outcomes of those that cannot run, and the jobs whose arguments do not
+    bind (their ``TypeError`` is the ``"arguments"`` failure, in TRL's words)."""
+    jobs, ready, unbound = [], {}, set()
+    for index, call in enumerate(calls):
+        if isinstance(call, dict) and call.get("type", "function") != "function":  # TRL's words and name
+            ready[index] = failed("", "malformed", f"Unsupported tool call type: {call.get('type')}", style,
+                                  message_name=str(call.get("name", "unknown")))
+            continue
+        try:
+            name, arguments = call_parts(call)
+        except ValueError as error:
+            function = call.get("function") if isinstance(call, dict) else None
+            written = function.get("name") if isinstance(function, dict) else None
+            ready[index] = failed(written if isinstance(written, str) else "", "malformed", str(error),
+                                  style)
+            continue
+        tool = tools.get(name)
+        if tool is None:
+            text = f"Tool {name} not found." if style == "trl" else \
+                f"there is no tool {name!r}; the tools are {', '.join(tools)}"
+            ready[index] = failed(name, "unknown", text, style)
+            continue
+        problem = binding_problem(tool, arguments)
+        if problem is not None and style == "json":
+            ready[index] = failed(name, "arguments", f"{name}: {problem}", style)
+            continue
+        if problem is None and check_types:
+            typed = argument_problem(name, tool_schema(tool)["function"]["parameters"], arguments)
+            if typed is not None:  # the wrong type: the model's error to read, not the tool's to trip on
+                ready[index] = failed(name, "arguments", typed, style)
+                continue
+        if problem is not None:
+            unbound.add(index)
+        function_tool = any(tool is f for f in functions)
+        jobs.append(Job(index, name, arguments, awaited=problem is None and inspect.iscoroutinefunction(tool),
+                        alone=not (parallel_sync and function_tool)))
+    return jobs, ready, unbound
+
+def outcome(job: Job, answer: Answer | str, unbound: set[int], style: Style, timeout: float | None,
+            max_chars: int | None) -> ToolOutcome:
+    """A job's ``tool`` message from its answer (or from how it came to none)."""
+    name = job.name
+    if answer == "timeout":
+        return failed(name, "timeout", f"timed out after {timeout:g} s", style)
+    if answer == "died":
+        return failed(name, "raised", f"{name} ended its environment's process", style)
+    if answer == "lost" or not isinstance(answer, Answer):
+        return failed(name, "lost", LOST, style)
+    if answer.error is not None:
+        kind = "arguments" if job.index in unbound and answer.error_type == "TypeError" else "raised"
+        text = answer.error if style == "trl" else f"{answer.error_type}: {answer.error}"
+        return failed(name, kind, text, style)
+    if answer.unreadable is not None:
+        return failed(name, "unreadable", f"{name} {answer.unreadable}", style)
+    return answered(name, cut(answer.content, max_chars))

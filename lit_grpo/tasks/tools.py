@@ -1,4 +1,5 @@
-"""Tools as TRL 1.16 users write them, and the ``tool`` messages their calls answer (docs/guide.md#tools-and-environments).
+"""Tools as TRL 1.16 users write them, and the ``tool`` messages their calls answer
+(docs/guide.md#tools-and-environments).
 
 A tool is a plain Python function with type hints and a Google-style docstring (transformers' ``get_json_schema``
 reads both); an environment is a class whose public methods are its tools, with ``reset(**row) -> str | None`` and an
@@ -162,7 +163,8 @@ def cut(content: Any, max_chars: int | None) -> Any:
     """Text longer than ``max_chars`` cut, with a note the model sees (None: as TRL, never cut)."""
     if max_chars is None or not isinstance(content, str) or len(content) <= max_chars:
         return content
-    return f"{content[:max_chars]}\n[... {len(content) - max_chars} more characters cut: answers are kept to {max_chars}]"
+    more = len(content) - max_chars
+    return f"{content[:max_chars]}\n[... {more} more characters cut: answers are kept to {max_chars}]"
 
 
 def answered(name: str, content: Any) -> ToolOutcome:
