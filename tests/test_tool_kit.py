@@ -389,3 +389,22 @@ def test_the_hosted_proxy_reads_sets_and_calls_in_the_host():
         kit.close()
     assert processes and all(not process.is_alive() for process in processes)
     kit.close()  # idempotent
+
+
+def test_routed_environments_do_not_get_the_routing_column_and_boxes_are_not_copied():
+    import copy
+
+    seen = []
+
+    class Routed(Ordered):
+        def reset(self, **row: object) -> None:
+            seen.append(sorted(row))
+
+    kit = ToolKit([], {"a": Routed, "b": Ordered}, timeout=None)
+    box, _ = kit.open({"prompt": "p", "environment": "a", "x": 1}, "a")
+    assert seen == [["prompt", "x"]]  # TRL: a control field, not passed to reset
+    with pytest.raises(TypeError, match="a ToolBox is not copied"):
+        copy.deepcopy(box)
+    single = ToolKit([], {None: Routed}, timeout=None)
+    single.open({"prompt": "p", "environment": "kept"})
+    assert seen[-1] == ["environment", "prompt"]  # one environment: the row as given, as TRL

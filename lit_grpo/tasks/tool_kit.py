@@ -73,6 +73,7 @@ class ToolKit:
         self.idle: dict[str | None, list[Any]] = {}  # instances (in-process) or hosts, by environment
         self.hosts: list[Host] = []  # every live host, in use or idle
         self._loop: EventLoop | None = None
+        self._schemas: dict[str | None, list[dict[str, Any]]] = {}
         self._loop_lock = threading.Lock()
 
     def environment_of(self, environment: str | None) -> str | None:
@@ -108,8 +109,10 @@ class ToolKit:
         return list(tools_by_name([*self.functions, *methods]).values())
 
     def schemas(self, environment: str | None = None) -> list[dict[str, Any]]:
-        """The tools' JSON schemas (the chat template's ``tools=``), in order."""
-        return [tool_schema(tool) for tool in self.tools(environment)]
+        """The tools' JSON schemas (the chat template's ``tools=``), in order (read once per environment)."""
+        if environment not in self._schemas:
+            self._schemas[environment] = [tool_schema(tool) for tool in self.tools(environment)]
+        return [dict(schema) for schema in self._schemas[environment]]
 
     def tool_names(self) -> list[str]:
         """Every tool name over all environments, in order (the metrics' names, equal on every rank)."""
@@ -136,9 +139,13 @@ class ToolKit:
 
     def open(self, row: dict[str, Any], environment: str | None = None) -> tuple[ToolBox, Any]:
         """One rollout's box and the text its ``reset(**row)`` returned (None, text, or a list, as TRL takes it);
-        ``RowUnavailable`` where the factory or ``reset`` raised (or, hosted, timed out or ended its process)."""
+        ``RowUnavailable`` where the factory or ``reset`` raised (or, hosted, timed out or ended its process).
+        ``reset`` gets the whole row, less its ``environment`` column where environments are routed by name (TRL's
+        dict ``environment_factory``: the column is a control field there)."""
         key = self.environment_of(environment)
         tools = self.tools(key)
+        if any(name is not None for name in self.factories):
+            row = {column: value for column, value in row.items() if column != "environment"}
         if self.timeout is not None:
             return self.open_hosted(row, key, tools)
         if not self.factories:
@@ -181,7 +188,11 @@ class ToolKit:
         pool = self.idle.setdefault(key, [])
         while pool and not pool[0].alive:
             self.drop(pool.pop(0))
-        host = pool.pop(0) if pool else self.new_host(key)
+        try:
+            host = pool.pop(0) if pool else self.new_host(key)
+        except (WorkerTimedOut, WorkerDied) as error:
+            raise RowUnavailable(f"the environment's host process did not start ({type(error).__name__}: "
+                                 f"{error})") from None
         host.users = 1  # type: ignore[attr-defined]
         if not self.factories:
             return ToolBox(self, key, None, tools, host), None
@@ -321,6 +332,10 @@ class ToolBox:
             self.host.send(("drop", self.slot))
         if self.host.users == 0:  # type: ignore[attr-defined]
             self.kit.idle.setdefault(self.key, []).append(self.host)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ToolBox:
+        raise TypeError("a ToolBox is not copied (its environment is live, perhaps in another process): fork() it, "
+                        "or replay the path's calls on a fresh box")
 
     def remote(self, message: tuple[Any, ...]) -> tuple[str, Any]:
         """The host's answer to a request about the environment; the environment's exception raised here, and
