@@ -89,7 +89,9 @@ def _qwen(name, jinja, thinking=False, vision=False, **kw):
 
 
 def _gemma(name, jinja):
-    return Family(name, jinja, GEMMA_SPECIAL, "<turn|>", ("<turn|>", "<|tool_response>", "<eos>"), "<eos>", bos="<bos>",
+    # eos "<eos>" as in Gemma 3's released tokenizer (TRL's _get_tool_suffix_ids: "Gemma uses <turn|>" to end turns,
+    # not its EOS); a turn ends on <turn|>, a call on <|tool_response>
+    return Family(name, jinja, GEMMA_SPECIAL, "<eos>", ("<turn|>", "<|tool_response>", "<eos>"), "<eos>", bos="<bos>",
                   call_end="<|tool_response>", answer_end="<turn|>", thinking=True, kwargs={})
 
 
@@ -589,3 +591,45 @@ def episodes(name: str, case: str) -> tuple[Episode, Episode | BaseException]:
     except Exception as error:  # noqa: BLE001 - reported per aspect by the test
         lit = error
     return trl, lit
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The table of docs/trl_families.md: ``.venv/bin/python tests/trl_families.py`` prints it from today's code
+
+ASPECT_FIELDS = {"prompt": ("prompt_messages",), "prompt_ids": ("prompt_ids",), "messages": ("completion",),
+                 "completion_ids": ("completion_ids",), "tool_mask": ("tool_mask",), "contexts": ("contexts",),
+                 "reward": ("reward",), "reward_inputs": ("reward_inputs",),
+                 "tool_counts": ("tool_calls", "tool_failures")}
+
+
+def differing_aspects(trl: Episode, lit: Episode | BaseException) -> list[str]:
+    """The aspects on which lit-grpo's episode differs from TRL's (all of them where lit-grpo raised)."""
+    if isinstance(lit, BaseException):
+        return ["raised"]
+    same = lambda a, b: a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)  # noqa: E731
+    return [aspect for aspect, fields in ASPECT_FIELDS.items()
+            if not all(same(getattr(trl, f), getattr(lit, f)) for f in fields)]
+
+
+def table() -> str:
+    rows = ["| family | template | " + " | ".join(CASE_NAMES) + " |", "|---|---|" + "---|" * len(CASE_NAMES)]
+    for name, family in FAMILIES.items():
+        if family.parse_only:
+            rows.append(f"| {name} | `{family.jinja}.jinja` | " + " | ".join(["parse only"] * len(CASE_NAMES)) + " |")
+            continue
+        cells = []
+        for case in CASE_NAMES:
+            if not case_applies(family, case):
+                cells.append("—")
+                continue
+            bad = differing_aspects(*episodes(name, case))
+            cells.append("✓" if not bad else "✗ " + ", ".join(bad))
+        rows.append(f"| {name} | `{family.jinja}.jinja` | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    import warnings
+
+    warnings.simplefilter("ignore")
+    print(table())
