@@ -4,6 +4,8 @@ sees the very prompt it was taught on and calls them as it calls those."""
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 
 from lit_grpo.tasks.tool_arithmetic import Registers
@@ -86,3 +88,46 @@ class IntegerRegisters(Registers):
             y: The name of the second register.
         """
         return super().add(x, y)
+
+
+class InterruptingRegisters(Registers):
+    """``add`` raises ``KeyboardInterrupt``, ``multiply`` ``SystemExit``: the tools' own faults, not the user's Ctrl-C
+    (each is one counted failure, and nothing is printed)."""
+
+    def add(self, x: str, y: str) -> str:
+        """Add two registers and store the sum in a new register.
+
+        Args:
+            x: The name of the first register.
+            y: The name of the second register.
+        """
+        raise KeyboardInterrupt
+
+    def multiply(self, x: str, y: str) -> str:
+        """Multiply two registers and store the product in a new register.
+
+        Args:
+            x: The name of the first register.
+            y: The name of the second register.
+        """
+        raise SystemExit(1)
+
+
+class ClientRegisters(Registers):
+    """A TRL user's environment as they come: it holds a lock and a client it opens on first use (a socket pair here:
+    neither can be pickled or deep-copied), and ``reset`` reads the row's ``prompt``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.client: socket.socket | None = None
+
+    def reset(self, prompt: list, operands: list[int], **row: object) -> str:
+        self.question = prompt[-1]["content"]
+        return super().reset(operands)
+
+    def _store(self, value: int) -> str:
+        with self.lock:
+            if self.client is None:
+                self.client, self.peer = socket.socketpair()
+            self.client.sendall(str(value).encode())  # the register's value goes through the client and back
+            return super()._store(int(self.peer.recv(64).decode()))

@@ -82,3 +82,23 @@ def test_malformed_call_syntax_ends_the_episode_and_is_counted(tmp_path):
                             "--data.group_size", "8", "--data.branching", "[8, 1, 1]")
     assert result.returncode == 0, result.stderr[-3000:]
     assert logged["tools/malformed_episodes"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("timeout", ["0.5", "null"], ids=["hosted", "in-process"])
+def test_a_tool_raising_keyboard_interrupt_or_system_exit_is_a_counted_failure_and_prints_nothing(timeout, tmp_path):
+    result, logged, _ = run(tmp_path, "faulty_tools.InterruptingRegisters", "--data.task.init_args.tool_timeout",
+                            timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr  # issue 57: a KeyboardInterrupt in a tool printed 15 of them
+    assert logged["tools/call_frequency"] > 0
+    assert logged["tools/failure_frequency"] == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("timeout", ["10", "null"], ids=["hosted", "in-process"])
+def test_an_environment_holding_a_lock_and_a_lazy_client_trains_unchanged(timeout, tmp_path):
+    result, logged, _ = run(tmp_path, "faulty_tools.ClientRegisters", "--data.task.init_args.tool_timeout", timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert logged["tools/call_frequency"] > 0
+    assert logged["tools/failure_frequency"] < 1.0  # its calls answer: nothing was pickled or copied
