@@ -34,10 +34,10 @@ def reply_ids(tokenizer: Any, conversation: Sequence[dict[str, Any]], reply: Seq
     """The ids between assistant turn ``turn`` (the last message of ``conversation``, which the engine ended with
     ``end_of_turn``) and the next one: ``reply``'s messages and the next assistant header.
 
-    The cut is after the rendering's last ``end_of_turn``; a turn that stopped on another stop id (Qwen's
-    ``<|endoftext|>`` where the template writes ``<|im_end|>``) is cut after the template's own end, the tokenizer's
-    end-of-sequence token, as TRL's ``_get_tool_suffix_ids`` cuts (the reply then follows the sampled stop id), and
-    a template that writes neither is not cut (the reply is what the rendering adds).
+    The cut is after the rendering's last ``end_of_turn`` or end-of-sequence token (``end_cut``): a turn that stopped
+    on another stop id (Qwen's ``<|endoftext|>`` where the template writes ``<|im_end|>``) is cut after the
+    template's own end, as TRL's ``_get_tool_suffix_ids`` cuts (the reply then follows the sampled stop id), and a
+    template that writes neither is not cut (the reply is what the rendering adds).
 
     ``InputError`` where the rendering with ``reply`` does not begin with the rendering without it up to that turn's
     end (a template that is not append-only), naming the turn and the first tokens that differ.
@@ -57,13 +57,12 @@ def reply_ids(tokenizer: Any, conversation: Sequence[dict[str, Any]], reply: Seq
 
 
 def end_cut(before: Sequence[int], end_of_turn: int, eos_token_id: int | None) -> int:
-    """Where the rendering of a conversation ending in an assistant turn is cut: after its last ``end_of_turn``
-    (the token the turn stopped on), else after its last end-of-sequence token, else at its end."""
-    for token in (end_of_turn, eos_token_id):
-        ends = [index for index, t in enumerate(before) if t == token]
-        if token is not None and ends:
-            return ends[-1] + 1
-    return len(before)
+    """Where the rendering of a conversation ending in an assistant turn is cut: after the last ``end_of_turn``
+    (the token the turn stopped on) or end-of-sequence token it holds, whichever comes later (a turn that stopped on
+    ``<|endoftext|>`` keeps it in its parsed text, rendered before the calls; the template's own end follows
+    them), else at its end."""
+    ends = [index for index, token in enumerate(before) if token in (end_of_turn, eos_token_id)]
+    return ends[-1] + 1 if ends else len(before)
 
 
 def shown(tokenizer: Any, ids: Sequence[int]) -> str:

@@ -226,12 +226,13 @@ class ToolTask(MultiRoundTask):
         return type(environment).__name__ if environment is not None else "of the tools"
 
     def tokens_left(self, episode: Any, context_length: int) -> int | None:
-        """The tokens the next turn may still take under ``max_completion_length`` (None: no budget)."""
+        """The tokens the whole conversation may still take under ``max_completion_length`` after a context of
+        ``context_length`` tokens (negative: past it; None: no budget)."""
         if self.max_completion_length is None or not isinstance(episode, Episode):
             return None
-        return max(self.max_completion_length - (context_length - episode.prompt_length), 0)
+        return self.max_completion_length - (context_length - episode.prompt_length)
 
-    def turn(self, prompt_record: PromptRecord, episode: Any, round_index: int, segment_text: str,
+    def turn(self, prompt_record: PromptRecord, episode: Episode, round_index: int, segment_text: str,
              tokenizer: Any, truncated: bool, segment_ids: Sequence[int] = (),
              context_ids: Sequence[int] = ()) -> EnvStep:
         episode = episode.next()  # the parent's state stays as it was (its node keeps it)
@@ -251,6 +252,9 @@ class ToolTask(MultiRoundTask):
         if episode.toolbox.lost:  # a call timed out: its environment is gone, the episode ends as it stands
             return EnvStep("cut", 0.0, terminal=True, episode=episode, scored_later=True)
         formatting = self.format(tokenizer)
+        left = self.tokens_left(episode, len(context_ids) + len(segment_ids))
+        if left is not None and surely_past(replies, left, formatting.longest_token_bytes()):
+            return EnvStep("cut", 0.0, terminal=True, episode=episode, scored_later=True)  # not even tokenized
         reply = ChatReply(tuple(episode.messages), replies, episode.schemas, formatting.chat_template,
                           dict(formatting.template_kwargs))
         episode.messages.extend(replies)
@@ -296,6 +300,13 @@ class ToolTask(MultiRoundTask):
 
     def close(self) -> None:
         self.kit.close()
+
+
+def surely_past(replies: Sequence[dict[str, Any]], left: int, longest_token: int) -> bool:
+    """Whether tool messages this long in bytes pass ``left`` tokens whatever their tokens (none is longer than
+    ``longest_token`` bytes): a megabyte answer is dropped without the seconds its tokenization would take."""
+    size = sum(len(str(reply.get("content", "")).encode()) for reply in replies)
+    return size > (max(left, 0) + 64) * max(longest_token, 1)
 
 
 def factories(environment: Any) -> dict[str | None, Factory]:
