@@ -121,8 +121,8 @@ class ClientRegisters(Registers):
         self.lock = threading.Lock()
         self.client: socket.socket | None = None
 
-    def reset(self, prompt: list, operands: list[int], **row: object) -> str:
-        self.question = prompt[-1]["content"]
+    def reset(self, prompt: str | list, operands: list[int], **row: object) -> str:
+        self.question = prompt if isinstance(prompt, str) else prompt[-1]["content"]  # text, or a conversation
         return super().reset(operands)
 
     def _store(self, value: int) -> str:
