@@ -408,3 +408,16 @@ def test_routed_environments_do_not_get_the_routing_column_and_boxes_are_not_cop
     single = ToolKit([], {None: Routed}, timeout=None)
     single.open({"prompt": "p", "environment": "kept"})
     assert seen[-1] == ["environment", "prompt"]  # one environment: the row as given, as TRL
+
+
+def test_a_hosted_factory_giving_another_class_makes_the_row_unavailable_quietly(capfd):
+    here = os.getpid()
+    kit = ToolKit([], {None: lambda: Client() if os.getpid() == here else object()}, timeout=10.0)
+    try:
+        assert kit.tool_names() == ["fail", "hang", "send", "wait"]  # the probe, here: a Client
+        with pytest.raises(RowUnavailable, match=r"environment factory .*<lambda>: InputError: environment object: "
+                                                 r"needs a reset"):
+            kit.open(row())
+    finally:
+        kit.close()
+    assert capfd.readouterr().err == ""

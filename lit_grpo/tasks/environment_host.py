@@ -106,11 +106,14 @@ def serve(connection: Connection, factory: Callable[[], Any] | None, functions: 
                 del slots[other], tools[other]
             if factory is not None and 0 not in slots:
                 made = value(factory)
-                connection.send(made if made[0] == "error" else ("value", None))
                 if made[0] == "error":
+                    sent(connection, made)
                     continue
-                slots[0] = made[1]
-                tools[0] = tools_by_name([*functions, *environment_tools(slots[0])])
+                read = value(lambda: tools_by_name([*functions, *environment_tools(made[1])]))
+                connection.send(("value", None) if read[0] == "value" else read)
+                if read[0] == "error":
+                    continue
+                slots[0], tools[0] = made[1], read[1]
             sent(connection, value(lambda: slots[0].reset(**rest[0])) if factory is not None else ("value", None))
         elif kind == "turn":
             run_phases(rest[0], tools[slot], style, loop, lambda index, answer: answer_sent(connection, index, answer))
@@ -125,10 +128,10 @@ def serve(connection: Connection, factory: Callable[[], Any] | None, functions: 
         elif kind == "invoke":
             sent(connection, value(lambda: getattr(slots[slot], rest[0])(*rest[1], **rest[2])))
         elif kind == "fork":
-            made = value(lambda: environment_copy(slots[slot]))
+            made = value(lambda: (lambda twin: (twin, tools_by_name([*functions, *environment_tools(twin)])))(
+                environment_copy(slots[slot])))
             if made[0] == "value":
-                slots[rest[0]] = made[1]
-                tools[rest[0]] = tools_by_name([*functions, *environment_tools(made[1])])
+                slots[rest[0]], tools[rest[0]] = made[1]
                 made = ("value", None)
             sent(connection, made)
         elif kind == "drop":

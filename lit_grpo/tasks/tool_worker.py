@@ -145,15 +145,20 @@ def run_phases(turn: Sequence[Sequence[Job]], tools: Mapping[str, Callable], sty
     thread only). ``loop`` gives the process's event loop (made at first need)."""
     for phase in turn:
         if phase[0].awaited:
-            coroutines = []
-            for job in phase:  # creating a coroutine runs no code of the tool's: its arguments bind (checked)
-                coroutines.append(awaited_answer(tools[job.name](**job.arguments), style))
+            coroutines, early = [], {}
+            for job in phase:  # a coroutine's creation runs none of its code, unless a decorator wraps it
+                coroutine, error = guarded(lambda job=job: tools[job.name](**job.arguments))
+                if error is not None:
+                    early[job.index] = failure(error)
+                else:
+                    coroutines.append(awaited_answer(coroutine, style))
 
             async def together() -> list[Answer]:
                 return list(await asyncio.gather(*coroutines))
 
-            for job, answer in zip(phase, loop().run(together()), strict=True):
-                emit(job.index, answer)
+            answers = iter(loop().run(together()) if coroutines else [])
+            for job in phase:
+                emit(job.index, early[job.index] if job.index in early else next(answers))
         elif len(phase) == 1:
             job = phase[0]
             emit(job.index, sync_answer(tools[job.name], job.arguments, style, loop))
