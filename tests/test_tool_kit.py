@@ -421,3 +421,28 @@ def test_a_hosted_factory_giving_another_class_makes_the_row_unavailable_quietly
     finally:
         kit.close()
     assert capfd.readouterr().err == ""
+
+
+class ForkingClient(Client):
+    def fork_environment(self) -> ForkingClient:
+        twin = ForkingClient()
+        twin.question, twin.sent = self.question, list(self.sent)
+        return twin
+
+
+def test_a_hosted_fork_lives_in_its_parents_host_and_a_timeout_loses_both():
+    kit = ToolKit([], {None: ForkingClient}, timeout=0.3)
+    try:
+        box, _ = kit.open(row())
+        box.call_turn([call("send", text="a")])
+        twin = box.fork()
+        assert twin.environment.sent == ["a"] and twin.host is box.host
+        assert twin.call_turn([call("send", text="b")])[0].message["content"] == "sent 2"
+        assert box.environment.sent == ["a"]  # its own copy
+        assert twin.call_turn([call("hang", spin=False)])[0].failure == "timeout"
+        assert twin.lost and box.lost and box.fork() is None
+        twin.release()
+        box.release()
+        assert not kit.hosts and not kit.idle[None]  # the killed host is not pooled
+    finally:
+        kit.close()
