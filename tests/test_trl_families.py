@@ -60,11 +60,13 @@ def test_episode_matches_trl(name, case, aspect):
 
 def test_every_template_add_response_schema_knows_is_here():
     """The families are exactly TRL 1.16's list (matched by template text): a new TRL template fails this."""
+    import inspect
+
     import trl.chat_template_utils as u
 
-    source = __import__("inspect").getsource(u.add_response_schema)
-    known = {name.removesuffix("_chat_template") for name in dir(u) if name.endswith("_chat_template")
-             and f"{name}" in source and name != "chat_template"}
+    source = inspect.getsource(u.add_response_schema)
+    known = {name.removesuffix("_chat_template") for name in dir(u)
+             if name.endswith("_chat_template") and name in source}
     assert known == {f.jinja for f in F.FAMILIES.values()}
 
 
@@ -86,4 +88,5 @@ def test_lit_grpo_refuses_deepseek_r1_distill_for_tools_as_trl_does():
     from lit_grpo.errors import InputError
 
     with pytest.raises(InputError):
-        F.lit_episode("DeepSeek-R1-Distill", F.RECORD, [F.ids_of("DeepSeek-R1-Distill", "7<｜end▁of▁sentence｜>")])
+        F.lit_episode("DeepSeek-R1-Distill", F.RECORD,
+                      [F.ids_of("DeepSeek-R1-Distill", "7<｜end▁of▁sentence｜>")])

@@ -38,7 +38,8 @@ class Family:
     ends on (``<|endoftext|>`` for Qwen); ``call_end`` / ``answer_end``: the token a sampled call / answer turn ends
     on where the template's rendering of the assistant message has none (GLM, Gemma 4). ``thinking``: the family
     renders reasoning; ``reasoning``: the message field it reads (``reasoning_content``, or ``thinking`` for GPT-OSS
-    and LFM2.5). ``one_call``: the template renders one call per turn (Llama 3.x, GPT-OSS). ``kwargs``: chat_template_kwargs."""
+    and LFM2.5). ``one_call``: the template renders one call per turn (Llama 3.x, GPT-OSS). ``kwargs``:
+    chat_template_kwargs."""
 
     name: str
     jinja: str
@@ -207,7 +208,8 @@ TOOLS = (add, mul, text)
 
 
 class Counter:
-    """A TRL environment: ``reset`` reads the row and adds text to the prompt; its method is a tool; it owns a reward."""
+    """A TRL environment: ``reset`` reads the row and adds text to the prompt; its method is a tool; it owns a
+    reward."""
 
     def reset(self, **row) -> str:
         self.total = 0
@@ -516,8 +518,8 @@ def lit_episode(name: str, record: dict, turns: list[list[int]], tools=TOOLS, en
 
 
 RECORD = {"prompt": [{"role": "user", "content": "What is 3+4?"}], "answer": "7"}
-BROKEN = [('"b": 4}', '"b": }'), ("b:4}", "b:}"), ("b=4)", "b=)"), ("<parameter=b>\n4\n</parameter>\n", "<parameter=b>\n4\n"),
-          ("<arg_value>4</arg_value>", "<arg_value>4")]
+BROKEN = [('"b": 4}', '"b": }'), ("b:4}", "b:}"), ("b=4)", "b=)"),
+          ("<parameter=b>\n4\n</parameter>\n", "<parameter=b>\n4\n"), ("<arg_value>4</arg_value>", "<arg_value>4")]
 
 
 @dataclass(frozen=True)
@@ -561,12 +563,12 @@ def family_cases(name: str) -> dict[str, Case]:
     answer = _turn(name, content="7")
     one_turn = (lambda *calls: tuple(_turn(name, [c]) for c in calls)) if family.one_call else (
         lambda *calls: (_turn(name, list(calls)),))
+    broken_call = tuple(ids_of(name, malformed(name, turn_text(name, assistant_message(family, "", [add34])))))
     cases = {
         "call": Case((_turn(name, [add34]), answer)),
         "calls": Case((*one_turn(add34, add12), answer)),
         "async_sync": Case((*one_turn(mul25, add34), answer)),
-        "malformed": Case((tuple(ids_of(name, malformed(name, turn_text(name, assistant_message(family, "", [add34]))))),
-                           answer)),
+        "malformed": Case((broken_call, answer)),
         "overflow": Case((_turn(name, [("text", {"n": 300})]), answer), max_completion_length=160),
         "reset": Case((_turn(name, [("bump", {"by": 3})], tools=(Counter.bump,)), _turn(name, content="done")),
                       tools=(), environment=Counter, rewards=()),
