@@ -42,7 +42,6 @@ def rollout_stats(buffer: RolloutBuffer) -> dict[str, float]:
     if buffer.trees is not None:
         stats.update(tree_stats(buffer.trees))
         stats.update(round_credit(buffer.trees, buffer.tree_rounds or 0))
-        stats.update(tool_stats(buffer.trees))
     if buffer.ref_logp is not None and buffer.old_logp is not None:
         # k3 of the sampled tokens, averaged over counted tokens: the KL of the sampling policy to pi_ref
         delta = (buffer.ref_logp - buffer.old_logp)[buffer.completion_mask]
@@ -95,27 +94,90 @@ def round_credit(roots: list[Any], rounds: int) -> dict[str, float]:
     return stats
 
 
+UNKNOWN_TOOL = "unknown"  # the one key of the calls that name no declared tool (a made-up or empty name)
+
+
 def tool_stats(roots: list[Any]) -> dict[str, float]:
-    """A tool task's episodes (their leaves' ``Episode``): tool calls per episode and failed calls per call (TRL's
-    ``tools/call_frequency`` and ``tools/failure_frequency``), each tool's calls and failures per episode, turns per
-    episode, and the shares of episodes cut at the turn limit and of malformed turns. Empty for other tasks."""
-    leaves = tool_leaves(roots)
-    if not leaves:
+    """A tool task's figures over one process's trees (``tool_figures`` of its ``tool_counts``); empty for other
+    tasks. Under DDP the callback logs ``global_tool_stats`` instead: the same figures over every rank's trees."""
+    counted = tool_counts(roots)
+    return {} if counted is None else tool_figures(*counted)
+
+
+def global_tool_stats(roots: list[Any], strategy: Any, world_size: int) -> dict[str, float]:
+    """``tool_stats`` over every rank's trees, equal on every rank: each rank's declared names and counts are
+    gathered (one object broadcast per rank, every epoch, on every rank alike: the collective never depends on what
+    a rank drew), the names united and the counts summed, then divided once. So every rank logs the same names and
+    values, which a mean over ranks (``sync_dist``) leaves as they are, and which equal one process's figures on the
+    union of the trees. Empty on every rank where no rank holds a tool episode."""
+    mine = tool_counts(roots)
+    every = [mine] if world_size == 1 else [strategy.broadcast(mine, src) for src in range(world_size)]
+    found = [counted for counted in every if counted is not None]
+    if not found:
         return {}
-    episodes = len(leaves)
-    calls, failures = Counter(), Counter()
-    for leaf, _ in leaves:
-        calls.update(leaf.episode.calls)
-        failures.update(leaf.episode.failures)
-    total = sum(calls.values())
-    stats = {"tools/call_frequency": total / episodes,
-             "tools/failure_frequency": sum(failures.values()) / total if total else 0.0,
-             "tools/turns_per_episode": sum(depth for _, depth in leaves) / episodes,
-             "tools/cut_episodes": sum(leaf.kind == "cut" for leaf, _ in leaves) / episodes,
-             "tools/malformed_episodes": sum(leaf.kind == "malformed" for leaf, _ in leaves) / episodes}
-    for name in sorted(calls):
-        stats[f"tools/calls/{name}"] = calls[name] / episodes
-        stats[f"tools/failures/{name}"] = failures[name] / episodes
+    declared = frozenset().union(*(names for names, _ in found))
+    return tool_figures(declared, sum((counts for _, counts in found), Counter()))
+
+
+def tool_counts(roots: list[Any]) -> tuple[frozenset[str], Counter[str]] | None:
+    """One rank's tool counts, as sums that add up over ranks: the tool names the episodes' schemas declare
+    (``schema["function"]["name"]``), and ``episodes`` (the leaves holding an ``Episode``), ``turns`` (their
+    depths), ``cut``, ``malformed``, ``path_calls/<name>`` and ``path_failures/<name>`` (each episode's whole path,
+    by the name called), and ``calls`` and ``failures`` counting each call once: a node's own calls are its
+    episode's cumulative counts less its nearest ancestor's (the root's episode is the start state), so a call
+    high in a tree counts once, not once per leaf below it. None where no node holds an ``Episode`` (not a tool
+    task)."""
+    from lit_grpo.tasks.tool_task import Episode
+
+    declared: set[str] = set()
+    counts: Counter[str] = Counter()
+    found = False
+    pending: list[tuple[Node, Any]] = [(root, None) for root in roots]
+    while pending:
+        node, above = pending.pop()
+        episode = node.episode if isinstance(node, SegmentNode) else None
+        if isinstance(episode, Episode):
+            found = True
+            declared.update(schema["function"]["name"] for schema in episode.schemas)
+            before_calls, before_failures = (above.calls, above.failures) if above is not None else ({}, {})
+            counts["calls"] += sum(episode.calls.values()) - sum(before_calls.values())
+            counts["failures"] += sum(episode.failures.values()) - sum(before_failures.values())
+            above = episode
+        pending.extend((child, above) for child in node.children)
+    if not found:
+        return None
+    for leaf, depth in tool_leaves(roots):
+        counts.update({"episodes": 1, "turns": depth, "cut": leaf.kind == "cut",
+                       "malformed": leaf.kind == "malformed"})
+        counts.update({f"path_calls/{name}": n for name, n in leaf.episode.calls.items()})
+        counts.update({f"path_failures/{name}": n for name, n in leaf.episode.failures.items()})
+    return frozenset(declared), counts
+
+
+def tool_figures(declared: frozenset[str], counts: Counter[str]) -> dict[str, float]:
+    """TRL's ``tools/call_frequency`` (calls per episode) and ``tools/failure_frequency`` (failed calls per call,
+    each call counted once), ``tools/calls/<name>`` and ``tools/failures/<name>`` per episode for every declared
+    tool (0 where none was called) and under ``tools/calls/unknown`` / ``tools/failures/unknown`` the calls naming
+    none (a declared tool named "unknown" shares that key), turns per episode, and the shares of episodes cut at
+    the turn limit and of malformed ones. Per-episode figures average over the episodes (leaves, each its whole
+    path). Example: a root-level call that fails, then 4 branches that each call once: 5 calls, 1 failed, 0.2 (not
+    the 4 / 8 of counting per leaf); 2 calls per episode."""
+    per = max(counts["episodes"], 1)  # a rank with no episode still logs every name, as zeros
+    calls = {name: counts[f"path_calls/{name}"] for name in declared}
+    failures = {name: counts[f"path_failures/{name}"] for name in declared}
+    for key, n in counts.items():
+        kind, _, name = key.partition("/")
+        if kind in ("path_calls", "path_failures") and name not in declared:
+            table = calls if kind == "path_calls" else failures
+            table[UNKNOWN_TOOL] = table.get(UNKNOWN_TOOL, 0) + n
+    stats = {"tools/call_frequency": sum(calls.values()) / per,
+             "tools/failure_frequency": counts["failures"] / counts["calls"] if counts["calls"] else 0.0,
+             "tools/turns_per_episode": counts["turns"] / per,
+             "tools/cut_episodes": counts["cut"] / per,
+             "tools/malformed_episodes": counts["malformed"] / per}
+    for name in sorted(declared | {UNKNOWN_TOOL}):
+        stats[f"tools/calls/{name}"] = calls.get(name, 0) / per
+        stats[f"tools/failures/{name}"] = failures.get(name, 0) / per
     return stats
 
 
@@ -248,7 +310,11 @@ class RolloutMetrics(pl.Callback):
         if report.staleness is not None:  # versions between the adapter that drew and the one that trains
             stats["staleness"] = float(report.staleness)
         stats.update(report.engine_metrics)  # e.g. the vllm_server engine's servers_alive
-        for name, value in stats.items():  # over ranks: counts add up, the rest are means of equal shares
+        if buffer.trees is not None:  # the same on every rank (the rollout kind), as the gathering needs
+            stats.update(global_tool_stats(buffer.trees, trainer.strategy, trainer.world_size))
+        # over ranks: counts add up, the rest are means of equal shares; tools/* are already global (equal on every
+        # rank, so their mean is themselves)
+        for name, value in stats.items():
             reduce = "sum" if name in ("policy_tokens", "reward_errors") or "rows_round" in name else "mean"
             key = name if name.startswith("tools/") else f"rollout/{name}"  # TRL's names for the tool figures
             pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx=reduce,
