@@ -16,6 +16,7 @@ box (the episode must end). The turn's order is TRL's (``tasks/tool_worker.py``)
 
 from __future__ import annotations
 
+import copy
 import inspect
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -112,7 +113,7 @@ class ToolKit:
         """The tools' JSON schemas (the chat template's ``tools=``), in order (read once per environment)."""
         if environment not in self._schemas:
             self._schemas[environment] = [tool_schema(tool) for tool in self.tools(environment)]
-        return [dict(schema) for schema in self._schemas[environment]]
+        return copy.deepcopy(self._schemas[environment])  # the caller's to change
 
     def tool_names(self) -> list[str]:
         """Every tool name over all environments, in order (the metrics' names, equal on every rank)."""
