@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -104,19 +104,22 @@ def tool_stats(roots: list[Any]) -> dict[str, float]:
     return {} if counted is None else tool_figures(*counted)
 
 
-def global_tool_stats(roots: list[Any], strategy: Any, world_size: int) -> dict[str, float]:
+def global_tool_stats(roots: list[Any], strategy: Any, world_size: int,
+                      declared: Iterable[str] = ()) -> dict[str, float]:
     """``tool_stats`` over every rank's trees, equal on every rank: each rank's declared names and counts are
     gathered (one object broadcast per rank, every epoch, on every rank alike: the collective never depends on what
-    a rank drew), the names united and the counts summed, then divided once. So every rank logs the same names and
-    values, which a mean over ranks (``sync_dist``) leaves as they are, and which equal one process's figures on the
-    union of the trees. Empty on every rank where no rank holds a tool episode."""
+    a rank drew), the names united (with ``declared``, the task's own list where the caller has it) and the counts
+    summed, then divided once. So every rank logs the same names and values, which a mean over ranks
+    (``sync_dist``) leaves as they are, and which equal one process's figures on the union of the trees (a mean of
+    the ranks' own ratios would not: their episodes and calls differ in number). Empty on every rank where no rank
+    holds a tool episode and nothing is declared."""
     mine = tool_counts(roots)
     every = [mine] if world_size == 1 else [strategy.broadcast(mine, src) for src in range(world_size)]
     found = [counted for counted in every if counted is not None]
-    if not found:
+    names = frozenset(declared).union(*(names for names, _ in found))
+    if not found and not names:
         return {}
-    declared = frozenset().union(*(names for names, _ in found))
-    return tool_figures(declared, sum((counts for _, counts in found), Counter()))
+    return tool_figures(names, sum((counts for _, counts in found), Counter()))
 
 
 def tool_counts(roots: list[Any]) -> tuple[frozenset[str], Counter[str]] | None:
@@ -127,7 +130,7 @@ def tool_counts(roots: list[Any]) -> tuple[frozenset[str], Counter[str]] | None:
     episode's cumulative counts less its nearest ancestor's (the root's episode is the start state), so a call
     high in a tree counts once, not once per leaf below it. None where no node holds an ``Episode`` (not a tool
     task)."""
-    from lit_grpo.tasks.tool_task import Episode
+    from lit_grpo.tasks.tool_episode import Episode
 
     declared: set[str] = set()
     counts: Counter[str] = Counter()
@@ -184,7 +187,7 @@ def tool_figures(declared: frozenset[str], counts: Counter[str]) -> dict[str, fl
 def tool_leaves(roots: list[Any]) -> list[tuple[Any, int]]:
     """The leaves of a tool task's trees that hold their ``Episode``, with their depths (a node the environment
     closed at the depth limit is a plain Node, with no episode)."""
-    from lit_grpo.tasks.tool_task import Episode
+    from lit_grpo.tasks.tool_episode import Episode
 
     return [(node, depth) for root in roots for node, depth in leaves_with_depth(root)
             if isinstance(node, SegmentNode) and isinstance(node.episode, Episode)]

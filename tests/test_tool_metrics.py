@@ -13,7 +13,7 @@ import pytest
 
 from lit_grpo.buffers.tree_layout import SegmentNode
 from lit_grpo.callbacks.metrics import UNKNOWN_TOOL, global_tool_stats, tool_counts, tool_figures, tool_stats
-from lit_grpo.tasks.tool_task import Episode
+from lit_grpo.tasks.tool_episode import Episode
 from lit_grpo.tree import Node
 
 TOOLS = ("add", "mul", "sub")
@@ -137,3 +137,15 @@ def test_one_process_gathers_nothing():
     strategy = SimpleNamespace(broadcast=lambda obj, src=0: pytest.fail("no collective with one process"))
     assert global_tool_stats([failing_root_call_tree()], strategy, 1) == tool_stats([failing_root_call_tree()])
     assert global_tool_stats([SegmentNode()], strategy, 1) == {}
+
+
+def test_the_tasks_declared_names_are_logged_even_where_no_rank_holds_an_episode():
+    strategy = GatheringStrategy([None, None])
+    stats = global_tool_stats([SegmentNode()], strategy, 2, declared=["add", "lookup"])
+    assert sorted(stats) == sorted(["tools/call_frequency", "tools/failure_frequency", "tools/turns_per_episode",
+                                    "tools/cut_episodes", "tools/malformed_episodes",
+                                    *(f"tools/{kind}/{name}" for kind in ("calls", "failures")
+                                      for name in ("add", "lookup", UNKNOWN_TOOL))])
+    assert set(stats.values()) == {0.0}
+    # declared names join the schemas' (a tool of an environment no rank drew this epoch is still named)
+    assert "tools/calls/lookup" in global_tool_stats([failing_root_call_tree()], strategy, 1, declared=["lookup"])
