@@ -28,7 +28,27 @@ ASPECTS = {
     "tool_counts": ("tool_calls", "tool_failures"),  # calls run and failed
 }
 
-PARAMS = [pytest.param(name, case, aspect, id=f"{name}-{case}-{aspect}")
+# Where the tool reply's ids differ from TRL's, named (docs/trl_families.md). Strict: a fix makes them fail, so the
+# entry is removed with the fix.
+REPLY_IDS = ("completion_ids", "tool_mask", "contexts", "reward_inputs")
+KNOWN = {
+    # GLM-4-MoE's call turn stops on <|observation|>, which its template writes only as the tool message's header:
+    # our reply re-renders the call (it is trained twice), TRL's suffix repeats <|observation|>. Open (issue 57).
+    "GLM-4-MoE": ("call", "calls", "async_sync", "reasoning", "reset", "malformed"),
+    # Gemma 4 v2: our reply is the template's rendering ("<turn|>\n"); TRL's suffix loses the newline because it
+    # trims its dummy prefix at eos_token only. Ours kept (the tokens the model sees at inference).
+    "Gemma-4-v2": ("call", "calls", "async_sync", "reasoning", "reset"),
+}
+
+
+def marks(name: str, case: str, aspect: str) -> tuple:
+    if aspect in REPLY_IDS and case in KNOWN.get(name, ()):
+        return (pytest.mark.xfail(strict=True, reason=f"{name}: the tool reply's ids differ from TRL's "
+                                                      "(docs/trl_families.md)"),)
+    return ()
+
+
+PARAMS = [pytest.param(name, case, aspect, id=f"{name}-{case}-{aspect}", marks=marks(name, case, aspect))
           for name, family in F.FAMILIES.items() if not family.parse_only
           for case in F.CASE_NAMES if F.case_applies(family, case)
           for aspect in ASPECTS]
