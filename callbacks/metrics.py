@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import time
-from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -17,6 +15,7 @@ from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.buffers.protocols import PreparesEpochs, ReportsRollouts
 from lit_grpo.buffers.report import RolloutReport
 from lit_grpo.buffers.tree_layout import SegmentNode
+from lit_grpo.callbacks.episode_metrics import conversations_table, episode_stats
 from lit_grpo.rollout.ahead import epoch_costs
 from lit_grpo.tree import Node
 
@@ -92,146 +91,6 @@ def round_credit(roots: list[Any], rounds: int) -> dict[str, float]:
         stats[f"rows_round{depth}"] = float(len(at_depth))
         stats[f"zero_advantage_rows_round{depth}"] = float(sum(a == 0.0 for a in at_depth))
     return stats
-
-
-UNKNOWN_TOOL = "unknown"  # the one key of the calls that name no declared tool (a made-up or empty name)
-
-
-def tool_stats(roots: list[Any]) -> dict[str, float]:
-    """A tool task's figures over one process's trees (``tool_figures`` of its ``tool_counts``); empty for other
-    tasks. Under DDP the callback logs ``global_tool_stats`` instead: the same figures over every rank's trees."""
-    counted = tool_counts(roots)
-    return {} if counted is None else tool_figures(*counted)
-
-
-def global_tool_stats(roots: list[Any], strategy: Any, world_size: int,
-                      declared: Iterable[str] = ()) -> dict[str, float]:
-    """``tool_stats`` over every rank's trees, equal on every rank: each rank's declared names and counts are
-    gathered (one object broadcast per rank, every epoch, on every rank alike: the collective never depends on what
-    a rank drew), the names united (with ``declared``, the task's own list where the caller has it) and the counts
-    summed, then divided once. So every rank logs the same names and values, which a mean over ranks
-    (``sync_dist``) leaves as they are, and which equal one process's figures on the union of the trees (a mean of
-    the ranks' own ratios would not: their episodes and calls differ in number). Empty on every rank where no rank
-    holds a tool episode and nothing is declared."""
-    mine = tool_counts(roots)
-    every = [mine] if world_size == 1 else [strategy.broadcast(mine, src) for src in range(world_size)]
-    found = [counted for counted in every if counted is not None]
-    names = frozenset(declared).union(*(names for names, _ in found))
-    if not found and not names:
-        return {}
-    return tool_figures(names, sum((counts for _, counts in found), Counter()))
-
-
-def tool_counts(roots: list[Any]) -> tuple[frozenset[str], Counter[str]] | None:
-    """One rank's tool counts, as sums that add up over ranks: the tool names the episodes' schemas declare
-    (``schema["function"]["name"]``), and ``episodes`` (the leaves holding an ``Episode``), ``turns`` (their
-    depths), ``cut``, ``malformed``, ``path_calls/<name>`` and ``path_failures/<name>`` (each episode's whole path,
-    by the name called), and ``calls`` and ``failures`` counting each call once: a node's own calls are its
-    episode's cumulative counts less its nearest ancestor's (the root's episode is the start state), so a call
-    high in a tree counts once, not once per leaf below it. None where no node holds an ``Episode`` (not a tool
-    task)."""
-    from lit_grpo.tasks.tool_episode import Episode
-
-    declared: set[str] = set()
-    counts: Counter[str] = Counter()
-    found = False
-    pending: list[tuple[Node, Any]] = [(root, None) for root in roots]
-    while pending:
-        node, above = pending.pop()
-        episode = node.episode if isinstance(node, SegmentNode) else None
-        if isinstance(episode, Episode):
-            found = True
-            declared.update(schema["function"]["name"] for schema in episode.schemas)
-            before_calls, before_failures = (above.calls, above.failures) if above is not None else ({}, {})
-            counts["calls"] += sum(episode.calls.values()) - sum(before_calls.values())
-            counts["failures"] += sum(episode.failures.values()) - sum(before_failures.values())
-            above = episode
-        pending.extend((child, above) for child in node.children)
-    if not found:
-        return None
-    for leaf, depth in tool_leaves(roots):
-        counts.update({"episodes": 1, "turns": depth, "cut": leaf.kind == "cut",
-                       "malformed": leaf.kind == "malformed"})
-        counts.update({f"path_calls/{name}": n for name, n in leaf.episode.calls.items()})
-        counts.update({f"path_failures/{name}": n for name, n in leaf.episode.failures.items()})
-    return frozenset(declared), counts
-
-
-def tool_figures(declared: frozenset[str], counts: Counter[str]) -> dict[str, float]:
-    """TRL's ``tools/call_frequency`` (calls per episode) and ``tools/failure_frequency`` (failed calls per call,
-    each call counted once), ``tools/calls/<name>`` and ``tools/failures/<name>`` per episode for every declared
-    tool (0 where none was called) and under ``tools/calls/unknown`` / ``tools/failures/unknown`` the calls naming
-    none (a declared tool named "unknown" shares that key), turns per episode, and the shares of episodes cut at
-    the turn limit and of malformed ones. Per-episode figures average over the episodes (leaves, each its whole
-    path). Example: a root-level call that fails, then 4 branches that each call once: 5 calls, 1 failed, 0.2 (not
-    the 4 / 8 of counting per leaf); 2 calls per episode."""
-    per = max(counts["episodes"], 1)  # a rank with no episode still logs every name, as zeros
-    calls = {name: counts[f"path_calls/{name}"] for name in declared}
-    failures = {name: counts[f"path_failures/{name}"] for name in declared}
-    for key, n in counts.items():
-        kind, _, name = key.partition("/")
-        if kind in ("path_calls", "path_failures") and name not in declared:
-            table = calls if kind == "path_calls" else failures
-            table[UNKNOWN_TOOL] = table.get(UNKNOWN_TOOL, 0) + n
-    stats = {"tools/call_frequency": sum(calls.values()) / per,
-             "tools/failure_frequency": counts["failures"] / counts["calls"] if counts["calls"] else 0.0,
-             "tools/turns_per_episode": counts["turns"] / per,
-             "tools/cut_episodes": counts["cut"] / per,
-             "tools/malformed_episodes": counts["malformed"] / per}
-    for name in sorted(declared | {UNKNOWN_TOOL}):
-        stats[f"tools/calls/{name}"] = calls.get(name, 0) / per
-        stats[f"tools/failures/{name}"] = failures.get(name, 0) / per
-    return stats
-
-
-def tool_leaves(roots: list[Any]) -> list[tuple[Any, int]]:
-    """The leaves of a tool task's trees that hold their ``Episode``, with their depths (a node the environment
-    closed at the depth limit is a plain Node, with no episode)."""
-    from lit_grpo.tasks.tool_episode import Episode
-
-    return [(node, depth) for root in roots for node, depth in leaves_with_depth(root)
-            if isinstance(node, SegmentNode) and isinstance(node.episode, Episode)]
-
-
-def message_text(message: dict[str, Any]) -> str:
-    """One chat message on one line: an assistant's calls as ``name(arguments)``, a tool's answer by the tool's
-    name."""
-    role, content = message.get("role", "?"), str(message.get("content") or "")
-    calls = [call.get("function", {}) for call in message.get("tool_calls") or []]
-    called = " ".join(f"{c.get('name')}({json.dumps(c.get('arguments'))})" for c in calls)
-    name = f"({message['name']})" if role == "tool" and message.get("name") else ""
-    return f"**{role}{name}**: " + " ".join(part for part in (content.strip(), called) if part)
-
-
-def table_cell(text: str) -> str:
-    """``text`` as one markdown table cell (its pipes escaped, its newlines spaces)."""
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def conversations_table(roots: list[Any], max_rows: int) -> str:
-    """A markdown table of the first tool episodes: the prompt's last message, the whole conversation after it
-    (assistant turns, their calls and the tool messages) and the episode's return. Empty for other tasks."""
-    leaves = tool_leaves(roots)[:max_rows]
-    if not leaves:
-        return ""
-    lines = ["| prompt | conversation | return |", "|---|---|---|"]
-    for leaf, _ in leaves:
-        episode = leaf.episode
-        prompt = message_text(episode.messages[episode.prompt_messages - 1])
-        turns = "<br>".join(message_text(m) for m in episode.completion)
-        lines.append(f"| {table_cell(prompt)} | {table_cell(turns)} | {leaf.reward:.3f} |")
-    return "\n".join(lines)
-
-
-def leaves_with_depth(root: Node) -> list[tuple[Node, int]]:
-    """Every terminal node under ``root`` with its depth (the root is 0), depth first."""
-    found, pending = [], [(root, 0)]
-    while pending:
-        node, depth = pending.pop()
-        if node.terminal and not node.children:
-            found.append((node, depth))
-        pending.extend((child, depth + 1) for child in reversed(node.children))
-    return found
 
 
 def max_depth(node: Node) -> int:
@@ -314,12 +173,13 @@ class RolloutMetrics(pl.Callback):
             stats["staleness"] = float(report.staleness)
         stats.update(report.engine_metrics)  # e.g. the vllm_server engine's servers_alive
         if buffer.trees is not None:  # the same on every rank (the rollout kind), as the gathering needs
-            stats.update(global_tool_stats(buffer.trees, trainer.strategy, trainer.world_size))
-        # over ranks: counts add up, the rest are means of equal shares; tools/* are already global (equal on every
-        # rank, so their mean is themselves)
+            stats.update(episode_stats(buffer.trees, report.logged_metrics, trainer.strategy, trainer.world_size,
+                                       report.tool_names))
+        # over ranks: counts add up, the rest are means of equal shares; tools/*, rewards/* and logged/* are already
+        # global (equal on every rank, so their mean is themselves)
         for name, value in stats.items():
             reduce = "sum" if name in ("policy_tokens", "reward_errors") or "rows_round" in name else "mean"
-            key = name if name.startswith("tools/") else f"rollout/{name}"  # TRL's names for the tool figures
+            key = name if name.startswith(("tools/", "rewards/", "logged/")) else f"rollout/{name}"  # TRL's names
             pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx=reduce,
                           batch_size=1)
         prepared = pl_module.preparation_timings if isinstance(pl_module, PreparesEpochs) else {}

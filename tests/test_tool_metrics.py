@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from lit_grpo.buffers.tree_layout import SegmentNode
-from lit_grpo.callbacks.metrics import UNKNOWN_TOOL, global_tool_stats, tool_counts, tool_figures, tool_stats
+from lit_grpo.callbacks.episode_metrics import UNKNOWN_TOOL, global_tool_stats, tool_counts, tool_figures, tool_stats
 from lit_grpo.tasks.tool_episode import Episode
 from lit_grpo.tree import Node
 
@@ -149,3 +149,34 @@ def test_the_tasks_declared_names_are_logged_even_where_no_rank_holds_an_episode
     assert set(stats.values()) == {0.0}
     # declared names join the schemas' (a tool of an environment no rank drew this epoch is still named)
     assert "tools/calls/lookup" in global_tool_stats([failing_root_call_tree()], strategy, 1, declared=["lookup"])
+
+
+class TwoRanks:
+    """A stand-in strategy whose ``broadcast`` gives each rank's object, as DDP's does (the same on every rank)."""
+
+    def __init__(self, objects: list) -> None:
+        self.objects = objects
+
+    def broadcast(self, obj, src):
+        return self.objects[src]
+
+
+def scored(parts: dict) -> SegmentNode:
+    state = episode()
+    state.parts = parts
+    return SegmentNode(segment=(1,), terminal=True, kind="answer", episode=state)
+
+
+def test_each_rewards_mean_and_std_and_what_rewards_logged_are_combined_over_ranks():
+    from lit_grpo.callbacks.episode_metrics import global_reward_stats, reward_counts
+
+    rank0 = [SegmentNode(episode=episode(), children=[scored({"exact": 1.0, "judge": None}),
+                                                      scored({"exact": 0.0, "judge": 0.5})])]
+    rank1 = [SegmentNode(episode=episode(), children=[scored({"exact": 1.0, "judge": None})])]
+    counts = [reward_counts(rank0, {"custom/length": (6.0, 2)}), reward_counts(rank1, {})]
+    stats = global_reward_stats(rank0, {"custom/length": (6.0, 2)}, TwoRanks(counts), 2)
+    # exact scored 1, 0, 1: mean 2/3, sample std sqrt(1/3); judge scored one episode (0.5): std 0; custom/length 3
+    assert stats == pytest.approx({"rewards/exact/mean": 2 / 3, "rewards/exact/std": (1 / 3) ** 0.5,
+                                   "rewards/judge/mean": 0.5, "rewards/judge/std": 0.0, "logged/custom/length": 3.0},
+                                  abs=1e-12)
+    assert set(global_reward_stats(rank1, {}, TwoRanks(counts), 2)) == set(stats)  # the same names on every rank

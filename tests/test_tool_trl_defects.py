@@ -229,3 +229,29 @@ def test_the_prompt_counts_the_schemas_the_engine_receives():
                                     tokenize=True, return_dict=False)
     ids = task.prompt_ids({"prompt": "What is 3+4?", "answer": "7"}, QWEN)
     assert len(ids) > len(bare) + 50 and '"name": "add"' in QWEN.decode(ids)
+
+
+def test_chains_without_a_turn_limit_run_until_the_budget_ends_them():
+    from lit_grpo.rollout.trees import chain_widths, grown_rounds
+
+    task = ToolTask(records=[{"prompt": "q", "answer": "7"}] * 4, tools=[add], rewards=[answer_reward],
+                    max_completion_length=300, tool_timeout=None)  # max_turns: TRL's default, no limit
+    assert task.max_rounds is None
+    widths = chain_widths(2, task.max_rounds)
+    roots = grow(task, lambda turn, text: [CALL % ("add", '{"a": 3, "b": 4}')] * (2 if turn == 1 else 1), widths)
+    depths = [len(policy_nodes_of_chain(chain)) for chain in roots[0].children]
+    assert depths[0] == depths[1] > 4  # past any default limit, ended by the budget
+    last = policy_nodes_of_chain(roots[0].children[0])[-1]
+    assert last.kind == "cut" and len(last.context) + len(last.segment) - roots[0].context.__len__() <= 300
+    assert grown_rounds(roots, widths) == depths[0]
+    with pytest.raises(Exception, match="max_turns and max_completion_length are both null"):
+        ToolTask(records=[{"prompt": "q", "answer": "7"}] * 4, tools=[add], rewards=[answer_reward],
+                 max_completion_length=None)
+
+
+def policy_nodes_of_chain(chain):
+    """A chain's nodes from its first turn down."""
+    nodes = [chain]
+    while nodes[-1].children:
+        nodes.append(nodes[-1].children[0])
+    return [n for n in nodes if n.segment]

@@ -185,7 +185,7 @@ def with_template(template):
 
 
 def test_the_tool_figures_of_an_epoch_are_trls_and_per_tool():
-    from lit_grpo.callbacks.metrics import tool_stats
+    from lit_grpo.callbacks.episode_metrics import tool_stats
 
     task = ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=2)
     wrong = '<tool_call>\n{"name": "sub", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
@@ -234,7 +234,7 @@ def test_an_environment_class_written_for_trl_owns_the_reward():
 def test_the_tool_figures_skip_what_is_not_a_tool_episode():
     # the games' trees: segments without an episode, and the plain Node the environment closes a tree with
     from lit_grpo.buffers.tree_layout import SegmentNode
-    from lit_grpo.callbacks.metrics import tool_stats
+    from lit_grpo.callbacks.episode_metrics import tool_stats
     from lit_grpo.tree import Node
 
     root = SegmentNode(children=[SegmentNode(terminal=True, segment=(1,)), Node(terminal=True)])
@@ -306,7 +306,7 @@ def test_a_row_whose_reset_raises_is_skipped_with_one_warning_and_every_row_fail
 
 
 def test_the_sample_table_shows_whole_conversations_with_the_tool_messages():
-    from lit_grpo.callbacks.metrics import conversations_table
+    from lit_grpo.callbacks.episode_metrics import conversations_table
 
     task = ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=2)
     root, _ = grow(task, lambda turn, text: [CALL] if turn == 1 else ["7"], [1, 1])
@@ -334,11 +334,14 @@ def test_a_branching_that_does_not_match_the_turns_is_refused_before_anything_lo
     assert config_problems(config) == [
         "data.branching [8, 1] names 2 round(s), data.task ToolTask runs max_turns 3: give one width per round, or "
         "set data.task.init_args.max_turns"]
-    del config["data"]["task"]["init_args"]["max_turns"]  # ToolTask's default, 4
+    del config["data"]["task"]["init_args"]["max_turns"]  # ToolTask's default, null: TRL's, no limit
     config["data"]["branching"] = [8, 1, 1]
+    assert config_problems(config) == []  # chains: the token budget ends each episode
+    config["data"]["rollout"] = "tree"
     assert config_problems(config) == [
-        "data.branching [8, 1, 1] names 3 round(s), data.task ToolTask runs max_turns 4: give one width per round, "
-        "or set data.task.init_args.max_turns"]
+        "data.rollout 'tree' with data.task ToolTask max_turns null: a tree names one width per turn "
+        "(data.branching); set data.task.init_args.max_turns, or use data.rollout 'chains' (no limit: the task's "
+        "token budget ends each episode)"]
 
 
 def test_each_turn_but_the_last_tells_the_engine_another_follows():

@@ -32,9 +32,6 @@ ASPECTS = {
 # entry is removed with the fix.
 REPLY_IDS = ("completion_ids", "tool_mask", "contexts", "reward_inputs")
 KNOWN = {
-    # GLM-4-MoE's call turn stops on <|observation|>, which its template writes only as the tool message's header:
-    # our reply re-renders the call (it is trained twice), TRL's suffix repeats <|observation|>. Open (issue 57).
-    "GLM-4-MoE": ("call", "calls", "async_sync", "reasoning", "reset", "malformed"),
     # Gemma 4 v2: our reply is the template's rendering ("<turn|>\n"); TRL's suffix loses the newline because it
     # trims its dummy prefix at eos_token only. Ours kept (the tokens the model sees at inference).
     "Gemma-4-v2": ("call", "calls", "async_sync", "reasoning", "reset"),

@@ -29,6 +29,8 @@ class RolloutReport:
     ``completions_generated``: completions (or tree segments) drawn over the run so far, every draw counted.
     ``budget_spent``: the completion budget pays for no further group: this epoch is the run's last (the one place
     that decides it: ``rollout.cursor.PromptCursor.budget_spent``).
+    ``tool_names``: every tool a tool task's episodes may call (each is logged by name on every rank, called or not).
+    ``logged_metrics``: what the rewards logged with ``log_metric`` over the epoch's draw, each name's (sum, count).
     """
 
     buffer: RolloutBuffer
@@ -39,3 +41,5 @@ class RolloutReport:
     can_draw_ahead: bool = False
     completions_generated: int = 0
     budget_spent: bool = False
+    tool_names: tuple[str, ...] = ()
+    logged_metrics: Mapping[str, tuple[float, int]] = field(default_factory=dict)

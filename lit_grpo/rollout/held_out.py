@@ -29,7 +29,7 @@ class HeldOutPrompts:
     task: Task
     engine: RolloutEngine
     scorer: Task | RewardWorker
-    rounds: int  # of a multi-round task's episodes
+    rounds: int | None  # of a multi-round task's episodes (None: until each ends)
     max_prompts: int | None
     batch_size: int
 

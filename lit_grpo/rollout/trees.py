@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import copy
+import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -19,6 +20,48 @@ from lit_grpo.rollout.turn_tokens import reply_ids
 from lit_grpo.errors import InputError
 from lit_grpo.tasks.multiround import EnvStep, MultiRoundTask, RowUnavailable
 from lit_grpo.tree import close_with_no_answer, depth_first
+
+class EveryTurn(Sequence[int]):
+    """The widths of chains whose task sets no turn limit (a tool task's ``max_turns: null``, TRL's
+    ``max_tool_calling_iterations=None``): ``first`` children at the root, then one per turn until every episode has
+    ended (the task's token budget ends the longest)."""
+
+    def __init__(self, first: int) -> None:
+        self.first = first
+
+    def __len__(self) -> int:
+        return sys.maxsize
+
+    def __getitem__(self, index: int) -> int:  # type: ignore[override]
+        return self.first if index == 0 else 1
+
+    def __iter__(self) -> Iterator[int]:
+        yield self.first
+        while True:
+            yield 1
+
+
+def chain_widths(group_size: int, rounds: int | None) -> Sequence[int]:
+    """Chains' widths: ``group_size`` episodes per prompt, one child per turn after; ``rounds`` turns at most (None:
+    until each ends)."""
+    return EveryTurn(group_size) if rounds is None else [group_size] + [1] * (rounds - 1)
+
+
+def grown_rounds(roots: Sequence[SegmentNode], widths: Sequence[int]) -> int:
+    """The rounds a batch of trees could run: ``widths``' length, or the deepest episode where there is no limit."""
+    if not isinstance(widths, EveryTurn):
+        return len(widths)
+    return max((depth for root in roots for depth in node_depths(root)), default=1)
+
+
+def node_depths(root: SegmentNode) -> list[int]:
+    found, pending = [], [(root, 0)]
+    while pending:
+        node, depth = pending.pop()
+        found.append(depth)
+        pending.extend((child, depth + 1) for child in node.children if isinstance(child, SegmentNode))
+    return found
+
 
 Decide = Callable[[list[list[int]], int], Sequence["tuple[int, ...] | None"]]
 """A decision rule: for the open contexts of round ``depth``, each one's allowed first tokens (None: free)."""
@@ -191,7 +234,7 @@ def greedy_episodes(
     engine: RolloutEngine,
     tokenizer: Any,
     records: Sequence[PromptRecord],
-    max_depth: int,
+    max_depth: int | None,
     sampling: SamplingSpec,
     decide: Decide | None = None,
     reward_context: Any = None,
@@ -212,13 +255,14 @@ def greedy_trees(
     engine: RolloutEngine,
     tokenizer: Any,
     records: Sequence[PromptRecord],
-    max_depth: int,
+    max_depth: int | None,
     sampling: SamplingSpec,
     decide: Decide | None = None,
     reward_context: Any = None,
 ) -> list[SegmentNode]:
-    """One greedy episode per prompt, as single-path trees."""
-    return expand_trees(task, engine, tokenizer, records, [1] * max_depth, replace(sampling, greedy=True), decide,
+    """One greedy episode per prompt, as single-path trees (``max_depth`` None: until each ends)."""
+    widths = chain_widths(1, max_depth)
+    return expand_trees(task, engine, tokenizer, records, widths, replace(sampling, greedy=True), decide,
                         reward_context=reward_context)
 
 

@@ -34,17 +34,18 @@ def reply_ids(tokenizer: Any, conversation: Sequence[dict[str, Any]], reply: Seq
     """The ids between assistant turn ``turn`` (the last message of ``conversation``, which the engine ended with
     ``end_of_turn``) and the next one: ``reply``'s messages and the next assistant header.
 
-    The cut is after the rendering's last ``end_of_turn`` or end-of-sequence token (``end_cut``): a turn that stopped
-    on another stop id (Qwen's ``<|endoftext|>`` where the template writes ``<|im_end|>``) is cut after the
-    template's own end, as TRL's ``_get_tool_suffix_ids`` cuts (the reply then follows the sampled stop id), and a
-    template that writes neither is not cut (the reply is what the rendering adds).
+    The cut is after the rendering's last ``end_of_turn`` or end-of-sequence token where only whitespace follows it
+    (``end_cut``): a turn that stopped on another stop id (Qwen's ``<|endoftext|>`` where the template writes
+    ``<|im_end|>``) is cut after the template's own end, as TRL's ``_get_tool_suffix_ids`` cuts (the reply then
+    follows the sampled stop id), and a template that ends the turn with neither is not cut (the reply is what the
+    rendering adds).
 
     ``InputError`` where the rendering with ``reply`` does not begin with the rendering without it up to that turn's
     end (a template that is not append-only), naming the turn and the first tokens that differ.
     """
     before = rendered_ids(tokenizer, conversation, tools, False, chat_template, template_kwargs)
     after = rendered_ids(tokenizer, [*conversation, *reply], tools, True, chat_template, template_kwargs)
-    cut = end_cut(before, end_of_turn, tokenizer.eos_token_id)
+    cut = end_cut(before, end_of_turn, tokenizer.eos_token_id, tokenizer)
     if after[:cut] != before[:cut]:
         at = next(i for i, (a, b) in enumerate(zip(after, before)) if a != b) if len(after) >= cut else len(after)
         raise InputError(
@@ -56,13 +57,16 @@ def reply_ids(tokenizer: Any, conversation: Sequence[dict[str, Any]], reply: Seq
     return after[cut:]
 
 
-def end_cut(before: Sequence[int], end_of_turn: int, eos_token_id: int | None) -> int:
-    """Where the rendering of a conversation ending in an assistant turn is cut: after the last ``end_of_turn``
-    (the token the turn stopped on) or end-of-sequence token it holds, whichever comes later (a turn that stopped on
-    ``<|endoftext|>`` keeps it in its parsed text, rendered before the calls; the template's own end follows
-    them), else at its end."""
+def end_cut(before: Sequence[int], end_of_turn: int, eos_token_id: int | None, tokenizer: Any) -> int:
+    """Where the rendering of a conversation ending in an assistant turn is cut: after the last ``end_of_turn`` (the
+    token the turn stopped on) or end-of-sequence token it holds, whichever comes later, when only whitespace follows
+    it (Qwen's newline after ``<|im_end|>``); else at its end. A stop id inside the turn's text is no end: a turn that
+    stopped on ``<|endoftext|>`` keeps it in its parsed text, which the template renders before the calls; GLM-4's
+    call turn stops on ``<|observation|>``, which its template writes only as the tool message's header."""
     ends = [index for index, token in enumerate(before) if token in (end_of_turn, eos_token_id)]
-    return ends[-1] + 1 if ends else len(before)
+    if ends and not tokenizer.decode(list(before[ends[-1] + 1:])).strip():
+        return ends[-1] + 1
+    return len(before)
 
 
 def shown(tokenizer: Any, ids: Sequence[int]) -> str:

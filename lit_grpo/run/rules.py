@@ -42,9 +42,10 @@ class SamplesFromCopy(Protocol):
 
 @runtime_checkable
 class DeclaresRounds(Protocol):
-    """A multi-round task (instance or class) that says how many rounds it runs at most."""
+    """A multi-round task (instance or class) that says how many rounds it runs at most (None: no limit, chains
+    only)."""
 
-    max_rounds: int
+    max_rounds: int | None
 
 
 @runtime_checkable
@@ -322,6 +323,10 @@ def multi_round_problems(data_args: dict[str, Any], task: Any, model_args: dict[
     if isinstance(rounds, int) and rounds < 1:
         problems.append(f"data.task {name}: {argument or 'max_rounds'} must be >= 1 (the rounds an episode runs at "
                         f"most), got {rounds}")
+    elif rounds is None and argument and rollout == "tree":
+        problems.append(f"data.rollout 'tree' with data.task {name} {argument} null: a tree names one width per turn "
+                        f"(data.branching); set data.task.init_args.{argument}, or use data.rollout 'chains' (no "
+                        "limit: the task's token budget ends each episode)")
     elif isinstance(rounds, int) and isinstance(branching, list) and len(branching) != rounds:
         where = f", or set data.task.init_args.{argument}" if argument else ""
         problems.append(f"data.branching {branching} names {len(branching)} round(s), data.task {name} runs "
@@ -346,7 +351,8 @@ ROUNDS_ARGUMENTS = ("max_rounds", "max_turns")  # how a multi-round task's __ini
 def declared_rounds(task: Any, task_args: dict[str, Any] | None) -> tuple[int | None, str]:
     """The rounds a multi-round task runs at most and the ``__init__`` argument that sets them (``max_rounds``, a
     tool task's ``max_turns``; "" for a class attribute): an instance's ``max_rounds``; a class's argument as
-    configured in ``task_args`` or its default, else its class attribute. ``(None, "")`` when none is declared."""
+    configured in ``task_args`` or its default, else its class attribute. ``(None, "")`` when none is declared;
+    ``(None, argument)`` when the argument sets no limit (a tool task's ``max_turns: null``)."""
     cls = task if isinstance(task, type) else type(task)
     try:
         declared = inspect.signature(cls).parameters
@@ -357,7 +363,7 @@ def declared_rounds(task: Any, task_args: dict[str, Any] | None) -> tuple[int | 
     if isinstance(task, type) and argument:
         default = declared[argument].default
         rounds = (task_args or {}).get(argument, None if default is inspect.Parameter.empty else default)
-    return (rounds, argument) if isinstance(rounds, int) else (None, "")
+    return (rounds, argument) if isinstance(rounds, int) else (None, argument if rounds is None else "")
 
 
 def cross_knob_problems(model_args: dict[str, Any] | None, data_args: dict[str, Any] | None, engine: Any = None,

@@ -182,6 +182,10 @@ class Task(ABC):
         gdpo``); empty here: one unnamed reward."""
         return {}
 
+    def tool_names(self) -> list[str]:
+        """Every tool the task's episodes may call (a tool task's; none here): the metrics log each by name."""
+        return []
+
     def close(self) -> None:
         """Release what the task started (a tool task's worker process); the DataModule's teardown calls it. Here:
         nothing."""

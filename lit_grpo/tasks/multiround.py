@@ -68,7 +68,7 @@ class MultiRoundTask(Task):
 
     @property
     @abstractmethod
-    def max_rounds(self) -> int:
+    def max_rounds(self) -> int | None:
         """The rounds an episode runs at most: a tree or chain rollout names one width per round
         (``data.branching``), and a list of another length is refused (run/rules.py ``declared_rounds``). A task
         sets it through an ``__init__`` argument named ``max_rounds`` (a tool task: ``max_turns``), read off the

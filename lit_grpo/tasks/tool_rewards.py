@@ -58,6 +58,10 @@ class RewardContext:
         """TRL's ``log_metric(name, value)``."""
         self.metrics.setdefault(str(name), []).append(float(value))
 
+    def logged(self) -> dict[str, tuple[float, int]]:
+        """Each ``log_metric`` name's (sum, count) so far."""
+        return {name: (sum(values), len(values)) for name, values in self.metrics.items()}
+
     def log_extra(self, column: str, values: list[Any]) -> None:
         """TRL's ``log_extra(column, values)``."""
         self.extra.setdefault(str(column), []).extend(values)

@@ -51,7 +51,8 @@ class ToolTask(MultiRoundTask):
         reward_weights: one weight per reward (TRL's ``reward_weights``; an environment's ``get_reward`` weighs 1);
             default: all 1.
         max_turns: assistant turns at most (TRL's ``max_tool_calling_iterations`` + 1); a turn that still calls a
-            tool at the limit ends the episode, scored as it stands.
+            tool at the limit ends the episode, scored as it stands. null (TRL's default): no limit, chains only;
+            ``max_completion_length`` ends each episode (a tree names one width per turn, so it needs a number).
         max_completion_length: TRL's budget for the whole multi-turn completion, in tokens (assistant turns and tool
             messages after the prompt): a turn is cut to what is left, and tool messages that would pass it (or the
             model's context) are dropped, ending the episode with its last assistant turn scored, as TRL does.
@@ -81,7 +82,7 @@ class ToolTask(MultiRoundTask):
     def __init__(self, path: str | None = None, records: Sequence[PromptRecord] | None = None,
                  tools: Sequence[Callable | str] = (), environment: Factory | str | Mapping[str, Factory | str] | None = None,
                  rewards: Sequence[RewardFunction | str] = (), reward_weights: Sequence[float] | None = None,
-                 max_turns: int = 4, max_completion_length: int | None = 256,
+                 max_turns: int | None = None, max_completion_length: int | None = 256,
                  chat_template_kwargs: Mapping[str, Any] | None = None, malformed_turns: MalformedTurns = "reward",
                  malformed_reward: float = -1.0, success_reward: float = 1.0, tool_timeout: float | None = 10.0,
                  tool_messages: Literal["trl", "json"] = "trl", check_argument_types: bool = False,
@@ -94,8 +95,11 @@ class ToolTask(MultiRoundTask):
         if tool_timeout is not None and tool_timeout <= 0:
             problems.append(f"tool_timeout must be positive (seconds), or null to run calls unbounded in the "
                             f"training process; got {tool_timeout}")
-        if max_turns < 1:
-            problems.append(f"max_turns must be >= 1, got {max_turns}")
+        if max_turns is not None and max_turns < 1:
+            problems.append(f"max_turns must be >= 1 or null (no limit), got {max_turns}")
+        if max_turns is None and max_completion_length is None:
+            problems.append("max_turns and max_completion_length are both null: an episode would have no bound; set "
+                            "one (TRL bounds a multi-turn completion by max_completion_length)")
         if max_completion_length is not None and max_completion_length < 1:
             problems.append(f"max_completion_length must be >= 1 (tokens) or null, got {max_completion_length}")
         if malformed_turns not in ("reward", "penalty"):
@@ -122,8 +126,8 @@ class ToolTask(MultiRoundTask):
         self._formats: dict[int, ChatFormat] = {}  # one per tokenizer, as TRL prepares its processing class once
 
     @property
-    def max_rounds(self) -> int:
-        """An episode's turns at most: ``max_turns``."""
+    def max_rounds(self) -> int | None:
+        """An episode's turns at most: ``max_turns`` (None: no limit)."""
         return self.max_turns
 
     def split(self) -> tuple[list[PromptRecord], list[PromptRecord], list[PromptRecord]]:
@@ -239,11 +243,12 @@ class ToolTask(MultiRoundTask):
         parsed = self.format(tokenizer).parse(segment_ids, context_ids, episode.schemas)
         episode.messages.append(parsed.message)
         episode.malformed = parsed.malformed
-        if parsed.malformed and self.malformed_turns == "penalty":
+        if parsed.malformed and not truncated and self.malformed_turns == "penalty":  # a cut turn is the budget's
             return EnvStep("malformed", self._malformed, terminal=True, episode=episode)
         calls = list(parsed.message.get("tool_calls") or [])
-        if parsed.malformed or not calls or truncated or round_index >= self.max_turns:
-            kind = "malformed" if parsed.malformed else "answer" if not calls else "cut"
+        at_limit = self.max_turns is not None and round_index >= self.max_turns
+        if parsed.malformed or not calls or truncated or at_limit:
+            kind = "cut" if truncated else "malformed" if parsed.malformed else "answer" if not calls else "cut"
             return EnvStep(kind, 0.0, terminal=True, episode=episode, scored_later=True)
         outcomes = episode.toolbox.call_turn(calls)
         counted(episode, outcomes)
