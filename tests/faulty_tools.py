@@ -131,3 +131,13 @@ class ClientRegisters(Registers):
                 self.client, self.peer = socket.socketpair()
             self.client.sendall(str(value).encode())  # the register's value goes through the client and back
             return super()._store(int(self.peer.recv(64).decode()))
+
+
+def raising_factory():
+    """TRL's environment_factory as a plain callable that cannot build its environment (a service that is down)."""
+    raise ConnectionError("the sandbox service refused the connection")
+
+
+async def broken_judge(prompts, completions, **kwargs):
+    """An async reward (an LLM judge) whose service fails on every call."""
+    raise TimeoutError("the judge did not answer")
