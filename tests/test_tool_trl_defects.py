@@ -255,3 +255,28 @@ def policy_nodes_of_chain(chain):
     while nodes[-1].children:
         nodes.append(nodes[-1].children[0])
     return [n for n in nodes if n.segment]
+
+
+class Dice:
+    """TRL's dataset-free mode: the environment makes each prompt in reset (seeded on the row's number, so the
+    episodes of a group share their problem)."""
+
+    def reset(self, row, **kwargs):
+        import random
+
+        self.a, self.b = random.Random(row).randint(1, 9), random.Random(row + 100).randint(1, 9)
+        return f"What is {self.a}+{self.b}?"
+
+    def get_reward(self) -> float:
+        return 1.0
+
+
+def test_without_a_dataset_the_environment_makes_the_prompts():
+    task = ToolTask(environment=Dice, generated_rows=12, heldout_size=4, tool_timeout=None)
+    train, validation, test = task.split()
+    assert (len(train), len(validation) + len(test)) == (8, 4)
+    (root,) = grow(task, lambda turn, text: ["7", "8"], [2], records=[train[0]])
+    text = QWEN.decode(root.context)
+    assert f"What is {root.children[0].episode.environment.a}+" in text and len(root.children) == 2
+    with pytest.raises(Exception, match="without a dataset"):
+        ToolTask(environment=Dice)

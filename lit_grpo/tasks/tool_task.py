@@ -75,6 +75,10 @@ class ToolTask(MultiRoundTask):
         max_tool_chars: the longest answer the model sees, cut with a note (TRL: no cut; None).
         heldout_size: rows held out, disjoint from training: half validation, half test.
         split_seed: seed of the held-out draw.
+        generated_rows: without ``path`` and ``records``, TRL's dataset-free mode: this many rows, each an empty
+            user message and its number (``row``), whose environment's ``reset`` makes the prompt. A group's
+            episodes share one prompt here (TRL compares different ones), so ``reset`` must give the same text for
+            the same row: seed on ``row``.
     """
 
     owns_turns = True
@@ -87,11 +91,15 @@ class ToolTask(MultiRoundTask):
                  malformed_reward: float = -1.0, success_reward: float = 1.0, tool_timeout: float | None = 10.0,
                  tool_messages: Literal["trl", "json"] = "trl", check_argument_types: bool = False,
                  parallel_sync: bool = False, max_tool_chars: int | None = None, heldout_size: int = 100,
-                 split_seed: int = 0) -> None:
+                 split_seed: int = 0, generated_rows: int | None = None) -> None:
         super().__init__(use_chat_template=True)
         problems = []
-        if (path is None) == (records is None):
-            problems.append("give path (a data file) or records (rows from Python), one of them")
+        if path is not None and records is not None:
+            problems.append("give path (a data file) or records (rows from Python), not both")
+        if path is None and records is None and (environment is None or generated_rows is None):
+            problems.append("give path (a data file) or records (rows from Python); without a dataset (the "
+                            "environment's reset makes each prompt, TRL's dataset-free mode) give an environment and "
+                            "generated_rows")
         if tool_timeout is not None and tool_timeout <= 0:
             problems.append(f"tool_timeout must be positive (seconds), or null to run calls unbounded in the "
                             f"training process; got {tool_timeout}")
@@ -110,6 +118,8 @@ class ToolTask(MultiRoundTask):
             raise InputError("ToolTask: " + "; ".join(problems))
         self.factories = factories(environment)
         self.path, self.given = path, None if records is None else [dict(r) for r in records]
+        if path is None and records is None and generated_rows is not None:  # TRL's placeholder rows, numbered
+            self.given = [{"prompt": [{"role": "user", "content": ""}], "row": i} for i in range(generated_rows)]
         self.tools = [imported(t) if isinstance(t, str) else t for t in tools]
         self.rewards = [import_reward(r) if isinstance(r, str) else r for r in rewards]  # DatasetTask's reading
         self.weights = [float(w) for w in reward_weights] if reward_weights is not None else [1.0] * len(rewards)
