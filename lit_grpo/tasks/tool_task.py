@@ -237,7 +237,7 @@ class ToolTask(MultiRoundTask):
 
     def environment_label(self, episode: Episode) -> str:
         environment = episode.environment
-        return type(environment).__name__ if environment is not None else "of the tools"
+        return environment.__class__.__name__ if environment is not None else "of the tools"  # a proxy: its class
 
     def tokens_left(self, episode: Any, context_length: int) -> int | None:
         """The tokens the whole conversation may still take under ``max_completion_length`` after a context of
