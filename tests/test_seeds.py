@@ -52,8 +52,8 @@ def test_the_rule_following_trees_continue_the_exploring_trees_request_seeds(mon
     data.prompts.share_start = 0
     calls = []
     monkeypatch.setattr(trees_module, "expand_trees",
-                        lambda task, engine, tok, records, widths, sampling, rule=None, request_offset=0: calls.append(
-                            (list(records), sampling.seed + request_offset, rule)) or [])
+                        lambda task, engine, tok, records, widths, sampling, rule=None, request_offset=0,
+                        reward_context=None: calls.append((list(records), sampling.seed + request_offset, rule)) or [])
     monkeypatch.setattr(data.risk_threshold, "at", lambda module, epoch, training: "rule")
     data.trainer = SimpleNamespace(current_epoch=0)
     data.use_risk_threshold(SimpleNamespace(explore_fraction=0.25, decision="threshold"))

@@ -65,14 +65,18 @@ def test_a_megabyte_answer_is_cut_and_the_run_goes_on(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("environment", ["faulty_tools.OpaqueRegisters", "faulty_tools.MultiplyOnlyRegisters",
-                                         "faulty_tools.IntegerRegisters"])
-def test_a_result_neither_text_nor_json_an_unknown_tool_and_a_wrong_type_fail_the_call_not_the_run(environment,
+@pytest.mark.parametrize(("environment", "name"), [("faulty_tools.OpaqueRegisters", "add"),
+                                                   ("faulty_tools.MultiplyOnlyRegisters", "unknown"),
+                                                   ("faulty_tools.IntegerRegisters", "add")])
+def test_a_result_neither_text_nor_json_an_unknown_tool_and_a_wrong_type_fail_the_call_not_the_run(environment, name,
                                                                                                     tmp_path):
-    result, logged, _ = run(tmp_path, environment)
+    # lit-grpo's options beyond TRL (JSON messages, schema type checks): TRL would send str(object) and call with
+    # the wrong type; an unknown name is TRL's "Tool add not found." either way, counted under tools/*/unknown
+    result, logged, _ = run(tmp_path, environment, "--data.task.init_args.tool_messages", "json",
+                            "--data.task.init_args.check_argument_types", "true")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert logged["tools/failures/add"] > 0  # each add call answered an error (unreadable, unknown, or typed)
-    assert logged["tools/failures/add"] == logged["tools/calls/add"]
+    assert logged[f"tools/failures/{name}"] > 0  # each add call answered an error (unreadable, unknown, or typed)
+    assert logged[f"tools/failures/{name}"] == logged[f"tools/calls/{name}"]
 
 
 @pytest.mark.slow

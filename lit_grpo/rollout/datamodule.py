@@ -39,6 +39,7 @@ from lit_grpo.run.resume import task_notes
 from lit_grpo.run.rules import DeclaresRounds, RolloutKind, choice_problems, cross_knob_problems, staleness_problems
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks import ArithmeticTask, PromptRecord, Task
+from lit_grpo.tasks.multiround import MultiRoundTask
 from lit_grpo.tasks.tool_rewards import RewardContext, trainer_state
 
 
@@ -299,7 +300,8 @@ class RolloutDataModule(pl.LightningDataModule):
                    sampling: SamplingSpec) -> list[Any]:
         """The epoch's trees (``grow_epoch_trees``), ``risk_threshold.explore_fraction`` of them without the rule."""
         rule = self.risk_threshold.at(module, self.trainer.current_epoch, training=True)
-        self.reward_context = RewardContext(trainer_state(self.trainer))  # what this draw's rewards log
+        if isinstance(self.task, MultiRoundTask) and self.task.owns_turns:  # rewards called as TRL calls them
+            self.reward_context = RewardContext(trainer_state(self.trainer))  # what this draw's rewards log
         return grow_epoch_trees(self.task, self.engine, module.tokenizer, records, widths, sampling, rule,
                                 self.risk_threshold.explore_fraction(rule), self.prompts.share_start,
                                 self.reward_context)
