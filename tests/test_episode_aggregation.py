@@ -136,5 +136,55 @@ def test_sequences_are_checked():
     values, mask = torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool)
     with pytest.raises(ValueError, match="one per row"):
         aggregation_terms(values, mask, "seq-mean", sequences=Sequences(torch.ones(3), torch.ones(3)))
-    with pytest.raises(ValueError, match="at least one row"):
-        aggregation_terms(values, mask, "seq-mean", sequences=Sequences(torch.ones(2), torch.zeros(2)))
+    with pytest.raises(ValueError, match="one per row"):
+        aggregation_terms(values, mask, "seq-mean", sequences=Sequences(torch.ones(2), torch.ones(2, 1)))
+
+
+# TRL's layout of the same two episodes: A's completion is turn 1 (2 tokens), a tool reply (3), turn 2 (3), a tool
+# reply (2), turn 3 (1), its tool tokens out of the loss by tool_mask; B's is one turn of 4, then padding
+TRL_T = 11
+TURN_COLUMNS = ([0, 1], [5, 6, 7], [10], [0, 1, 2, 3])  # our rows: A1, A2, A3 on TRL's row 0, B1 on its row 1
+TRL_ROW = [0, 0, 0, 1]
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:TRL currently supports vLLM versions:UserWarning")
+@pytest.mark.parametrize(("aggregation", "loss_type"), [("seq-mean", "grpo"), ("constant", "dr_grpo"),
+                                                         ("token-mean", "bnpo")])
+def test_a_tool_chains_loss_and_gradient_equal_trls_multi_turn_completion(aggregation, loss_type):
+    from trl_losses import trl_loss, trl_trainer
+
+    f64, generator = torch.float64, torch.Generator().manual_seed(57)
+    old = -0.2 - torch.rand(2, TRL_T, generator=generator, dtype=f64) * 2.5
+    logp_trl = (old + (0.35 + torch.rand(2, TRL_T, generator=generator, dtype=f64) * 2.55).log()).requires_grad_()
+    ref = old + torch.randn(2, TRL_T, generator=generator, dtype=f64) * 0.3
+    advantages = torch.tensor([0.9, -1.3], dtype=f64)
+    completion_mask = torch.zeros(2, TRL_T, dtype=torch.long)
+    completion_mask[0], completion_mask[1, :4] = 1, 1
+    tool_mask = torch.ones(2, TRL_T, dtype=torch.long)
+    tool_mask[0, [2, 3, 4, 8, 9]] = 0
+    trainer = trl_trainer(loss_type=loss_type, epsilon=0.2, beta=0.04, use_bias_correction_kl=True,
+                          max_completion_length=MAX_NEW_TOKENS)
+    theirs = trl_loss(trainer, logp_trl, old, advantages, completion_mask, ref_logp=ref, tool_mask=tool_mask)
+
+    logp_leaf = logp_trl.detach().clone().requires_grad_()
+    counted = torch.zeros(4, TRL_T, dtype=torch.bool)
+    for row, columns in enumerate(TURN_COLUMNS):
+        counted[row, columns] = True
+    batch = {"old_logp": old[TRL_ROW], "advantages": advantages[TRL_ROW], "completion_mask": counted,
+             "ref_logp": ref[TRL_ROW], "sequence_tokens": torch.tensor([6.0, 6.0, 6.0, 4.0]),
+             "sequence_rows": torch.tensor([3.0, 3.0, 3.0, 1.0])}
+    objective = Objective.from_arguments(DEFAULTS | {"clip_eps": 0.2, "kl_coef": 0.04, "kl_ratio_correction": True,
+                                                     "aggregation": aggregation})
+    ours = policy_terms(objective, batch, logp_leaf[TRL_ROW], None, counted, MAX_NEW_TOKENS).loss
+
+    torch.testing.assert_close(ours, theirs.to(f64), rtol=0, atol=1e-9)
+    loss_mask = (completion_mask * tool_mask).bool()
+    grad_ours, grad_trl = (torch.autograd.grad(loss, leaf)[0] for loss, leaf in ((ours, logp_leaf),
+                                                                                 (theirs, logp_trl)))
+    torch.testing.assert_close(grad_ours * loss_mask, grad_trl * loss_mask, rtol=0, atol=1e-9)
+    assert grad_trl.abs().sum() > 0
+    if aggregation != "token-mean":  # the per-row weighting TRL does not share
+        per_row = {key: value for key, value in batch.items() if not key.startswith("sequence_")}
+        rows_loss = policy_terms(objective, per_row, logp_leaf[TRL_ROW], None, counted, MAX_NEW_TOKENS).loss
+        assert abs(rows_loss.item() - theirs.item()) > 1e-3

@@ -94,12 +94,11 @@ def aggregation_terms(
 
 
 def check_sequences(sequences: Sequences, num_rows: int) -> None:
-    """Raise ``ValueError`` unless ``sequences``' tensors are ``[num_rows]`` with every episode's rows >= 1."""
+    """Raise ``ValueError`` unless ``sequences``' tensors are ``[num_rows]`` (shapes only: reading values would wait
+    for the device on every minibatch; ``rows`` >= 1 is the buffer's to keep)."""
     if sequences.tokens.shape != (num_rows,) or sequences.rows.shape != (num_rows,):
         raise ValueError(f"sequences' tokens {tuple(sequences.tokens.shape)} and rows {tuple(sequences.rows.shape)} "
                          f"must be [{num_rows}], one per row")
-    if num_rows and bool((sequences.rows < 1).any()):
-        raise ValueError(f"every episode has at least one row, got rows {sequences.rows.tolist()}")
 
 
 def sequence_mean(values: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
