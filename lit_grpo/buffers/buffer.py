@@ -10,7 +10,7 @@ import torch
 
 from lit_grpo.buffers.completion import Completion
 from lit_grpo.buffers.positions import FirstTokenConstraint
-from lit_grpo.losses import aggregation_terms
+from lit_grpo.losses import Sequences, aggregation_terms
 from lit_grpo.run.rules import RolloutKind
 from lit_grpo.tasks.base import ScoredCompletion
 
@@ -59,6 +59,9 @@ class RolloutBuffer:
     risk_probes: Any = None  # the detached risk head's labelled probe states (lit_grpo.risk.probes.ProbeLabels)
     loss_rows: torch.Tensor | None = None  # [N] bool: rows that count in the loss (None: all; trees' flat groups out)
     tree_rounds: int | None = None  # the rounds a tree or chain rollout runs at most (len of data.branching)
+    # a tool task's chains, where TRL's sequence is the whole episode (losses.Sequences); None: a row is a sequence
+    sequence_tokens: torch.Tensor | None = None  # [N] float: the row's episode's counted tokens over all its rows
+    sequence_rows: torch.Tensor | None = None  # [N] float: the number of rows of the row's episode
 
     def first_token_constraint(self) -> FirstTokenConstraint | None:
         """The sampler's first-token restrictions, when any row had one."""
@@ -202,14 +205,28 @@ def empty_minibatch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return empty
 
 
+def batch_sequences(batch: dict[str, torch.Tensor]) -> Sequences | None:
+    """The minibatch's rows' episodes where a sequence spans several rows (a tool task's chain), else None."""
+    if "sequence_tokens" not in batch:
+        return None
+    return Sequences(batch["sequence_tokens"], batch["sequence_rows"])
+
+
 def minibatch_counts(batch: dict[str, torch.Tensor], aggregation: str, max_new_tokens: int) -> dict[str, torch.Tensor]:
     """One minibatch's count for each loss: the policy aggregation's over the rows in the loss (a row left out counts
-    as no sequence), its counted tokens and its inferring rows."""
+    as no sequence; a row of a multi-row episode as its share of one: ``batch_sequences``), its counted tokens and
+    its inferring rows."""
     mask = batch["completion_mask"]
-    kept = mask if "loss_rows" not in batch else mask[batch["loss_rows"]]  # [kept rows, L]
+    sequences = batch_sequences(batch)
+    if "loss_rows" in batch:
+        kept_rows = batch["loss_rows"]
+        mask_kept = mask[kept_rows]  # [kept rows, L]
+        sequences = None if sequences is None else Sequences(sequences.tokens[kept_rows], sequences.rows[kept_rows])
+    else:
+        mask_kept = mask
     inferred = batch.get("inferred")
     return {
-        "step_denominator": aggregation_terms(kept.float(), kept, aggregation, max_new_tokens)[1],
+        "step_denominator": aggregation_terms(mask_kept.float(), mask_kept, aggregation, max_new_tokens, sequences)[1],
         "step_value_tokens": mask.float().sum(),
         "step_risk_rows": mask.new_tensor(0.0, dtype=torch.float32) if inferred is None else inferred.float().sum(),
     }
@@ -240,6 +257,8 @@ def minibatch(buffer: RolloutBuffer, rows: torch.Tensor) -> dict[str, torch.Tens
         out["returns"] = buffer.returns[rows, :width]
     if buffer.loss_rows is not None:  # a tree's flat sibling groups, out of the policy loss (policy_mask)
         out["loss_rows"] = buffer.loss_rows[rows]
+    if buffer.sequence_tokens is not None:  # a tool task's chains: each row's episode (batch_sequences)
+        out["sequence_tokens"], out["sequence_rows"] = buffer.sequence_tokens[rows], buffer.sequence_rows[rows]
     if buffer.decision_index is not None:  # trees: the risk head's inputs and targets, the sampler's restriction
         out["decision_index"], out["first_token_allowed"] = buffer.decision_index[rows], buffer.first_token_allowed[rows]
         out["inferred"], out["rewards"] = buffer.inferred[rows], buffer.rewards[rows]
@@ -277,6 +296,8 @@ def select_groups(buffer: RolloutBuffer, groups: list[int]) -> RolloutBuffer:
         sampler_logp=None if buffer.sampler_logp is None else buffer.sampler_logp[index],
         reward_errors=buffer.reward_errors,
         reward_failed=None if buffer.reward_failed is None else buffer.reward_failed[index],
+        sequence_tokens=None if buffer.sequence_tokens is None else buffer.sequence_tokens[index],
+        sequence_rows=None if buffer.sequence_rows is None else buffer.sequence_rows[index],
         reward_parts={name: values[index] for name, values in buffer.reward_parts.items()},
         reward_weights=buffer.reward_weights,
         prompt_texts=[buffer.prompt_texts[r] for r in rows],
@@ -308,6 +329,10 @@ def concat_buffers(buffers: list[RolloutBuffer]) -> RolloutBuffer:
         reward_errors=sum(b.reward_errors for b in buffers),
         reward_failed=(torch.cat([b.reward_failed for b in buffers])
                        if all(b.reward_failed is not None for b in buffers) else None),
+        sequence_tokens=(torch.cat([b.sequence_tokens for b in buffers])
+                         if all(b.sequence_tokens is not None for b in buffers) else None),
+        sequence_rows=(torch.cat([b.sequence_rows for b in buffers])
+                       if all(b.sequence_rows is not None for b in buffers) else None),
         reward_parts={name: torch.cat([b.reward_parts[name] for b in buffers]) for name in first.reward_parts
                       if all(name in b.reward_parts for b in buffers)},
         reward_weights=first.reward_weights,

@@ -9,6 +9,7 @@ from lit_grpo.losses.advantages import (
 from lit_grpo.losses.aggregation import (
     AGGREGATIONS,
     Aggregation,
+    Sequences,
     aggregation_terms,
     masked_aggregate,
     masked_mean,
@@ -34,6 +35,7 @@ __all__ = [
     "Aggregation",
     "KLEstimator",
     "PolicyVariant",
+    "Sequences",
     "SurrogateOptions",
     "aggregation_terms",
     "batch_std_advantages",

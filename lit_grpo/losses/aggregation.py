@@ -13,11 +13,16 @@ The three modes weigh tokens differently, and that choice is a length bias:
 Each mode is a numerator over a denominator (``aggregation_terms``). To keep a loss independent of how an optimizer
 step is split (minibatches accumulated into it, DDP ranks), add the denominators over the whole step and divide
 each part's numerator by that total.
+
+A sequence is one row, unless ``Sequences`` says otherwise: a tool task's chain lays out each assistant turn as its
+own row, where TRL's sequence is the whole multi-turn completion (its tool tokens masked out). There each row carries
+its episode's counted tokens and its episode's number of rows, and an episode weighs as one sequence: a row counts
+``1 / rows`` of a sequence, so the denominators still add up over any split of the step into minibatches and ranks.
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 import torch
 
@@ -25,6 +30,18 @@ from lit_grpo.losses.advantages import check_choice
 
 Aggregation = Literal["seq-mean", "token-mean", "constant", "seq-sum"]
 AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
+
+
+class Sequences(NamedTuple):
+    """Per row, the sequence (episode) it is part of, where a sequence spans several rows (a tool task's chain).
+
+    ``tokens [N]``: the episode's counted tokens over all its rows; ``rows [N]``: the number of rows of its episode
+    (>= 1). Rows of one episode carry equal values. Example: a 3-turn episode of 2 + 3 + 1 counted tokens and a
+    1-turn one of 4: tokens [6, 6, 6, 4], rows [3, 3, 3, 1].
+    """
+
+    tokens: torch.Tensor  # [N]
+    rows: torch.Tensor  # [N]
 
 
 def check_aggregation(mode: str, max_new_tokens: int | None) -> None:
@@ -39,26 +56,49 @@ def aggregation_terms(
     completion_mask: torch.Tensor,
     mode: str = "seq-mean",
     max_new_tokens: int | None = None,
+    sequences: Sequences | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Numerator and denominator of ``masked_aggregate``: ``(sum part [], count part [])``.
+    """Numerator and denominator of ``masked_aggregate``: ``(sum part [], count part [])``; ``values`` and
+    ``completion_mask`` ``[N, T]``.
 
     ``seq-mean``: (sum over rows of row_sum / max(row_count, 1), number of rows); ``token-mean``: (sum of counted
     values, number of counted tokens); ``constant``: (sum of counted values, rows * max_new_tokens); ``seq-sum``:
     (sum of counted values, number of rows).
+
+    With ``sequences`` (``[N]`` each), a sequence is an episode of several rows, as TRL's multi-turn completion:
+    ``seq-mean`` divides each row's sum by its episode's counted tokens (max 1) and every count of rows becomes
+    the number of episodes, sum over rows of 1 / rows (the episode's share on each of its rows); ``token-mean``
+    is unchanged. Example: a 3-row episode (tokens 6) and a 1-row one (tokens 4) under ``seq-mean``: (sum of the
+    first three rows' counted values / 6 + the last row's / 4, 1/3 + 1/3 + 1/3 + 1 = 2).
     """
     check_aggregation(mode, max_new_tokens)
     if values.shape != completion_mask.shape:
         raise ValueError(f"values {tuple(values.shape)} and completion_mask {tuple(completion_mask.shape)} differ")
-    num_rows = values.new_tensor(float(values.shape[0]))
+    if sequences is None:
+        num_sequences = values.new_tensor(float(values.shape[0]))
+    else:
+        check_sequences(sequences, values.shape[0])
+        num_sequences = (1.0 / sequences.rows.to(values.dtype)).sum()
     if mode == "seq-mean":
-        return sequence_mean(values, completion_mask).sum(), num_rows
+        if sequences is None:
+            return sequence_mean(values, completion_mask).sum(), num_sequences
+        mask = completion_mask.to(values.dtype)  # [N, T]
+        return ((values * mask).sum(dim=-1) / sequences.tokens.to(values.dtype).clamp(min=1)).sum(), num_sequences
     mask = completion_mask.to(values.dtype)  # [N, T]
     counted_sum = (values * mask).sum()
     if mode == "token-mean":
         return counted_sum, mask.sum()
     if mode == "seq-sum":
-        return counted_sum, num_rows
-    return counted_sum, num_rows * max_new_tokens
+        return counted_sum, num_sequences
+    return counted_sum, num_sequences * max_new_tokens
+
+
+def check_sequences(sequences: Sequences, num_rows: int) -> None:
+    """Raise ``ValueError`` unless ``sequences``' tensors are ``[num_rows]`` (shapes only: reading values would wait
+    for the device on every minibatch; ``rows`` >= 1 is the buffer's to keep)."""
+    if sequences.tokens.shape != (num_rows,) or sequences.rows.shape != (num_rows,):
+        raise ValueError(f"sequences' tokens {tuple(sequences.tokens.shape)} and rows {tuple(sequences.rows.shape)} "
+                         f"must be [{num_rows}], one per row")
 
 
 def sequence_mean(values: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
@@ -72,6 +112,7 @@ def masked_aggregate(
     completion_mask: torch.Tensor,
     mode: str = "seq-mean",
     max_new_tokens: int | None = None,
+    sequences: Sequences | None = None,
 ) -> torch.Tensor:
     """Reduce ``[N, T]`` per-token values to a scalar over the tokens where ``completion_mask`` is True.
 
@@ -81,6 +122,7 @@ def masked_aggregate(
         mode: ``seq-mean``, ``token-mean``, ``constant`` or ``seq-sum`` (the module docstring: their length
             biases).
         max_new_tokens: the generation budget; required by ``constant``.
+        sequences: a sequence's span over rows when one spans several (``Sequences``); None: each row is one.
 
     Returns:
         A scalar. A row with no counted token contributes 0 and still counts as a sequence; a batch with no counted
@@ -90,13 +132,15 @@ def masked_aggregate(
     3 / 2 = 1.5, ``constant`` with max_new_tokens 4: 3 / (2 * 4) = 0.375, ``seq-sum`` 3 / 2 = 1.5 (with mask
     [[1, 1], [1, 0]]: token-mean 6 / 3 = 2, seq-sum 6 / 2 = 3).
     """
-    numerator, denominator = aggregation_terms(values, completion_mask, mode, max_new_tokens)
+    numerator, denominator = aggregation_terms(values, completion_mask, mode, max_new_tokens, sequences)
     return divide_by_count(numerator, denominator)
 
 
 def divide_by_count(numerator: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """``numerator / count`` for a whole-number ``count``; 0 when the count is 0 (its numerator is then 0 too)."""
-    return numerator / count.clamp(min=1)
+    """``numerator / count``; 0 when the count is 0 (its numerator is then 0 too). A count may be a fraction (a part
+    of an episode's rows, ``Sequences``): it is never clamped up to 1, so a part's ``numerator / count`` times its
+    share ``count / step total`` is its ``numerator / step total`` exactly."""
+    return numerator / torch.where(count > 0, count, torch.ones_like(count))
 
 
 def masked_mean(values: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:

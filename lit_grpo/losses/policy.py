@@ -9,7 +9,7 @@ from typing import Literal, get_args
 import torch
 
 from lit_grpo.losses.advantages import check_choice
-from lit_grpo.losses.aggregation import check_aggregation, masked_aggregate, masked_mean, sequence_mean
+from lit_grpo.losses.aggregation import Sequences, check_aggregation, masked_aggregate, masked_mean, sequence_mean
 from lit_grpo.losses.surrogates import clip_surrogate, cispo_surrogate, sapo_gate, sapo_surrogate, vespo_weights
 
 PolicyVariant = Literal["reinforce", "unclipped", "clip", "gspo", "cispo", "sapo", "luspo", "vespo"]
@@ -68,6 +68,7 @@ def policy_loss(
     options: SurrogateOptions = SurrogateOptions(),
     token_weights: torch.Tensor | None = None,
     sampler_ratio: torch.Tensor | None = None,
+    sequences: Sequences | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Policy-gradient surrogate to minimise, aggregated over counted tokens, and its stats.
 
@@ -88,6 +89,8 @@ def policy_loss(
             stats; cispo caps its ratio at 1 + clip_eps_high.
         aggregation: see ``masked_aggregate``; gspo takes ``seq-mean`` only, luspo ``seq-sum`` only.
         max_new_tokens: required by ``constant``.
+        sequences: where a sequence spans several rows (a tool task's chain), each row's episode (``Sequences``),
+            which the aggregation weighs as one sequence; the ratio stays the row's (not the episode's).
 
     Returns:
         ``(loss [], stats)``; stats are detached, over the counted tokens, named as TRL logs them:
@@ -121,7 +124,7 @@ def policy_loss(
         surrogate = surrogate if sampler_ratio is None else surrogate * sampler_ratio
     if token_weights is not None:
         surrogate = surrogate * token_weights
-    loss = masked_aggregate(surrogate, mask, aggregation, max_new_tokens)
+    loss = masked_aggregate(surrogate, mask, aggregation, max_new_tokens, sequences)
     stats.update(policy_stats(ratio.detach(), log_ratio.detach(), adv.detach().expand_as(logp), mask, clip_eps,
                               eps_high))
     if options.delta is not None and variant in ("clip", "gspo", "luspo"):  # where the two-sided cap binds

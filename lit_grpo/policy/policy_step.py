@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from lit_grpo.buffers.buffer import policy_mask
+from lit_grpo.buffers.buffer import batch_sequences, policy_mask
 from lit_grpo.buffers.positions import batch_constraint
 from lit_grpo.losses import (
     aggregation_terms,
@@ -63,12 +63,14 @@ def token_masks(objective: Objective, batch: dict[str, torch.Tensor], logp: torc
 def policy_terms(objective: Objective, batch: dict[str, torch.Tensor], logp: torch.Tensor,
                  entropy: torch.Tensor | None, counted: torch.Tensor, max_new_tokens: int) -> PolicyTerms:
     """The policy loss of one minibatch: ``logp [n, L]`` (with gradient), ``entropy [n, L]`` (with gradient, when
-    the objective controls entropy), ``counted [n, L]`` the tokens in the loss (``buffer.policy_mask``)."""
+    the objective controls entropy), ``counted [n, L]`` the tokens in the loss (``buffer.policy_mask``). The
+    surrogate and the KL term are aggregated alike: over rows, or over a tool task's episodes where the minibatch
+    carries them (``buffer.batch_sequences``)."""
     weights, effective, stats = token_masks(objective, batch, logp, entropy, counted)
-    sampler_ratio = batch.get("sampler_ratio")
+    sampler_ratio, sequences = batch.get("sampler_ratio"), batch_sequences(batch)
     surrogate, loss_stats = policy_loss(logp, batch["old_logp"], batch["advantages"], counted, objective.variant,
                                         objective.clip_eps, objective.clip_eps_high, objective.aggregation,
-                                        max_new_tokens, objective.surrogate, weights, sampler_ratio)
+                                        max_new_tokens, objective.surrogate, weights, sampler_ratio, sequences)
     stats.update(loss_stats, surrogate=surrogate.detach())
     loss = surrogate
     if objective.needs_reference and objective.kl_in == "loss":
@@ -76,7 +78,7 @@ def policy_terms(objective: Objective, batch: dict[str, torch.Tensor], logp: tor
         if objective.kl_ratio_correction:  # times pi_theta / pi_old: the unbiased gradient of KL at pi_theta
             token_kl = token_kl * importance_ratio(logp, batch["old_logp"], counted,
                                                    objective.surrogate.level(objective.variant))[0]
-        kl = masked_aggregate(token_kl, counted, objective.aggregation, max_new_tokens)
+        kl = masked_aggregate(token_kl, counted, objective.aggregation, max_new_tokens, sequences)
         loss = loss + objective.kl_coef * kl
         stats["kl_ref"] = kl.detach()
     if sampler_ratio is not None and counted.any():
@@ -182,7 +184,8 @@ class PolicyStep:
         counted = policy_mask(batch)  # [n, L]: a tree's rows left out of the loss count in none of its terms
         terms = policy_terms(self.objective, batch, logp, token_entropy, counted, max_new_tokens)
         stats = terms.stats if counted.any() else {}  # a minibatch with nothing counted gives no figures (they'd read 0)
-        local_count = aggregation_terms(logp.detach(), counted, self.objective.aggregation, max_new_tokens)[1]
+        local_count = aggregation_terms(logp.detach(), counted, self.objective.aggregation, max_new_tokens,
+                                        batch_sequences(batch))[1]
         # each loss is its minibatch mean times the minibatch's share of that loss's count over the optimizer step
         # (every rank's minibatches): a step's gradient is each loss's sum over the step divided by its own count
         loss, reported = terms.loss * share(local_count, batch["step_denominator"]), terms.loss.detach()
