@@ -243,7 +243,7 @@ def test_chains_without_a_turn_limit_run_until_the_budget_ends_them():
     assert depths[0] == depths[1] > 4  # past any default limit, ended by the budget
     last = policy_nodes_of_chain(roots[0].children[0])[-1]
     assert last.kind == "cut" and len(last.context) + len(last.segment) - roots[0].context.__len__() <= 300
-    assert grown_rounds(roots, widths) == depths[0]
+    assert grown_rounds(widths) is None and grown_rounds([2, 1, 1]) == 3  # no per-round figures without a limit
     with pytest.raises(Exception, match="max_turns and max_completion_length are both null"):
         ToolTask(records=[{"prompt": "q", "answer": "7"}] * 4, tools=[add], rewards=[answer_reward],
                  max_completion_length=None)
@@ -280,3 +280,50 @@ def test_without_a_dataset_the_environment_makes_the_prompts():
     assert f"What is {root.children[0].episode.environment.a}+" in text and len(root.children) == 2
     with pytest.raises(Exception, match="without a dataset"):
         ToolTask(environment=Dice)
+
+
+class Counter:
+    def reset(self, **row):
+        self.count = 0
+        return " Count."
+
+    def bump(self) -> int:
+        """Count one."""
+        self.count += 1
+        return self.count
+
+    def get_reward(self) -> float:
+        return float(self.count)
+
+
+def test_routed_environments_leave_the_column_to_the_rewards_and_reset_text_goes_to_the_last_message():
+    seen = []
+
+    def routed(completions, environment, **kwargs):
+        seen.extend(environment)
+        return [0.0] * len(completions)
+
+    task = ToolTask(records=[{"prompt": "q", "answer": "7", "environment": "b"}] * 4,
+                    environment={"a": Scratch, "b": Counter}, rewards=[routed], max_turns=1, tool_timeout=None)
+    prompt = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
+              {"role": "assistant", "content": "Sure:"}]
+    (root,) = grow(task, lambda turn, text: ["7"], [1], records=[{"prompt": prompt, "answer": "7", "environment": "b"}])
+    assert seen == ["b"]  # TRL: the routing column is not reset's, but the rewards get it
+    assert root.children[0].episode.messages[2]["content"] == "Sure: Count."  # TRL appends to the last message
+
+
+def test_a_turn_cut_by_the_budget_still_runs_its_whole_calls_and_an_empty_turn_adds_no_message():
+    call = CALL % ("bump", "{}")
+    call_ids = len(QWEN(call, add_special_tokens=False)["input_ids"])
+    # room for the call but not its end token: the turn is cut, its call is whole, TRL runs it (then drops its answer)
+    task = ToolTask(records=[{"prompt": "q", "answer": "7"}] * 4, environment=Counter, max_turns=3,
+                    max_completion_length=call_ids, tool_timeout=None)
+    (root,) = grow(task, lambda turn, text: [call], [1, 1, 1])
+    (cut,) = root.children
+    assert (cut.kind, cut.truncated, len(cut.segment), cut.reward) == ("cut", True, call_ids, 1.0)  # count 1
+    assert cut.episode.calls == {"bump": 1} and cut.reply == ()
+    # a turn the budget leaves no token: no assistant message is added (TRL appends none), the episode ends
+    start = cut.episode
+    step = task.turn({"prompt": "q"}, start, 2, "", QWEN, True, segment_ids=[], context_ids=[1, 2])
+    assert (step.kind, step.terminal, step.scored_later) == ("cut", True, True)
+    assert step.episode.messages == start.messages

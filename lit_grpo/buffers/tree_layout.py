@@ -95,7 +95,8 @@ def allowed_table(allowed: Sequence[tuple[int, ...] | None]) -> torch.Tensor:
 
 
 def tree_buffer(
-    roots: Sequence[SegmentNode], tokenizer: Any, temperature: float, max_new_tokens: int, mode: str, rounds: int
+    roots: Sequence[SegmentNode], tokenizer: Any, temperature: float, max_new_tokens: int, mode: str,
+    rounds: int | None
 ) -> RolloutBuffer:
     """The rollout buffer of a batch of trees, ``rounds`` deep at most: one row per policy node, one group per
     tree. A tool task's chains (``mode`` chains, nodes with an ``episode``) also carry each row's episode

@@ -47,20 +47,10 @@ def chain_widths(group_size: int, rounds: int | None) -> Sequence[int]:
     return EveryTurn(group_size) if rounds is None else [group_size] + [1] * (rounds - 1)
 
 
-def grown_rounds(roots: Sequence[SegmentNode], widths: Sequence[int]) -> int:
-    """The rounds a batch of trees could run: ``widths``' length, or the deepest episode where there is no limit."""
-    if not isinstance(widths, EveryTurn):
-        return len(widths)
-    return max((depth for root in roots for depth in node_depths(root)), default=1)
-
-
-def node_depths(root: SegmentNode) -> list[int]:
-    found, pending = [], [(root, 0)]
-    while pending:
-        node, depth = pending.pop()
-        found.append(depth)
-        pending.extend((child, depth + 1) for child in node.children if isinstance(child, SegmentNode))
-    return found
+def grown_rounds(widths: Sequence[int]) -> int | None:
+    """The rounds a batch of trees could run: ``widths``' length; None where there is no limit (a rank's deepest
+    episode would differ between ranks, and so would the per-round figures named after it)."""
+    return None if isinstance(widths, EveryTurn) else len(widths)
 
 
 Decide = Callable[[list[list[int]], int], Sequence["tuple[int, ...] | None"]]
@@ -199,7 +189,8 @@ def segment_child(task: MultiRoundTask, tokenizer: Any, parent: SegmentNode, epi
     step = task.turn(copy.deepcopy(parent.record), episode, depth, text, tokenizer, truncated, segment_ids=ids,
                      context_ids=context)
     reply = reply_tokens(tokenizer, step, ids, depth)
-    if not step.terminal and overflows(task, step.episode, len(context) + len(ids) + len(reply), context_limit):
+    if (not step.terminal and task.owns_turns
+            and overflows(task, step.episode, len(context) + len(ids) + len(reply), context_limit)):
         step, reply = task.without_reply(step), ()
     node = SegmentNode(
         reward=step.reward, terminal=step.terminal, context=tuple(context), segment=tuple(ids),

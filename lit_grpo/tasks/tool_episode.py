@@ -90,6 +90,8 @@ def replayed(episode: Episode, fresh: Any, reset_text: Any, environment: str) ->
                        f"{episode.reset_text!r:.80}")
     for turn, past in enumerate(episode.turns, start=1):
         messages = tuple(outcome.message for outcome in fresh.call_turn(list(past.calls)))
+        if fresh.lost:  # a replayed call timed out (or its host died): this branch's box is lost, its turn ends it
+            break
         if messages != past.messages:
             raise diverged(f"turn {turn}'s tool messages came back {messages!r:.120} instead of "
                            f"{past.messages!r:.120}")

@@ -311,7 +311,7 @@ class ToolBox:
             self.remote(("fork", self.slot, slot))
         except (TimeoutError, RuntimeError, TypeError):
             return None
-        except Exception:  # noqa: BLE001 - the environment's own copy raised
+        except (Exception, SystemExit):  # noqa: BLE001 - the environment's own copy raised (or exited)
             return None
         self.host.users += 1  # type: ignore[attr-defined]
         return ToolBox(self.kit, self.key, None, list(self.tools.values()), self.host, slot, root=False)

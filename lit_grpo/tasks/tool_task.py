@@ -118,7 +118,8 @@ class ToolTask(MultiRoundTask):
             raise InputError("ToolTask: " + "; ".join(problems))
         self.factories = factories(environment)
         self.path, self.given = path, None if records is None else [dict(r) for r in records]
-        if path is None and records is None and generated_rows is not None:  # TRL's placeholder rows, numbered
+        self.generated = path is None and records is None
+        if self.generated and generated_rows is not None:  # TRL's placeholder rows, numbered
             self.given = [{"prompt": [{"role": "user", "content": ""}], "row": i} for i in range(generated_rows)]
         self.tools = [imported(t) if isinstance(t, str) else t for t in tools]
         self.rewards = [import_reward(r) if isinstance(r, str) else r for r in rewards]  # DatasetTask's reading
@@ -181,15 +182,19 @@ class ToolTask(MultiRoundTask):
 
     def start_episode(self, prompt_record: PromptRecord) -> Episode:
         name = self.environment_of(prompt_record)
-        row = dict(prompt_record)
-        if len(self.factories) > 1 or None not in self.factories:
-            row.pop("environment", None)  # a routing column, not passed to reset (TRL's)
+        row = dict(prompt_record)  # whole, for the rewards; ToolKit.open leaves a routing column out of reset's
         messages = conversation(prompt_record.get("prompt", ""))
-        box, added = self.kit.open(row, name)
-        if added:  # TRL: text reset returns is appended to the last user message
-            last = max(i for i, m in enumerate(messages) if m["role"] == "user")
-            messages[last] = {**messages[last], "content": appended(messages[last]["content"], added)}
+        box, added = self.kit.open(self.reset_row(row, name), name)
+        if added:  # TRL: text reset returns is appended to the last message
+            messages[-1] = {**messages[-1], "content": appended(messages[-1]["content"], added)}
         return Episode(messages, len(messages), box, tuple(self.kit.schemas(name)), row, name, added)
+
+    def reset_row(self, row: PromptRecord, name: str | None) -> PromptRecord:
+        """What ``reset`` is given: the row, less a generated row's number where ``reset`` takes no ``row`` (an
+        environment written for TRL's dataset-free mode, whose rows hold only ``prompt``)."""
+        if self.generated and "row" in row and not takes_argument(self.kit.probe(name).reset, "row"):
+            return {k: v for k, v in row.items() if k != "row"}
+        return row
 
     def environment_of(self, prompt_record: PromptRecord) -> str | None:
         """The row's environment name: its ``environment`` column with a mapping of factories, else None."""
@@ -228,7 +233,8 @@ class ToolTask(MultiRoundTask):
                 copies.append(dataclasses.replace(episode.next(), toolbox=forked))
                 continue
             try:
-                fresh, added = self.kit.open(dict(episode.row), episode.environment_name)
+                fresh, added = self.kit.open(self.reset_row(episode.row, episode.environment_name),
+                                             episode.environment_name)
             except RowUnavailable as error:
                 raise InputError(f"a tree branch could not start a second instance of the environment for a row "
                                  f"whose first started ({error})") from None
@@ -250,6 +256,8 @@ class ToolTask(MultiRoundTask):
              tokenizer: Any, truncated: bool, segment_ids: Sequence[int] = (),
              context_ids: Sequence[int] = ()) -> EnvStep:
         episode = episode.next()  # the parent's state stays as it was (its node keeps it)
+        if not segment_ids:  # the budget left no token: TRL appends no message and the episode ends
+            return EnvStep("cut", 0.0, terminal=True, episode=episode, scored_later=True)
         parsed = self.format(tokenizer).parse(segment_ids, context_ids, episode.schemas)
         episode.messages.append(parsed.message)
         episode.malformed = parsed.malformed
@@ -257,6 +265,8 @@ class ToolTask(MultiRoundTask):
             return EnvStep("malformed", self._malformed, terminal=True, episode=episode)
         calls = list(parsed.message.get("tool_calls") or [])
         at_limit = self.max_turns is not None and round_index >= self.max_turns
+        if truncated and calls and not parsed.malformed and not at_limit:  # TRL runs a cut turn's whole calls,
+            counted(episode, episode.toolbox.call_turn(calls))  # then drops their answers with the budget
         if parsed.malformed or not calls or truncated or at_limit:
             kind = "cut" if truncated else "malformed" if parsed.malformed else "answer" if not calls else "cut"
             return EnvStep(kind, 0.0, terminal=True, episode=episode, scored_later=True)
@@ -315,6 +325,17 @@ class ToolTask(MultiRoundTask):
 
     def close(self) -> None:
         self.kit.close()
+
+
+def takes_argument(method: Callable, name: str) -> bool:
+    """Whether ``method`` accepts a keyword argument ``name`` (by name, or through ``**kwargs``)."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def surely_past(replies: Sequence[dict[str, Any]], left: int, longest_token: int) -> bool:
