@@ -100,9 +100,13 @@ def test_a_tool_raising_keyboard_interrupt_or_system_exit_is_a_counted_failure_a
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("timeout", ["10", "null"], ids=["hosted", "in-process"])
-def test_an_environment_holding_a_lock_and_a_lazy_client_trains_unchanged(timeout, tmp_path):
-    result, logged, _ = run(tmp_path, "faulty_tools.ClientRegisters", "--data.task.init_args.tool_timeout", timeout)
+@pytest.mark.parametrize(("timeout", "rollout"), [("10", []), ("null", []),
+                                                  ("10", ["--data.rollout", "tree", "--data.branching", "[2, 2, 1]"])],
+                         ids=["hosted", "in-process", "hosted-tree-by-replay"])
+def test_an_environment_holding_a_lock_and_a_lazy_client_trains_unchanged(timeout, rollout, tmp_path):
+    # as a tree: it defines no __deepcopy__, so each branch replays the path's calls on a new instance
+    result, logged, _ = run(tmp_path, "faulty_tools.ClientRegisters", "--data.task.init_args.tool_timeout", timeout,
+                            *rollout)
     assert result.returncode == 0, result.stderr[-3000:]
     assert logged["tools/call_frequency"] > 0
     assert logged["tools/failure_frequency"] < 1.0  # its calls answer: nothing was pickled or copied
