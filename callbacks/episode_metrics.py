@@ -180,11 +180,12 @@ def reward_counts(roots: list[Any], logged: Mapping[str, tuple[float, int]]) -> 
 
 def global_reward_stats(roots: list[Any], logged: Mapping[str, tuple[float, int]], strategy: Any,
                         world_size: int) -> dict[str, float]:
-    """TRL's ``rewards/<name>/mean`` and ``rewards/<name>/std`` (the sample std, as ``torch.std``) over the episodes
-    each reward scored on every rank, and the mean of each value rewards logged with ``log_metric`` (under
-    ``logged/<name>``), equal on every rank: each rank's sums are gathered (one broadcast per rank, every epoch on
+    """``rewards/<name>/mean`` and ``rewards/<name>/std`` (logged as ``rollout/rewards/...``, as the grouped
+    rollouts' per-reward figures are, the population std as theirs) over the episodes each reward scored on every
+    rank, and the mean of each value rewards logged with ``log_metric`` (``rollout/logged/<name>``), equal on every
+    rank: each rank's sums are gathered (one broadcast per rank, every epoch on
     every rank alike), summed, then divided. Example: one reward scoring 1 and 0 on one rank and 1 on another:
-    mean 2/3, std 0.577."""
+    mean 2/3, std 0.471."""
     mine = reward_counts(roots, logged)
     every = [mine] if world_size == 1 else [strategy.broadcast(mine, src) for src in range(world_size)]
     total: Counter[str] = Counter()
@@ -196,7 +197,7 @@ def global_reward_stats(roots: list[Any], logged: Mapping[str, tuple[float, int]
         if kind == "names":
             n = total[f"n/{name}"]
             mean = total[f"sum/{name}"] / n if n else 0.0
-            variance = (total[f"squares/{name}"] - n * mean * mean) / (n - 1) if n > 1 else 0.0
+            variance = (total[f"squares/{name}"] - n * mean * mean) / n if n else 0.0
             stats[f"rewards/{name}/mean"] = mean
             stats[f"rewards/{name}/std"] = math.sqrt(max(variance, 0.0))
         elif kind == "logged_n":

@@ -175,11 +175,11 @@ class RolloutMetrics(pl.Callback):
         if buffer.trees is not None:  # the same on every rank (the rollout kind), as the gathering needs
             stats.update(episode_stats(buffer.trees, report.logged_metrics, trainer.strategy, trainer.world_size,
                                        report.tool_names))
-        # over ranks: counts add up, the rest are means of equal shares; tools/*, rewards/* and logged/* are already
-        # global (equal on every rank, so their mean is themselves)
+        # over ranks: counts add up, the rest are means of equal shares; tools/* and a tool task's rewards/* and
+        # logged/* are already global (equal on every rank, so their mean is themselves)
         for name, value in stats.items():
             reduce = "sum" if name in ("policy_tokens", "reward_errors") or "rows_round" in name else "mean"
-            key = name if name.startswith(("tools/", "rewards/", "logged/")) else f"rollout/{name}"  # TRL's names
+            key = name if name.startswith("tools/") else f"rollout/{name}"  # TRL's names for the tool figures
             pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx=reduce,
                           batch_size=1)
         prepared = pl_module.preparation_timings if isinstance(pl_module, PreparesEpochs) else {}

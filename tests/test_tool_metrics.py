@@ -175,8 +175,8 @@ def test_each_rewards_mean_and_std_and_what_rewards_logged_are_combined_over_ran
     rank1 = [SegmentNode(episode=episode(), children=[scored({"exact": 1.0, "judge": None})])]
     counts = [reward_counts(rank0, {"custom/length": (6.0, 2)}), reward_counts(rank1, {})]
     stats = global_reward_stats(rank0, {"custom/length": (6.0, 2)}, TwoRanks(counts), 2)
-    # exact scored 1, 0, 1: mean 2/3, sample std sqrt(1/3); judge scored one episode (0.5): std 0; custom/length 3
-    assert stats == pytest.approx({"rewards/exact/mean": 2 / 3, "rewards/exact/std": (1 / 3) ** 0.5,
+    # exact scored 1, 0, 1: mean 2/3, population std sqrt(2/9); judge scored one episode (0.5): std 0; custom/length 3
+    assert stats == pytest.approx({"rewards/exact/mean": 2 / 3, "rewards/exact/std": (2 / 9) ** 0.5,
                                    "rewards/judge/mean": 0.5, "rewards/judge/std": 0.0, "logged/custom/length": 3.0},
                                   abs=1e-12)
     assert set(global_reward_stats(rank1, {}, TwoRanks(counts), 2)) == set(stats)  # the same names on every rank
