@@ -33,14 +33,13 @@ from lit_grpo.rollout.rule_outcomes import RuleOutcome, rule_outcome
 from lit_grpo.rollout.scoring import TimedScoring
 from lit_grpo.rollout.threshold import ThresholdedRule
 from lit_grpo.rollout.settings import data_config_problems, fit_problems, resuming_after_finished_epoch
-from lit_grpo.rollout.trees import chain_widths, grow_epoch_trees, grown_rounds
+from lit_grpo.rollout.trees import epoch_widths, grow_epoch_trees, grown_rounds, turn_limit
 from lit_grpo.run.distributed import minibatch_padding, rank_and_world
 from lit_grpo.run.resume import task_notes
-from lit_grpo.run.rules import DeclaresRounds, RolloutKind, choice_problems, cross_knob_problems, staleness_problems
+from lit_grpo.run.rules import RolloutKind, choice_problems, cross_knob_problems, staleness_problems
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks import ArithmeticTask, PromptRecord, Task
-from lit_grpo.tasks.multiround import MultiRoundTask
-from lit_grpo.tasks.tool_rewards import RewardContext, trainer_state
+from lit_grpo.tasks.tool_rewards import RewardContext, draw_context
 
 
 class RolloutDataModule(pl.LightningDataModule):
@@ -143,25 +142,17 @@ class RolloutDataModule(pl.LightningDataModule):
                                    max_sampling_rounds, overlong_cache, mask_truncated)
         self.prompts = PromptCursor(prompts_per_epoch, group_size, completion_budget)  # carried by checkpoints
         self.risk_threshold = ThresholdedRule(task)  # use_risk_threshold's source: the infer/defer rule, if any
-        self.held_out = HeldOutPrompts(task, self.engine, self.scorer, self.chain_rounds, val_max_prompts,
-                                       val_batch_size)
+        self.held_out = HeldOutPrompts(task, self.engine, self.scorer, turn_limit(task, self.branching),
+                                       val_max_prompts, val_batch_size)
         self.seed, self.long_prompts = seed, long_prompts
         self.prompts_checked = False  # against the loaded tokenizer and context, at the first loader
         self._report: RolloutReport | None = None
-        self.timings: dict[str, float] = {}
+        self.timings, self.reward_context = {}, RewardContext()  # the latest draw's phase seconds; its rewards' logs
         self.engine_metrics: dict[str, float] = {}  # an engine's own figures (servers_alive), logged as rollout/*
-        self.reward_context = RewardContext()  # what the latest draw's rewards were given and logged (tool tasks)
         self.scoring = TimedScoring(self.scorer)  # the grouped draw's reward calls, timed apart from generation
         self.max_staleness, self.staleness = max_staleness, 0  # the lag allowed, and the lag of the epoch's rollouts
         self.prefetch = RolloutPrefetcher(max_staleness)
         self.engine_sync = EngineSync(self.engine, self.prefetch)
-
-    @property
-    def chain_rounds(self) -> int | None:
-        """The turns a chain (or a greedy episode) runs at most: ``data.branching``'s length, or None for a task
-        that sets no limit (a tool task's ``max_turns: null``: its token budget ends each episode)."""
-        unlimited = isinstance(self.task, DeclaresRounds) and self.task.max_rounds is None
-        return None if unlimited else len(self.branching)
 
     @classmethod
     def config_problems(cls, args: dict[str, Any]) -> list[str]:
@@ -215,12 +206,11 @@ class RolloutDataModule(pl.LightningDataModule):
     def report(self, buffer: RolloutBuffer) -> RolloutReport:
         """The epoch's ``RolloutReport``, once its rollouts are drawn (a draw ahead may be running already)."""
         return RolloutReport(
-            buffer, frozen(self.timings), frozen(self.engine_metrics),
+            buffer, frozen(self.timings), frozen(self.engine_metrics), **self.reward_context.report_fields(),
             sampling_draws=buffer.sampling_draws if self.grouped.dynamic_sampling else None,
             staleness=self.staleness if self.max_staleness else None,
             can_draw_ahead=not staleness_problems(1, self.rollout, self.engine, None, None),
-            completions_generated=self.prompts.completions_generated, budget_spent=self.budget_spent,
-            tool_names=tuple(self.task.tool_names()), logged_metrics=self.reward_context.logged())
+            completions_generated=self.prompts.completions_generated, budget_spent=self.budget_spent)
 
     @property
     def budget_spent(self) -> bool:
@@ -261,7 +251,7 @@ class RolloutDataModule(pl.LightningDataModule):
             buffer = self.draw_grouped(module, records, epoch)
             generated = time.perf_counter()
         else:  # trees: the environment scores each round as it is generated
-            widths = self.branching if self.rollout == "tree" else chain_widths(self.group_size, self.chain_rounds)
+            widths = epoch_widths(self.rollout, self.branching, self.group_size, self.task)
             # each stream's seed is derived from the epoch's, then offset by this rank's first prompt (share_start)
             roots = self.grow_trees(module, records, widths, self.sampling_spec(module, False, self.epoch_seed(epoch)))
             generated = time.perf_counter()
@@ -300,8 +290,7 @@ class RolloutDataModule(pl.LightningDataModule):
                    sampling: SamplingSpec) -> list[Any]:
         """The epoch's trees (``grow_epoch_trees``), ``risk_threshold.explore_fraction`` of them without the rule."""
         rule = self.risk_threshold.at(module, self.trainer.current_epoch, training=True)
-        if isinstance(self.task, MultiRoundTask) and self.task.owns_turns:  # rewards called as TRL calls them
-            self.reward_context = RewardContext(trainer_state(self.trainer))  # what this draw's rewards log
+        self.reward_context = draw_context(self.task, self.trainer)  # what this draw's rewards are given and log
         return grow_epoch_trees(self.task, self.engine, module.tokenizer, records, widths, sampling, rule,
                                 self.risk_threshold.explore_fraction(rule), self.prompts.share_start,
                                 self.reward_context)

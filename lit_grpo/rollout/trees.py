@@ -14,6 +14,7 @@ import torch
 
 from lit_grpo.buffers.tree_layout import SegmentNode, chain_returns
 from lit_grpo.engines.base import RolloutEngine, SamplingSpec, end_turns
+from lit_grpo.run.rules import DeclaresRounds
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks.base import PromptRecord, prompt_text
 from lit_grpo.rollout.turn_tokens import reply_ids
@@ -45,6 +46,19 @@ def chain_widths(group_size: int, rounds: int | None) -> Sequence[int]:
     """Chains' widths: ``group_size`` episodes per prompt, one child per turn after; ``rounds`` turns at most (None:
     until each ends)."""
     return EveryTurn(group_size) if rounds is None else [group_size] + [1] * (rounds - 1)
+
+
+def epoch_widths(rollout: str, branching: Sequence[int], group_size: int, task: Any) -> Sequence[int]:
+    """An epoch's widths per round: a tree's ``branching``; chains' ``group_size`` then one per turn, up to the
+    task's turn limit (``turn_limit``)."""
+    return branching if rollout == "tree" else chain_widths(group_size, turn_limit(task, branching))
+
+
+def turn_limit(task: Any, branching: Sequence[int]) -> int | None:
+    """The turns a chain (or a greedy episode) runs at most: ``data.branching``'s length, or None for a task that
+    sets no limit (a tool task's ``max_turns: null``: its token budget ends each episode)."""
+    unlimited = isinstance(task, DeclaresRounds) and task.max_rounds is None
+    return None if unlimited else len(branching)
 
 
 def grown_rounds(widths: Sequence[int]) -> int | None:

@@ -45,14 +45,29 @@ def trainer_state(trainer: Any) -> TrainerState:
                         is_local_process_zero=int(trainer.local_rank) == 0)
 
 
+def draw_context(task: Any, trainer: Any) -> RewardContext:
+    """A rollout draw's reward context: the trainer's state for a task whose rewards are called as TRL calls them
+    (one that owns its turns: a tool task), an empty one for the rest (the games' trees need none)."""
+    from lit_grpo.tasks.multiround import MultiRoundTask
+
+    owns = isinstance(task, MultiRoundTask) and task.owns_turns
+    return RewardContext(trainer_state(trainer), tool_names=tuple(task.tool_names())) if owns else RewardContext()
+
+
 @dataclass
 class RewardContext:
     """What one rollout batch's reward calls share: the run's ``trainer_state``, and what rewards logged through
-    ``log_metric`` (scalars, averaged per name) and ``log_extra`` (columns for the samples table)."""
+    ``log_metric`` (scalars, averaged per name) and ``log_extra`` (columns for the samples table); ``tool_names``:
+    the task's tools, for the report."""
 
     trainer_state: TrainerState = field(default_factory=TrainerState)
     metrics: dict[str, list[float]] = field(default_factory=dict)
     extra: dict[str, list[Any]] = field(default_factory=dict)
+    tool_names: tuple[str, ...] = ()  # every tool the draw's episodes may call (the metrics log each by name)
+
+    def report_fields(self) -> dict[str, Any]:
+        """What the rollout side's report carries of the draw: the task's tool names and what rewards logged."""
+        return {"tool_names": self.tool_names, "logged_metrics": self.logged()}
 
     def log_metric(self, name: str, value: float) -> None:
         """TRL's ``log_metric(name, value)``."""
