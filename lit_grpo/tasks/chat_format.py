@@ -17,6 +17,8 @@ tasks (``pip install 'lit-grpo[tools]'``).
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,13 +68,11 @@ class ChatFormat:
             add_generation_prompt=generation_prompt, tokenize=True, return_dict=False, **self.template_kwargs)
         return list(ids)
 
+    @functools.cached_property
     def longest_token_bytes(self) -> int:
         """The most bytes one token of the vocabulary spells (its text as the vocabulary writes it, an upper bound
         for byte-level vocabularies), read once."""
-        if "_longest" not in self.__dict__:
-            longest = max((len(token.encode()) for token in self.tokenizer.get_vocab()), default=1)
-            object.__setattr__(self, "_longest", longest)
-        return self.__dict__["_longest"]
+        return max((len(token.encode()) for token in self.tokenizer.get_vocab()), default=1)
 
     def parse(self, ids: Sequence[int], prefix: Sequence[int], tools: Sequence[Mapping[str, Any]]) -> ParsedTurn:
         """The assistant message of a turn's ``ids`` sampled after ``prefix`` (TRL's ``parse_response``: a call that

@@ -134,9 +134,20 @@ def reward_column(reward: RewardLike, name: str, batch: Completions) -> Column:
             return [reward(r, t, i) for r, t, i in zip(given.records, given.texts, given.ids)]
         return reward(**given.trl_arguments())
 
+    return called_column(call, name, count)
+
+
+def called_column(call: Callable[[], Any], name: str, count: int) -> Column:
+    """The column of ``count`` completions that reward ``name``'s ``call`` answers: whatever it raises is every
+    completion's error (``reward_outcome``), and so is an answer that is not one value per completion."""
     answer, error = reward_outcome(call)  # any failure of user code fails its completions, not the run
     if error is not None:
         return [None] * count, [f"{name}: {type(error).__name__}: {error}"] * count
+    return answer_column(answer, name, count)
+
+
+def answer_column(answer: Any, name: str, count: int) -> Column:
+    """``answer`` checked as reward ``name``'s values for ``count`` completions (``checked_answer``)."""
     try:
         return checked_answer(answer, count, name)
     except AnswerError as error:

@@ -18,7 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lit_grpo.tasks.reward_answers import AnswerError, checked_answer, plain_copy
+from lit_grpo.tasks.reward_answers import plain_copy
+from lit_grpo.tasks.reward_functions import answer_column, called_column
 from lit_grpo.tasks.reward_guard import reward_outcome
 
 
@@ -132,7 +133,7 @@ def score_batch(rewards: Sequence[Callable[..., Any]], names: Sequence[str], wei
         if is_async(reward):
             pending.append((name, reward, given))
         else:
-            columns[name] = reward_column(lambda r=reward, g=given: r(**g), name, count)
+            columns[name] = called_column(lambda r=reward, g=given: r(**g), name, count)
     if pending:
         for name, column in zip([p[0] for p in pending], awaited_together(pending, count)):
             columns[name] = column
@@ -144,21 +145,6 @@ def score_batch(rewards: Sequence[Callable[..., Any]], names: Sequence[str], wei
         reward = failure_reward if errors else (sum(applied) if applied else None)
         scores.append(EpisodeScore(reward, parts, errors))
     return scores
-
-
-def reward_column(call: Callable[[], Any], name: str, count: int) -> tuple[list[float | None], list[str | None]]:
-    """One reward's values and errors from ``call`` (a failure of the call is every episode's error)."""
-    answer, error = reward_outcome(call)
-    if error is not None:
-        return [None] * count, [f"{name}: {type(error).__name__}: {error}"] * count
-    return checked_column(answer, name, count)
-
-
-def checked_column(answer: Any, name: str, count: int) -> tuple[list[float | None], list[str | None]]:
-    try:
-        return checked_answer(answer, count, name)
-    except AnswerError as error:
-        return [None] * count, [f"{name}: {error}"] * count
 
 
 def awaited_together(pending: Sequence[tuple[str, Callable[..., Any], dict[str, Any]]],
@@ -175,5 +161,5 @@ def awaited_together(pending: Sequence[tuple[str, Callable[..., Any], dict[str, 
         if isinstance(answer, BaseException):
             columns.append(([None] * count, [f"{name}: {type(answer).__name__}: {answer}"] * count))
         else:
-            columns.append(checked_column(answer, name, count))
+            columns.append(answer_column(answer, name, count))
     return columns

@@ -278,7 +278,7 @@ class ToolTask(MultiRoundTask):
             return EnvStep("cut", 0.0, terminal=True, episode=episode, scored_later=True)
         formatting = self.format(tokenizer)
         left = self.tokens_left(episode, len(context_ids) + len(segment_ids))
-        if left is not None and surely_past(replies, left, formatting.longest_token_bytes()):
+        if left is not None and surely_past(replies, left, formatting.longest_token_bytes):
             return EnvStep("cut", 0.0, terminal=True, episode=episode, scored_later=True)  # not even tokenized
         reply = ChatReply(tuple(episode.messages), replies, episode.schemas, formatting.chat_template,
                           dict(formatting.template_kwargs))
