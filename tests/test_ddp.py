@@ -237,7 +237,7 @@ def test_a_rank_pads_to_the_most_minibatches_and_its_empty_ones_count_nothing():
         ref_logp=None, sampler_logp=None, sampler_ratio=None, pair_role=None, values=None,
         decision_index=torch.tensor([1, 2, 1]), first_token_allowed=torch.full((3, 1), -1),
         inferred=torch.tensor([True, False, True]), rewards=torch.tensor([1.0, 0.0, 1.0]), loss_rows=None,
-        sequence_tokens=None, sequence_rows=None)
+        sequence_tokens=None, sequence_rows=None, sequence_ids=None, constant_tokens=3)
     batches = serve_plan(buffer, [torch.tensor([0, 1]), torch.tensor([2])], accumulate=2, aggregation="token-mean",
                          padding=2)
     assert len(batches) == 4

@@ -98,7 +98,8 @@ def test_a_three_turn_and_a_one_turn_episode_weigh_half_each():
     # the issue's example: values 1 on A's turns, 0 on B's; the loss is A's weight
     mask = chain_buffer(episode=object())[0].completion_mask
     values = mask.float() * torch.tensor([1.0, 1.0, 1.0, 0.0])[:, None]
-    sequences = Sequences(torch.tensor([6.0, 6.0, 6.0, 4.0]), torch.tensor([3.0, 3.0, 3.0, 1.0]))
+    sequences = Sequences(torch.tensor([6.0, 6.0, 6.0, 4.0]), torch.tensor([3.0, 3.0, 3.0, 1.0]),
+                          torch.tensor([0, 0, 0, 1]))
     assert masked_aggregate(values, mask, "seq-mean", sequences=sequences).item() == pytest.approx(0.5, abs=1e-7)
     assert masked_aggregate(values, mask, "seq-mean").item() == pytest.approx(0.75, abs=1e-7)  # per row
 
@@ -135,9 +136,9 @@ def test_games_chains_and_trees_keep_one_sequence_per_row(aggregation, episode, 
 def test_sequences_are_checked():
     values, mask = torch.ones(2, 3), torch.ones(2, 3, dtype=torch.bool)
     with pytest.raises(ValueError, match="one per row"):
-        aggregation_terms(values, mask, "seq-mean", sequences=Sequences(torch.ones(3), torch.ones(3)))
+        aggregation_terms(values, mask, "seq-mean", sequences=Sequences(torch.ones(3), torch.ones(3), torch.zeros(3, dtype=torch.long)))
     with pytest.raises(ValueError, match="one per row"):
-        aggregation_terms(values, mask, "seq-mean", sequences=Sequences(torch.ones(2), torch.ones(2, 1)))
+        aggregation_terms(values, mask, "seq-mean", sequences=Sequences(torch.ones(2), torch.ones(2, 1), torch.zeros(2, dtype=torch.long)))
 
 
 # TRL's layout of the same two episodes: A's completion is turn 1 (2 tokens), a tool reply (3), turn 2 (3), a tool
@@ -173,7 +174,7 @@ def test_a_tool_chains_loss_and_gradient_equal_trls_multi_turn_completion(aggreg
         counted[row, columns] = True
     batch = {"old_logp": old[TRL_ROW], "advantages": advantages[TRL_ROW], "completion_mask": counted,
              "ref_logp": ref[TRL_ROW], "sequence_tokens": torch.tensor([6.0, 6.0, 6.0, 4.0]),
-             "sequence_rows": torch.tensor([3.0, 3.0, 3.0, 1.0])}
+             "sequence_rows": torch.tensor([3.0, 3.0, 3.0, 1.0]), "sequence_ids": torch.tensor([0, 0, 0, 1])}
     objective = Objective.from_arguments(DEFAULTS | {"clip_eps": 0.2, "kl_coef": 0.04, "kl_ratio_correction": True,
                                                      "aggregation": aggregation})
     ours = policy_terms(objective, batch, logp_leaf[TRL_ROW], None, counted, MAX_NEW_TOKENS).loss
@@ -188,3 +189,123 @@ def test_a_tool_chains_loss_and_gradient_equal_trls_multi_turn_completion(aggreg
         per_row = {key: value for key, value in batch.items() if not key.startswith("sequence_")}
         rows_loss = policy_terms(objective, per_row, logp_leaf[TRL_ROW], None, counted, MAX_NEW_TOKENS).loss
         assert abs(rows_loss.item() - theirs.item()) > 1e-3
+
+
+def chain_inputs(seed: int) -> dict[str, torch.Tensor]:
+    """TRL's two rows (A's three turns with its tool tokens, B's one turn) of random log-probs, float64: ratios
+    pi_theta / pi_old per token between 0.35 and 2.9 (times e^0.5 on B's), a sampler near pi_old."""
+    f64, generator = torch.float64, torch.Generator().manual_seed(seed)
+    old = -0.2 - torch.rand(2, TRL_T, generator=generator, dtype=f64) * 2.5
+    logp = old + (0.35 + torch.rand(2, TRL_T, generator=generator, dtype=f64) * 2.55).log()
+    logp[1] += 0.5  # B's sequence ratio well above 1 + 0.2: a clip acts on it (A's stays inside)
+    sampler = old + torch.randn(2, TRL_T, generator=generator, dtype=f64) * 0.3
+    completion_mask = torch.zeros(2, TRL_T, dtype=torch.long)
+    completion_mask[0], completion_mask[1, :4] = 1, 1
+    tool_mask = torch.ones(2, TRL_T, dtype=torch.long)
+    tool_mask[0, [2, 3, 4, 8, 9]] = 0
+    counted = torch.zeros(4, TRL_T, dtype=torch.bool)
+    for row, columns in enumerate(TURN_COLUMNS):
+        counted[row, columns] = True
+    return {"old": old, "logp": logp, "sampler": sampler, "completion_mask": completion_mask,
+            "tool_mask": tool_mask, "counted": counted}
+
+
+def episode_a_threshold(inputs: dict[str, torch.Tensor]) -> float:
+    """A threshold on the mean KL(sampler || pi_theta) between episode A's (over its 6 counted tokens) and its
+    highest row's, so that the episode is kept and that row alone would be dropped."""
+    kl = inputs["sampler"][0] - inputs["logp"][0]  # [T] TRL's row 0 is episode A
+    rows = [kl[columns].mean().item() for columns in TURN_COLUMNS[:3]]
+    episode = kl[[c for columns in TURN_COLUMNS[:3] for c in columns]].mean().item()
+    assert max(rows) > episode
+    return (episode + max(rows)) / 2
+
+
+SEQUENCE_LEVEL = [  # (our knobs, TRL's config, the figures both log)
+    ({"loss_variant": "gspo", "clip_eps": 0.2}, {"loss_type": "grpo", "importance_sampling_level": "sequence",
+                                                 "epsilon": 0.2},
+     ["clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"]),
+    ({"loss_variant": "luspo", "clip_eps": 0.2}, {"loss_type": "luspo", "importance_sampling_level": "sequence",
+                                                  "epsilon": 0.2},
+     ["clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"]),
+    ({"loss_variant": "vespo"}, {"loss_type": "vespo"}, ["vespo/phi_seq_mean"]),
+    ({"clip_eps": 0.2, "off_policy_mask_threshold": "episode A's"},
+     {"loss_type": "grpo", "epsilon": 0.2, "off_policy_mask_threshold": "episode A's"}, []),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:TRL currently supports vLLM versions:UserWarning")
+@pytest.mark.parametrize(("knobs", "config", "figures"), SEQUENCE_LEVEL,
+                         ids=["gspo", "luspo", "vespo", "off_policy_mask"])
+def test_what_is_taken_per_sequence_spans_the_whole_episode_as_in_trl(knobs, config, figures):
+    """GSPO's and LUSPO's sequence ratio, VESPO's weight w and the off-policy mask's mean KL are taken over a tool
+    episode's three turns together, as TRL takes them over its multi-turn completion: TRL's own loss, gradient and
+    figures on its layout equal ours on our rows; taken per turn (the rows without their episode) they differ."""
+    from trl_losses import trl_loss, trl_trainer
+
+    inputs = chain_inputs(58)
+    if config.get("off_policy_mask_threshold") == "episode A's":
+        threshold = episode_a_threshold(inputs)
+        knobs, config = knobs | {"off_policy_mask_threshold": threshold}, config | {"off_policy_mask_threshold":
+                                                                                    threshold}
+    advantages = torch.tensor([-0.9, 1.3], dtype=torch.float64)  # A's negative: the off-policy mask may act on it
+    logp_trl = inputs["logp"].clone().requires_grad_()
+    trainer = trl_trainer(max_completion_length=MAX_NEW_TOKENS, **config)
+    theirs = trl_loss(trainer, logp_trl, inputs["old"], advantages, inputs["completion_mask"],
+                      sampler_logp=inputs["sampler"], tool_mask=inputs["tool_mask"])
+    logged = trainer._metrics["train"]
+
+    logp_leaf = inputs["logp"].clone().requires_grad_()
+    batch = {"old_logp": inputs["old"][TRL_ROW], "advantages": advantages[TRL_ROW], "completion_mask":
+             inputs["counted"], "sampler_logp": inputs["sampler"][TRL_ROW],
+             "sequence_tokens": torch.tensor([6.0, 6.0, 6.0, 4.0]), "sequence_rows": torch.tensor([3.0, 3.0, 3.0, 1.0]),
+             "sequence_ids": torch.tensor([0, 0, 0, 1])}
+    objective = Objective.from_arguments(DEFAULTS | knobs)
+    terms = policy_terms(objective, batch, logp_leaf[TRL_ROW], None, inputs["counted"], MAX_NEW_TOKENS)
+
+    torch.testing.assert_close(terms.loss, theirs.to(torch.float64), rtol=0, atol=1e-9)
+    loss_mask = (inputs["completion_mask"] * inputs["tool_mask"]).bool()
+    grad_ours, grad_trl = (torch.autograd.grad(loss, leaf)[0] for loss, leaf in ((terms.loss, logp_leaf),
+                                                                                 (theirs, logp_trl)))
+    torch.testing.assert_close(grad_ours * loss_mask, grad_trl * loss_mask, rtol=0, atol=1e-9)
+    assert grad_trl.abs().sum() > 0
+    for name in figures:
+        assert terms.stats[name].item() == pytest.approx(logged[name][0], abs=1e-12), name
+    if "clip_ratio/region_mean" in figures:  # B clipped, A not: 1 of 2 sequences (per token it was 4 of 10)
+        assert terms.stats["clip_ratio/region_mean"].item() == 0.5
+    per_turn = {key: value for key, value in batch.items() if not key.startswith("sequence_")}
+    rows_terms = policy_terms(objective, per_turn, logp_leaf[TRL_ROW], None, inputs["counted"], MAX_NEW_TOKENS)
+    assert abs(rows_terms.loss.item() - theirs.item()) > 1e-3
+
+
+def test_sequence_totals_and_means_by_hand():
+    from lit_grpo.losses.aggregation import per_sequence_mean, sequence_log_mean, sequence_totals
+
+    sequences = Sequences(torch.tensor([3.0, 3.0, 3.0, 1.0]), torch.tensor([3.0, 3.0, 3.0, 1.0]),
+                          torch.tensor([4, 4, 4, 9]))
+    assert sequence_totals(torch.tensor([1.0, 2.0, 4.0, 8.0]), sequences).tolist() == [7.0, 7.0, 7.0, 8.0]
+    assert sequence_totals(torch.tensor([1.0, 2.0, 4.0, 8.0]), None).tolist() == [1.0, 2.0, 4.0, 8.0]
+    # per token [1, 2 | 3 | 6, -] and [4, -, -]: the episode's mean (1 + 2 + 3 + 6) / 4 = 3 on its rows, 4 on B's
+    values = torch.tensor([[1.0, 2.0], [3.0, 0.0], [6.0, 9.0], [4.0, 5.0]])
+    mask = torch.tensor([[True, True], [True, False], [True, False], [True, False]])
+    assert sequence_log_mean(values, mask, sequences).tolist() == [3.0, 3.0, 3.0, 4.0]
+    assert sequence_log_mean(values, mask, None).tolist() == [1.5, 3.0, 6.0, 4.0]
+    # a figure each sequence has once: episode A 1 (on its three rows), B 0: the mean over 2 sequences is 1/2
+    assert per_sequence_mean(torch.tensor([1.0, 1.0, 1.0, 0.0]), sequences).item() == 0.5
+    assert per_sequence_mean(torch.tensor([1.0, 1.0, 1.0, 0.0]), None).item() == 0.75
+
+
+def test_constant_divides_a_tool_episode_by_the_tasks_whole_conversation_budget():
+    """TRL's dr_grpo divides by max_completion_length, the budget of the whole multi-turn completion: a tool
+    task's chain carries it (``sequence_budget``), where a game's chain and a tree keep max_new_tokens (per turn)."""
+    from lit_grpo.tasks.tool_task import ToolTask
+
+    assert ToolTask.sequence_budget(type("Task", (), {"max_completion_length": 20})()) == 20
+    tool = tree_buffer([chain_tree(object())], Tokenizer(), 1.0, MAX_NEW_TOKENS, "chains", 3, sequence_budget=20)
+    game = tree_buffer([chain_tree(None)], Tokenizer(), 1.0, MAX_NEW_TOKENS, "chains", 3, sequence_budget=20)
+    for buffer in (tool, game):
+        buffer.old_logp, buffer.advantages = torch.zeros(buffer.input_ids.shape), torch.zeros(4)
+    (batch,) = serve_plan(tool, [torch.arange(4)], 1, "constant")
+    assert batch["max_new_tokens"].item() == 20 and batch["step_denominator"].item() == 2 * 20  # 2 episodes
+    (batch,) = serve_plan(game, [torch.arange(4)], 1, "constant")
+    assert batch["max_new_tokens"].item() == MAX_NEW_TOKENS and batch["step_denominator"].item() == 4 * 8

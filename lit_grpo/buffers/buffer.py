@@ -62,6 +62,14 @@ class RolloutBuffer:
     # a tool task's chains, where TRL's sequence is the whole episode (losses.Sequences); None: a row is a sequence
     sequence_tokens: torch.Tensor | None = None  # [N] float: the row's episode's counted tokens over all its rows
     sequence_rows: torch.Tensor | None = None  # [N] float: the number of rows of the row's episode
+    sequence_ids: torch.Tensor | None = None  # [N] long: the row's episode's number, unique within the buffer
+    sequence_budget: int | None = None  # tokens an episode may hold (TRL's max_completion_length); None: a row's
+
+    @property
+    def constant_tokens(self) -> int:
+        """What ``constant`` aggregation divides each sequence by: the tokens a sequence may hold (an episode's
+        budget where a sequence spans several rows, as TRL's dr_grpo divides by max_completion_length)."""
+        return self.max_new_tokens if self.sequence_budget is None else self.sequence_budget
 
     def first_token_constraint(self) -> FirstTokenConstraint | None:
         """The sampler's first-token restrictions, when any row had one."""
@@ -172,7 +180,7 @@ def serve_plan(buffer: RolloutBuffer, plan: list[torch.Tensor], accumulate: int,
     loss's) and ``step_risk_rows`` (rows that inferred: the risk head's). An empty minibatch counts zero in each.
     """
     batches = [minibatch(buffer, rows) for rows in plan]
-    counts = [minibatch_counts(b, aggregation, buffer.max_new_tokens) for b in batches]
+    counts = [minibatch_counts(b, aggregation, buffer.constant_tokens) for b in batches]
     if padding and not batches:
         raise RuntimeError("a rank with no rollouts cannot serve empty minibatches of their shape")
     batches += [empty_minibatch(batches[-1]) for _ in range(padding)]
@@ -209,7 +217,14 @@ def batch_sequences(batch: dict[str, torch.Tensor]) -> Sequences | None:
     """The minibatch's rows' episodes where a sequence spans several rows (a tool task's chain), else None."""
     if "sequence_tokens" not in batch:
         return None
-    return Sequences(batch["sequence_tokens"], batch["sequence_rows"])
+    return Sequences(batch["sequence_tokens"], batch["sequence_rows"], batch["sequence_ids"])
+
+
+def buffer_sequences(buffer: RolloutBuffer) -> Sequences | None:
+    """The buffer's rows' episodes where a sequence spans several rows (a tool task's chain), else None."""
+    if buffer.sequence_tokens is None:
+        return None
+    return Sequences(buffer.sequence_tokens, buffer.sequence_rows, buffer.sequence_ids)
 
 
 def minibatch_counts(batch: dict[str, torch.Tensor], aggregation: str, max_new_tokens: int) -> dict[str, torch.Tensor]:
@@ -221,7 +236,7 @@ def minibatch_counts(batch: dict[str, torch.Tensor], aggregation: str, max_new_t
     if "loss_rows" in batch:
         kept_rows = batch["loss_rows"]
         mask_kept = mask[kept_rows]  # [kept rows, L]
-        sequences = None if sequences is None else Sequences(sequences.tokens[kept_rows], sequences.rows[kept_rows])
+        sequences = None if sequences is None else Sequences(*(field[kept_rows] for field in sequences))
     else:
         mask_kept = mask
     inferred = batch.get("inferred")
@@ -242,7 +257,7 @@ def minibatch(buffer: RolloutBuffer, rows: torch.Tensor) -> dict[str, torch.Tens
         "advantages": buffer.advantages[rows] if buffer.advantages.dim() == 1 else buffer.advantages[rows, :width],
         "old_logp": buffer.old_logp[rows, :width],
         "temperature": torch.tensor(buffer.temperature),
-        "max_new_tokens": torch.tensor(buffer.max_new_tokens),
+        "max_new_tokens": torch.tensor(buffer.constant_tokens),  # the loss's constant aggregation divides by it
     }
     if buffer.ref_logp is not None:
         out["ref_logp"] = buffer.ref_logp[rows, :width]
@@ -259,6 +274,7 @@ def minibatch(buffer: RolloutBuffer, rows: torch.Tensor) -> dict[str, torch.Tens
         out["loss_rows"] = buffer.loss_rows[rows]
     if buffer.sequence_tokens is not None:  # a tool task's chains: each row's episode (batch_sequences)
         out["sequence_tokens"], out["sequence_rows"] = buffer.sequence_tokens[rows], buffer.sequence_rows[rows]
+        out["sequence_ids"] = buffer.sequence_ids[rows]
     if buffer.decision_index is not None:  # trees: the risk head's inputs and targets, the sampler's restriction
         out["decision_index"], out["first_token_allowed"] = buffer.decision_index[rows], buffer.first_token_allowed[rows]
         out["inferred"], out["rewards"] = buffer.inferred[rows], buffer.rewards[rows]
@@ -298,6 +314,8 @@ def select_groups(buffer: RolloutBuffer, groups: list[int]) -> RolloutBuffer:
         reward_failed=None if buffer.reward_failed is None else buffer.reward_failed[index],
         sequence_tokens=None if buffer.sequence_tokens is None else buffer.sequence_tokens[index],
         sequence_rows=None if buffer.sequence_rows is None else buffer.sequence_rows[index],
+        sequence_ids=None if buffer.sequence_ids is None else buffer.sequence_ids[index],
+        sequence_budget=buffer.sequence_budget,
         reward_parts={name: values[index] for name, values in buffer.reward_parts.items()},
         reward_weights=buffer.reward_weights,
         prompt_texts=[buffer.prompt_texts[r] for r in rows],
@@ -315,6 +333,7 @@ def concat_buffers(buffers: list[RolloutBuffer]) -> RolloutBuffer:
 
     first = buffers[0]
     has_logp = all(b.sampler_logp is not None for b in buffers)
+    row_offsets = torch.tensor([0] + [len(b.rewards) for b in buffers[:-1]]).cumsum(0).tolist()
     return RolloutBuffer(
         input_ids=cat("input_ids"),
         attention_mask=cat("attention_mask"),
@@ -333,6 +352,9 @@ def concat_buffers(buffers: list[RolloutBuffer]) -> RolloutBuffer:
                          if all(b.sequence_tokens is not None for b in buffers) else None),
         sequence_rows=(torch.cat([b.sequence_rows for b in buffers])
                        if all(b.sequence_rows is not None for b in buffers) else None),
+        sequence_ids=(torch.cat([b.sequence_ids + offset for b, offset in zip(buffers, row_offsets)])
+                      if all(b.sequence_ids is not None for b in buffers) else None),  # kept apart: ids < rows
+        sequence_budget=first.sequence_budget,
         reward_parts={name: torch.cat([b.reward_parts[name] for b in buffers]) for name in first.reward_parts
                       if all(name in b.reward_parts for b in buffers)},
         reward_weights=first.reward_weights,

@@ -96,15 +96,16 @@ def allowed_table(allowed: Sequence[tuple[int, ...] | None]) -> torch.Tensor:
 
 def tree_buffer(
     roots: Sequence[SegmentNode], tokenizer: Any, temperature: float, max_new_tokens: int, mode: str,
-    rounds: int | None
+    rounds: int | None, sequence_budget: int | None = None
 ) -> RolloutBuffer:
     """The rollout buffer of a batch of trees, ``rounds`` deep at most: one row per policy node, one group per
     tree. A tool task's chains (``mode`` chains, nodes with an ``episode``) also carry each row's episode
-    (``chain_sequences``), so that the loss weighs an episode as TRL weighs its multi-turn completion."""
+    (``chain_sequences``) and the tokens an episode may hold (``sequence_budget``, the task's), so that the loss
+    weighs an episode as TRL weighs its multi-turn completion."""
     rows = tree_rows(roots, tokenizer.pad_token_id)
     nodes = [node for root in roots for node in policy_nodes(root)]
     tool_chains = mode == "chains" and any(node.episode is not None for node in nodes)
-    sequence_tokens, sequence_rows = chain_sequences(roots, rows["completion_mask"]) if tool_chains else (None, None)
+    sequences = chain_sequences(roots, rows["completion_mask"]) if tool_chains else (None, None, None)
     return RolloutBuffer(
         input_ids=rows["input_ids"],
         attention_mask=rows["attention_mask"],
@@ -126,23 +127,27 @@ def tree_buffer(
         inferred=rows["inferred"],
         tree_rounds=rounds,
         reward_errors=sum(n.reward_error is not None for n in nodes),
-        sequence_tokens=sequence_tokens,
-        sequence_rows=sequence_rows,
+        sequence_tokens=sequences[0],
+        sequence_rows=sequences[1],
+        sequence_ids=sequences[2],
+        sequence_budget=sequence_budget if tool_chains else None,
     )
 
 
-def chain_sequences(roots: Sequence[Node], completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's episode as one sequence (``losses.Sequences``): ``(tokens [N], rows [N])`` float, the counted
-    tokens (``completion_mask [N, L]``) summed over the rows of the row's chain, and that chain's number of rows.
-    The rows of one chain (a root's child and its descendants) are one episode, as TRL's whole multi-turn
-    completion is one sequence. Example: chains of 3 rows (2, 3, 1 tokens) and 1 row (4): [6, 6, 6, 4], [3, 3, 3, 1]."""
+def chain_sequences(roots: Sequence[Node],
+                    completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's episode as one sequence (``losses.Sequences``): ``(tokens [N], rows [N], ids [N])``, the counted
+    tokens (``completion_mask [N, L]``) summed over the rows of the row's chain and that chain's number of rows
+    (float), and the chain's number (long). The rows of one chain (a root's child and its descendants) are one
+    episode, as TRL's whole multi-turn completion is one sequence. Example: chains of 3 rows (2, 3, 1 tokens) and
+    1 row (4): [6, 6, 6, 4], [3, 3, 3, 1], [0, 0, 0, 1]."""
     episodes = chain_rows(roots)[0]  # [N] chain id of each row
     if episodes.shape[0] != completion_mask.shape[0]:
         raise ValueError(f"{episodes.shape[0]} chain rows for a completion mask of {completion_mask.shape[0]} rows")
     count = int(episodes.max()) + 1 if episodes.numel() else 0
     tokens = torch.zeros(count).index_add_(0, episodes, completion_mask.sum(dim=1).float())  # [episodes]
     rows = torch.zeros(count).index_add_(0, episodes, torch.ones(episodes.shape[0]))  # [episodes]
-    return tokens[episodes], rows[episodes]
+    return tokens[episodes], rows[episodes], episodes
 
 
 def chain_returns(root: Node) -> list[float]:

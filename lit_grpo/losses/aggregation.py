@@ -36,12 +36,15 @@ class Sequences(NamedTuple):
     """Per row, the sequence (episode) it is part of, where a sequence spans several rows (a tool task's chain).
 
     ``tokens [N]``: the episode's counted tokens over all its rows; ``rows [N]``: the number of rows of its episode
-    (>= 1). Rows of one episode carry equal values. Example: a 3-turn episode of 2 + 3 + 1 counted tokens and a
-    1-turn one of 4: tokens [6, 6, 6, 4], rows [3, 3, 3, 1].
+    (>= 1); ``ids [N]``: the episode's number (any integers, equal on the rows of one episode). Rows of one episode
+    carry equal values, and a minibatch holds every row of each of its episodes (whole groups: the buffer's
+    ``minibatch_plan``). Example: a 3-turn episode of 2 + 3 + 1 counted tokens and a 1-turn one of 4: tokens
+    [6, 6, 6, 4], rows [3, 3, 3, 1], ids [0, 0, 0, 1].
     """
 
     tokens: torch.Tensor  # [N]
     rows: torch.Tensor  # [N]
+    ids: torch.Tensor  # [N] long
 
 
 def check_aggregation(mode: str, max_new_tokens: int | None) -> None:
@@ -96,9 +99,41 @@ def aggregation_terms(
 def check_sequences(sequences: Sequences, num_rows: int) -> None:
     """Raise ``ValueError`` unless ``sequences``' tensors are ``[num_rows]`` (shapes only: reading values would wait
     for the device on every minibatch; ``rows`` >= 1 is the buffer's to keep)."""
-    if sequences.tokens.shape != (num_rows,) or sequences.rows.shape != (num_rows,):
-        raise ValueError(f"sequences' tokens {tuple(sequences.tokens.shape)} and rows {tuple(sequences.rows.shape)} "
-                         f"must be [{num_rows}], one per row")
+    shapes = {name: tuple(getattr(sequences, name).shape) for name in Sequences._fields}
+    if any(shape != (num_rows,) for shape in shapes.values()):
+        raise ValueError(f"sequences' {', '.join(f'{name} {shape}' for name, shape in shapes.items())} must be "
+                         f"[{num_rows}], one per row")
+
+
+def sequence_totals(row_values: torch.Tensor, sequences: Sequences | None) -> torch.Tensor:
+    """Each row's value summed over the rows of its sequence, ``[N]`` -> ``[N]`` (differentiable): the row's own
+    value where each row is a sequence (``sequences`` None). Example: values [1, 2, 4, 8], ids [0, 0, 0, 5]:
+    [7, 7, 7, 8]."""
+    if sequences is None or row_values.shape[0] == 0:
+        return row_values
+    episode = torch.unique(sequences.ids, return_inverse=True)[1]  # [N] in 0..episodes-1
+    totals = row_values.new_zeros(int(episode.max()) + 1).index_add(0, episode, row_values)  # [episodes]
+    return totals[episode]
+
+
+def sequence_log_mean(log_values: torch.Tensor, completion_mask: torch.Tensor,
+                      sequences: Sequences | None) -> torch.Tensor:
+    """The mean of ``log_values [N, T]`` over the counted tokens of each row's sequence (all the rows of its episode
+    where ``sequences`` says a sequence spans several), ``[N]``; 0 for a sequence with no counted token."""
+    mask = completion_mask.to(log_values.dtype)  # [N, T]
+    sums = sequence_totals((log_values * mask).sum(dim=-1), sequences)  # [N]
+    return sums / sequence_totals(mask.sum(dim=-1), sequences).clamp(min=1)
+
+
+def per_sequence_mean(row_values: torch.Tensor, sequences: Sequences | None) -> torch.Tensor:
+    """The mean over sequences of a value each sequence has once (equal on the rows of a multi-row episode), every
+    sequence counting, as TRL averages its sequence-level figures: ``[N]`` -> ``[]``, 0 with no row."""
+    if row_values.shape[0] == 0:
+        return row_values.new_zeros(())
+    if sequences is None:
+        return row_values.mean()
+    share = 1.0 / sequences.rows.to(row_values.dtype)  # [N] each row's share of its episode
+    return (row_values * share).sum() / share.sum()
 
 
 def sequence_mean(values: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:

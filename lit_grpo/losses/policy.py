@@ -9,7 +9,14 @@ from typing import Literal, get_args
 import torch
 
 from lit_grpo.losses.advantages import check_choice
-from lit_grpo.losses.aggregation import Sequences, check_aggregation, masked_aggregate, masked_mean, sequence_mean
+from lit_grpo.losses.aggregation import (
+    Sequences,
+    check_aggregation,
+    masked_aggregate,
+    masked_mean,
+    per_sequence_mean,
+    sequence_log_mean,
+)
 from lit_grpo.losses.surrogates import clip_surrogate, cispo_surrogate, sapo_gate, sapo_surrogate, vespo_weights
 
 PolicyVariant = Literal["reinforce", "unclipped", "clip", "gspo", "cispo", "sapo", "luspo", "vespo"]
@@ -45,13 +52,15 @@ class SurrogateOptions:
 
 
 def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, completion_mask: torch.Tensor,
-                     level: str) -> tuple[torch.Tensor, torch.Tensor]:
+                     level: str, sequences: Sequences | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ratio [N, T], log ratio [N, T])``: pi_theta / pi_old per token, the log clamped to ±``LOG_RATIO_LIMIT``; at
-    ``sequence`` level each row's ratio is exp of the mean log ratio over its counted tokens (1 with none), spread
-    over its tokens. The ratio carries logp's gradient."""
+    ``sequence`` level each row's ratio is exp of the mean log ratio over its sequence's counted tokens (1 with
+    none), spread over its tokens: a row's, or its episode's over all its rows (``sequences``), as TRL takes GSPO's
+    ratio over a whole multi-turn completion. The ratio carries logp's gradient."""
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # [N, T]
     if level == "sequence":
-        return torch.exp(sequence_mean(log_ratio, completion_mask.bool())).unsqueeze(-1).expand_as(logp), log_ratio
+        mean_log = sequence_log_mean(log_ratio, completion_mask.bool(), sequences)  # [N]
+        return torch.exp(mean_log).unsqueeze(-1).expand_as(logp), log_ratio
     return torch.exp(log_ratio), log_ratio
 
 
@@ -89,13 +98,16 @@ def policy_loss(
             stats; cispo caps its ratio at 1 + clip_eps_high.
         aggregation: see ``masked_aggregate``; gspo takes ``seq-mean`` only, luspo ``seq-sum`` only.
         max_new_tokens: required by ``constant``.
-        sequences: where a sequence spans several rows (a tool task's chain), each row's episode (``Sequences``),
-            which the aggregation weighs as one sequence; the ratio stays the row's (not the episode's).
+        sequences: where a sequence spans several rows (a tool task's chain), each row's episode (``Sequences``):
+            the aggregation weighs it as one sequence, and everything taken per sequence is taken over the episode
+            (the sequence ratio, vespo's weight, the sequence-level figures), as TRL takes them over its multi-turn
+            completion.
 
     Returns:
         ``(loss [], stats)``; stats are detached, over the counted tokens, named as TRL logs them:
         ``clip_ratio/low_mean`` (A < 0 and r < 1 - clip_eps), ``clip_ratio/high_mean`` (A > 0 and r > 1 +
-        clip_eps_high), ``clip_ratio/region_mean`` (either), ``ratio_mean``, ``approx_kl`` (mean of (r - 1) - log r
+        clip_eps_high), ``clip_ratio/region_mean`` (either; at ``sequence`` level these three are fractions of
+        sequences, every sequence counting, as TRL's), ``ratio_mean``, ``approx_kl`` (mean of (r - 1) - log r
         per token, k3 of KL(pi_old || pi_theta)); with delta ``clip_ratio/delta_mean`` (A < 0 and r > delta: the
         two-sided cap binds); cispo adds ``cispo_clip_ratio`` (A > 0 and r above its cap), sapo
         ``sapo/gate_mean`` (its mean gradient weight, 1 on-policy), vespo ``vespo/phi_seq_mean``.
@@ -110,15 +122,15 @@ def policy_loss(
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
     mask = completion_mask.bool()
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [N, 1] or [N, T]
-    ratio, log_ratio = importance_ratio(logp, old_logp, mask, options.level(variant))  # [N, T]
+    level = options.level(variant)
+    ratio, log_ratio = importance_ratio(logp, old_logp, mask, level, sequences)  # [N, T]
     stats: dict[str, torch.Tensor] = {}
     if variant == "vespo":
         sampler_log = None if sampler_ratio is None else torch.log(sampler_ratio)
         phi = vespo_weights(log_ratio, adv, mask, sampler_log, options.vespo_k_pos, options.vespo_lambda_pos,
-                            options.vespo_k_neg, options.vespo_lambda_neg)  # [N, 1]
+                            options.vespo_k_neg, options.vespo_lambda_neg, sequences)  # [N, 1]
         surrogate = -phi * adv * logp
-        scored = mask.any(dim=-1)  # [N]: one weight per sequence with a counted token, averaged as TRL logs it
-        stats["vespo/phi_seq_mean"] = phi[scored].mean() if scored.any() else phi.new_zeros(())
+        stats["vespo/phi_seq_mean"] = per_sequence_mean(phi[:, 0], sequences)  # every sequence, as TRL's
     else:
         surrogate = token_surrogate(variant, logp, ratio, adv, clip_eps, eps_high, options)  # [N, T]
         surrogate = surrogate if sampler_ratio is None else surrogate * sampler_ratio
@@ -127,11 +139,15 @@ def policy_loss(
     loss = masked_aggregate(surrogate, mask, aggregation, max_new_tokens, sequences)
     stats.update(policy_stats(ratio.detach(), log_ratio.detach(), adv.detach().expand_as(logp), mask, clip_eps,
                               eps_high))
+    if level == "sequence":  # one ratio per sequence: its figures count sequences, as TRL's do
+        stats.update(sequence_clip_stats(ratio.detach(), adv.detach(), mask, clip_eps, eps_high, sequences))
     if options.delta is not None and variant in ("clip", "gspo", "luspo"):  # where the two-sided cap binds
         capped = (adv.detach() < 0) & (ratio.detach() > options.delta)
         stats["clip_ratio/delta_mean"] = masked_mean(capped.expand_as(logp).to(logp.dtype), mask)
     if variant == "cispo":
-        stats["cispo_clip_ratio"] = masked_mean(((ratio.detach() > 1.0 + eps_high) & (adv > 0)).to(logp.dtype), mask)
+        capped = ((ratio.detach() > 1.0 + eps_high) & (adv > 0)).to(logp.dtype)  # [N, T]
+        stats["cispo_clip_ratio"] = (per_sequence_mean(capped[:, 0], sequences) if level == "sequence" and
+                                     capped.shape[1] else masked_mean(capped, mask))
     if variant == "sapo":
         gate = sapo_gate(ratio.detach(), adv.detach(), options.sapo_temperature_pos, options.sapo_temperature_neg)
         stats["sapo/gate_mean"] = masked_mean(gate, mask)
@@ -172,6 +188,21 @@ def policy_stats(
         "ratio_mean": masked_mean(ratio, completion_mask),
         "approx_kl": masked_mean(token_kl, completion_mask),
     }
+
+
+def sequence_clip_stats(ratio: torch.Tensor, adv: torch.Tensor, completion_mask: torch.Tensor, eps_low: float,
+                        eps_high: float, sequences: Sequences | None) -> dict[str, torch.Tensor]:
+    """The three ``clip_ratio`` figures of a sequence-level ratio (``ratio [N, T]``, equal over a sequence's
+    tokens; ``adv [N, 1]``) as fractions of sequences, every sequence counting (TRL's ``global_masked_mean`` of a
+    ``[B, 1]`` ratio). Example: ratios 1.5 and 0.5 on two one-row sequences, advantages +1 and +1, eps 0.2: high
+    1/2, low 0, region 1/2."""
+    row_ratio = ratio[:, :1] if ratio.shape[1] else torch.ones_like(adv[:, :1])  # [N, 1]
+    row_adv = adv[:, :1]  # [N, 1]: one advantage per sequence (check_variant)
+    low = ((row_adv < 0) & (row_ratio < 1.0 - eps_low))[:, 0].to(ratio.dtype)  # [N]
+    high = ((row_adv > 0) & (row_ratio > 1.0 + eps_high))[:, 0].to(ratio.dtype)  # [N]
+    return {"clip_ratio/low_mean": per_sequence_mean(low, sequences),
+            "clip_ratio/high_mean": per_sequence_mean(high, sequences),
+            "clip_ratio/region_mean": per_sequence_mean(torch.maximum(low, high), sequences)}
 
 
 def check_shapes(

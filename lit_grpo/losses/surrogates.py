@@ -10,6 +10,8 @@ import math
 
 import torch
 
+from lit_grpo.losses.aggregation import Sequences, sequence_totals
+
 # VESPO's bounds on the log of the sequence weight w, as its authors' code (and TRL) clamp it: w in [1e-8, e^20]
 VESPO_LOG_W_MIN = math.log(1e-8)
 VESPO_LOG_W_MAX = 20.0
@@ -58,12 +60,14 @@ def sapo_gate(ratio: torch.Tensor, adv: torch.Tensor, temperature_pos: float, te
 @torch.no_grad()
 def vespo_weights(log_ratio: torch.Tensor, adv: torch.Tensor, completion_mask: torch.Tensor,
                   sampler_log_ratio: torch.Tensor | None, k_pos: float, lambda_pos: float, k_neg: float,
-                  lambda_neg: float) -> torch.Tensor:
+                  lambda_neg: float, sequences: Sequences | None = None) -> torch.Tensor:
     """VESPO's per-sequence weight phi(w) = e^lambda w^k e^(-lambda w) (so phi(1) = 1), detached: ``[N, 1]``.
 
     w is the sequence's importance weight, exp of the sum of its counted tokens' log ratios (each clamped to
     ±20), times pi_old / pi_sampler when a sampler correction is given (``sampler_log_ratio [N, T]``, log of the
-    corrected per-token ratio, summed over the row); log w is clamped to [log 1e-8, 20]. (k, lambda) are
+    corrected per-token ratio, summed over the row); a sequence spanning several rows (``sequences``: a tool
+    task's episode) sums over all its rows, as TRL's w spans a multi-turn completion. log w is clamped to
+    [log 1e-8, 20]. (k, lambda) are
     (``k_pos``, ``lambda_pos``) where the advantage is >= 0, else the ``_neg`` pair. ``adv``: ``[N, 1]``.
 
     Example: w = 1 gives 1; log w = log 2, k 2, lambda 3: e^3 * 4 * e^-6 = 4 e^-3 = 0.1991.
@@ -71,6 +75,7 @@ def vespo_weights(log_ratio: torch.Tensor, adv: torch.Tensor, completion_mask: t
     seq_log_ratio = (log_ratio.clamp(-20.0, 20.0) * completion_mask).sum(dim=-1, keepdim=True)  # [N, 1]
     if sampler_log_ratio is not None:
         seq_log_ratio = seq_log_ratio + sampler_log_ratio.clamp(VESPO_LOG_W_MIN, VESPO_LOG_W_MAX).sum(-1, keepdim=True)
+    seq_log_ratio = sequence_totals(seq_log_ratio[:, 0], sequences)[:, None]  # [N, 1] over the episode's rows
     log_w = seq_log_ratio.clamp(VESPO_LOG_W_MIN, VESPO_LOG_W_MAX)  # [N, 1]
     nonneg = adv >= 0
     k = torch.where(nonneg, torch.full_like(log_w, k_pos), torch.full_like(log_w, k_neg))

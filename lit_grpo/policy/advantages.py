@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from lit_grpo.buffers.buffer import RolloutBuffer
+from lit_grpo.buffers.buffer import RolloutBuffer, buffer_sequences
 from lit_grpo.buffers.tree_layout import chain_rows, loss_rows, tree_row_advantages
 from lit_grpo.errors import InputError
 from lit_grpo.losses import (
@@ -79,7 +79,8 @@ def assign_advantages(buffer: RolloutBuffer, objective: Objective, knobs: Advant
                          "or leave sampler_correction unset")
     if correction is not None:
         buffer.sampler_ratio = sampler_importance_ratio(buffer.old_logp, buffer.sampler_logp, buffer.completion_mask,
-                                                        correction.mode, correction.clip_min, correction.clip_max)
+                                                        correction.mode, correction.clip_min, correction.clip_max,
+                                                        buffer_sequences(buffer))
 
 
 def gdpo(buffer: RolloutBuffer, ranks: tuple[Any, int]) -> torch.Tensor:

@@ -82,7 +82,9 @@ class PolicyModule(pl.LightningModule):
         ratio_level: the importance ratio per ``token`` or per ``sequence`` (exp of the mean log ratio); ``None``:
             sequence for ``gspo`` and ``luspo``, token for the others.
         aggregation: ``seq-mean`` (GRPO), ``token-mean`` (DAPO), ``constant`` (Dr. GRPO, divides by
-            ``max_new_tokens``) or ``seq-sum`` (LUSPO); the normaliser counts the whole optimizer step. ``None``:
+            ``max_new_tokens``; a tool task's chain by its ``max_completion_length``, as TRL) or ``seq-sum``
+            (LUSPO); a tool task's chain weighs an episode as one sequence (TRL's multi-turn completion), its
+            sequence ratio taken over the episode; the normaliser counts the whole optimizer step. ``None``:
             the variant's own (seq-sum for luspo, token-mean for cispo and vespo, else seq-mean).
         kl_coef: beta, the weight of the KL to the reference policy; 0 skips the reference pass.
         kl_estimator: ``k1``, ``k2`` or ``k3`` per-token KL estimate.

@@ -49,7 +49,8 @@ def token_masks(objective: Objective, batch: dict[str, torch.Tensor], logp: torc
     weights, stats = None, {}
     if objective.off_policy_mask_threshold is not None:
         behaviour = batch.get("sampler_logp", batch["old_logp"])
-        keep = off_policy_keep(batch["advantages"], logp, behaviour, counted, objective.off_policy_mask_threshold)
+        keep = off_policy_keep(batch["advantages"], logp, behaviour, counted, objective.off_policy_mask_threshold,
+                               batch_sequences(batch))
         weights = keep
         stats["off_policy_mask/masked_ratio"] = masked_mean((1.0 - keep).expand_as(logp), counted)
     effective = counted
@@ -77,7 +78,7 @@ def policy_terms(objective: Objective, batch: dict[str, torch.Tensor], logp: tor
         token_kl = kl_divergence(logp, batch["ref_logp"], objective.kl_estimator)  # [n, L]
         if objective.kl_ratio_correction:  # times pi_theta / pi_old: the unbiased gradient of KL at pi_theta
             token_kl = token_kl * importance_ratio(logp, batch["old_logp"], counted,
-                                                   objective.surrogate.level(objective.variant))[0]
+                                                   objective.surrogate.level(objective.variant), sequences)[0]
         kl = masked_aggregate(token_kl, counted, objective.aggregation, max_new_tokens, sequences)
         loss = loss + objective.kl_coef * kl
         stats["kl_ref"] = kl.detach()

@@ -256,7 +256,7 @@ class RolloutDataModule(pl.LightningDataModule):
             roots = self.grow_trees(module, records, widths, self.sampling_spec(module, False, self.epoch_seed(epoch)))
             generated = time.perf_counter()
             buffer = tree_buffer(roots, module.tokenizer, self.temperature, self.max_new_tokens, self.rollout,
-                                 grown_rounds(widths))
+                                 grown_rounds(widths), self.task.sequence_budget())
             self.prompts.count(buffer.input_ids.shape[0])
         scored = time.perf_counter()
         self.engine_metrics = engine_metrics(self.engine)  # as they stood after this draw

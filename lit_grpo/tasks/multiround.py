@@ -112,6 +112,11 @@ class MultiRoundTask(Task):
         ``max_new_tokens``)."""
         return None
 
+    def sequence_budget(self) -> int | None:
+        """The tokens one episode may hold where an episode is one sequence of the loss (a tool task's chain: TRL's
+        ``max_completion_length``, what ``constant`` aggregation divides by); None: a turn is a sequence."""
+        return None
+
     def without_reply(self, step: EnvStep) -> EnvStep:
         """``step`` ended where its reply would pass the episode's budget or the model's context (a tool task drops
         the reply, as TRL drops it); the games' replies are a few tokens, checked before the run."""

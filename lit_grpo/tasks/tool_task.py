@@ -55,8 +55,9 @@ class ToolTask(MultiRoundTask):
             ``max_completion_length`` ends each episode (a tree names one width per turn, so it needs a number).
         max_completion_length: TRL's budget for the whole multi-turn completion, in tokens (assistant turns and tool
             messages after the prompt): a turn is cut to what is left, and tool messages that would pass it (or the
-            model's context) are dropped, ending the episode with its last assistant turn scored, as TRL does.
-            None: only the model's context bounds it.
+            model's context) are dropped, ending the episode with its last assistant turn scored, as TRL does; on
+            chains also what ``constant`` aggregation divides each episode by (TRL's dr_grpo). None: only the
+            model's context bounds it (``constant`` then divides by ``data.max_new_tokens``).
         chat_template_kwargs: passed to every rendering of the chat template (TRL's, e.g. ``enable_thinking``).
         malformed_turns: a turn whose call cannot be parsed: ``reward`` (TRL) keeps it as text, ends the episode
             and scores it with the rewards; ``penalty`` scores it ``malformed_reward`` and runs no reward.
@@ -244,6 +245,9 @@ class ToolTask(MultiRoundTask):
     def environment_label(self, episode: Episode) -> str:
         environment = episode.environment
         return environment.__class__.__name__ if environment is not None else "of the tools"  # a proxy: its class
+
+    def sequence_budget(self) -> int | None:
+        return self.max_completion_length
 
     def tokens_left(self, episode: Any, context_length: int) -> int | None:
         """The tokens the whole conversation may still take under ``max_completion_length`` after a context of
