@@ -42,7 +42,7 @@ class ToolTask(MultiRoundTask):
         environment: TRL's ``environment_factory``: a class or any callable returning an instance (or its import
             path), or a mapping of names to factories, each row routed by its ``environment`` column (not passed to
             ``reset``). One instance per rollout, pooled across batches as TRL pools them; ``reset(**row)`` with the
-            whole row before its first turn (text it returns is added to the last user message); its public
+            whole row before its first turn (text it returns is added to the last message, as TRL); its public
             methods are the tools; its ``get_reward()`` (when its class has one) is added to the rewards.
         rewards: functions (or ``package.module.function`` / ``path/to/file.py:function``) with TRL's signature,
             ``f(prompts, completions, completion_ids, **kwargs) -> list[float | None]``, sync or async, called once
