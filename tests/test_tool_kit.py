@@ -354,3 +354,18 @@ def test_the_pool_constructs_once_and_resets_often_and_forks_only_on_request(tim
     finally:
         kit.close()
     assert made == [os.getpid()]  # the probe, made here (in-process: pooled and reused; hosted: made in its host)
+
+
+def test_a_host_the_system_refuses_to_start_makes_the_row_unavailable(monkeypatch):
+    """fork failing (EAGAIN: too many processes, or no memory) is the row's failure, named, not a traceback."""
+    import lit_grpo.tasks.tool_kit as tool_kit
+    from lit_grpo.tasks.multiround import RowUnavailable
+
+    def refused(*args, **kwargs):
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(tool_kit, "Host", refused)
+    kit = ToolKit([], {None: Client}, timeout=1.0)
+    with pytest.raises(RowUnavailable, match="did not start .*Resource temporarily unavailable.*tool_timeout: null"):
+        kit.open({"prompt": "q"})
+    kit.close()

@@ -191,9 +191,10 @@ class ToolKit:
             self.drop(pool.pop(0))
         try:
             host = pool.pop(0) if pool else self.new_host(key)
-        except (WorkerTimedOut, WorkerDied) as error:
+        except (WorkerTimedOut, WorkerDied, OSError) as error:  # OSError: the system refused a process (EAGAIN)
             raise RowUnavailable(f"the environment's host process did not start ({type(error).__name__}: "
-                                 f"{error})") from None
+                                 f"{error}); every open rollout has a host of its own: fewer at once "
+                                 "(data.prompts_per_epoch x group_size), or tool_timeout: null") from None
         host.users = 1  # type: ignore[attr-defined]
         if not self.factories:
             return ToolBox(self, key, None, tools, host), None
