@@ -99,8 +99,8 @@ def test_prompt_longer_than_context(tiny_llama_dir, tmp_path):
     with pytest.raises(InputError) as info:
         fit(tiny_llama_dir, task, tmp_path)
     assert str(info.value) == (
-        f"1 {long_split} prompt(s) do not fit the model's context of 256 tokens with 4 generated tokens (the longest "
-        f"has 301 tokens: {'x' * 40!r}...): shorten the prompts or lower data.max_new_tokens (or set data.long_prompts: drop)"
+        f"1 {long_split} prompt(s) do not fit the context of 256 tokens (the model's, or the engine's shorter "
+        f"max_model_len) with 4 generated tokens (the longest has 301 tokens: {'x' * 40!r}...): shorten the prompts or lower data.max_new_tokens (or set data.long_prompts: drop)"
     )
 
 
@@ -113,7 +113,7 @@ def test_prompt_fitting_exactly_passes_the_check(tiny_llama_dir, tmp_path):
     prompts = ["y" * 251] + [f"{i}+1=" for i in range(10, 20)]
     task = JsonlTask(path=str(write_jsonl(tmp_path / "p.jsonl", prompts)), heldout_fraction=0.1)
     check_inputs(module, task, 4, "refuse")
-    with pytest.raises(InputError, match="context of 256 tokens with 5 generated tokens"):
+    with pytest.raises(InputError, match=r"context of 256 tokens \(.*\) with 5 generated tokens"):
         check_inputs(module, task, 5, "refuse")
 
 
@@ -129,7 +129,7 @@ def test_long_prompts_drop_keeps_exactly_the_prompts_that_fit_and_logs_how_many(
     task = JsonlTask(path=str(write_jsonl(tmp_path / "p.jsonl", prompts)), heldout_path=str(
         write_jsonl(tmp_path / "h.jsonl", ["v" * 300, "1+1=", "2+1="])))
     logger = CSVLogger(tmp_path, name="logs")
-    check_inputs(module, task, 4, "drop", [logger])
+    check_inputs(module, task, 4, "drop", None, [logger])
     kept = sorted(r["prompt"] for r in task.train_records())
     assert kept == sorted(["y" * 251] + [f"{i}+1=" for i in range(10, 20)])
     assert sorted(r["prompt"] for r in task.heldout_records()) == ["1+1=", "2+1="]
@@ -267,3 +267,21 @@ def test_the_command_prints_a_bugs_traceback_and_asks_to_report_it(tmp_path):
     assert result.stderr.rstrip().endswith(
         "TypeError: refuse() takes 2 positional arguments but 3 were given\n"
         "lit-grpo: this is a bug in lit-grpo, please report it with the traceback above")
+
+
+def test_the_context_is_the_engines_where_it_is_set_shorter_than_the_models():
+    """vLLM refuses a prompt past its max_model_len: the prompt check and a turn's checks take the shorter limit."""
+    from types import SimpleNamespace
+
+    from lit_grpo.engines import HFEngine
+    from lit_grpo.engines.base import context_limit
+    from lit_grpo.engines.vllm_engine import VLLMEngine
+
+    assert context_limit(VLLMEngine(max_model_len=96), 2048) == 96  # nothing loads before its first use
+    assert context_limit(HFEngine(), 2048) == 2048
+    assert context_limit(SimpleNamespace(max_model_len=96), 2048) == 96
+    assert context_limit(SimpleNamespace(max_model_len=None), 2048) == 2048
+    assert context_limit(SimpleNamespace(max_model_len=4096), 2048) == 2048
+    assert context_limit(SimpleNamespace(), 2048) == 2048  # an engine without the knob (transformers')
+    assert context_limit(SimpleNamespace(max_model_len=96), None) == 96
+    assert context_limit(SimpleNamespace(), None) is None

@@ -70,6 +70,22 @@ class EndsTurns(Protocol):
     def end_turns(self) -> None: ...
 
 
+@runtime_checkable
+class LimitsContext(Protocol):
+    """An engine that may be set to a shorter context than the model's (``RolloutEngine``'s optional
+    ``max_model_len``: vLLM's; None where it is not set)."""
+
+    max_model_len: int | None
+
+
+def context_limit(engine: RolloutEngine, model_context: int | None) -> int | None:
+    """The tokens a prompt and its completion may hold together: the model's context, or the engine's where it is
+    set shorter (vLLM's ``max_model_len``: a longer prompt would be refused there); None where neither is known."""
+    engine_context = engine.max_model_len if isinstance(engine, LimitsContext) else None
+    known = [limit for limit in (model_context, engine_context) if limit is not None]
+    return min(known) if known else None
+
+
 def engine_metrics(engine: RolloutEngine) -> dict[str, float]:
     """A copy of the engine's optional ``metrics`` (``ReportsEngineMetrics``), empty for an engine without them."""
     return dict(engine.metrics or {}) if isinstance(engine, ReportsEngineMetrics) else {}

@@ -18,7 +18,7 @@ from lit_grpo.buffers.protocols import RiskThresholdSource, SamplingPolicy
 from lit_grpo.buffers.report import RolloutReport, frozen
 from lit_grpo.buffers.tree_layout import tree_buffer
 from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
-from lit_grpo.engines.base import engine_metrics
+from lit_grpo.engines.base import context_limit, engine_metrics
 from lit_grpo.errors import refuse
 from lit_grpo.risk.probes import probe_records
 from lit_grpo.rollout.ahead import RolloutPrefetcher, rollouts_ahead
@@ -283,8 +283,8 @@ class RolloutDataModule(pl.LightningDataModule):
         self.engine_sync.push_now(module)  # the weights as they are, once the draw ahead is done with the engine
 
     def sampling_spec(self, module: SamplingPolicy, greedy: bool, seed: int | None) -> SamplingSpec:
-        return SamplingSpec(max_new_tokens=self.max_new_tokens, temperature=self.temperature, greedy=greedy,
-                            seed=seed, stop_token_ids=module.stop_token_ids, context_limit=module.context_length)
+        return SamplingSpec(self.max_new_tokens, self.temperature, greedy, seed, module.stop_token_ids,
+                            context_limit=context_limit(self.engine, module.context_length))
 
     def grow_trees(self, module: SamplingPolicy, records: list[PromptRecord], widths: list[int],
                    sampling: SamplingSpec) -> list[Any]:
@@ -301,7 +301,7 @@ class RolloutDataModule(pl.LightningDataModule):
         module = self.trainer.lightning_module
         if not self.prompts_checked:
             rounds = len(self.branching) if self.rollout != "grouped" else 1  # a generation budget per round
-            check_inputs(module, self.task, self.max_new_tokens * rounds, self.long_prompts, self.trainer.loggers)
+            check_inputs(module, self.task, self.max_new_tokens * rounds, self.long_prompts, self.engine, self.trainer.loggers)
             self.prompts_checked = True
         return module
 

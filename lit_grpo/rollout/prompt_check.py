@@ -11,6 +11,7 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_grpo.buffers.protocols import SamplingPolicy
+from lit_grpo.engines.base import RolloutEngine, context_limit
 from lit_grpo.errors import InputError
 from lit_grpo.tasks.base import Task, prompt_text
 from lit_grpo.tasks.rows import check_rendering
@@ -27,21 +28,22 @@ def prompt_length_problem(
         return None
     longest = max(too_long, key=lambda i: lengths[i])
     return (
-        f"{len(too_long)} {split} prompt(s) do not fit the model's context of {context} tokens with {new_tokens} "
-        f"generated tokens (the longest has {lengths[longest]} tokens: {prompts[longest][:40]!r}...): shorten the "
+        f"{len(too_long)} {split} prompt(s) do not fit the context of {context} tokens (the model's, or the engine's "
+        f"shorter max_model_len) with {new_tokens} generated tokens (the longest has {lengths[longest]} tokens: {prompts[longest][:40]!r}...): shorten the "
         "prompts or lower data.max_new_tokens"
     )
 
 
 def check_inputs(module: SamplingPolicy, task: Task, budget: int, long_prompts: LongPrompts,
-                 loggers: Sequence[Logger] = ()) -> None:
+                 engine: RolloutEngine | None = None, loggers: Sequence[Logger] = ()) -> None:
     """The checks that need the loaded model: every prompt that goes through the chat template renders
-    (``check_rendering``), and every prompt of both splits fits the context with its generation ``budget`` (tokens:
+    (``check_rendering``), and every prompt of both splits fits the context (the model's, or the ``engine``'s
+    where it is set shorter: ``engines.base.context_limit``) with its generation ``budget`` (tokens:
     ``max_new_tokens``, times the rounds of a multi-round rollout), refused or dropped as ``long_prompts`` says; the
     count dropped goes to ``loggers``. Raises ``InputError``."""
     tokenizer = module.tokenizer
     check_rendering(task, tokenizer, module.model_name)  # each prompt through its chat template
-    limit = module.context_length
+    limit = module.context_length if engine is None else context_limit(engine, module.context_length)
     if limit is not None:
         fit_prompts_to_context(task, tokenizer, limit, budget, long_prompts, loggers)
 
@@ -63,7 +65,7 @@ def fit_prompts_to_context(task: Task, tokenizer: Any, limit: int, budget: int, 
             if problem:
                 raise InputError(problem + " (or set data.long_prompts: drop)")
         elif not kept[split]:
-            raise InputError(f"data.long_prompts drop: none of the {len(records)} {split} prompts fits the model's "
+            raise InputError(f"data.long_prompts drop: none of the {len(records)} {split} prompts fits the "
                              f"context of {limit} tokens with {budget} generated tokens")
     if any(dropped.values()):
         task.keep_records(kept["training"], kept["held-out"])
