@@ -137,7 +137,7 @@ def test_long_prompts_drop_keeps_exactly_the_prompts_that_fit_and_logs_how_many(
     assert (Path(logger.log_dir) / "metrics.csv").read_text().splitlines()[1].startswith("3.0,0")  # 2 + 1 dropped
     too_long = JsonlTask(path=str(write_jsonl(tmp_path / "all.jsonl", ["x" * 300, "w" * 260])),
                          heldout_path=str(tmp_path / "h.jsonl"))
-    with pytest.raises(InputError, match="long_prompts drop: none of the 2 training prompts fits the model's "
+    with pytest.raises(InputError, match="long_prompts drop: none of the 2 training prompts fits the "
                                          "context of 256 tokens with 4 generated tokens"):
         check_inputs(module, too_long, 4, "drop")
 
