@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow  # it runs the command
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 PROBLEM = isolation_problem()
-EXPECTED = {"infinite_loop": "CPU time limit", "fork_bomb": "wall time", "memory_bomb": "MemoryError",
+LIMITS = ("CPU time limit", "wall time")  # whichever a busy machine meets first
+EXPECTED = {"infinite_loop": LIMITS, "fork_bomb": LIMITS, "memory_bomb": "MemoryError",
             "gigabyte_of_output": "bytes of output", "write_outside": "Read-only file system",
             "connect_local_server": "Network is unreachable", "kill_trainer": "ProcessLookupError",
             "os_exit": "exited with status 7", "segfault": "SIGSEGV", "setsid_background": "left 1 process(es)",
@@ -64,7 +65,9 @@ def test_every_hostile_snippet_is_one_counted_failure_and_the_run_goes_on(tmp_pa
     ran = [json.loads(line) for line in log.read_text().splitlines()]
     assert [entry["name"] for entry in ran] == list(SNIPPETS)  # each ran once, in order
     for entry in ran:
-        assert entry["failed"] and EXPECTED[entry["name"]] in entry["text"], entry
+        expected = EXPECTED[entry["name"]]
+        assert entry["failed"] and any(words in entry["text"] for words in
+                                       (expected if isinstance(expected, tuple) else (expected,))), entry
         assert "hunter2" not in entry["text"]
     assert victim_alive and not outside.exists()
     assert list(scratch_root.iterdir()) == []  # every rollout's scratch directory removed by the end

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hostile_code import snippet
+from lit_grpo.errors import InputError
 from lit_grpo.sandbox import CodeFailed, Limits, PythonSandbox
 from lit_grpo.sandbox.pids import make_group, remove_group
 from lit_grpo.sandbox.runner import isolation_problem
@@ -64,7 +65,8 @@ def victim():
 
 @pytest.mark.parametrize("mode", MODES)
 def test_an_infinite_loop_is_stopped(mode):
-    assert "passed its CPU time limit of 2 s" in hostile(sandbox(mode), "infinite_loop")
+    text = hostile(sandbox(mode), "infinite_loop")
+    assert "passed its CPU time limit of 2 s" in text or "ran past its wall time of 3 s" in text  # the first met
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -151,3 +153,26 @@ def test_files_persist_between_a_rollouts_calls_and_go_at_reset():
     assert not os.path.exists(first)
     with pytest.raises(CodeFailed, match="FileNotFoundError"):
         box.python("print(open('notes.txt').read())")
+
+
+def test_the_tool_kit_keeps_it_in_process_past_the_timeout_and_counts_its_failure():
+    from lit_grpo.tasks.tool_kit import ToolKit
+
+    kit = ToolKit([], {None: type(sandbox("none"))}, timeout=0.01)  # a timeout no sandboxed call could keep
+    box, _ = kit.open({"prompt": "x"})
+    call = lambda code: {"type": "function", "function": {"name": "python", "arguments": {"code": code}}}  # noqa: E731
+    answered, failed = box.call_turn([call("print(6 * 7)"), call("import os\nos._exit(7)")])
+    assert box.host is None and kit.hosts == []
+    assert answered.message["content"] == "42\n" and answered.failure is None
+    assert failed.failure == "raised" and "exited with status 7" in failed.message["content"]
+    box.release()
+    kit.close()
+
+
+def test_bad_limits_are_refused_each_by_name():
+    kind = type("Bad", (PythonSandbox,), {"limits": Limits(wall_seconds=0, processes=-1), "isolation": "some"})
+    with pytest.raises(InputError) as refusal:
+        kind()
+    assert "wall_seconds must be a positive number, got 0" in str(refusal.value)
+    assert "processes must be a positive number, got -1" in str(refusal.value)
+    assert "isolation must be 'auto', 'namespaces' or 'none', got 'some'" in str(refusal.value)

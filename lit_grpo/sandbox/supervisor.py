@@ -4,16 +4,15 @@
 What it does, in order:
 
 1. Namespaces (``isolation: "namespaces"``): ``unshare`` of mount, network, PID, IPC and UTS namespaces, and of a
-   user namespace where it is not root (its own uid mapped to itself). It forks; the child is PID 1 of the new PID
+   user namespace (its own uid mapped to itself: the code has no capability outside it). It forks; the child is PID 1 of the new PID
    namespace (when it ends the kernel kills every process in it), and makes the whole filesystem read-only except
    the scratch directory, and mounts a ``/proc`` that shows only the namespace's processes. The new network
    namespace has only a loopback device, down: no address, not even 127.0.0.1, is reachable.
    Without namespaces (``isolation: "none"``) it makes itself a child subreaper (``PR_SET_CHILD_SUBREAPER``): every
    orphan the code leaves, including one that called ``setsid()``, is re-parented to it, so it can find and kill it.
 2. It forks the code's process: working directory the scratch directory, resource limits set (address space, CPU
-   time, processes, file size, open files, no core files), as user ``nobody`` where it runs as root (so that
-   ``RLIMIT_NPROC`` binds and the trainer's processes and root's files are out of reach), then ``exec`` of the
-   interpreter on the code.
+   time, processes, file size, open files, no core files), then ``exec`` of the interpreter on the code. As root
+   ``RLIMIT_NPROC`` does not bind: the runner's pids cgroup (``sandbox/pids.py``), joined here first, does.
 3. It watches until that process ends or the wall time passes, every ``POLL`` s summing its descendants' resident
    memory, counting them, and (less often) the scratch directory's bytes: a limit passed ends the call.
 4. It kills every descendant still there (``stragglers``) and writes one JSON line on the status descriptor:
@@ -63,7 +62,7 @@ def set_read_only(path: str, read_only: bool) -> None:
 
 
 def enter_namespaces() -> None:
-    """New mount, network, PID, IPC and UTS namespaces (and a user namespace unless root); the caller forks next."""
+    """New user (this uid mapped to itself), mount, network, PID, IPC and UTS namespaces; the caller forks next."""
     uid, gid = os.geteuid(), os.getegid()
     checked("unshare", LIBC.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC |
                                     CLONE_NEWUTS))
@@ -153,7 +152,7 @@ def scratch_bytes(scratch: str) -> int:
 
 
 def start_code(config: dict, code_fd: int) -> int:
-    """Fork the code's process: limits set, ``nobody`` where root, then ``exec`` of the interpreter on the code."""
+    """Fork the code's process: limits set, then ``exec`` of the interpreter on the code (its stdin)."""
     pid = os.fork()
     if pid:
         return pid
