@@ -66,7 +66,8 @@ def run_code(code: str, scratch: str | os.PathLike, limits: Limits, isolation: I
 def run_supervised(code: str, scratch: str, limits: Limits, isolation: Isolation, interpreter: str | None,
                    probe: bool, group: Path | None) -> Outcome:
     status_read, status_write = os.pipe()
-    config = {"cgroup": None if group is None else str(group / "cgroup.procs"), "limits": limits.as_config(), "scratch": scratch, "isolation": isolation, "probe": probe,
+    config = {"cgroup": None if group is None else str(group / "cgroup.procs"), "limits": limits.as_config(),
+              "scratch": scratch, "isolation": isolation, "probe": probe,
               "interpreter": interpreter or sys.executable, "environment": sandbox_environment(scratch),
               "status_fd": status_write}
     try:
