@@ -6,8 +6,8 @@ What it does, in order:
 1. Namespaces (``isolation: "namespaces"``): ``unshare`` of mount, network, PID, IPC and UTS namespaces, and of a
    user namespace (its own uid mapped to itself: the code has no capability outside it). It forks; the child is
    PID 1 of the new PID namespace (when it ends the kernel kills every process in it), makes the whole filesystem
-   read-only except the scratch directory, and mounts a ``/proc`` that shows only the namespace's processes. The new network
-   namespace has only a loopback device, down: no address, not even 127.0.0.1, is reachable.
+   read-only except the scratch directory, and mounts a ``/proc`` that shows only the namespace's processes. The
+   new network namespace has only a loopback device, down: no address, not even 127.0.0.1, is reachable.
    Without namespaces (``isolation: "none"``) it makes itself a child subreaper (``PR_SET_CHILD_SUBREAPER``): every
    orphan the code leaves, including one that called ``setsid()``, is re-parented to it, so it can find and kill it.
 2. It forks the code's process: working directory the scratch directory, resource limits set (address space, CPU
