@@ -27,7 +27,7 @@ from lit_grpo.run.worker_process import STARTUP_LIMIT, WorkerDied, WorkerTimedOu
 from lit_grpo.tasks.environment_host import EnvironmentProxy, Host, can_fork, environment_copy
 from lit_grpo.tasks.multiround import RowUnavailable
 from lit_grpo.tasks.tool_worker import LOST, Answer, EventLoop, guarded, outcome, phases, plan, run_phases
-from lit_grpo.tasks.tools import ToolOutcome, environment_tools, tool_schema, tools_by_name
+from lit_grpo.tasks.tools import ToolOutcome, bounds_own_calls, environment_tools, tool_schema, tools_by_name
 
 
 
@@ -99,9 +99,17 @@ class ToolKit:
                                  "called once at setup to read its tools)") from None
             environment_tools(instance)  # it has a reset
             self.probes[environment] = instance
-            if self.timeout is None:
+            if not self.hosted(environment):
                 self.idle.setdefault(environment, []).append(instance)
         return self.probes[environment]
+
+    def hosted(self, environment: str | None) -> bool:
+        """Whether ``environment``'s instances live in host processes: with a timeout, unless its class declares
+        ``bounds_own_calls = True`` (it bounds each call itself, as ``lit_grpo.sandbox.PythonSandbox`` does: it then
+        lives here, its calls not bounded by the timeout, nor the standalone functions' calls of its rollouts)."""
+        if self.timeout is None:
+            return False
+        return not (environment in self.factories and bounds_own_calls(type(self.probe(environment))))
 
     def tools(self, environment: str | None = None) -> list[Callable]:
         """The standalone functions and that environment's methods (read from its probe instance)."""
@@ -147,7 +155,7 @@ class ToolKit:
         tools = self.tools(key)
         if any(name is not None for name in self.factories):
             row = {column: value for column, value in row.items() if column != "environment"}
-        if self.timeout is not None:
+        if self.hosted(key):
             return self.open_hosted(row, key, tools)
         if not self.factories:
             return ToolBox(self, key, None, tools), None
@@ -229,7 +237,7 @@ class ToolKit:
         """End every host process and the event loop (idempotent)."""
         for host in list(self.hosts):
             self.drop(host)
-        self.idle = {key: ([] if self.timeout is not None else pool) for key, pool in self.idle.items()}
+        self.idle = {key: ([] if self.hosted(key) else pool) for key, pool in self.idle.items()}
         if self._loop is not None:
             self._loop.close()
             self._loop = None

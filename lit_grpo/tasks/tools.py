@@ -67,6 +67,12 @@ def environment_tools(environment: Any) -> list[Callable]:
             ENVIRONMENT_HOOKS]
 
 
+def bounds_own_calls(environment_type: type) -> bool:
+    """Whether an environment class declares ``bounds_own_calls = True``: each of its calls is bounded by the
+    environment itself (a sandbox's limits), so it runs in the training process, the tool timeout not applied."""
+    return getattr(environment_type, "bounds_own_calls", False) is True
+
+
 def tools_by_name(tools: list[Callable]) -> dict[str, Callable]:
     """``tools`` by name; ``InputError`` where two share one (the model could not tell them apart)."""
     named: dict[str, Callable] = {}
