@@ -129,16 +129,20 @@ def table_cell(text: str) -> str:
 
 def conversations_table(roots: list[Any], max_rows: int) -> str:
     """A markdown table of the first tool episodes: the prompt's last message, the whole conversation after it
-    (assistant turns, their calls and the tool messages) and the episode's return. Empty for other tasks."""
+    (assistant turns, their calls and the tool messages), the episode's return, and a column for each value the
+    rewards logged with ``log_extra`` (TRL adds them to its completions table). Empty for other tasks."""
     leaves = tool_leaves(roots)[:max_rows]
     if not leaves:
         return ""
-    lines = ["| prompt | conversation | return |", "|---|---|---|"]
+    extra = list(dict.fromkeys(column for leaf, _ in leaves for column in getattr(leaf.episode, "extra", {})))
+    lines = ["| prompt | conversation | return |" + "".join(f" {table_cell(c)} |" for c in extra),
+             "|---|---|---|" + "---|" * len(extra)]
     for leaf, _ in leaves:
         episode = leaf.episode
         prompt = message_text(episode.messages[episode.prompt_messages - 1])
         turns = "<br>".join(message_text(m) for m in episode.completion)
-        lines.append(f"| {table_cell(prompt)} | {table_cell(turns)} | {leaf.reward:.3f} |")
+        logged = "".join(f" {table_cell(str(episode.extra.get(c, '')))} |" for c in extra)
+        lines.append(f"| {table_cell(prompt)} | {table_cell(turns)} | {leaf.reward:.3f} |{logged}")
     return "\n".join(lines)
 
 

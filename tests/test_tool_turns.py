@@ -317,6 +317,21 @@ def test_the_sample_table_shows_whole_conversations_with_the_tool_messages():
     assert conversations_table([game_tree()], 4) == ""  # not a tool task's tree: no table
 
 
+def test_what_rewards_log_with_log_extra_is_a_column_of_the_sample_table():
+    from lit_grpo.callbacks.episode_metrics import conversations_table
+
+    def judged(completions, log_extra, **kwargs):
+        log_extra("verdict", ["right" if c[-1]["content"] == "7" else "wrong" for c in completions])
+        log_extra("ignored", ["of", "another length"])  # not one value per episode (1 here): not a column
+        return [1.0] * len(completions)
+
+    task = ToolTask(records=RECORDS, rewards=[judged], max_turns=1)
+    root, _ = grow(task, lambda turn, text: ["7"], [1])
+    assert conversations_table([root], 4).splitlines() == [
+        "| prompt | conversation | return | verdict |", "|---|---|---|---|",
+        "| **user**: What is 3+4? | **assistant**: 7 | 1.000 | right |"]
+
+
 def game_tree():
     from lit_grpo.buffers.tree_layout import SegmentNode
 

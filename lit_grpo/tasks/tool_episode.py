@@ -48,6 +48,7 @@ class Episode:
     malformed: bool = False
     parts: dict[str, float | None] = field(default_factory=dict)  # each reward's value, once scored
     errors: tuple[str, ...] = ()  # the rewards that failed on it, once scored
+    extra: dict[str, Any] = field(default_factory=dict)  # what the rewards logged for it (log_extra), once scored
 
     @property
     def completion(self) -> list[dict[str, Any]]:

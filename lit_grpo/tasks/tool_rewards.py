@@ -93,6 +93,7 @@ class EpisodeScore:
     parts: Mapping[str, float | None]
     errors: tuple[str, ...] = ()
     correct: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)  # what the rewards logged for it with ``log_extra``
 
 
 def is_async(function: Any) -> bool:
@@ -125,8 +126,14 @@ def score_batch(rewards: Sequence[Callable[..., Any]], names: Sequence[str], wei
     """Each of ``count`` episodes' score from one call of every reward with TRL's keyword ``arguments`` (copies of
     the columns go to each reward, so one reward cannot change what the next sees)."""
     columns: dict[str, tuple[list[float | None], list[str | None]]] = {}
-    shared = {"trainer_state": context.trainer_state, "log_extra": context.log_extra,
-              "log_metric": context.log_metric}
+    extra: dict[str, list[Any]] = {}  # this call's log_extra columns, one value per episode (TRL's table's)
+
+    def log_extra(column: str, values: list[Any]) -> None:
+        context.log_extra(column, values)
+        if len(values) == count:
+            extra[str(column)] = list(values)
+
+    shared = {"trainer_state": context.trainer_state, "log_extra": log_extra, "log_metric": context.log_metric}
     pending = []
     for reward, name in zip(rewards, names):
         given = {**{k: (v if k == "environments" else plain_copy(v)) for k, v in arguments.items()}, **shared}
@@ -143,7 +150,7 @@ def score_batch(rewards: Sequence[Callable[..., Any]], names: Sequence[str], wei
         errors = tuple(e for name in names if (e := columns[name][1][index]) is not None)
         applied = [w * v for name, w in zip(names, weights) if (v := parts[name]) is not None]
         reward = failure_reward if errors else (sum(applied) if applied else None)
-        scores.append(EpisodeScore(reward, parts, errors))
+        scores.append(EpisodeScore(reward, parts, errors, extra={k: v[index] for k, v in extra.items()}))
     return scores
 
 

@@ -314,7 +314,7 @@ class ToolTask(MultiRoundTask):
             arguments["environments"] = [e.environment for e in episodes]
         scores = score_batch(rewards, names, weights, arguments, len(episodes), self.failure_reward, context)
         for episode, score in zip(episodes, scores):
-            episode.parts, episode.errors = dict(score.parts), score.errors
+            episode.parts, episode.errors, episode.extra = dict(score.parts), score.errors, dict(score.extra)
         return [dataclasses.replace(s, correct=s.reward is not None and s.reward >= self.success_reward)
                 for s in scores]
 
