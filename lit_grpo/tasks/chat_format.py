@@ -79,17 +79,18 @@ class ChatFormat:
         cannot be parsed leaves the turn as its decoded text, ``malformed``)."""
         templates = trl_templates()
         tools_list = [dict(t) for t in tools] or None
-        try:  # TRL's parse_response falls back to the text silently; the count of malformed turns needs to know
-            strict = self.tokenizer.parse_response(list(ids), prefix=list(prefix), tools=tools_list)
-            raised, calls = strict is None, bool(isinstance(strict, dict) and strict.get("tool_calls"))
-        except Exception:  # noqa: BLE001 - the parser's own error on the model's text: a malformed turn
-            raised, calls = True, False
         try:
             message = templates.parse_response(self.tokenizer, list(ids), prefix=list(prefix), tools=tools_list)
         except Exception:  # noqa: BLE001 - what TRL's fallback does not catch: the turn is its text all the same
             message = {"content": self.tokenizer.decode(list(ids), skip_special_tokens=True)}
-        # TRL drops calls it cannot validate (a call without a name) and keeps the text: malformed too
-        malformed = raised or (calls and not message.get("tool_calls"))
+        malformed = False
+        if not message.get("tool_calls"):  # an answer, or TRL's silent fallback to the text: the strict parse tells
+            try:
+                strict = self.tokenizer.parse_response(list(ids), prefix=list(prefix), tools=tools_list)
+                # None: nothing parsed; calls TRL dropped (a call without a name): malformed too
+                malformed = strict is None or bool(isinstance(strict, dict) and strict.get("tool_calls"))
+            except Exception:  # noqa: BLE001 - the parser's own error on the model's text: a malformed turn
+                malformed = True
         return ParsedTurn({"role": "assistant", **{k: v for k, v in message.items() if k != "role"}}, malformed)
 
 
