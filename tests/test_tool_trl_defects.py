@@ -13,10 +13,11 @@ import threading
 from importlib.resources import files
 
 import pytest
+from scripted_engine import ScriptedEngine
 from transformers import AutoTokenizer
 
 from lit_grpo.buffers.tree_layout import chain_advantages, policy_nodes
-from lit_grpo.engines import Completion, SamplingSpec
+from lit_grpo.engines import SamplingSpec
 from lit_grpo.rollout.trees import expand_trees
 from lit_grpo.tasks.tool_task import ToolTask
 from lit_grpo.tree import depth_first
@@ -34,29 +35,9 @@ TEXT_END = QWEN.convert_tokens_to_ids("<|endoftext|>")
 CALL = '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>'
 
 
-class ScriptedEngine:
-    """Gives each context the completions ``script(turn, context_text)`` names, ended by ``end`` (a fake engine)."""
-
-    def __init__(self, tokenizer, script, end=END):
-        self.tokenizer, self.script, self.end = tokenizer, script, end
-
-    def end_turns(self):
-        pass
-
-    def generate(self, prompts, n, sampling):
-        out = []
-        for prompt in prompts:
-            text = self.tokenizer.decode(prompt)
-            texts = self.script(text.count("<|im_start|>assistant"), text)
-            assert len(texts) == n
-            out.append([Completion(tuple(self.tokenizer(t, add_special_tokens=False)["input_ids"]) + (self.end,),
-                                   (), "stop") for t in texts])
-        return out
-
-
 def grow(task, script, branching, tokenizer=QWEN, end=END, records=None, limit=None):
     records = records or [{"prompt": [{"role": "user", "content": "What is 3+4?"}], "answer": "7"}]
-    engine = ScriptedEngine(tokenizer, script, end)
+    engine = ScriptedEngine(script, tokenizer, end)
     return expand_trees(task, engine, tokenizer, records, branching,
                         SamplingSpec(max_new_tokens=64, stop_token_ids=(END,), context_limit=limit))
 

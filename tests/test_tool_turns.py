@@ -8,10 +8,11 @@ from __future__ import annotations
 from importlib.resources import files
 
 import pytest
+import scripted_engine
 from transformers import AutoTokenizer
 
 from lit_grpo.buffers.tree_layout import policy_nodes
-from lit_grpo.engines import Completion, SamplingSpec
+from lit_grpo.engines import SamplingSpec
 from lit_grpo.errors import InputError
 from lit_grpo.rollout.trees import expand_trees
 from lit_grpo.rollout.turn_tokens import reply_ids
@@ -51,28 +52,9 @@ RECORDS = [{"prompt": f"What is {i}+4?", "answer": str(i + 4)} for i in range(10
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
 
 
-class ScriptedEngine:
-    """Gives each context the completions ``script(turn, context_text)`` names (a fake engine)."""
-
+class ScriptedEngine(scripted_engine.ScriptedEngine):
     def __init__(self, script):
-        self.script, self.contexts, self.specs, self.ended = script, [], [], 0
-
-    def end_turns(self):
-        self.ended += 1
-
-    def generate(self, prompts, n, sampling):
-        self.contexts += prompts
-        self.specs.append(sampling)
-        out = []
-        for prompt in prompts:
-            text = TOKENIZER.decode(prompt)
-            turn = text.count("<|im_start|>assistant")
-            texts = self.script(turn, text)
-            assert len(texts) == n
-            out.append([Completion(tuple(TOKENIZER(t, add_special_tokens=False)["input_ids"]) + (END,),
-                                   tuple(-0.25 for _ in range(len(TOKENIZER(t)["input_ids"]) + 1)), "stop")
-                        for t in texts])
-        return out
+        super().__init__(script, TOKENIZER, END)
 
 
 def grow(task, script, branching):
