@@ -17,6 +17,8 @@ import random
 import re
 from typing import Any
 
+from lit_grpo.tasks.tools import call_parts
+
 
 def add(a: int, b: int) -> int:
     """Add two integers.
@@ -166,3 +168,33 @@ def register_answer(prompts: list[Any], completions: list[list[dict[str, Any]]],
     answer, else 0.0 (TRL's conversational reward signature, with the episodes' ``environments``)."""
     return [float(answer_value(str(completion[-1].get("content") or ""), environment.values) == int(expected))
             for completion, expected, environment in zip(completions, answer, environments)]
+
+
+class RegisterNote:
+    """``Registers``' note without its tools (TRL's ``environment_factory`` contract, ``reset`` only), for the MCP
+    config (configs/tools_mcp.yaml), whose ``add``/``multiply`` come from an MCP server that keeps no registers."""
+
+    def reset(self, **row: Any) -> str:
+        return REGISTERS_NOTE
+
+
+def replayed_answer(prompts: list[Any], completions: list[list[dict[str, Any]]], answer: list[str],
+                    operands: list[list[int]], **columns: Any) -> list[float]:
+    """``register_answer`` for tools that keep no registers (the MCP config's server): each episode's ``add`` and
+    ``multiply`` calls are replayed, in order, on ``Registers`` loaded with the row's operands (a call it refuses
+    stores nothing, as there), and the last message's register is read from them."""
+    scores = []
+    for completion, expected, numbers in zip(completions, answer, operands):
+        registers = Registers()
+        registers.reset(numbers)
+        for message in completion:
+            for call in message.get("tool_calls") or []:
+                try:
+                    name, arguments = call_parts(call)
+                    if name in ("add", "multiply"):
+                        getattr(registers, name)(**arguments)
+                except (ValueError, KeyError, TypeError):  # malformed, or a register it does not hold
+                    pass
+        final = str(completion[-1].get("content") or "") if completion else ""
+        scores.append(float(answer_value(final, registers.values) == int(expected)))
+    return scores
