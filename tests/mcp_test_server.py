@@ -2,7 +2,8 @@
 tests/mcp_test_server.py stdio``) or streamable HTTP (``... http PORT``). Tools: ``add``, ``shout``, ``fail`` (an
 error result), ``hang`` (never answers), ``crash`` (the process exits mid-call). ``MCP_TEST_LOG``: a file where each
 process appends ``start <pid>`` and ``call <tool>``; ``MCP_TEST_CRASH_AT``: every tool call after that many in one
-process ends the process mid-call (the scripted kill); ``MCP_TEST_TOOLS``: offer only these (comma-separated)."""
+process ends the process mid-call (the scripted kill); ``MCP_TEST_TOOLS``: offer only these (comma-separated); ``MCP_TEST_KIT=registers``: ``add`` and ``multiply`` over
+register names instead (the tool model's), logging ``ok <tool>`` or ``error <tool>`` per call."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import time
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 LOG = os.environ.get("MCP_TEST_LOG")
 CRASH_AT = int(os.environ.get("MCP_TEST_CRASH_AT", "0"))
@@ -48,7 +50,7 @@ def shout(text: str) -> str:
 def fail(reason: str) -> str:
     """Always fails, with the reason."""
     counted("fail")
-    raise ValueError(reason)
+    raise ToolError(reason)
 
 
 def hang() -> str:
@@ -64,22 +66,33 @@ def crash() -> str:
     os._exit(4)
 
 
-def multiply(x: str, y: str) -> str:
-    """Multiply two registers (a stand-in: answers the product's name).
+def registers(x: str, y: str, name: str) -> str:
+    counted(name)
+    if x not in ("a", "b", "c", "r1", "r2", "r3"):
+        log(f"error {name}")
+        raise ToolError(f"no register {x!r}")
+    log(f"ok {name}")
+    return f"stored {x} and {y}"
 
-    Args:
-        x: The name of the first register.
-        y: The name of the second register.
-    """
-    counted("multiply")
-    return f"{x}*{y}"
+
+def add_registers(x: str, y: str) -> str:
+    """Add two registers and store the sum in a new register."""
+    return registers(x, y, "add")
+
+
+def multiply(x: str, y: str) -> str:
+    """Multiply two registers and store the product in a new register."""
+    return registers(x, y, "multiply")
 
 
 if __name__ == "__main__":
-    server = MCPServer("lit-grpo-test", log_level="WARNING")
-    for tool in (add, shout, fail, hang, crash, multiply):
-        if not ONLY or tool.__name__ in ONLY:
-            server.tool()(tool)
+    server = MCPServer("lit-grpo-test", log_level="CRITICAL")
+    kit = (add_registers, multiply) if os.environ.get("MCP_TEST_KIT") == "registers" else (add, shout, fail, hang,
+                                                                                            crash)
+    for tool in kit:
+        name = "add" if tool is add_registers else tool.__name__
+        if not ONLY or name in ONLY:
+            server.add_tool(tool, name=name)
     log(f"start {os.getpid()}")
     if sys.argv[1] == "stdio":
         server.run("stdio")

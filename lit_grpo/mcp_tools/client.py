@@ -66,8 +66,9 @@ class ServerClient:
         future = asyncio.run_coroutine_threadsafe(asyncio.wait_for(coroutine, seconds), self.loop)
         return future.result(seconds + CLOSE_SECONDS)
 
-    def start(self) -> list[tuple[str, str | None, dict[str, Any]]]:
-        """Connect and list the tools, as ``(name, description, inputSchema)``; ``InputError`` naming the server
+    def start(self) -> list[tuple[str, str | None, dict[str, Any], dict[str, Any] | None]]:
+        """Connect and list the tools, as ``(name, description, inputSchema, outputSchema)``; ``InputError`` naming
+        the server
         where it does not start or answer."""
         try:
             self.connection, tools = self.run(self.connect(), START_SECONDS)
@@ -75,7 +76,7 @@ class ServerClient:
             self.close()
             raise InputError(f"MCP server {self.server.label}: did not start and list its tools within "
                              f"{START_SECONDS:g} s ({type(error).__name__}: {error})") from None
-        return [(tool.name, tool.description, dict(tool.input_schema)) for tool in tools]
+        return [(tool.name, tool.description, dict(tool.input_schema), tool.output_schema) for tool in tools]
 
     def call(self, name: str, arguments: dict[str, Any]) -> str:
         """The text of ``name``'s result; ``McpToolError`` where the call failed (its text names why)."""

@@ -1,54 +1,58 @@
-"""The MCP server of the shipped MCP config (configs/tools_mcp.yaml), written with the ``mcp`` SDK's ``MCPServer``:
-``add`` and ``multiply`` over named registers, as ``lit_grpo.tasks.tool_arithmetic.Registers`` offers them, for the
-tiny tool model (data/tiny-qwen2-tools) that learnt to call them. One server serves every rollout of a run, so it
-keeps no registers: it checks the names and says what it stored; the reward (``tool_arithmetic.replayed_answer``)
-replays the episode's calls on the row's numbers. Run by lit-grpo over stdio: ``python -m
-lit_grpo.mcp_tools.registers_server`` (``--http PORT`` serves streamable HTTP on 127.0.0.1 instead)."""
+"""The MCP server of the shipped MCP config (configs/tools_mcp.yaml), written with the ``mcp`` SDK's low-level
+``Server``: ``add`` and ``multiply`` over named registers, with the very schemas ``lit_grpo.tasks.tool_arithmetic
+.Registers`` gives them (the prompt the tiny tool model data/tiny-qwen2-tools learnt to call them from). One server
+serves every rollout of a run, so it keeps no registers: it checks the names and says what it stored; the reward
+(``tool_arithmetic.replayed_answer``) replays the episode's calls on the row's numbers. lit-grpo runs it over stdio:
+``python -m lit_grpo.mcp_tools.registers_server``."""
 
 from __future__ import annotations
 
 import re
-import sys
+from typing import Any
 
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+import anyio
+import mcp.types as types
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
 
-server = MCPServer("lit-grpo-registers", log_level="WARNING")
 REGISTER = re.compile(r"[abc]|r[1-9][0-9]*")
+OPERATIONS = {"add": ("+", "Add two registers and store the sum in a new register."),
+              "multiply": ("*", "Multiply two registers and store the product in a new register.")}
+PARAMETERS = {"type": "object", "properties": {"x": {"type": "string", "description": "The name of the first register."},
+                                               "y": {"type": "string", "description": "The name of the second register."}},
+              "required": ["x", "y"]}
 
 
-def checked(*names: str) -> None:
-    for name in names:
-        if not REGISTER.fullmatch(name):
-            raise ToolError(f"no register {name!r}; the registers are a, b, c and the results r1, r2, ...")
+async def list_tools(context: Any, params: Any) -> types.ListToolsResult:
+    return types.ListToolsResult(tools=[types.Tool(name=name, description=text, input_schema=PARAMETERS,
+                                                   output_schema={"type": "string"})
+                                        for name, (_, text) in OPERATIONS.items()])
 
 
-@server.tool()
-def add(x: str, y: str) -> str:
-    """Add two registers and store the sum in a new register.
-
-    Args:
-        x: The name of the first register.
-        y: The name of the second register.
-    """
-    checked(x, y)
-    return f"stored {x} + {y} in the next register"
+def answer(text: str, error: bool = False) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=error,
+                                structured_content=None if error else text)
 
 
-@server.tool()
-def multiply(x: str, y: str) -> str:
-    """Multiply two registers and store the product in a new register.
+async def call_tool(context: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    arguments = params.arguments or {}
+    if params.name not in OPERATIONS:
+        return answer(f"there is no tool {params.name!r}; the tools are add and multiply", error=True)
+    if sorted(arguments) != ["x", "y"]:
+        return answer(f"{params.name} takes x and y (register names), got {sorted(arguments)}", error=True)
+    for name in (arguments["x"], arguments["y"]):
+        if not isinstance(name, str) or not REGISTER.fullmatch(name):
+            return answer(f"no register {name!r}; the registers are a, b, c and the results r1, r2, ...", error=True)
+    return answer(f"stored {arguments['x']} {OPERATIONS[params.name][0]} {arguments['y']} in the next register")
 
-    Args:
-        x: The name of the first register.
-        y: The name of the second register.
-    """
-    checked(x, y)
-    return f"stored {x} * {y} in the next register"
+
+server = Server("lit-grpo-registers", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def main() -> None:
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--http"]:
-        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
-    else:
-        server.run("stdio")
+    anyio.run(main)

@@ -94,10 +94,13 @@ class McpTool:
     """One tool of an MCP server as the tool tasks call tools: ``tool(**arguments)`` answers the result's text
     (``McpToolError`` where the call failed); ``schema`` is what the chat template renders."""
 
-    def __init__(self, client: Any, name: str, description: str | None, input_schema: dict[str, Any]) -> None:
+    def __init__(self, client: Any, name: str, description: str | None, input_schema: dict[str, Any],
+                 output_schema: dict[str, Any] | None = None) -> None:
         self.client, self.__name__ = client, name
-        self.schema = {"type": "function", "function": {"name": name, "description": description or "",
-                                                        "parameters": input_schema}}
+        function = {"name": name, "description": description or "", "parameters": input_schema}
+        if output_schema is not None:  # where transformers' get_json_schema puts a function's return type
+            function["return"] = output_schema
+        self.schema = {"type": "function", "function": function}
 
     def __call__(self, **arguments: Any) -> str:
         return self.client.call(self.__name__, arguments)
