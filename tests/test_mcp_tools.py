@@ -44,8 +44,13 @@ def free_port() -> int:
 
 def http_server(port: int, log: Path) -> subprocess.Popen:
     """The test server on streamable HTTP at 127.0.0.1:port, once it accepts connections."""
-    process = subprocess.Popen([sys.executable, SERVER, "http", str(port)], env={**os.environ, "MCP_TEST_LOG": str(log)},
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return http_server_at([sys.executable, SERVER, "http", str(port)], port, {"MCP_TEST_LOG": str(log)})
+
+
+def http_server_at(command: list[str], port: int, env: dict[str, str]) -> subprocess.Popen:
+    """``command`` started, serving HTTP at 127.0.0.1:port, once it accepts connections."""
+    process = subprocess.Popen(command, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
     for _ in range(300):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
@@ -168,3 +173,17 @@ def test_an_http_server_is_reconnected_after_it_went_away(tmp_path):
     finally:
         servers.close()
         stopped(process)
+
+
+def test_replayed_answer_numbers_results_as_the_stateless_server_does():
+    from lit_grpo.tasks.tool_arithmetic import replayed_answer
+
+    def calls(*named):
+        return {"role": "assistant", "tool_calls": [call(name, x=x, y=y) for name, x, y in named]}
+
+    plan = [calls(("multiply", "a", "b")), {"role": "tool", "content": "r1 = a * b"}, calls(("add", "r1", "c")),
+            {"role": "tool", "content": "r2 = r1 + c"}]
+    episodes = [plan + [{"role": "assistant", "content": "The answer is r2."}],  # 75*8 + 72 = 672
+                plan + [{"role": "assistant", "content": "The answer is r1."}],  # 600
+                [calls(("add", "r1", "a")), {"role": "assistant", "content": "The answer is r2."}]]  # r1 not held
+    assert replayed_answer([None] * 3, episodes, ["672"] * 3, [[75, 8, 72]] * 3) == [1.0, 0.0, 0.0]

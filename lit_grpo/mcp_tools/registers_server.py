@@ -1,8 +1,9 @@
 """The MCP server of the shipped MCP config (configs/tools_mcp.yaml), written with the ``mcp`` SDK's low-level
 ``Server``: ``add`` and ``multiply`` over named registers, with the very schemas ``lit_grpo.tasks.tool_arithmetic
 .Registers`` gives them (the prompt the tiny tool model data/tiny-qwen2-tools learnt to call them from). One server
-serves every rollout of a run, so it keeps no registers: it checks the names and says what it stored; the reward
-(``tool_arithmetic.replayed_answer``) replays the episode's calls on the row's numbers. lit-grpo runs it over stdio:
+serves every rollout of a run, so it keeps no registers: it checks the names and answers where the result goes and
+what it holds (``r2 = r1 + c``, by ``result_register``'s rule); the reward (``tool_arithmetic.replayed_answer``)
+replays the episode's calls by the same rule on the row's numbers. lit-grpo runs it over stdio:
 ``python -m lit_grpo.mcp_tools.registers_server``."""
 
 from __future__ import annotations
@@ -43,7 +44,14 @@ async def call_tool(context: Any, params: types.CallToolRequestParams) -> types.
     for name in (arguments["x"], arguments["y"]):
         if not isinstance(name, str) or not REGISTER.fullmatch(name):
             return answer(f"no register {name!r}; the registers are a, b, c and the results r1, r2, ...", error=True)
-    return answer(f"stored {arguments['x']} {OPERATIONS[params.name][0]} {arguments['y']} in the next register")
+    x, y = arguments["x"], arguments["y"]
+    return answer(f"{result_register(x, y)} = {x} {OPERATIONS[params.name][0]} {y}")
+
+
+def result_register(x: str, y: str) -> str:
+    """Where a result goes without state: one past the highest result register among the operands (``add(a, b)``:
+    ``r1``; ``add(r1, c)``: ``r2``), as ``Registers`` numbers the two calls of every planned solution."""
+    return f"r{1 + max((int(name[1:]) for name in (x, y) if name.startswith('r')), default=0)}"
 
 
 server = Server("lit-grpo-registers", on_list_tools=list_tools, on_call_tool=call_tool)

@@ -180,21 +180,23 @@ class RegisterNote:
 
 def replayed_answer(prompts: list[Any], completions: list[list[dict[str, Any]]], answer: list[str],
                     operands: list[list[int]], **columns: Any) -> list[float]:
-    """``register_answer`` for tools that keep no registers (the MCP config's server): each episode's ``add`` and
-    ``multiply`` calls are replayed, in order, on ``Registers`` loaded with the row's operands (a call it refuses
-    stores nothing, as there), and the last message's register is read from them."""
+    """``register_answer`` for tools that keep no registers (the MCP config's server,
+    ``lit_grpo/mcp_tools/registers_server.py``): each episode's ``add`` and ``multiply`` calls are replayed in order
+    on the row's operands by that server's rule (a result goes one past the highest result register among its
+    operands; a call naming a register not yet held stores nothing), and the last message's register is read."""
     scores = []
     for completion, expected, numbers in zip(completions, answer, operands):
-        registers = Registers()
-        registers.reset(numbers)
+        values = dict(zip("abc", (int(x) for x in numbers)))
         for message in completion:
             for call in message.get("tool_calls") or []:
                 try:
                     name, arguments = call_parts(call)
-                    if name in ("add", "multiply"):
-                        getattr(registers, name)(**arguments)
+                    x, y = values[arguments["x"]], values[arguments["y"]]
                 except (ValueError, KeyError, TypeError):  # malformed, or a register it does not hold
-                    pass
+                    continue
+                if name in ("add", "multiply"):
+                    index = max((int(r[1:]) for r in (arguments["x"], arguments["y"]) if r.startswith("r")), default=0)
+                    values[f"r{index + 1}"] = x + y if name == "add" else x * y
         final = str(completion[-1].get("content") or "") if completion else ""
-        scores.append(float(answer_value(final, registers.values) == int(expected)))
+        scores.append(float(answer_value(final, values) == int(expected)))
     return scores
