@@ -17,6 +17,8 @@ import random
 import re
 from typing import Any
 
+from lit_grpo.tasks.tools import call_parts
+
 
 def add(a: int, b: int) -> int:
     """Add two integers.
@@ -166,3 +168,35 @@ def register_answer(prompts: list[Any], completions: list[list[dict[str, Any]]],
     answer, else 0.0 (TRL's conversational reward signature, with the episodes' ``environments``)."""
     return [float(answer_value(str(completion[-1].get("content") or ""), environment.values) == int(expected))
             for completion, expected, environment in zip(completions, answer, environments)]
+
+
+class RegisterNote:
+    """``Registers``' note without its tools (TRL's ``environment_factory`` contract, ``reset`` only), for the MCP
+    config (configs/tools_mcp.yaml), whose ``add``/``multiply`` come from an MCP server that keeps no registers."""
+
+    def reset(self, **row: Any) -> str:
+        return REGISTERS_NOTE
+
+
+def replayed_answer(prompts: list[Any], completions: list[list[dict[str, Any]]], answer: list[str],
+                    operands: list[list[int]], **columns: Any) -> list[float]:
+    """``register_answer`` for tools that keep no registers (the MCP config's server,
+    ``lit_grpo/mcp_tools/registers_server.py``): each episode's ``add`` and ``multiply`` calls are replayed in order
+    on the row's operands by that server's rule (a result goes one past the highest result register among its
+    operands; a call naming a register not yet held stores nothing), and the last message's register is read."""
+    scores = []
+    for completion, expected, numbers in zip(completions, answer, operands):
+        values = dict(zip("abc", (int(x) for x in numbers)))
+        for message in completion:
+            for call in message.get("tool_calls") or []:
+                try:
+                    name, arguments = call_parts(call)
+                    x, y = values[arguments["x"]], values[arguments["y"]]
+                except (ValueError, KeyError, TypeError):  # malformed, or a register it does not hold
+                    continue
+                if name in ("add", "multiply"):
+                    index = max((int(r[1:]) for r in (arguments["x"], arguments["y"]) if r.startswith("r")), default=0)
+                    values[f"r{index + 1}"] = x + y if name == "add" else x * y
+        final = str(completion[-1].get("content") or "") if completion else ""
+        scores.append(float(answer_value(final, values) == int(expected)))
+    return scores

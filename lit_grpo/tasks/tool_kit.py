@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import copy
 import inspect
+import itertools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from lit_grpo.errors import InputError
+from lit_grpo.mcp_tools import McpServers, McpTool
 from lit_grpo.run.worker_process import STARTUP_LIMIT, WorkerDied, WorkerTimedOut, fork_context
 from lit_grpo.tasks.environment_host import EnvironmentProxy, Host, can_fork, environment_copy
 from lit_grpo.tasks.multiround import RowUnavailable
-from lit_grpo.tasks.tool_worker import LOST, Answer, EventLoop, guarded, outcome, phases, plan, run_phases
+from lit_grpo.tasks.tool_worker import LOST, Answer, EventLoop, Job, guarded, outcome, phases, plan, run_phases
 from lit_grpo.tasks.tools import ToolOutcome, bounds_own_calls, environment_tools, tool_schema, tools_by_name
 
 
@@ -48,12 +50,14 @@ class ToolKit:
         check_argument_types: refuse a call whose arguments are not of its schema's types (not TRL's).
         parallel_sync: a turn's standalone sync function calls run side by side in threads (not TRL's).
         max_chars: the longest text answer the model sees, a longer one cut with a note; None: never cut (TRL).
+        servers: MCP servers whose tools every rollout gets too, called in this process through their clients
+            (each call bounded by the client with the timeout), never in a host.
     """
 
     def __init__(self, functions: Sequence[Callable], environments: Mapping[str | None, Callable[[], Any]] | None,
                  timeout: float | None = 10.0, messages: Literal["trl", "json"] = "trl",
                  check_argument_types: bool = False, parallel_sync: bool = False,
-                 max_chars: int | None = None) -> None:
+                 max_chars: int | None = None, servers: McpServers | None = None) -> None:
         if timeout is not None and not timeout > 0:
             raise InputError(f"tool timeout must be positive (seconds), or null to run calls unbounded in the "
                              f"training process; got {timeout}")
@@ -69,7 +73,7 @@ class ToolKit:
                 raise InputError(f"environment {name!r}: the factory must be callable (a class or a function that "
                                  f"returns an instance), got {type(factory).__name__}")
         self.timeout, self.style, self.check_types = timeout, messages, check_argument_types
-        self.parallel_sync, self.max_chars = parallel_sync, max_chars
+        self.parallel_sync, self.max_chars, self.servers = parallel_sync, max_chars, servers
         self.probes: dict[str | None, Any] = {}
         self.idle: dict[str | None, list[Any]] = {}  # instances (in-process) or hosts, by environment
         self.hosts: list[Host] = []  # every live host, in use or idle
@@ -115,7 +119,11 @@ class ToolKit:
         """The standalone functions and that environment's methods (read from its probe instance)."""
         key = self.environment_of(environment)
         methods = [] if key is None and not self.factories else environment_tools(self.probe(key))
-        return list(tools_by_name([*self.functions, *methods]).values())
+        return list(tools_by_name([*self.functions, *methods, *self.served()]).values())
+
+    def served(self) -> list[McpTool]:
+        """The MCP servers' tools (the servers start at first need)."""
+        return self.servers.tools() if self.servers is not None else []
 
     def schemas(self, environment: str | None = None) -> list[dict[str, Any]]:
         """The tools' JSON schemas (the chat template's ``tools=``), in order (read once per environment)."""
@@ -171,7 +179,7 @@ class ToolKit:
         if error is not None:
             pool.append(instance)
             raise RowUnavailable(f"{type(error).__name__}: {error}")
-        return ToolBox(self, key, instance, [*self.functions, *environment_tools(instance)]), text
+        return ToolBox(self, key, instance, [*self.functions, *environment_tools(instance), *self.served()]), text
 
     def new_host(self, key: str | None) -> Host:
         """A fresh host for ``key``'s environment (or for the functions alone)."""
@@ -241,6 +249,8 @@ class ToolKit:
         if self._loop is not None:
             self._loop.close()
             self._loop = None
+        if self.servers is not None:
+            self.servers.close()
 
 
 class ToolBox:
@@ -281,20 +291,28 @@ class ToolBox:
         answers: dict[int, Answer | str] = {}
         if jobs and self.host is None:
             run_phases(phases(jobs), self.tools, self.kit.style, self.kit.loop, answers.__setitem__)
-        elif jobs and self.lost:
-            answers = {job.index: "lost" for job in jobs}
-        elif jobs:
-            assert self.host is not None and self.kit.timeout is not None
-            try:
-                answers = self.host.turn(phases(jobs), self.slot, self.kit.timeout)
-            except OSError:  # the host had ended between turns
-                answers = {job.index: "lost" for job in jobs}
-            if any(isinstance(answer, str) for answer in answers.values()):
-                self.lose()
+        for here, group in itertools.groupby(phases(jobs) if self.host is not None else [], key=self.served_here):
+            turn = list(group)
+            if here:  # MCP calls: through their clients, in this process
+                run_phases(turn, self.tools, kit.style, kit.loop, answers.__setitem__)
+            elif self.lost:
+                answers.update({job.index: "lost" for phase in turn for job in phase})
+            else:
+                assert self.host is not None and kit.timeout is not None
+                try:
+                    answers.update(self.host.turn(turn, self.slot, kit.timeout))
+                except OSError:  # the host had ended between turns
+                    answers.update({job.index: "lost" for phase in turn for job in phase})
+                if any(isinstance(answer, str) for answer in answers.values()):
+                    self.lose()
         outcomes = {**ready, **{job.index: outcome(job, answers[job.index], unbound, kit.style, kit.timeout,
                                                           kit.max_chars) for job in jobs}}
         awaited = {job.index for job in jobs if job.awaited}
         return [outcomes[index] for index in sorted(outcomes, key=lambda index: (index in awaited, index))]
+
+    def served_here(self, phase: Sequence[Job]) -> bool:
+        """Whether a phase's calls are MCP tools' (each is alone in its phase), which run here, not in the host."""
+        return isinstance(self.tools[phase[0].name], McpTool)
 
     def fork(self) -> ToolBox | None:
         """A box with the environment's own copy, made by the environment's ``fork_environment()`` or
@@ -313,7 +331,8 @@ class ToolBox:
             copied, error = guarded(lambda: environment_copy(self._instance))
             if error is not None:
                 return None
-            return ToolBox(self.kit, self.key, copied, [*self.kit.functions, *environment_tools(copied)], root=False)
+            return ToolBox(self.kit, self.key, copied, [*self.kit.functions, *environment_tools(copied),
+                                                        *self.kit.served()], root=False)
         slot = self.host.slots
         self.host.slots += 1
         try:

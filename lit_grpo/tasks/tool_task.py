@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from lit_grpo.errors import InputError
+from lit_grpo.mcp_tools import McpServer, McpServers, server_problems
 from lit_grpo.tasks.base import PromptRecord
 from lit_grpo.tasks.chat_format import ChatFormat, chat_format
 from lit_grpo.tasks.multiround import ChatReply, EnvStep, MultiRoundTask, RowUnavailable
@@ -80,6 +81,9 @@ class ToolTask(MultiRoundTask):
             user message and its number (``row``), whose environment's ``reset`` makes the prompt. A group's
             episodes share one prompt here (TRL compares different ones), so ``reset`` must give the same text for
             the same row: seed on ``row``.
+        mcp_servers: MCP servers whose tools every episode gets beside ``tools`` (each a ``command`` started over
+            stdio, or a streamable-HTTP ``url``; docs/guide.md#tools-from-mcp-servers), started once per run at setup;
+            each call is bounded by ``tool_timeout`` (which must be set). Needs the ``mcp`` extra.
     """
 
     owns_turns = True
@@ -92,7 +96,8 @@ class ToolTask(MultiRoundTask):
                  malformed_reward: float = -1.0, success_reward: float = 1.0, tool_timeout: float | None = 10.0,
                  tool_messages: Literal["trl", "json"] = "trl", check_argument_types: bool = False,
                  parallel_sync: bool = False, max_tool_chars: int | None = None, heldout_size: int = 100,
-                 split_seed: int = 0, generated_rows: int | None = None) -> None:
+                 split_seed: int = 0, generated_rows: int | None = None,
+                 mcp_servers: Sequence[McpServer] | None = None) -> None:
         super().__init__(use_chat_template=True)
         problems = []
         if path is not None and records is not None:
@@ -115,6 +120,9 @@ class ToolTask(MultiRoundTask):
             problems.append(f"malformed_turns must be 'reward' (TRL) or 'penalty', got {malformed_turns!r}")
         if reward_weights is not None and len(reward_weights) != len(rewards):
             problems.append(f"reward_weights has {len(reward_weights)} weight(s) for {len(rewards)} reward(s)")
+        if mcp_servers and tool_timeout is None:
+            problems.append("mcp_servers need a tool_timeout (seconds): an MCP call that hangs must end")
+        problems += server_problems(mcp_servers or ())
         if problems:
             raise InputError("ToolTask: " + "; ".join(problems))
         self.factories = factories(environment)
@@ -131,7 +139,8 @@ class ToolTask(MultiRoundTask):
         self.tool_timeout, self.heldout_size, self.split_seed = tool_timeout, heldout_size, split_seed
         self.kit = ToolKit(self.tools, self.factories, timeout=tool_timeout, messages=tool_messages,
                            check_argument_types=check_argument_types, parallel_sync=parallel_sync,
-                           max_chars=max_tool_chars)
+                           max_chars=max_tool_chars,
+                           servers=McpServers(mcp_servers, tool_timeout) if mcp_servers else None)
         if not self.rewards and not self.kit.reward_environment_types():
             raise InputError("ToolTask: give rewards, or an environment whose class has get_reward() (it then owns "
                              "the reward)")

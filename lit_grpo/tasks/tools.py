@@ -19,6 +19,7 @@ outcome answers, in one of two styles:
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 from collections.abc import Callable, Mapping
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from lit_grpo.errors import InputError
+from lit_grpo.mcp_tools import McpTool
 
 ENVIRONMENT_HOOKS = ("reset", "get_reward")  # an environment's methods that are not tools
 Style = Literal["trl", "json"]
@@ -44,8 +46,12 @@ class ToolOutcome:
 
 def tool_schema(function: Callable) -> dict[str, Any]:
     """The JSON schema a chat template renders for ``function`` (transformers' ``get_json_schema``); ``InputError``
-    naming the function where its docstring or type hints cannot give one."""
+    naming the function where its docstring or type hints cannot give one. An MCP server's tool: the server's own
+    ``inputSchema``, as listed."""
     from transformers.utils import get_json_schema
+
+    if isinstance(function, McpTool):
+        return copy.deepcopy(function.schema)
 
     try:
         return get_json_schema(function)
