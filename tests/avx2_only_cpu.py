@@ -29,6 +29,9 @@ def avx2_only(capabilities: dict[str, Any]) -> dict[str, Any]:
 
 def pytest_configure(config: Any) -> None:
     import torch
+    # inductor builds its decomposition table over torch.ops when it first loads (vllm loads it, and TRL's trainer
+    # imports vllm): with a Python function standing in the mkldnn namespace that build fails, so it is built first
+    import torch._inductor.lowering  # noqa: F401
 
     real_capabilities, real_reorder = torch.cpu.get_capabilities, torch.ops.mkldnn._reorder_linear_weight
 
