@@ -77,9 +77,11 @@ class McpServer:
         return sys.executable if self.command == "python" else str(self.command)
 
 
-def server_problems(servers: Sequence[McpServer | dict[str, Any]]) -> list[str]:
-    """What is wrong with each server entry (``McpServer`` or its fields as a mapping), every problem at once."""
-    problems = []
+def server_problems(servers: Sequence[McpServer | dict[str, Any]], timeout: float | None = 1.0) -> list[str]:
+    """What is wrong with each server entry (``McpServer`` or its fields as a mapping), every problem at once; with
+    servers, a ``timeout`` of None too (an MCP call that hangs must end)."""
+    problems = ["mcp_servers need a tool_timeout (seconds): an MCP call that hangs must end"] if servers and \
+        timeout is None else []
     for server in servers:
         try:
             entry = server if isinstance(server, McpServer) else McpServer(**server)

@@ -120,9 +120,7 @@ class ToolTask(MultiRoundTask):
             problems.append(f"malformed_turns must be 'reward' (TRL) or 'penalty', got {malformed_turns!r}")
         if reward_weights is not None and len(reward_weights) != len(rewards):
             problems.append(f"reward_weights has {len(reward_weights)} weight(s) for {len(rewards)} reward(s)")
-        if mcp_servers and tool_timeout is None:
-            problems.append("mcp_servers need a tool_timeout (seconds): an MCP call that hangs must end")
-        problems += server_problems(mcp_servers or ())
+        problems += server_problems(mcp_servers or (), tool_timeout)
         if problems:
             raise InputError("ToolTask: " + "; ".join(problems))
         self.factories = factories(environment)
