@@ -8,6 +8,7 @@ import lightning.pytorch as pl
 
 from lit_grpo.buffers.protocols import SamplingPolicy
 from lit_grpo.engines import RolloutEngine
+from lit_grpo.rollout.sampled import evaluation_problems
 from lit_grpo.run.rules import TrainerFacts, cross_knob_problems
 from lit_grpo.tasks import Task
 
@@ -29,7 +30,7 @@ def data_config_problems(args: dict[str, Any]) -> list[str]:
         problems.append(f"reward_timeout: must be > 0 seconds or None, got {args['reward_timeout']}")
     if args["val_max_prompts"] is not None and args["val_max_prompts"] < 1:
         problems.append(f"val_max_prompts: must be >= 1 or None, got {args['val_max_prompts']}")
-    return problems
+    return problems + evaluation_problems(args.get("evaluation"))
 
 
 def fit_problems(trainer: pl.Trainer, module: SamplingPolicy, settings: dict[str, Any], engine: RolloutEngine,
