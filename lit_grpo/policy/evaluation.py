@@ -26,8 +26,8 @@ def mean_and_stderr(values: torch.Tensor) -> tuple[float, float]:
 
 class GreedyEvaluation(torch.nn.Module):
     """Accumulates greedy rewards and exact-answer accuracy over held-out prompts, for any loop or hook; a sampled
-    evaluation's batches hold each prompt's mean reward and share correct under the same names, and its other
-    figures, each averaged over the prompts (``mean@n`` also gives ``mean@n_stderr``). A module, so that its
+    evaluation's batches hold beside them each prompt's figures over its samples, each averaged over the prompts
+    (``mean@n`` also gives ``mean@n_stderr``). A module, so that its
     metrics' states move with the policy's (on a GPU, Lightning's validation batches are there, and DDP gathers the
     states with the GPU's backend); they are not saved (torchmetrics' states are not persistent)."""
 

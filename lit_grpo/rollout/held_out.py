@@ -61,14 +61,19 @@ class HeldOutPrompts:
                rule: RiskRule | None) -> Scores:
         """Greedy completions of ``records`` (``sampling``: the greedy spec) and their rewards; for a multi-round
         task, greedy episodes of up to ``rounds`` rounds (under ``rule``, if any) and their returns. Under a
-        ``SampledEvaluation``: its samples of each prompt, and each prompt's figures."""
-        if self.evaluation is not None:
-            drawn = sampling_of(self.evaluation, sampling, records)
-            if isinstance(self.task, MultiRoundTask):
-                return sampled_episode_scores(self.task, self.engine, tokenizer, records, self.rounds, drawn,
-                                              self.evaluation, rule)
-            return sampled_completion_scores(self.task, self.engine, self.scorer, tokenizer, records, drawn,
-                                             self.evaluation)
+        ``SampledEvaluation``, the same and beside them each prompt's figures over its samples."""
         if isinstance(self.task, MultiRoundTask):
-            return greedy_episodes(self.task, self.engine, tokenizer, records, self.rounds, sampling, rule)
-        return greedy_completion_scores(self.task, self.engine, self.scorer, tokenizer, records, sampling)
+            greedy = greedy_episodes(self.task, self.engine, tokenizer, records, self.rounds, sampling, rule)
+        else:
+            greedy = greedy_completion_scores(self.task, self.engine, self.scorer, tokenizer, records, sampling)
+        if self.evaluation is None:
+            return greedy
+        drawn = sampling_of(self.evaluation, sampling, records)
+        if isinstance(self.task, MultiRoundTask):
+            figures = sampled_episode_scores(self.task, self.engine, tokenizer, records, self.rounds, drawn,
+                                             self.evaluation, rule)
+        else:
+            figures = sampled_completion_scores(self.task, self.engine, self.scorer, tokenizer, records, drawn,
+                                                self.evaluation)
+        rewards, correct = greedy
+        return {"return" if isinstance(self.task, MultiRoundTask) else "reward": rewards, "correct": correct, **figures}

@@ -37,16 +37,14 @@ def majority_correct(answers: Sequence[Hashable | None], correct: Sequence[bool]
 
 def prompt_row(rewards: Sequence[float], correct: Sequence[bool], failed: Sequence[bool],
                lengths: Sequence[int], ks: Sequence[int], answers: Sequence[Hashable | None] | None = None,
-               calls: Sequence[int] | None = None, turns: Sequence[int] | None = None,
-               reward_name: str = "reward") -> dict[str, float]:
+               calls: Sequence[int] | None = None, turns: Sequence[int] | None = None) -> dict[str, float]:
     """One prompt's figures from its ``n`` samples (each sequence holds one value per sample):
-    ``reward_name`` and ``mean@n`` (the mean reward, or return), ``correct`` (the share correct: ``val/accuracy``), ``pass@k`` for
+    ``mean@n`` (the mean reward, or return), ``pass@k`` for
     each of ``ks``, ``maj@n`` (with ``answers``), ``failed`` (the share whose reward failed or could not be
     scored), ``length`` (mean tokens generated), and with ``calls`` / ``turns`` (episodes) their means as
     ``calls_per_episode`` / ``turns_per_episode``."""
     n = len(rewards)
-    mean_reward = math.fsum(rewards) / n
-    row = {reward_name: mean_reward, f"mean@{n}": mean_reward, "correct": sum(map(bool, correct)) / n}
+    row = {f"mean@{n}": math.fsum(rewards) / n}
     row.update({f"pass@{k}": float(pass_at_k(n, sum(map(bool, correct)), k)) for k in ks})
     if answers is not None:
         row[f"maj@{n}"] = float(majority_correct(answers, correct))

@@ -1,7 +1,7 @@
-"""Sampled evaluation (docs/guide.md#sampled-evaluation): ``n`` samples per held-out prompt at a temperature, from
-the engine's seed, each scored as ``val/accuracy`` counts it (a multi-round task's: ``n`` episodes), summed up per
-prompt (``sample_metrics.prompt_row``) in the validation loader's batches. Greedy evaluation (the default) is
-``evaluation.py``'s, untouched by this."""
+"""Sampled evaluation (docs/guide.md#sampled-evaluation): beside the greedy answer, ``n`` samples per held-out prompt
+at a temperature, from the engine's seed, each scored as ``val/accuracy`` counts it (a multi-round task's: ``n``
+episodes), summed up per prompt (``sample_metrics.prompt_row``) in the validation loader's batches. The greedy
+figures (``evaluation.py``) are computed as without it."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from lit_grpo.tasks.tool_episode import Episode
 
 @dataclass(frozen=True)
 class SampledEvaluation:
-    """How a validation (and ``lit-grpo test``) samples the held-out prompts instead of decoding them greedily.
+    """How a validation (and ``lit-grpo test``) samples the held-out prompts, beside decoding them greedily.
 
     Args:
         samples: n, the samples (episodes) drawn per prompt.
@@ -43,7 +43,7 @@ class SampledEvaluation:
         if self.samples < 1:
             problems.append(f"evaluation.samples: must be >= 1 (samples per prompt), got {self.samples}")
         if not self.temperature > 0:
-            problems.append(f"evaluation.temperature: must be > 0 (greedy evaluation: leave evaluation unset), "
+            problems.append(f"evaluation.temperature: must be > 0 (greedy alone: leave evaluation unset), "
                             f"got {self.temperature}")
         if not self.k:
             problems.append("evaluation.k: give at least one k for pass@k, e.g. [1]")
@@ -123,8 +123,7 @@ def sampled_episode_scores(task: MultiRoundTask, engine: RolloutEngine, tokenize
              for chain in chains],
             [sum(len(node.segment) for node in chain if isinstance(node, SegmentNode)) for chain in chains],
             spec.k, turns=[sum(isinstance(n, SegmentNode) and bool(n.segment) for n in chain) for chain in chains],
-            calls=[sum(mine[-1].calls.values()) if mine else 0 for mine in episodes] if tools else None,
-            reward_name="return"))
+            calls=[sum(mine[-1].calls.values()) if mine else 0 for mine in episodes] if tools else None))
     return stacked(rows)
 
 
