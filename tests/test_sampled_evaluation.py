@@ -134,6 +134,7 @@ def test_the_module_averages_the_figures_over_prompts_and_keeps_the_greedy_ones_
 
 
 # --- a tool task: calls and turns per episode ------------------------------------------------------------------------
+@pytest.mark.slow  # the chat tokenizer and template load
 def test_a_tool_tasks_episodes_give_pass_at_k_calls_and_turns():
     from test_tool_turns import CALL, RECORDS, TOKENIZER as QWEN, ScriptedEngine, add, exact_answer
 
@@ -194,3 +195,15 @@ def test_bad_sampled_settings_are_refused_each_by_name():
                                          r"\[1, 8\]: lower k or raise evaluation.samples"):
         RolloutDataModule(evaluation={"samples": 4, "k": [1, 8]})
     assert RolloutDataModule(evaluation={"samples": 4, "k": [4]}).held_out.evaluation == SampledEvaluation(4, k=[4])
+
+
+def test_a_sampled_subset_of_the_prompts_leaves_the_greedy_figures_covering_them_all():
+    task = ArithmeticTask()
+    engine = Scripted([["25", "24"]] * 5)  # answers every prompt so: wrong but for none
+    held = HeldOutPrompts(task, engine, task, None, 5, 2, SampledEvaluation(samples=2, k=[1], prompts=3))
+    greedy = SamplingSpec(4, greedy=True, stop_token_ids=(EOS,))
+    batches = list(held.loader(held.validation(), lambda records: held.scores(TOKENIZER, records, greedy, None)))
+    assert [len(b["reward"]) for b in batches] == [2, 2, 1]
+    assert [len(b.get("pass@1", [])) for b in batches] == [2, 1, 0]  # the first 3 prompts sampled
+    assert [(n, k, s.greedy) for n, k, s in engine.specs] == [(2, 1, True), (2, 2, False), (2, 1, True), (1, 2, False),
+                                                             (1, 1, True)]

@@ -41,6 +41,7 @@ class HeldOutPrompts:
 
     def __post_init__(self) -> None:
         self.evaluation = as_evaluation(self.evaluation)  # a config's (or a checkpoint's) mapping
+        self.sampled: set[int] = set()  # the records of the loader in use that are sampled (by id)
 
     def validation(self) -> list[PromptRecord]:
         """The first ``max_prompts`` of the task's validation split, never its test split."""
@@ -54,6 +55,8 @@ class HeldOutPrompts:
     def loader(self, records: list[PromptRecord], scores: Callable[[list[PromptRecord]], Scores]) -> DataLoader:
         """``records`` in batches of ``batch_size``, each scored by ``scores`` when the loop reaches it."""
         batches = [records[i : i + self.batch_size] for i in range(0, len(records), self.batch_size)]
+        count = None if self.evaluation is None else self.evaluation.prompts
+        self.sampled = {id(record) for record in records[:count]}
         name = "return" if isinstance(self.task, MultiRoundTask) else "reward"
         return DataLoader(HeldOutScores(batches, scores, name), batch_size=None)
 
@@ -68,6 +71,10 @@ class HeldOutPrompts:
             greedy = greedy_completion_scores(self.task, self.engine, self.scorer, tokenizer, records, sampling)
         if self.evaluation is None:
             return greedy
+        if self.evaluation.prompts is not None:  # the first evaluation.prompts of the loader's
+            records = [record for record in records if id(record) in self.sampled]
+            if not records:
+                return greedy
         drawn = sampling_of(self.evaluation, sampling, records)
         if isinstance(self.task, MultiRoundTask):
             figures = sampled_episode_scores(self.task, self.engine, tokenizer, records, self.rounds, drawn,

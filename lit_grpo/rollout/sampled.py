@@ -31,12 +31,15 @@ class SampledEvaluation:
         k: the k of each ``pass@k`` reported (each 1 <= k <= samples).
         seed: the engine's seed for the draws: the same seed and policy give the same samples, so a rerun gives the
             same numbers (every validation of a run uses it: checkpoints are compared on the same draws).
+        prompts: sample only the first this many of the prompts a validation (or test) reads; the greedy figures
+            still cover them all (None: sample every one).
     """
 
     samples: int = 8
     temperature: float = 1.0
     k: list[int] = field(default_factory=lambda: [1])
     seed: int = 0
+    prompts: int | None = None
 
     def problems(self) -> list[str]:
         problems = []
@@ -50,6 +53,8 @@ class SampledEvaluation:
         if self.samples >= 1 and any(not 1 <= k <= self.samples for k in self.k):
             problems.append(f"evaluation.k: each k of pass@k must be within 1..samples ({self.samples}), got "
                             f"{list(self.k)}: lower k or raise evaluation.samples")
+        if self.prompts is not None and self.prompts < 1:
+            problems.append(f"evaluation.prompts: must be >= 1 or None (every prompt), got {self.prompts}")
         return problems
 
 
