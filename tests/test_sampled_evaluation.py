@@ -207,3 +207,21 @@ def test_a_sampled_subset_of_the_prompts_leaves_the_greedy_figures_covering_them
     assert [len(b.get("pass@1", [])) for b in batches] == [2, 1, 0]  # the first 3 prompts sampled
     assert [(n, k, s.greedy) for n, k, s in engine.specs] == [(2, 1, True), (2, 2, False), (2, 1, True), (1, 2, False),
                                                              (1, 1, True)]
+
+
+def test_an_evaluation_of_no_prompt_is_refused_before_the_weights_load():
+    from lit_grpo.rollout.settings import held_out_problems
+    from lit_grpo.tasks import Task
+
+    class NoHeldOut(Task):
+        def split(self):
+            return [{"prompt": "1+1=", "answer": "2"}], [], []
+
+    assert held_out_problems(NoHeldOut(), "validate", True) == [
+        "data.task: NoHeldOut's validation split is empty: a validation would score no prompt; give the task "
+        "held-out prompts, or turn validation off (trainer.limit_val_batches: 0)"]
+    assert held_out_problems(NoHeldOut(), "fit", False) == []  # no validation runs
+    assert held_out_problems(NoHeldOut(), "test", False) == [
+        "data.task: NoHeldOut's test split is empty (too few held-out prompts to divide between validation and "
+        "test): give more prompts, or a test split of their own"]
+    assert held_out_problems(ArithmeticTask(), "validate", True) == []
