@@ -110,3 +110,18 @@ def test_impossible_memory_fails_at_start_naming_the_knob():
     refused = [line for line in result.stdout.splitlines() if line.startswith("REFUSED")]
     assert refused, result.stderr[-2000:]
     assert "kv_cache_gib" in refused[0] and "4096" in refused[0]
+
+
+@pytest.mark.slow
+def test_a_sampled_evaluation_rerun_with_the_same_seed_gives_the_same_figures_on_vllm():
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    model_dir = Path(__file__).resolve().parents[1] / "data" / "tiny-llama"
+    result = subprocess.run([sys.executable, str(CHECK.with_name("vllm_eval_check.py")), str(model_dir)],
+                            capture_output=True, text=True, env=env, timeout=900)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("FIGURES ")]
+    assert result.returncode == 0 and lines, result.stderr[-3000:]
+    figures = json.loads(lines[-1][len("FIGURES "):])
+    assert set(figures["first"]) >= {"reward", "correct", "pass@1", "pass@2", "pass@4", "mean@4", "maj@4", "length"}
+    assert figures["again"] == figures["first"]
+    print(figures)
+    assert figures["other"] != figures["first"]  # the seed is the engine's

@@ -1,6 +1,8 @@
-"""Greedy evaluation metrics on the held-out split: ``val/reward`` (``val/return`` for a multi-round task) and
+"""Evaluation metrics on the held-out split: ``val/reward`` (``val/return`` for a multi-round task) and
 ``val/accuracy``, accumulated from the scored batches the DataModule's validation loader yields
-(``lit_grpo.rollout.evaluation``)."""
+(``lit_grpo.rollout.evaluation``); a sampled evaluation's batches carry more per-prompt figures (``pass@k``,
+``mean@n``, ..., ``lit_grpo.rollout.sample_metrics``), each averaged over the prompts, ``mean@n`` with its standard
+error (docs/guide.md#sampled-evaluation)."""
 
 from __future__ import annotations
 
@@ -9,19 +11,32 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from torchmetrics import MeanMetric
+from torchmetrics import CatMetric, MeanMetric
+
+
+def mean_and_stderr(values: torch.Tensor) -> tuple[float, float]:
+    """The mean of ``values [P]`` (one figure per prompt) and its standard error across the prompts,
+    ``std / sqrt(P)`` with the sample standard deviation (divisor P - 1); NaN with a single prompt (no spread to
+    measure). Example: [1, 0, 0.5, 0.5]: mean 0.5, std sqrt(0.5 / 3), stderr sqrt(0.5 / 3) / 2."""
+    values = values.double()
+    count = values.numel()
+    stderr = float(values.std(correction=1) / count**0.5) if count > 1 else float("nan")
+    return float(values.mean()), stderr
 
 
 class GreedyEvaluation(torch.nn.Module):
-    """Accumulates greedy rewards and exact-answer accuracy over held-out prompts, for any loop or hook. A module, so
-    that its metrics' states move with the policy's (on a GPU, Lightning's validation batches are there, and DDP
-    reduces the states with the GPU's backend); they are not saved (torchmetrics' states are not persistent)."""
+    """Accumulates greedy rewards and exact-answer accuracy over held-out prompts, for any loop or hook; a sampled
+    evaluation's batches hold beside them each prompt's figures over its samples, each averaged over the prompts
+    (``mean@n`` also gives ``mean@n_stderr``). A module, so that its
+    metrics' states move with the policy's (on a GPU, Lightning's validation batches are there, and DDP gathers the
+    states with the GPU's backend); they are not saved (torchmetrics' states are not persistent)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.reward = MeanMetric()
         self.accuracy = MeanMetric()
         self.reward_name = "reward"
+        self.figures = torch.nn.ModuleDict()  # a sampled evaluation's other figures, one value per prompt each
 
     def update(self, batch: dict[str, torch.Tensor]) -> None:
         # a multi-round task's greedy "reward" is the episode's return: the batch names it so for the logs
@@ -30,11 +45,21 @@ class GreedyEvaluation(torch.nn.Module):
         # them (validation before training) leaves it where the rollout side made it
         self.reward.update(batch[self.reward_name].to(self.reward.device))
         self.accuracy.update(batch["correct"].float().to(self.accuracy.device))
+        for name in batch.keys() - {self.reward_name, "correct"}:
+            if name not in self.figures:  # float64: a per-prompt figure such as 1/3 keeps its digits
+                self.figures[name] = CatMetric().to(self.reward.device).set_dtype(torch.float64)
+            self.figures[name].update(batch[name].double().to(self.reward.device))
 
     def compute(self) -> dict[str, float]:
         metrics = {self.reward_name: float(self.reward.compute()), "accuracy": float(self.accuracy.compute())}
         self.reward.reset()
         self.accuracy.reset()
+        for name in sorted(self.figures):
+            mean, stderr = mean_and_stderr(self.figures[name].compute().reshape(-1))
+            metrics[name] = mean
+            if name.startswith("mean@"):
+                metrics[f"{name}_stderr"] = stderr
+            self.figures[name].reset()
         return metrics
 
     def log_to(self, module: Any, prefix: str) -> None:

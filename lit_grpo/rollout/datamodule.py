@@ -25,7 +25,7 @@ from lit_grpo.rollout.ahead import RolloutPrefetcher, rollouts_ahead
 from lit_grpo.rollout.cursor import PromptCursor
 from lit_grpo.rollout.engine_sync import EngineSync
 from lit_grpo.rollout.grouped import GroupedDraw
-from lit_grpo.rollout.held_out import HeldOutPrompts, Scores
+from lit_grpo.rollout.held_out import HeldOutPrompts, SampledEvaluation, Scores
 from lit_grpo.rollout.probes import probe_labels
 from lit_grpo.rollout.prompt_check import LongPrompts, check_inputs
 from lit_grpo.rollout.reward_worker import RewardWorker
@@ -88,17 +88,16 @@ class RolloutDataModule(pl.LightningDataModule):
         reward_timeout: seconds one reward call may take; with a timeout, rewards of grouped rollouts and of
             validation run in a worker process, and a call that hangs (or raises) scores the task's
             ``failure_reward`` and counts in ``rollout/reward_errors`` (``None``: in-process, no limit, no overhead).
-        long_prompts: a prompt whose tokens plus the generation budget exceed the model's context is ``refuse``d
-            (the run stops before any rollout, naming it) or ``drop``ped (the count is printed and logged as
-            ``data/dropped_prompts``).
+        long_prompts: a prompt whose tokens plus the generation budget exceed the model's context is ``refuse``d (the
+            run stops before any rollout, naming it) or ``drop``ped (counted and logged as ``data/dropped_prompts``).
         val_max_prompts: held-out prompts used per validation (``None``: the whole held-out split).
         val_batch_size: held-out prompts per validation batch.
+        evaluation: ``n`` samples per held-out prompt (``SampledEvaluation``: pass@k, mean@n, ...); None: greedy.
         max_staleness: asynchronous rollouts (docs/scaling.md): with k >= 1, the next epoch's rollouts are drawn in the
             background, from an adapter at most k versions (epochs) old, while this epoch's train; the current
             adapter is pushed only when the next draw would otherwise be older (k = 1: every epoch; k = 2: every
             other). pi_old is the sampler's log-probs. Needs grouped rollouts and an engine that samples from a copy
-            of the weights (``VLLMEngine``, ``VLLMServerEngine``); ``rollout/staleness`` logs the lag. 0: generate,
-            then train (the default).
+            of the weights (``VLLMEngine``, ``VLLMServerEngine``); ``rollout/staleness`` logs the lag. 0: draw, train.
         seed: seeds the sampling and the minibatch order (each epoch derives its own from it).
     """
 
@@ -123,6 +122,7 @@ class RolloutDataModule(pl.LightningDataModule):
         long_prompts: LongPrompts = "refuse",
         val_max_prompts: int | None = None,
         val_batch_size: int = 256,
+        evaluation: SampledEvaluation | None = None,
         max_staleness: int = 0,
         seed: int = 0,
     ) -> None:
@@ -143,7 +143,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.prompts = PromptCursor(prompts_per_epoch, group_size, completion_budget)  # carried by checkpoints
         self.risk_threshold = ThresholdedRule(task)  # use_risk_threshold's source: the infer/defer rule, if any
         self.held_out = HeldOutPrompts(task, self.engine, self.scorer, turn_limit(task, self.branching),
-                                       val_max_prompts, val_batch_size)
+                                       val_max_prompts, val_batch_size, evaluation)
         self.seed, self.long_prompts = seed, long_prompts
         self.prompts_checked = False  # against the loaded tokenizer and context, at the first loader
         self._report: RolloutReport | None = None
@@ -333,7 +333,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.sync_policy(module)
         sampling = self.sampling_spec(module, greedy=True, seed=None)
         rule = self.risk_threshold.at(module, self.trainer.current_epoch, training=False)
-        return self.held_out.greedy_scores(module.tokenizer, records, sampling, rule)
+        return self.held_out.scores(module.tokenizer, records, sampling, rule)
 
     def rule_outcome(self, module: SamplingPolicy, records: list[PromptRecord], tau: float | None,
                      decision: str = "threshold", cvar_level: float = 0.0) -> RuleOutcome:

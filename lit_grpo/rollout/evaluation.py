@@ -16,7 +16,8 @@ from lit_grpo.tasks import PromptRecord, Task
 
 class HeldOutScores(Dataset):
     """Batches of held-out prompts, each scored on access by ``score(records) -> (rewards [B], correct [B])``:
-    ``{"reward" (or "return" for a multi-round task): [B], "correct": [B] bool}``."""
+    ``{"reward" (or "return" for a multi-round task): [B], "correct": [B] bool}``; or, sampled, by ``score(records)
+    -> {figure: [B]}``, served as it is."""
 
     def __init__(self, batches: list[list[PromptRecord]], score: Any, reward_name: str = "reward") -> None:
         self.batches, self.score, self.reward_name = batches, score, reward_name
@@ -25,7 +26,10 @@ class HeldOutScores(Dataset):
         return len(self.batches)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        rewards, correct = self.score(self.batches[index])
+        scores = self.score(self.batches[index])
+        if isinstance(scores, dict):  # a sampled evaluation's figures, named already (rollout/sampled.py)
+            return scores
+        rewards, correct = scores
         return {self.reward_name: rewards, "correct": correct}
 
 

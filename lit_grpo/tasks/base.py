@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -138,6 +138,11 @@ class Task(ABC):
     def is_correct(self, prompt_record: PromptRecord, completion_text: str) -> bool:
         """Whether the completion is the reference answer: what ``accuracy`` counts."""
         return completion_text.strip() == str(prompt_record.get("answer", "")).strip()
+
+    def answer_of(self, prompt_record: PromptRecord, completion_text: str) -> Hashable | None:
+        """The answer a completion gives, as ``is_correct`` reads it: what a sampled evaluation's ``maj@n`` votes on
+        (None: no answer could be extracted, no vote). A task that checks answers otherwise overrides both."""
+        return completion_text.strip()
 
     @property
     def failure_reward(self) -> float:
