@@ -82,10 +82,16 @@ def test_the_gold_answer_is_parsed_once_and_one_that_does_not_parse_is_a_reward_
                            "nothing)")]
 
 
-def test_without_the_extra_the_reward_is_refused_naming_the_install(monkeypatch):
+def test_without_the_extra_the_command_refuses_the_config_naming_the_install(monkeypatch, tmp_path, capsys):
+    from lit_grpo.cli import main
+
     monkeypatch.setitem(sys.modules, "math_verify", None)  # import math_verify raises ImportError
-    with pytest.raises(InputError, match=r"pip install 'lit-grpo\[math\]' \(math-verify==0\.9\.0\)"):
-        MathVerify()
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", str(ROOT / "configs" / "math_verify.yaml"), "--trainer.logger", "false",
+              "--trainer.default_root_dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "Traceback" not in err
+    assert "pip install 'lit-grpo[math]' (math-verify==0.9.0)" in err
 
 
 @pytest.mark.slow
