@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ROWS = ROOT / "data" / "math-answers" / "rows.jsonl"
 HUGE = "\\boxed{" + "1+" * 200_000 + "1}"  # 400k characters of LaTeX: minutes of math-verify on one core
 NESTED = "\\boxed{" + "{" * 5_000 + "1" + "}" * 5_000 + "}"  # as long again, nested 5000 deep
+TOWER = "\\boxed{9^{9^{9^{9^{9}}}}}"  # parses at once; sympy's comparison with the gold never ends
 
 # gold (as the shipped file gives it) -> completions equal to it, and completions that are not (written by hand)
 EQUAL = {
@@ -108,7 +109,7 @@ def test_hostile_answers_in_the_reward_worker_fail_alone_and_the_batch_still_sco
     monkeypatch.setattr(math_verify, "parse", hangs_on_marker)  # the forked worker inherits it
     task = DatasetTask(str(ROWS), rewards=[MathVerify()], heldout_fraction=0.25)
     record = {"prompt": "What is 1 divided by 2?", "answer": "\\frac{1}{2}"}
-    texts = ["\\boxed{1/2}", HUGE, "0.5", NESTED, "\\boxed{HANG}", "1/3"]
+    texts = ["\\boxed{1/2}", HUGE, "0.5", NESTED, "\\boxed{HANG}", "1/3", TOWER]
     assert task.score(record, "1/2", [1]).reward == 1.0  # in this process: each worker forks with the gold parsed
     worker = RewardWorker(task, timeout=1.0)
     try:
@@ -117,7 +118,7 @@ def test_hostile_answers_in_the_reward_worker_fail_alone_and_the_batch_still_sco
         worker.close()
     timed_out = "MathVerify: TimeoutError: the reward took longer than 1.0s per completion"
     assert [(s.reward, s.error) for s in scored] == [(1.0, None), (0.0, timed_out), (1.0, None), (0.0, timed_out),
-                                                     (0.0, timed_out), (0.0, None)]
+                                                     (0.0, timed_out), (0.0, None), (0.0, timed_out)]
 
 
 @pytest.mark.slow

@@ -5,10 +5,11 @@ record's gold answer, and compares them symbolically and numerically. An optiona
 
 math-verify bounds its own parsing and comparison with ``SIGALRM``, which works in a process's main thread only and
 replaces whatever handler the process had; here both are off (``parsing_timeout=None``, ``timeout_seconds=None``).
-What bounds a hostile answer (huge LaTeX, deeply nested braces, a parse that never ends) is ``data.reward_timeout``:
-``MathVerify`` is a per-completion ``Reward``, so the reward worker (``lit_grpo.rollout.reward_worker``) calls it
-one completion per call and a hung one costs that completion alone, counted in ``rollout/reward_errors``. Without a
-``reward_timeout`` it runs in the trainer's process, unbounded: set one.
+What bounds a hostile answer (huge LaTeX or deeply nested braces: minutes of parsing; ``9^{9^{9^{9^{9}}}}``, whose
+comparison never ends) is ``data.reward_timeout``: ``MathVerify`` is a per-completion ``Reward``, so the reward worker
+(``lit_grpo.rollout.reward_worker``) calls it one completion per call and a hung one costs that completion alone,
+counted in ``rollout/reward_errors``. Without a ``reward_timeout`` it runs in the trainer's process, unbounded: set
+one.
 """
 
 from __future__ import annotations
