@@ -11,6 +11,7 @@ from lit_grpo.tasks.base import (
 )
 from lit_grpo.tasks.dataset import DatasetTask
 from lit_grpo.tasks.jsonl import JsonlTask
+from lit_grpo.tasks.math_answers import MathVerify
 from lit_grpo.tasks.multiround import ClarifyTask, EnvStep, MultiRoundTask
 from lit_grpo.tasks.reward_functions import BatchedReward, Completions
 from lit_grpo.tasks.reward_model import RewardModel
@@ -26,6 +27,7 @@ __all__ = [
     "ExactMatchReward",
     "InclusionOrderingReward",
     "JsonlTask",
+    "MathVerify",
     "MultiRoundTask",
     "PromptRecord",
     "Reward",
