@@ -12,6 +12,7 @@ import torch
 from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.losses import group_advantages
 from lit_grpo.losses.advantages import check_choice
+from lit_grpo.losses.turn_credit import turn_advantages
 from lit_grpo.tasks.base import PromptRecord, prompt_text
 from lit_grpo.tree import Node, assign_advantages, depth_first, flat_sibling_nodes
 
@@ -184,16 +185,24 @@ def chain_rows(roots: Sequence[Node]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def tree_row_advantages(buffer: RolloutBuffer, advantage_mode: str, value_mode: str,
-                        std_scope: str = "tree") -> torch.Tensor:
+                        std_scope: str = "tree", turn_credit: str = "episode") -> torch.Tensor:
     """One advantage per policy node (row): tree-relative for ``tree`` rollouts; for ``chains``, the group
-    advantage of each chain's return on every segment of that chain.  -> ``[N]``."""
+    advantage of each chain's return on every segment of that chain (``turn_credit`` ``episode``), or each turn's
+    own (``chain_turn_advantages``).  -> ``[N]``."""
     if buffer.tree_mode == "tree":
         for root in buffer.trees:
             assign_advantages(root, value_mode, std_scope=std_scope)
-    else:
+    elif turn_credit == "episode":
         for root in buffer.trees:
             for chain, advantage in zip(root.children, chain_advantages(root, advantage_mode)):
                 for node in depth_first(chain):
+                    node.advantage = advantage
+    else:
+        for root in buffer.trees:
+            for chain, advantages in zip(root.children, chain_turn_advantages(root, turn_credit, advantage_mode)):
+                turns, advantage = iter(advantages), 0.0
+                for node in depth_first(chain):  # a token-less closing takes the advantage of the turn before it
+                    advantage = next(turns) if getattr(node, "segment", ()) else advantage
                     node.advantage = advantage
     return torch.tensor([node.advantage for root in buffer.trees for node in policy_nodes(root)])  # [N]
 
@@ -209,6 +218,36 @@ def chain_advantages(root: Node, advantage_mode: str) -> list[float]:
         return [0.0] * len(returns)
     advantages = iter(group_advantages(torch.tensor([kept], dtype=torch.float64), advantage_mode)[0].tolist())
     return [next(advantages) if s else 0.0 for s in scorable]
+
+
+def chain_turn_rewards(chain: Node) -> list[float]:
+    """The reward of each turn (policy row) of one chain, in order: the segment's own reward plus that of a
+    token-less child (the no-answer closing), as ``chain_rows`` gives them."""
+    rewards: list[float] = []
+    for node in depth_first(chain):
+        if getattr(node, "segment", ()):
+            rewards.append(node.reward)
+        elif rewards:
+            rewards[-1] += node.reward
+    return rewards
+
+
+def chain_turn_advantages(root: Node, turn_credit: str, advantage_mode: str) -> list[list[float]]:
+    """Each chain's per-turn advantages under ``root`` (``losses.turn_credit.turn_advantages`` over the group of
+    chains, ``grpo`` dividing ``per_turn_index``'s by the std); a chain whose episode no reward scored gets 0 on
+    every turn and stays out of the group. Example: chains with turn rewards [1, 2], [3], [0], reward_to_go:
+    [[1.5, 2.0], [1.5], [-3.0]]."""
+    chains = [chain_turn_rewards(chain) for chain in root.children]
+    scorable = [all(node.scorable for node in depth_first(chain) if isinstance(node, SegmentNode))
+                for chain in root.children]
+    kept = [rewards for rewards, s in zip(chains, scorable) if s]
+    if not kept:
+        return [[0.0] * len(rewards) for rewards in chains]
+    width = max(len(rewards) for rewards in kept)
+    table = torch.tensor([rewards + [0.0] * (width - len(rewards)) for rewards in kept], dtype=torch.float64)
+    running = torch.tensor([[t < len(rewards) for t in range(width)] for rewards in kept])
+    rows = iter(turn_advantages(table, running, turn_credit, normalise=advantage_mode == "grpo").tolist())
+    return [next(rows)[:len(rewards)] if s else [0.0] * len(rewards) for rewards, s in zip(chains, scorable)]
 
 
 def loss_rows(roots: Sequence[Node], flat_groups: str) -> torch.Tensor | None:

@@ -38,6 +38,13 @@ class AdvantageKnobs:
     gae_lambda: float = 0.95
     value_head: bool = False
     tree_flat_groups: str = "count"
+    turn_credit: str = "episode"
+
+    @classmethod
+    def of(cls, hparams: Any, value_head: bool) -> AdvantageKnobs:
+        """The knobs as ``PolicyModule``'s hyper-parameters set them."""
+        return cls(hparams.std_scope, hparams.tree_value_mode, hparams.tree_std_scope, hparams.gamma,
+                   hparams.gae_lambda, value_head, hparams.tree_flat_groups, hparams.turn_credit)
 
 
 def assign_advantages(buffer: RolloutBuffer, objective: Objective, knobs: AdvantageKnobs,
@@ -50,7 +57,7 @@ def assign_advantages(buffer: RolloutBuffer, objective: Objective, knobs: Advant
                                                                chains=chain_rows(buffer.trees))
             return
         buffer.advantages = tree_row_advantages(buffer, objective.advantage_mode, knobs.tree_value_mode,
-                                                knobs.tree_std_scope)
+                                                knobs.tree_std_scope, knobs.turn_credit)
         if buffer.tree_mode == "tree":  # the rows of flat sibling groups out of the loss, with drop
             buffer.loss_rows = loss_rows(buffer.trees, knobs.tree_flat_groups)
         return

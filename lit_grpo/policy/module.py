@@ -20,6 +20,7 @@ from lit_grpo.errors import refuse
 from lit_grpo.losses import Aggregation, KLEstimator
 from lit_grpo.losses.advantages import AdvantageMode
 from lit_grpo.losses.policy import PolicyVariant, RatioLevel
+from lit_grpo.losses.turn_credit import TurnCredit
 from lit_grpo.policy import epoch_passes, sampling_view, trained_state
 from lit_grpo.policy.advantages import AdvantageKnobs, assign_advantages
 from lit_grpo.policy.evaluation import GreedyEvaluation
@@ -104,6 +105,8 @@ class PolicyModule(pl.LightningModule):
             reward's units, as ``drgrpo`` leaves chains; docs/benchmarks.md compares them).
         tree_flat_groups: a ``tree``'s rows in flat sibling groups (advantage exactly 0, only children included):
             ``count`` keeps them in the loss and its normaliser, ``drop`` leaves them out as DAPO leaves flat groups.
+        turn_credit: each turn's credit in ``chains`` (docs/guide.md#rewards-per-turn): its episode's group advantage
+            (``episode``), ``reward_to_go`` less a leave-one-out baseline (``rloo``), or ``per_turn_index`` (biased).
         vf_coef: weight of the value loss (``gae`` only).
         vf_clip: PPO's value clipping range around the old values; ``None`` turns it off.
         gamma: GAE discount.
@@ -178,6 +181,7 @@ class PolicyModule(pl.LightningModule):
         tree_value_mode: ValueMode = "mean",
         tree_std_scope: StdScope = "tree",
         tree_flat_groups: FlatGroups = "count",
+        turn_credit: TurnCredit = "episode",
         vf_coef: float = 0.5,
         vf_clip: float | None = 0.2,
         gamma: float = 1.0,
@@ -316,9 +320,7 @@ class PolicyModule(pl.LightningModule):
 
     def assign_advantages(self, buffer: RolloutBuffer) -> None:
         """The buffer's advantages (``policy/advantages.py``) with this module's knobs."""
-        hp = self.hparams
-        knobs = AdvantageKnobs(hp.std_scope, hp.tree_value_mode, hp.tree_std_scope, hp.gamma, hp.gae_lambda,
-                               value_head=self.value_head is not None, tree_flat_groups=hp.tree_flat_groups)
+        knobs = AdvantageKnobs.of(self.hparams, value_head=self.value_head is not None)
         assign_advantages(buffer, self.objective, knobs, epoch_passes.ranks(self._trainer))
 
     # --- training ----------------------------------------------------------------------------------------------

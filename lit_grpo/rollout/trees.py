@@ -141,8 +141,9 @@ def grow_rounds(task: MultiRoundTask, engine: RolloutEngine, tokenizer: Any, roo
 
 def score_ended(task: MultiRoundTask, roots: Sequence[SegmentNode], ended: Sequence[SegmentNode],
                 reward_context: Any) -> None:
-    """The rewards of the episodes that ended awaiting them, in one call: each node's reward and correctness; an
-    episode no reward applied to is unscorable (reward 0, ``scorable`` False: its chain's advantage is 0)."""
+    """The rewards of the episodes that ended awaiting them, in one call: each node's reward (added to what its
+    environment gave the turn) and correctness; an episode no reward applied to is unscorable (``scorable`` False:
+    its chain's advantage is 0)."""
     if not ended:
         return
     starts = {id(node): len(root.context) for root in roots for node in depth_first(root)}
@@ -151,7 +152,7 @@ def score_ended(task: MultiRoundTask, roots: Sequence[SegmentNode], ended: Seque
     unscorable, failed = 0, []
     for node, score in zip(ended, scores):
         node.scorable = score.reward is not None
-        node.reward = score.reward if score.reward is not None else 0.0
+        node.reward += score.reward if score.reward is not None else 0.0  # after its turn's own (turn_rewards)
         node.correct = score.correct
         node.reward_error = score.errors[0] if score.errors else None
         unscorable += not node.scorable

@@ -75,6 +75,9 @@ FEATURES: tuple[Feature, ...] = (
     Feature("model.tree_flat_groups", lambda v: v != "count", ("tree",),
             "only a tree has sibling groups below the prompt (a grouped rollout leaves its flat prompt groups out "
             "with data.dynamic_sampling)"),
+    Feature("model.turn_credit", lambda v: v != "episode", ("chains",),
+            "only chains give each turn a row of its own among the group's episodes (a tree backs each node's reward "
+            "up its branches: Q = r + V; a grouped completion has one turn)"),
     Feature("model.kl_in", lambda v: v == "reward", ("grouped",),
             "the KL penalty is folded into the reward of a single-round completion"),
     Feature("model.sampler_correction", lambda v: v is not None, ("grouped",),
@@ -136,6 +139,11 @@ VARIANT_AGGREGATION = {"gspo": "seq-mean", "luspo": "seq-sum"}
 PER_SEQUENCE_ADVANTAGE = ("gspo", "luspo", "vespo")  # they weigh a whole sequence by one advantage
 RATIO_VARIANTS = ("unclipped", "clip", "cispo", "sapo", "luspo")  # their ratio may be a token's or a sequence's
 CLIP_VARIANTS = ("clip", "gspo", "luspo")  # the variants that clip the ratio (and cap it with clip_delta)
+# turn credit -> the advantage modes that say its baseline and scale (turn_credit 'episode' takes every mode)
+TURN_CREDIT_MODES = {"reward_to_go": ("rloo",), "per_turn_index": ("grpo", "centered", "drgrpo")}
+TURN_CREDIT_WHY = {"reward_to_go": "its baseline is the leave-one-out mean of the other episodes' reward-to-go",
+                   "per_turn_index": "grpo divides each turn index's centred rewards by their std, centered and "
+                                     "drgrpo do not"}
 # knob -> the variant that reads it: set to other than its defaults with another variant, it would do nothing
 VARIANT_KNOBS = {"sapo": (SapoTemperatures, "sapo"), "vespo": (VespoShape, "vespo")}
 
@@ -157,6 +165,11 @@ def module_knob_problems(model_args: dict[str, Any]) -> list[str]:
     if mode == "gdpo" and model_args.get("kl_in") == "reward" and model_args.get("kl_coef", 0) > 0:
         problems.append("model.advantage_mode 'gdpo' with model.kl_in 'reward': GDPO normalises each of the task's "
                         "rewards apart, and the KL penalty is none of them; use kl_in 'loss'")
+    credit = model_args.get("turn_credit", "episode")
+    wanted_modes = TURN_CREDIT_MODES.get(credit, (mode,))
+    if mode not in wanted_modes:
+        problems.append(f"model.turn_credit {credit!r} with advantage_mode {mode!r}: it takes advantage_mode "
+                        f"{' or '.join(repr(m) for m in wanted_modes)} ({TURN_CREDIT_WHY[credit]})")
     if mode == "gdpo" and model_args.get("std_scope") == "batch":
         problems.append("model.std_scope 'batch' with advantage_mode 'gdpo': GDPO normalises within each group and "
                         "then over the batch already; leave std_scope 'group'")

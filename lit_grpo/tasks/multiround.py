@@ -13,7 +13,7 @@ from lit_grpo.errors import InputError
 from lit_grpo.tasks.base import PromptRecord, Task
 from lit_grpo.tasks.splits import halves
 
-SegmentKind = Literal["answer", "ask", "malformed", "call", "cut"]
+SegmentKind = Literal["answer", "ask", "malformed", "call", "cut", "finished"]  # finished: the environment ended it
 
 
 class RowUnavailable(Exception):

@@ -97,3 +97,23 @@ def replayed(episode: Episode, fresh: Any, reset_text: Any, environment: str) ->
             raise diverged(f"turn {turn}'s tool messages came back {messages!r:.120} instead of "
                            f"{past.messages!r:.120}")
     return dataclasses.replace(episode.next(), toolbox=fresh)
+
+
+def appended(content: Any, added: Any) -> Any:
+    """A user message's content with what ``reset`` returned after it, as TRL appends it (text to text, blocks to
+    blocks)."""
+    if isinstance(added, list) and isinstance(content, str):
+        return [{"type": "text", "text": content}, *added]
+    if isinstance(added, str) and isinstance(content, list):
+        return [*content, {"type": "text", "text": added}]
+    return content + added
+
+
+def conversation(prompt: Any) -> list[dict[str, Any]]:
+    """A prompt as chat messages: a conversation as given (copied), text as one user message."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
+        return [dict(m) for m in prompt]
+    raise InputError(f"ToolTask: a prompt is a conversation (a list of role/content messages) or text, got "
+                     f"{type(prompt).__name__}")

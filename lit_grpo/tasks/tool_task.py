@@ -22,9 +22,10 @@ from lit_grpo.tasks.chat_format import ChatFormat, chat_format
 from lit_grpo.tasks.multiround import ChatReply, EnvStep, MultiRoundTask, RowUnavailable
 from lit_grpo.tasks.reward_functions import import_reward, reward_name
 from lit_grpo.tasks.splits import halves
-from lit_grpo.tasks.tool_episode import Episode, TurnCalls, counted, replayed
+from lit_grpo.tasks.tool_episode import Episode, TurnCalls, appended, conversation, counted, replayed
 from lit_grpo.tasks.tool_kit import ToolKit
 from lit_grpo.tasks.tool_rewards import EpisodeScore, RewardContext, environment_reward, score_batch
+from lit_grpo.tasks.turn_rewards import after_turn, steps_taken
 
 RewardFunction = Callable[..., Sequence[float | None]]
 Factory = Callable[[], Any]
@@ -84,6 +85,10 @@ class ToolTask(MultiRoundTask):
         mcp_servers: MCP servers whose tools every episode gets beside ``tools`` (each a ``command`` started over
             stdio, or a streamable-HTTP ``url``; docs/guide.md#tools-from-mcp-servers), started once per run at setup;
             each call is bounded by ``tool_timeout`` (which must be set). Needs the ``mcp`` extra.
+        turn_rewards: ``off`` (TRL: a call turn scores 0, the episode ends where the model stops calling) or
+            ``environment``: after each turn's calls the environment's ``rewards`` list (one entry per step, as
+            TRL's OpenReward adapter records it) gives the turn its reward, and ``finished`` ends the episode
+            (docs/guide.md#rewards-per-turn); the rewards then score the ended episode on top, and may be none.
     """
 
     owns_turns = True
@@ -97,7 +102,8 @@ class ToolTask(MultiRoundTask):
                  tool_messages: Literal["trl", "json"] = "trl", check_argument_types: bool = False,
                  parallel_sync: bool = False, max_tool_chars: int | None = None, heldout_size: int = 100,
                  split_seed: int = 0, generated_rows: int | None = None,
-                 mcp_servers: Sequence[McpServer] | None = None) -> None:
+                 mcp_servers: Sequence[McpServer] | None = None,
+                 turn_rewards: Literal["off", "environment"] = "off") -> None:
         super().__init__(use_chat_template=True)
         problems = []
         if path is not None and records is not None:
@@ -118,6 +124,8 @@ class ToolTask(MultiRoundTask):
             problems.append(f"max_completion_length must be >= 1 (tokens) or null, got {max_completion_length}")
         if malformed_turns not in ("reward", "penalty"):
             problems.append(f"malformed_turns must be 'reward' (TRL) or 'penalty', got {malformed_turns!r}")
+        if turn_rewards == "environment" and environment is None:
+            problems.append("turn_rewards 'environment' reads each turn's reward off the environment: give one")
         if reward_weights is not None and len(reward_weights) != len(rewards):
             problems.append(f"reward_weights has {len(reward_weights)} weight(s) for {len(rewards)} reward(s)")
         problems += server_problems(mcp_servers or (), tool_timeout)
@@ -139,7 +147,8 @@ class ToolTask(MultiRoundTask):
                            check_argument_types=check_argument_types, parallel_sync=parallel_sync,
                            max_chars=max_tool_chars,
                            servers=McpServers(mcp_servers, tool_timeout) if mcp_servers else None)
-        if not self.rewards and not self.kit.reward_environment_types():
+        self.turn_rewards = turn_rewards
+        if not self.rewards and not self.kit.reward_environment_types() and turn_rewards == "off":
             raise InputError("ToolTask: give rewards, or an environment whose class has get_reward() (it then owns "
                              "the reward)")
         self._formats: dict[int, ChatFormat] = {}  # one per tokenizer, as TRL prepares its processing class once
@@ -276,32 +285,39 @@ class ToolTask(MultiRoundTask):
             return EnvStep("malformed", self._malformed, terminal=True, episode=episode)
         calls = list(parsed.message.get("tool_calls") or [])
         at_limit = self.max_turns is not None and round_index >= self.max_turns
+        seen = steps_taken(episode.environment) if self.turn_rewards == "environment" and calls else None
+        label = self.environment_label(episode)
         if truncated and calls and not parsed.malformed and not at_limit:  # TRL runs a cut turn's whole calls,
             counted(episode, episode.toolbox.call_turn(calls))  # then drops their answers with the budget
         if parsed.malformed or not calls or truncated or at_limit:
             kind = "cut" if truncated else "malformed" if parsed.malformed else "answer" if not calls else "cut"
-            return EnvStep(kind, 0.0, terminal=True, episode=episode, scored_later=True)
+            reward = after_turn(episode.toolbox, seen, label).reward  # the steps of the calls that ran
+            return EnvStep(kind, reward, terminal=True, episode=episode, scored_later=True)
         outcomes = episode.toolbox.call_turn(calls)
         counted(episode, outcomes)
         replies = tuple(outcome.message for outcome in outcomes)
         episode.turns = (*episode.turns, TurnCalls(tuple(calls), replies))
+        result = after_turn(episode.toolbox, seen, label)  # TurnResult() when off, or the box was lost
         if episode.toolbox.lost:  # a call timed out: its environment is gone, the episode ends as it stands
-            return EnvStep("cut", 0.0, terminal=True, episode=episode, scored_later=True)
+            return EnvStep("cut", result.reward, terminal=True, episode=episode, scored_later=True)
+        if result.finished:  # the environment ended the episode (gym's terminated): its messages close it
+            episode.messages.extend(replies)
+            return EnvStep("finished", result.reward, terminal=True, episode=episode, scored_later=True)
         formatting = self.format(tokenizer)
         left = self.tokens_left(episode, len(context_ids) + len(segment_ids))
         if left is not None and surely_past(replies, left, formatting.longest_token_bytes):
-            return EnvStep("cut", 0.0, terminal=True, episode=episode, scored_later=True)  # not even tokenized
+            return EnvStep("cut", result.reward, terminal=True, episode=episode, scored_later=True)  # untokenized
         reply = ChatReply(tuple(episode.messages), replies, episode.schemas, formatting.chat_template,
                           dict(formatting.template_kwargs))
         episode.messages.extend(replies)
-        return EnvStep("call", 0.0, terminal=False, chat_reply=reply, episode=episode)
+        return EnvStep("call", result.reward, terminal=False, chat_reply=reply, episode=episode)
 
     def without_reply(self, step: EnvStep) -> EnvStep:
         """``step`` with its tool messages dropped (they would pass the budget or the context): the episode ends
         with its last assistant turn, scored as it stands (TRL's rule)."""
         episode = step.episode.next()
         episode.messages = episode.messages[:len(episode.messages) - len(step.chat_reply.messages)]
-        return EnvStep("cut", 0.0, terminal=True, episode=episode, scored_later=True)
+        return EnvStep("cut", step.reward, terminal=True, episode=episode, scored_later=True)  # its turn's reward
 
     def score_episodes(self, episodes: Sequence[Episode], completion_ids: Sequence[Sequence[int]],
                        context: RewardContext | None = None) -> list[EpisodeScore]:
@@ -319,7 +335,8 @@ class ToolTask(MultiRoundTask):
                      "completion_ids": [list(ids) for ids in completion_ids]}
         if self.factories:
             arguments["environments"] = [e.environment for e in episodes]
-        scores = score_batch(rewards, names, weights, arguments, len(episodes), self.failure_reward, context)
+        scores = score_batch(rewards, names, weights, arguments, len(episodes), self.failure_reward, context) \
+            if rewards else [EpisodeScore(0.0, {}) for _ in episodes]  # turn rewards alone: their sum is the return
         for episode, score in zip(episodes, scores):
             episode.parts, episode.errors, episode.extra = dict(score.parts), score.errors, dict(score.extra)
         return [dataclasses.replace(s, correct=s.reward is not None and s.reward >= self.success_reward)
@@ -371,29 +388,9 @@ def factories(environment: Any) -> dict[str | None, Factory]:
     return resolved
 
 
-def appended(content: Any, added: Any) -> Any:
-    """A user message's content with what ``reset`` returned after it, as TRL appends it (text to text, blocks to
-    blocks)."""
-    if isinstance(added, list) and isinstance(content, str):
-        return [{"type": "text", "text": content}, *added]
-    if isinstance(added, str) and isinstance(content, list):
-        return [*content, {"type": "text", "text": added}]
-    return content + added
-
-
 def imported(path: str) -> Any:
     """The object at an import path (``package.module.name``), named in the error where it does not import."""
     try:
         return pkgutil.resolve_name(path)
     except (ImportError, AttributeError, ValueError) as error:
         raise InputError(f"ToolTask: {path!r} does not import ({error})") from None
-
-
-def conversation(prompt: Any) -> list[dict[str, Any]]:
-    """A prompt as chat messages: a conversation as given (copied), text as one user message."""
-    if isinstance(prompt, str):
-        return [{"role": "user", "content": prompt}]
-    if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
-        return [dict(m) for m in prompt]
-    raise InputError(f"ToolTask: a prompt is a conversation (a list of role/content messages) or text, got "
-                     f"{type(prompt).__name__}")
