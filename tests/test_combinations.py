@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ON = {"model.loss_variant": "dpo", "model.advantage_mode": "gae", "model.kl_in": "reward", "model.sampler_correction": '{"mode": "token_truncate", "clip_max": 2.0}',
       "data.dynamic_sampling": "true", "data.mask_truncated": "true", "data.overlong_cache": "2",
       "data.reward_timeout": "5.0", "model.tree_std_scope": "siblings",
-      "model.tree_flat_groups": "drop", "model.risk": '{"v_min": -1.0, "v_max": 1.0, "num_atoms": 5}'}
+      "model.tree_flat_groups": "drop", "model.turn_credit": "per_turn_index", "model.risk": '{"v_min": -1.0, "v_max": 1.0, "num_atoms": 5}'}
 SMALL = ["--trainer.max_epochs", "1", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
          "--trainer.enable_model_summary", "false", "--data.max_new_tokens", "4"]
 KIND = {
@@ -189,6 +189,15 @@ def check_flat_groups_dropped(run: Run, rollout: str, tmp: Path) -> None:
     assert (buffer.advantages[~buffer.loss_rows] == 0).all()
 
 
+def check_turn_credit(run: Run, rollout: str, tmp: Path) -> None:
+    buffer = run.buffer
+    per_turn = tree_row_advantages(copy.deepcopy(buffer), "grpo", "mean", turn_credit="per_turn_index")
+    episode = tree_row_advantages(copy.deepcopy(buffer), "grpo", "mean")
+    assert torch.equal(buffer.advantages, per_turn)
+    turns = [len(policy_nodes(chain)) for root in buffer.trees for chain in root.children]
+    assert max(turns) == 1 or (per_turn - episode).abs().max() > 0  # an asked question moves its chain's credit
+
+
 def check_kl_in_reward(run: Run, rollout: str, tmp: Path) -> None:
     buffer = run.buffer
     kl = ((buffer.old_logp - buffer.ref_logp) * buffer.completion_mask).sum(dim=1)  # k1 of each completion
@@ -256,6 +265,7 @@ CHANGED: dict[str, Callable[[Run, str, Path], None]] = {
     "model.tree_std_scope": check_sibling_scope,
     "model.tree_flat_groups": check_flat_groups_dropped,
     "model.kl_in": check_kl_in_reward,
+    "model.turn_credit": check_turn_credit,
     "model.sampler_correction": check_tis,
     "data.dynamic_sampling": check_dynamic_sampling,
     "data.mask_truncated": check_mask_truncated,
@@ -364,6 +374,12 @@ RULES = [
      "model.advantage_mode 'gdpo' with data.rollout 'tree': GDPO normalises each of a task's rewards within a "
      "prompt's group of completions, and an episode is scored by its environment's one reward; use data.rollout "
      "'grouped'"),
+    ({"turn_credit": "reward_to_go"}, {"rollout": "chains", "branching": [8, 1]}, None,
+     "model.turn_credit 'reward_to_go' with advantage_mode 'grpo': it takes advantage_mode 'rloo' (its baseline is "
+     "the leave-one-out mean of the other episodes' reward-to-go)"),
+    ({"turn_credit": "per_turn_index", "advantage_mode": "max"}, {"rollout": "chains", "branching": [8, 1]}, None,
+     "model.turn_credit 'per_turn_index' with advantage_mode 'max': it takes advantage_mode 'grpo' or 'centered' or "
+     "'drgrpo' (grpo divides each turn index's centred rewards by their std, centered and drgrpo do not)"),
     ({"advantage_mode": "raw"}, {"group_size": 3, "minibatch_size": 8}, None,
      "data.minibatch_size: 8 is not a multiple of group_size (3); minibatches hold whole groups"),
     ({}, {"max_new_tokens": 4, "overlong_cache": 5}, None,
