@@ -4,7 +4,8 @@ through ``lit-grpo fit``, one after the other, each into its own temporary direc
 largest |difference| over the two saved adapters (``adapter/adapter_model.safetensors``) and the last validation
 metric of each run (``val/return`` for a multi-round task, else ``val/accuracy``, from the TensorBoard events).
 
-Cases: the quickstart for 6 epochs; one epoch of each shipped config (tree, chains, PPO, DPO, risk, hidden risk).
+Cases: the quickstart for 6 epochs; one epoch of each shipped config (tree, chains, PPO, DPO, risk, hidden risk); the
+tool task's chains for 2 epochs and its tree for 1.
 Each run validates before training and after its last epoch (``check_val_every_n_epoch`` = its ``max_epochs``).
 ``resume``: the quickstart trained 2 epochs by the old code, its ``last.ckpt`` resumed by the new code to epoch 4,
 against the new code trained 4 epochs at once. A case passes with max |diff| <= 1e-6 and equal metrics; the exit
@@ -37,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venv" / "bin" / "python"
 TOL = 1e-6
 CASES = {"quickstart": 6, "clarify_tree": 1, "clarify_chains": 1, "ppo": 1, "dpo_online": 1, "clarify_risk": 1,
-         "hidden_risk": 1}
+         "hidden_risk": 1, "tools": 2, "tools_tree": 1}
 UNMATCHED = "callbacks used to create the checkpoint need to be provided"  # Lightning's warning: state left behind
 # the child says where its code comes from, then is the lit-grpo command
 LAUNCH = ("import os, sys, lit_grpo, lit_grpo.callbacks as c; print('IMPORTS', os.path.realpath(lit_grpo.__file__), "
