@@ -25,18 +25,21 @@ from lit_grpo.losses.policy import (
     policy_loss,
 )
 from lit_grpo.losses.preference import best_worst_pairs, dpo_loss
+from lit_grpo.losses.turn_credit import TURN_CREDITS, TurnCredit, turn_advantages
 
 __all__ = [
     "ADVANTAGE_MODES",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "POLICY_VARIANTS",
+    "TURN_CREDITS",
     "AdvantageMode",
     "Aggregation",
     "KLEstimator",
     "PolicyVariant",
     "Sequences",
     "SurrogateOptions",
+    "TurnCredit",
     "aggregation_terms",
     "batch_std_advantages",
     "best_worst_pairs",
@@ -52,4 +55,5 @@ __all__ = [
     "overlong_penalty",
     "policy_loss",
     "sampler_importance_ratio",
+    "turn_advantages",
 ]

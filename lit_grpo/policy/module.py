@@ -17,10 +17,9 @@ from lit_grpo.buffers.epoch import EpochBatches
 from lit_grpo.buffers.protocols import ReferenceSource
 from lit_grpo.buffers.tree_layout import FlatGroups
 from lit_grpo.errors import refuse
-from lit_grpo.losses import Aggregation, KLEstimator
+from lit_grpo.losses import Aggregation, KLEstimator, TurnCredit
 from lit_grpo.losses.advantages import AdvantageMode
 from lit_grpo.losses.policy import PolicyVariant, RatioLevel
-from lit_grpo.losses.turn_credit import TurnCredit
 from lit_grpo.policy import epoch_passes, sampling_view, trained_state
 from lit_grpo.policy.advantages import AdvantageKnobs, assign_advantages
 from lit_grpo.policy.evaluation import GreedyEvaluation
@@ -105,8 +104,7 @@ class PolicyModule(pl.LightningModule):
             reward's units, as ``drgrpo`` leaves chains; docs/benchmarks.md compares them).
         tree_flat_groups: a ``tree``'s rows in flat sibling groups (advantage exactly 0, only children included):
             ``count`` keeps them in the loss and its normaliser, ``drop`` leaves them out as DAPO leaves flat groups.
-        turn_credit: each turn's credit in ``chains`` (docs/guide.md#rewards-per-turn): its episode's group advantage
-            (``episode``), ``reward_to_go`` less a leave-one-out baseline (``rloo``), or ``per_turn_index`` (biased).
+        turn_credit: ``chains``' credit per turn: ``episode``, ``reward_to_go`` or ``per_turn_index`` (guide.md).
         vf_coef: weight of the value loss (``gae`` only).
         vf_clip: PPO's value clipping range around the old values; ``None`` turns it off.
         gamma: GAE discount.
