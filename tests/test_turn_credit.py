@@ -39,6 +39,9 @@ def test_rewards_to_go_sum_from_each_turn_to_the_last():
 
 def test_reward_to_go_less_the_leave_one_out_mean_an_ended_episode_counting_0():
     assert turn_advantages(REWARDS, RUNNING, "reward_to_go").tolist() == TO_GO
+    past_the_end = torch.where(RUNNING, REWARDS, 9.0)  # what lies past an episode's end is not read
+    assert turn_advantages(past_the_end, RUNNING, "reward_to_go").tolist() == TO_GO
+    assert turn_advantages(past_the_end, RUNNING, "per_turn_index").tolist() == PER_INDEX
 
 
 def test_per_turn_index_centres_each_turn_over_the_episodes_still_running():
@@ -83,6 +86,9 @@ def test_chains_rows_get_their_turns_advantages_in_row_order():
     assert rows.tolist() == [0.25, 0.25, 1.0, 0.625, -0.875, 0.625]  # A's three turns, B's, C's two
     assert chain_turn_advantages(group(), "per_turn_index", "centered") == [[-0.625, -0.625, 0.0], [1.0],
                                                                             [-0.375, 0.625]]
+    s0, s1 = 1 / ((2 / 3) ** 0.5 + 1e-6), 0.625 / (0.625 + 1e-6)  # grpo divides by each index's std (above)
+    divided = chain_turn_advantages(group(), "per_turn_index", "grpo")
+    assert [v for row in divided for v in row] == pytest.approx([-s1, -s1, 0.0, s0, -s0 + s1, s1], abs=1e-12)
 
 
 def test_the_default_gives_every_turn_its_episodes_group_advantage_of_the_summed_return():
