@@ -16,6 +16,7 @@ from lit_grpo.buffers.protocols import PreparesEpochs, ReportsRollouts
 from lit_grpo.buffers.report import RolloutReport
 from lit_grpo.buffers.tree_layout import SegmentNode
 from lit_grpo.callbacks.episode_metrics import conversations_table, episode_stats
+from lit_grpo.callbacks.evaluations import append_evaluation
 from lit_grpo.rollout.ahead import epoch_costs
 from lit_grpo.tree import Node
 
@@ -140,6 +141,8 @@ class RolloutMetrics(pl.Callback):
     Args:
         table_every_n_epochs: write a text table of sample completions every N epochs (0 turns it off).
         table_rows: completions in that table.
+        evaluations_file: append each validation's and test's figures to ``<log_dir>/evaluations.jsonl``, one JSON
+            object per figure (``callbacks/evaluations.py``; docs/guide.md#evaluating-the-base-model-and-an-adapter).
     """
 
     TRAIN_KEYS = (
@@ -151,9 +154,10 @@ class RolloutMetrics(pl.Callback):
         "dpo_reward_margin", "dpo_accuracy",
     )
 
-    def __init__(self, table_every_n_epochs: int = 5, table_rows: int = 16) -> None:
+    def __init__(self, table_every_n_epochs: int = 5, table_rows: int = 16, evaluations_file: bool = True) -> None:
         self.table_every_n_epochs = table_every_n_epochs
         self.table_rows = table_rows
+        self.evaluations_file = evaluations_file
         self.train = {key: MeanMetric() for key in self.TRAIN_KEYS}
         self._train_started: float | None = None
 
@@ -222,6 +226,14 @@ class RolloutMetrics(pl.Callback):
         report = epoch_report(trainer)
         if not trainer.sanity_checking and report is not None and report.buffer.trees:
             self.write_tree(trainer, report.buffer.trees[0], module_tokenizer(pl_module))
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        if self.evaluations_file and not trainer.sanity_checking:
+            append_evaluation(trainer, pl_module, "val")
+
+    def on_test_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        if self.evaluations_file:
+            append_evaluation(trainer, pl_module, "test")
 
     @rank_zero_only
     def write_tree(self, trainer: pl.Trainer, root: SegmentNode, tokenizer: Any = None) -> None:

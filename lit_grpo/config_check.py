@@ -17,6 +17,7 @@ from jsonargparse import ArgumentParser
 from lit_grpo.run.config_names import accepted_keys, did_you_mean, with_package
 from lit_grpo.errors import InputError
 from lit_grpo.policy.module import PolicyModule
+from lit_grpo.policy.objective import base_evaluation_problems
 from lit_grpo.policy.optimizers import lr_scheduler_entry
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.run.command_line import CLASS_KEYS
@@ -208,6 +209,8 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     model_args = {**signature_defaults(PolicyModule), **without(model_cfg, model_bad)}
     data_args = {**signature_defaults(RolloutDataModule), **without(data_cfg, data_bad)}
     problems += [f"model.{p}" for p in PolicyModule.config_problems(model_args)]
+    problems += [f"model.{p}" for p in base_evaluation_problems(model_args["evaluate_base"],
+                                                                ckpt_path=config.get("ckpt_path"))]
     problems += [f"data.{p}" for p in RolloutDataModule.config_problems(data_args)]
     engine = named_class(data_cfg, "engine", HFEngine, "lit_grpo.engines")
     task = named_class(data_cfg, "task", ArithmeticTask, "lit_grpo.tasks")

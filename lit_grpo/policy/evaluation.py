@@ -37,6 +37,7 @@ class GreedyEvaluation(torch.nn.Module):
         self.accuracy = MeanMetric()
         self.reward_name = "reward"
         self.figures = torch.nn.ModuleDict()  # a sampled evaluation's other figures, one value per prompt each
+        self.logged: dict[str, float] = {}  # the figures last logged through Lightning, unrounded
 
     def update(self, batch: dict[str, torch.Tensor]) -> None:
         # a multi-round task's greedy "reward" is the episode's return: the batch names it so for the logs
@@ -65,6 +66,7 @@ class GreedyEvaluation(torch.nn.Module):
     def log_to(self, module: Any, prefix: str) -> None:
         """Log the epoch's means through Lightning (reduced across ranks), then start afresh."""
         metrics = self.compute()
+        self.logged = {} if module.trainer.sanity_checking else metrics  # for the evaluations file, in float64
         for name, value in metrics.items():
             module.log(f"{prefix}/{name}", torch.tensor(value), prog_bar=name == "accuracy", sync_dist=True)
         summary = ", ".join(f"{prefix}/{name} {value:.4f}" for name, value in metrics.items())

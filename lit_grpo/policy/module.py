@@ -28,7 +28,7 @@ from lit_grpo.policy.learning_signal import LearningSignalWatch
 from lit_grpo.policy.logprobs import CHUNK_TOKENS
 from lit_grpo.policy.measures import HeldOutMeasures
 from lit_grpo.policy.model_loading import load_module_model
-from lit_grpo.policy.objective import Objective, module_config_problems
+from lit_grpo.policy.objective import Objective, module_config_problems, refuse_base_evaluation
 from lit_grpo.policy.optimizers import module_optimizers
 from lit_grpo.policy.packed import TokenLogprobs
 from lit_grpo.policy.policy_step import EntropyCoefficient, PolicyStep
@@ -64,7 +64,8 @@ class PolicyModule(pl.LightningModule):
         lora_dropout: dropout on the LoRA input during training updates; 0 keeps the update forward identical
             to the sampler's.
         lora_target_modules: module names to adapt, or ``all-linear`` for every linear layer but the output head.
-        init_adapter: a PEFT adapter directory to continue training from instead of a fresh adapter.
+        init_adapter: a PEFT adapter directory to continue training from (or to validate / test) instead of a fresh one.
+        evaluate_base: validate / test the base model alone (no adapter, checkpoint or fit; docs/guide.md).
         advantage_mode: group advantages: ``raw``, ``centered``, ``grpo``, ``drgrpo``, ``rloo``, ``max``;
             ``gdpo`` (each of the task's rewards normalised in its group, weighted, summed, normalised over the
             batch: TRL's ``normalize_then_sum``); or ``gae``: PPO, with a value head on the policy's hidden states
@@ -95,13 +96,10 @@ class PolicyModule(pl.LightningModule):
         entropy: entropy control, the high-entropy token mask and the entropy bonus (``EntropyControl``); ``None``.
         off_policy_mask_threshold: DeepSeek-V3.2's off-policy sequence mask: a negative-advantage sequence whose mean
             KL(sampler || pi_theta) over its tokens exceeds this leaves the loss; ``None``: off.
-        tree_value_mode: node values of ``tree`` rollouts: ``mean`` (Bellman expectation over the sampled
-            children), ``optimal_stopping`` (the better of answering now and asking, by the sampled future) or
-            ``optimal_stopping_split`` (that choice made on one half of the children and scored on the other,
-            halves swapped and averaged; the mean where a kind has one child: not biased upward).
-        tree_std_scope: what divides a ``tree`` rollout's sibling-relative advantages: the std of the whole
-            ``tree``'s leaf returns, of each ``siblings`` group's Q, or nothing (``none``: advantages in the
-            reward's units, as ``drgrpo`` leaves chains; docs/benchmarks.md compares them).
+        tree_value_mode: node values of ``tree`` rollouts: ``mean`` (Bellman expectation over the sampled children),
+            ``optimal_stopping`` (answer now or ask, by the sampled future) or ``optimal_stopping_split`` (guide.md).
+        tree_std_scope: what divides a ``tree`` rollout's sibling-relative advantages: the std of the whole ``tree``'s
+            leaf returns, of each ``siblings`` group's Q, or nothing (``none``; docs/benchmarks.md compares them).
         tree_flat_groups: a ``tree``'s rows in flat sibling groups (advantage exactly 0, only children included):
             ``count`` keeps them in the loss and its normaliser, ``drop`` leaves them out as DAPO leaves flat groups.
         turn_credit: ``chains``' credit per turn: ``episode``, ``reward_to_go`` or ``per_turn_index`` (guide.md).
@@ -159,6 +157,7 @@ class PolicyModule(pl.LightningModule):
         lora_dropout: float = 0.0,
         lora_target_modules: str | list[str] = "all-linear",
         init_adapter: str | None = None,
+        evaluate_base: bool = False,
         advantage_mode: Literal[AdvantageMode, "gdpo", "gae"] = "grpo",
         std_scope: Literal["group", "batch"] = "group",
         loss_variant: Literal[PolicyVariant, "dpo"] = "clip",
@@ -327,6 +326,7 @@ class PolicyModule(pl.LightningModule):
 
     # --- held-out measures and the budget's end: measures.py -----------------------------------------------------
     def setup(self, stage: str) -> None:
+        refuse_base_evaluation(self.hparams.evaluate_base, self.trainer.ckpt_path, stage)
         if stage == "fit":
             self.measures.warn_without_source(self.trainer)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lit_grpo.errors import refuse
 from lit_grpo.losses.policy import SurrogateOptions
 from lit_grpo.run.objective_knobs import (
     EntropyControl,
@@ -75,7 +76,35 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
     problems += adapter_config_problems(args["init_adapter"], args["lora_rank"], args["lora_target_modules"],
                                         None if path_problem else args["model_name_or_path"],
                                         args["trust_remote_code"])
+    problems += base_evaluation_problems(args.get("evaluate_base", False), init_adapter=args["init_adapter"])
     return problems
+
+
+def base_evaluation_problems(evaluate_base: bool, *, init_adapter: str | None = None, ckpt_path: str | None = None,
+                             stage: str | None = None) -> list[str]:
+    """``evaluate_base`` scores the base model alone (docs/guide.md#evaluating-the-base-model-and-an-adapter): it
+    takes no adapter (``init_adapter``), no checkpoint (``ckpt_path``) and trains nothing (``stage`` fit)."""
+    if evaluate_base is not True:
+        return []
+    problems = []
+    if init_adapter is not None:
+        problems.append(f"evaluate_base: true scores the base model, without an adapter; model.init_adapter "
+                        f"{init_adapter!r} gives one: drop one of the two (an adapter is evaluated with "
+                        "model.init_adapter alone)")
+    if ckpt_path is not None:
+        problems.append(f"evaluate_base: true scores the base model, without a checkpoint; ckpt_path {ckpt_path!r} "
+                        "gives one: drop one of the two (a checkpoint is evaluated with ckpt_path alone)")
+    if stage == "fit":
+        problems.append("evaluate_base: true is for lit-grpo validate and test (the base model, nothing trained); "
+                        "fit trains an adapter: drop model.evaluate_base")
+    return problems
+
+
+def refuse_base_evaluation(evaluate_base: bool, ckpt_path: str | None, stage: str) -> None:
+    """``base_evaluation_problems`` at a module's setup, before any weights load (a Python run's check; the command
+    reported a checkpoint already)."""
+    refuse("invalid PolicyModule configuration", base_evaluation_problems(evaluate_base, ckpt_path=ckpt_path,
+                                                                         stage=stage))
 
 
 def adapter_config_problems(adapter: str | None, lora_rank: int, targets: Any, model: str | None = None,

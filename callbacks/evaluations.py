@@ -1,0 +1,92 @@
+"""The evaluations file: each validation's and test's figures appended to ``<log_dir>/evaluations.jsonl``, one JSON
+object a line, for a notebook to read without lit-grpo (``json.loads`` per line, ``pandas.read_json(path,
+lines=True)``); the fields are docs/guide.md#evaluating-the-base-model-and-an-adapter's. ``RolloutMetrics`` writes it
+(``evaluations_file``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+
+from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.rollout.sampled import SampledEvaluation
+
+EVALUATIONS_FILE = "evaluations.jsonl"
+GREEDY = ("reward", "return", "accuracy")  # one greedy answer per prompt (n 1, no seed)
+STDERR = "_stderr"  # a figure's standard error across prompts is logged beside it under this suffix (mean@n's)
+
+
+def finite(value: float | None) -> float | None:
+    """``value``, or None (JSON's null) for NaN and infinities, which strict JSON readers refuse."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def figure_fields(metric: str, evaluation: SampledEvaluation | None) -> tuple[int, int | None, int | None]:
+    """``(n, k, seed)`` of one figure: a greedy one (``reward``, ``return``, ``accuracy``) has n 1, no k and no seed;
+    a sampled one the evaluation's n samples per prompt and seed, ``pass@k`` its k. Example: ``pass@4`` of 8 samples
+    with seed 3 is (8, 4, 3)."""
+    if metric in GREEDY or evaluation is None:
+        return 1, None, None
+    k = re.fullmatch(r"pass@(\d+)", metric)
+    return evaluation.samples, int(k.group(1)) if k else None, evaluation.seed
+
+
+def evaluation_lines(evaluated_set: str, metrics: dict[str, float], evaluation: SampledEvaluation | None,
+                     about: dict[str, Any]) -> list[dict[str, Any]]:
+    """One object per figure of ``metrics`` (an evaluation's figures by name, each ``<name>_stderr`` folded into its
+    figure's ``stderr``): ``set``, ``metric``, ``value``, ``stderr`` (None where not known), ``n``, ``k``, ``seed``,
+    then ``about``'s fields (``checkpoint``, ``stage``, ``step``, ``model``, ``time``)."""
+    lines = []
+    for metric, value in metrics.items():
+        if metric.endswith(STDERR) and metric.removesuffix(STDERR) in metrics:
+            continue
+        n, k, seed = figure_fields(metric, evaluation)
+        lines.append({"set": evaluated_set, "metric": metric, "value": finite(float(value)),
+                      "stderr": finite(metrics.get(f"{metric}{STDERR}")), "n": n, "k": k, "seed": seed, **about})
+    return lines
+
+
+def lora_update_is_zero(policy: Any) -> bool:
+    """Whether every LoRA B matrix of ``policy`` is zero: the adapter then changes no output (a fresh one)."""
+    return all(not p.any() for name, p in policy.named_parameters() if "lora_B" in name)
+
+
+def evaluated_weights(stage: str, ckpt_path: str | None, init_adapter: str | None, step: int, policy: Any) -> str:
+    """What an evaluation scored: ``training`` (a validation within fit, at its ``step``), the checkpoint file, the
+    ``init_adapter`` directory, ``base`` (an adapter that changes nothing: ``evaluate_base``, or no adapter given),
+    or ``in memory`` (weights trained in this process, not saved as either)."""
+    if stage == "fit":
+        return "training"
+    if ckpt_path:
+        return str(ckpt_path)
+    if step == 0 and init_adapter:
+        return str(init_adapter)
+    return "base" if step == 0 and policy is not None and lora_update_is_zero(policy) else "in memory"
+
+
+def append_evaluation(trainer: pl.Trainer, pl_module: Any, evaluated_set: str) -> Path | None:
+    """Append the module's last logged figures (its ``evaluation.logged``) to ``<log_dir>/evaluations.jsonl``, on
+    rank 0; the file written, or None (another rank, or no figures)."""
+    metrics = dict(getattr(getattr(pl_module, "evaluation", None), "logged", None) or {})
+    if trainer.global_rank != 0 or not metrics:
+        return None
+    hparams = getattr(pl_module, "hparams", {})
+    datamodule = trainer.datamodule
+    evaluation = datamodule.held_out.evaluation if isinstance(datamodule, RolloutDataModule) else None
+    stage = getattr(trainer.state.fn, "value", str(trainer.state.fn))
+    about = {"checkpoint": evaluated_weights(stage, trainer.ckpt_path, hparams.get("init_adapter"), trainer.global_step,
+                                             getattr(pl_module, "policy", None)),
+             "stage": stage, "step": trainer.global_step, "model": str(hparams.get("model_name_or_path")),
+             "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    path = Path(trainer.log_dir or trainer.default_root_dir) / EVALUATIONS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as handle:
+        for line in evaluation_lines(evaluated_set, metrics, evaluation, about):
+            handle.write(json.dumps(line, allow_nan=False) + "\n")
+    return path
