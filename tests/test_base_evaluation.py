@@ -149,3 +149,44 @@ def test_what_was_evaluated_is_named():
     assert evaluated_weights("validate", None, None, 0, zero) == "base"
     assert evaluated_weights("validate", None, None, 0, trained) == "in memory"
     assert evaluated_weights("validate", None, None, 4, zero) == "in memory"
+
+
+@pytest.mark.slow
+def test_the_base_model_and_an_adapter_side_by_side_through_the_command(tmp_path, monkeypatch, capsys):
+    from lit_grpo.cli import main
+
+    monkeypatch.chdir(tmp_path)  # the quickstart logs to runs/quickstart/version_N
+    base = AutoModelForCausalLM.from_pretrained(TINY_LLAMA)
+    adapter = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for name, param in adapter.named_parameters():
+            if "lora_B" in name:
+                param.fill_(0.01)
+    adapter.save_pretrained(tmp_path / "adapter")
+    common = ["validate", "--config", str(ROOT / "configs/quickstart.yaml"), "--data.val_max_prompts", "8",
+              "--data.evaluation.samples", "2", "--data.evaluation.k", "[1, 2]", "--data.evaluation.seed", "5",
+              "--trainer.enable_progress_bar", "false"]
+    main([*common, "--model.evaluate_base", "true"])
+    main([*common, "--model.init_adapter", str(tmp_path / "adapter")])
+    runs = tmp_path / "runs" / "quickstart"
+    side = {version: [json.loads(line) for line in (runs / version / "evaluations.jsonl").read_text().splitlines()]
+            for version in ("version_0", "version_1")}
+    assert {line["checkpoint"] for line in side["version_0"]} == {"base"}
+    assert {line["checkpoint"] for line in side["version_1"]} == {str(tmp_path / "adapter")}
+    for lines in side.values():
+        figures = {line["metric"]: (line["n"], line["k"], line["seed"], line["stderr"] is not None) for line in lines}
+        assert figures == {"reward": (1, None, None, False), "accuracy": (1, None, None, False),
+                           "mean@2": (2, None, 5, True), "pass@1": (2, 1, 5, False), "pass@2": (2, 2, 5, False),
+                           "maj@2": (2, None, 5, False), "failed": (2, None, 5, False),
+                           "length": (2, None, 5, False)}
+    capsys.readouterr()
+    for refused, message in (
+            (["--model.evaluate_base", "true", "--ckpt_path", "runs/last.ckpt"],
+             "model.evaluate_base: true scores the base model, without a checkpoint; ckpt_path 'runs/last.ckpt'"),
+            (["--model.init_adapter", str(tmp_path / "missing")],
+             f"model.init_adapter: {str(tmp_path / 'missing')!r} is not a PEFT adapter directory")):
+        with pytest.raises(SystemExit) as stop:
+            main([*common, *refused])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and message in err and "Traceback" not in err, err
+    assert sorted(path.name for path in runs.iterdir()) == ["version_0", "version_1"]  # refused before a run began
