@@ -184,7 +184,9 @@ def test_the_base_model_and_an_adapter_side_by_side_through_the_command(tmp_path
             (["--model.evaluate_base", "true", "--ckpt_path", "runs/last.ckpt"],
              "model.evaluate_base: true scores the base model, without a checkpoint; ckpt_path 'runs/last.ckpt'"),
             (["--model.init_adapter", str(tmp_path / "missing")],
-             f"model.init_adapter: {str(tmp_path / 'missing')!r} is not a PEFT adapter directory")):
+             f"model.init_adapter: {str(tmp_path / 'missing')!r} is not a PEFT adapter directory"),
+            (["--model.init_adapter", str(tmp_path / "adapter"), "--model.model_name_or_path", "data/tiny-qwen2-chat"],
+             "does not fit model.model_name_or_path 'data/tiny-qwen2-chat'")):
         with pytest.raises(SystemExit) as stop:
             main([*common, *refused])
         err = capsys.readouterr().err
