@@ -153,6 +153,13 @@ def test_a_hung_call_is_a_timeout_failure_and_the_server_comes_back(tmp_path):
     finally:
         servers.close()
     assert starts(log) == 2
+    assert server_processes() == []  # the hung one and the fresh one: both ended by close, none outlives it
+
+
+def server_processes() -> list[str]:
+    """This process's children still serving (an MCP test server it started)."""
+    found = subprocess.run(["pgrep", "-P", str(os.getpid()), "-a"], capture_output=True, text=True).stdout
+    return [line for line in found.splitlines() if "mcp_test_server" in line]
 
 
 @pytest.mark.slow

@@ -55,6 +55,7 @@ class ServerClient:
         self.server, self.timeout = server, timeout
         self.starts, self.down = 0, None
         self.connection: Connection | None = None
+        self.ending: list[Connection] = []  # broken connections whose server may still be shutting down
         self.lock = threading.Lock()  # one restart at a time; calls themselves run side by side
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name=f"lit-grpo-mcp-{server.label}"[:60],
@@ -124,6 +125,7 @@ class ServerClient:
         with self.lock:
             if self.connection is connection:
                 self.connection = None
+            self.ending = [c for c in self.ending if not c.task.done()] + [connection]
         self.loop.call_soon_threadsafe(connection.closing.set)
 
     async def connect(self) -> tuple[Connection, list[Any]]:
@@ -187,17 +189,21 @@ class ServerClient:
     def close(self) -> None:
         """End the connection (a server started here ends with it) and the loop's thread (idempotent)."""
         with self.lock:
-            connection, self.connection = self.connection, None
+            connections = [c for c in [self.connection, *self.ending] if c is not None]
+            self.connection, self.ending = None, []
             self.down = self.down or f"MCP server {self.server.label} was closed"
-        if connection is not None and self.loop.is_running():
-            async def ended() -> None:
-                connection.closing.set()
-                await asyncio.wait_for(asyncio.shield(connection.task), CLOSE_SECONDS)
+        if connections and self.loop.is_running():
+            async def ended() -> None:  # every connection, a broken one still stopping its server included
+                for connection in connections:
+                    connection.closing.set()
+                await asyncio.wait_for(asyncio.gather(*(asyncio.shield(c.task) for c in connections),
+                                                      return_exceptions=True), CLOSE_SECONDS)
 
             try:
                 asyncio.run_coroutine_threadsafe(ended(), self.loop).result(CLOSE_SECONDS + 5)
             except Exception:  # noqa: BLE001 - it is being dropped either way
-                connection.task.cancel()
+                for connection in connections:
+                    connection.task.cancel()
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=5)
