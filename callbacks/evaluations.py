@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 
+from lit_grpo.policy.evaluation import GreedyEvaluation
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.rollout.sampled import SampledEvaluation
 
@@ -52,12 +54,19 @@ def evaluation_lines(evaluated_set: str, metrics: dict[str, float], evaluation: 
     return lines
 
 
-def lora_update_is_zero(policy: Any) -> bool:
-    """Whether every LoRA B matrix of ``policy`` is zero: the adapter then changes no output (a fresh one)."""
-    return all(not p.any() for name, p in policy.named_parameters() if "lora_B" in name)
+def lora_update_is_zero(module: torch.nn.Module) -> bool:
+    """Whether every LoRA B matrix of ``module`` is zero: the adapter then changes no output (a fresh one)."""
+    return all(not p.any() for name, p in module.named_parameters() if "lora_B" in name)
 
 
-def evaluated_weights(stage: str, ckpt_path: str | None, init_adapter: str | None, step: int, policy: Any) -> str:
+def logged_figures(module: torch.nn.Module) -> dict[str, float]:
+    """The figures its held-out evaluation (``GreedyEvaluation``, a submodule: its metric states move with the
+    policy) last logged, unrounded; empty for a module without one."""
+    return next((dict(m.logged) for m in module.modules() if isinstance(m, GreedyEvaluation)), {})
+
+
+def evaluated_weights(stage: str, ckpt_path: str | None, init_adapter: str | None, step: int,
+                      module: torch.nn.Module) -> str:
     """What an evaluation scored: ``training`` (a validation within fit, at its ``step``), the checkpoint file, the
     ``init_adapter`` directory, ``base`` (an adapter that changes nothing: ``evaluate_base``, or no adapter given),
     or ``in memory`` (weights trained in this process, not saved as either)."""
@@ -67,13 +76,13 @@ def evaluated_weights(stage: str, ckpt_path: str | None, init_adapter: str | Non
         return str(ckpt_path)
     if step == 0 and init_adapter:
         return str(init_adapter)
-    return "base" if step == 0 and policy is not None and lora_update_is_zero(policy) else "in memory"
+    return "base" if step == 0 and lora_update_is_zero(module) else "in memory"
 
 
-def append_evaluation(trainer: pl.Trainer, pl_module: Any, evaluated_set: str) -> Path | None:
-    """Append the module's last logged figures (its ``evaluation.logged``) to ``<log_dir>/evaluations.jsonl``, on
-    rank 0; the file written, or None (another rank, or no figures)."""
-    metrics = dict(getattr(getattr(pl_module, "evaluation", None), "logged", None) or {})
+def append_evaluation(trainer: pl.Trainer, pl_module: pl.LightningModule, evaluated_set: str) -> Path | None:
+    """Append the module's last logged figures (``logged_figures``) to ``<log_dir>/evaluations.jsonl``, on rank 0;
+    the file written, or None (another rank, or no figures)."""
+    metrics = logged_figures(pl_module)
     if trainer.global_rank != 0 or not metrics:
         return None
     hparams = getattr(pl_module, "hparams", {})
@@ -81,7 +90,7 @@ def append_evaluation(trainer: pl.Trainer, pl_module: Any, evaluated_set: str) -
     evaluation = datamodule.held_out.evaluation if isinstance(datamodule, RolloutDataModule) else None
     stage = getattr(trainer.state.fn, "value", str(trainer.state.fn))
     about = {"checkpoint": evaluated_weights(stage, trainer.ckpt_path, hparams.get("init_adapter"), trainer.global_step,
-                                             getattr(pl_module, "policy", None)),
+                                             pl_module),
              "stage": stage, "step": trainer.global_step, "model": str(hparams.get("model_name_or_path")),
              "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     path = Path(trainer.log_dir or trainer.default_root_dir) / EVALUATIONS_FILE
