@@ -85,7 +85,7 @@ def append_evaluation(trainer: pl.Trainer, pl_module: pl.LightningModule, evalua
     metrics = logged_figures(pl_module)
     if trainer.global_rank != 0 or not metrics:
         return None
-    hparams = getattr(pl_module, "hparams", {})
+    hparams = pl_module.hparams
     datamodule = trainer.datamodule
     evaluation = datamodule.held_out.evaluation if isinstance(datamodule, RolloutDataModule) else None
     stage = getattr(trainer.state.fn, "value", str(trainer.state.fn))

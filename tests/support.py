@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +178,22 @@ def weight_reads(monkeypatch: Any) -> list[str]:
 def load_checkpoint(path: Path | str) -> dict[str, Any]:
     """A checkpoint the command wrote, as any Lightning user reads it: ``torch.load``, weights only."""
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def save_lora_adapter(model_dir: Path | str, target: Path, set_b: Callable[[torch.Tensor], Any], rank: int = 4) -> Path:
+    """A PEFT LoRA adapter of ``model_dir`` (rank ``rank``, alpha twice it, every linear layer) saved at ``target``,
+    each B matrix set in place by ``set_b`` (a fresh adapter's B is zero: it changes nothing) after
+    ``torch.manual_seed(1)``."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    adapter = get_peft_model(base, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear",
+                                              task_type="CAUSAL_LM"))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, param in adapter.named_parameters():
+            if "lora_B" in name:
+                set_b(param)
+    adapter.save_pretrained(target)
+    return target

@@ -11,7 +11,6 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lit_grpo.callbacks import RolloutMetrics
@@ -22,7 +21,7 @@ from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.rollout.sampled import SampledEvaluation
 from lit_grpo.tasks import ArithmeticTask
-from support import DigitShareTask
+from support import DigitShareTask, save_lora_adapter
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_LLAMA = ROOT / "data" / "tiny-llama"  # the shipped one: its greedy sums differ from prompt to prompt
@@ -85,14 +84,8 @@ def test_the_base_models_greedy_answers_through_validate_are_a_plain_transformer
 
 
 def test_an_adapter_directory_is_evaluated_and_named(tmp_path):
-    base = AutoModelForCausalLM.from_pretrained(TINY_LLAMA)
-    adapter = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, param in adapter.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0, 1.0)  # large: its greedy answers are not the base model's
-    adapter.save_pretrained(tmp_path / "adapter")
+    # a large B: its greedy answers are not the base model's
+    save_lora_adapter(TINY_LLAMA, tmp_path / "adapter", lambda b: b.normal_(0, 1.0))
     task = RecordingTask()
     validate(TINY_LLAMA, tmp_path / "run", task, init_adapter=str(tmp_path / "adapter"))
     records = RolloutDataModule(task=task, val_max_prompts=PROMPTS).val_records()
@@ -156,13 +149,7 @@ def test_the_base_model_and_an_adapter_side_by_side_through_the_command(tmp_path
     from lit_grpo.cli import main
 
     monkeypatch.chdir(tmp_path)  # the quickstart logs to runs/quickstart/version_N
-    base = AutoModelForCausalLM.from_pretrained(TINY_LLAMA)
-    adapter = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"))
-    with torch.no_grad():
-        for name, param in adapter.named_parameters():
-            if "lora_B" in name:
-                param.fill_(0.01)
-    adapter.save_pretrained(tmp_path / "adapter")
+    save_lora_adapter(TINY_LLAMA, tmp_path / "adapter", lambda b: b.fill_(0.01), rank=16)
     common = ["validate", "--config", str(ROOT / "configs/quickstart.yaml"), "--data.val_max_prompts", "8",
               "--data.evaluation.samples", "2", "--data.evaluation.k", "[1, 2]", "--data.evaluation.seed", "5",
               "--trainer.enable_progress_bar", "false"]

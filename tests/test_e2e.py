@@ -9,14 +9,12 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM
 
 from lit_grpo.callbacks import RolloutMetrics
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.losses import policy_loss
 from lit_grpo.policy.module import PolicyModule
-from support import DigitShareTask, eval_logprobs
+from support import DigitShareTask, eval_logprobs, save_lora_adapter
 
 
 class TrainingRecorder(pl.Callback):
@@ -42,19 +40,6 @@ class TrainingRecorder(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.losses.append(float(outputs["loss"]))
-
-
-def save_nonzero_adapter(model_dir: Path, target: Path) -> Path:
-    """A LoRA adapter whose B is non-zero, so continuing from it differs from a fresh adapter."""
-    base = AutoModelForCausalLM.from_pretrained(model_dir)
-    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0, 0.02)
-    peft_model.save_pretrained(target)
-    return target
 
 
 def fit_tiny(model_dir: Path, root: Path, epochs: int = 3, **module_kwargs: Any) -> tuple[PolicyModule, TrainingRecorder]:
@@ -89,7 +74,9 @@ def test_training_moves_lora_only(arch, tiny_llama_dir, tiny_gpt2_dir, tmp_path)
     model_dir = tiny_gpt2_dir if arch == "gpt2" else tiny_llama_dir
     extra = {}
     if arch == "llama-init-adapter":
-        extra["init_adapter"] = str(save_nonzero_adapter(model_dir, tmp_path / "init-adapter"))
+        # a B that is not zero, so continuing from it differs from a fresh adapter
+        adapter = save_lora_adapter(model_dir, tmp_path / "init-adapter", lambda b: b.normal_(0, 0.02))
+        extra["init_adapter"] = str(adapter)
     module, recorder = fit_tiny(model_dir, tmp_path, **extra)
 
     assert recorder.losses and all(math.isfinite(loss) for loss in recorder.losses)

@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import pytest
 import torch
-from test_tool_trl_defects import CALL, QWEN, grow
+from test_tool_trl_defects import CALL, QWEN, Counter, grow
 
 from lit_grpo.tasks.tool_task import ToolTask
 
@@ -25,25 +25,17 @@ class Stopped(Exception):
     """Raised by the stand-in ``_generate``: TRL's preparation of the batch is done."""
 
 
-class Tally:
-    """A TRL environment recording what ``reset`` was given."""
+class Tally(Counter):
+    """``Counter``, recording what ``reset`` was given."""
 
     def reset(self, **row) -> str:
-        self.row, self.count = dict(row), 0
-        return " Count."
-
-    def bump(self) -> int:
-        """Count one."""
-        self.count += 1
-        return self.count
-
-    def get_reward(self) -> float:
-        return float(self.count)
+        self.row = dict(row)
+        return super().reset(**row)
 
 
 class Other(Tally):
     def reset(self, **row) -> str:
-        self.row, self.count = dict(row), 0
+        super().reset(**row)
         return " Other."
 
 
