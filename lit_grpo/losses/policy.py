@@ -178,8 +178,7 @@ def policy_stats(
     eps_high: float,
 ) -> dict[str, torch.Tensor]:
     """Clip ratios per region, mean ratio and approximate KL over the counted tokens; all inputs ``[N, T]``."""
-    low = (advantages < 0) & (ratio < 1.0 - eps_low)  # [N, T]
-    high = (advantages > 0) & (ratio > 1.0 + eps_high)  # [N, T]
+    low, high = clip_regions(ratio, advantages, eps_low, eps_high)  # [N, T] each
     token_kl = torch.expm1(log_ratio) - log_ratio  # [N, T], (ratio - 1) - log ratio
     return {
         "clip_ratio/low_mean": masked_mean(low.to(ratio.dtype), completion_mask),
@@ -190,6 +189,13 @@ def policy_stats(
     }
 
 
+def clip_regions(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float,
+                 eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the clip binds, ``(low, high)`` bool, shaped as ``ratio`` and ``adv`` broadcast: low where A < 0 and
+    r < 1 - eps_low, high where A > 0 and r > 1 + eps_high."""
+    return (adv < 0) & (ratio < 1.0 - eps_low), (adv > 0) & (ratio > 1.0 + eps_high)
+
+
 def sequence_clip_stats(ratio: torch.Tensor, adv: torch.Tensor, completion_mask: torch.Tensor, eps_low: float,
                         eps_high: float, sequences: Sequences | None) -> dict[str, torch.Tensor]:
     """The three ``clip_ratio`` figures of a sequence-level ratio (``ratio [N, T]``, equal over a sequence's
@@ -197,9 +203,8 @@ def sequence_clip_stats(ratio: torch.Tensor, adv: torch.Tensor, completion_mask:
     ``[B, 1]`` ratio). Example: ratios 1.5 and 0.5 on two one-row sequences, advantages +1 and +1, eps 0.2: high
     1/2, low 0, region 1/2."""
     row_ratio = ratio[:, :1] if ratio.shape[1] else torch.ones_like(adv[:, :1])  # [N, 1]
-    row_adv = adv[:, :1]  # [N, 1]: one advantage per sequence (check_variant)
-    low = ((row_adv < 0) & (row_ratio < 1.0 - eps_low))[:, 0].to(ratio.dtype)  # [N]
-    high = ((row_adv > 0) & (row_ratio > 1.0 + eps_high))[:, 0].to(ratio.dtype)  # [N]
+    # [N] each: one advantage per sequence (check_variant)
+    low, high = (region[:, 0].to(ratio.dtype) for region in clip_regions(row_ratio, adv[:, :1], eps_low, eps_high))
     return {"clip_ratio/low_mean": per_sequence_mean(low, sequences),
             "clip_ratio/high_mean": per_sequence_mean(high, sequences),
             "clip_ratio/region_mean": per_sequence_mean(torch.maximum(low, high), sequences)}
