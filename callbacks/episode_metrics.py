@@ -130,7 +130,7 @@ def table_cell(text: str) -> str:
 def conversations_table(roots: list[Any], max_rows: int) -> str:
     """A markdown table of the first tool episodes: the prompt's last message, the whole conversation after it
     (assistant turns, their calls and the tool messages), the episode's return, and a column for each value the
-    rewards logged with ``log_extra`` (TRL adds them to its completions table). Empty for other tasks."""
+    rewards logged with ``log_extra`` (one value per episode of the batch). Empty for other tasks."""
     leaves = tool_leaves(roots)[:max_rows]
     if not leaves:
         return ""

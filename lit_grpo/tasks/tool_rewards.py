@@ -126,7 +126,7 @@ def score_batch(rewards: Sequence[Callable[..., Any]], names: Sequence[str], wei
     """Each of ``count`` episodes' score from one call of every reward with TRL's keyword ``arguments`` (copies of
     the columns go to each reward, so one reward cannot change what the next sees)."""
     columns: dict[str, tuple[list[float | None], list[str | None]]] = {}
-    extra: dict[str, list[Any]] = {}  # this call's log_extra columns, one value per episode (TRL's table's)
+    extra: dict[str, list[Any]] = {}  # this call's log_extra columns, one value per episode
 
     def log_extra(column: str, values: list[Any]) -> None:
         context.log_extra(column, values)
