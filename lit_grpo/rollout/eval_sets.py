@@ -66,10 +66,20 @@ def entries(value: EvalSets) -> list[tuple[str, str | None, dict[str, Any]]]:
     (None in a list), and the set's fields as a mapping (a config's as written, an ``EvalSet``'s read off it)."""
     if value is None:
         return []
+    value = plain(value)
     given = value.items() if isinstance(value, Mapping) else ((None, entry) for entry in value)
     return [(f"eval_sets[{key if key is not None else index}]", key,
-             dict(entry) if isinstance(entry, Mapping) else {f.name: getattr(entry, f.name) for f in fields(EvalSet)})
+             dict(plain(entry)) if not isinstance(entry, EvalSet) else {f.name: getattr(entry, f.name) for f in fields(EvalSet)})
             for index, (key, entry) in enumerate(given)]
+
+
+def plain(value: Any) -> Any:
+    """A set as the command's parsed config holds it, as the mapping it stands for: a jsonargparse ``Namespace`` as
+    a dict, a dataclass in a union as its ``init_args`` (jsonargparse writes ``{class_path, init_args}``)."""
+    value = value.as_dict() if callable(getattr(value, "as_dict", None)) else value
+    if isinstance(value, Mapping) and "class_path" in value:
+        value = value.get("init_args") or {}
+    return {key: plain(item) for key, item in value.items()} if isinstance(value, Mapping) else value
 
 
 def named_sets(value: EvalSets) -> list[EvalSet]:
