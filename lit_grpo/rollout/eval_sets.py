@@ -184,10 +184,10 @@ def held_out_sets(held_out: HeldOutPrompts, value: EvalSets) -> list[HeldOutProm
     return sets
 
 
-def due_sets(sets: Sequence[HeldOutPrompts], trainer: pl.Trainer) -> list[HeldOutPrompts]:
-    """The sets a validation scores now: every one outside ``fit``; within it, those whose ``every_n_epochs``
-    divides the number of the epoch the validation ends (``current_epoch + 1``)."""
-    if getattr(trainer.state.fn, "value", trainer.state.fn) != "fit":
+def due_sets(sets: Sequence[HeldOutPrompts], trainer: pl.Trainer | None) -> list[HeldOutPrompts]:
+    """The sets a validation scores now: every one outside ``fit`` (or outside a trainer); within it, those whose
+    ``every_n_epochs`` divides the number of the epoch the validation ends (``current_epoch + 1``)."""
+    if trainer is None or getattr(trainer.state.fn, "value", trainer.state.fn) != "fit":
         return list(sets)
     return [s for s in sets if (trainer.current_epoch + 1) % s.every_n_epochs == 0]
 
