@@ -94,8 +94,8 @@ class RolloutDataModule(pl.LightningDataModule):
         val_max_prompts: held-out prompts used per validation (``None``: the whole held-out split).
         val_batch_size: held-out prompts per validation batch.
         evaluation: ``n`` samples per held-out prompt (``SampledEvaluation``: pass@k, mean@n, ...); None: greedy.
-        eval_sets: named evaluation sets (``EvalSet``: a list, or a mapping by name), each a split or a data file with
-            its own ``evaluation``, ``max_prompts``, ``every_n_epochs``, ``overlap``; logged as ``val/<set>/...``.
+        eval_sets: named evaluation sets, a list or a mapping by name (fields: ``--data.eval_sets.help EvalSet``), each
+            a split or a data file with its own evaluation, max_prompts, interval; logged as ``val/<set>/...``.
         max_staleness: asynchronous rollouts (docs/scaling.md): with k >= 1, the next epoch's rollouts are drawn in the
             background, from an adapter at most k versions (epochs) old, while this epoch's train; the current
             adapter is pushed only when the next draw would otherwise be older (k = 1: every epoch; k = 2: every
