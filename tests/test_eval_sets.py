@@ -117,7 +117,7 @@ def test_each_set_is_a_loader_of_its_own_prompts_with_its_own_evaluation(monkeyp
     asked = []
 
     def scored(module, records, prompts):
-        asked.append((prompts.name, prompts.evaluation.samples, [r["prompt"] for r in records]))
+        asked.append((prompts.name, prompts.evaluation and prompts.evaluation.samples, [r["prompt"] for r in records]))
         return torch.zeros(len(records)), torch.zeros(len(records), dtype=torch.bool)
 
     monkeypatch.setattr(data, "checked_module", lambda: None)
@@ -127,6 +127,13 @@ def test_each_set_is_a_loader_of_its_own_prompts_with_its_own_evaluation(monkeyp
     held = [r["prompt"] for r in task.validation_records()[:5]]
     assert asked == [("held", 2, held[:3]), ("held", 2, held[3:]), ("digits", 3, digits[:3]), ("digits", 3, digits[3:])]
     assert [batch["set"] for batch in batches] == ["held", "held", "digits", "digits"]
+    plain = RolloutDataModule(task=task, group_size=2, prompts_per_epoch=2, minibatch_size=4, val_batch_size=3)
+    monkeypatch.setattr(plain, "checked_module", lambda: None)
+    monkeypatch.setattr(plain, "greedy_scores", scored)
+    asked.clear()
+    loader = plain.val_dataloader()  # without eval_sets: one loader of the validation split, batches as always
+    assert isinstance(loader, torch.utils.data.DataLoader) and [sorted(batch) for batch in loader] == [
+        ["correct", "reward"]] * 7 and [len(prompts) for _, _, prompts in asked] == [3] * 6 + [2]
 
 
 def refused(main, args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
