@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from functools import cache, partial
 from itertools import chain
 from typing import Any, Literal
 
@@ -178,9 +179,9 @@ def held_out_sets(held_out: HeldOutPrompts, value: EvalSets) -> list[HeldOutProm
     sets = []
     for spec in named_sets(value):
         evaluation = spec.evaluation if spec.evaluation is not None else held_out.evaluation
+        read = partial(set_records, held_out.task, spec)  # a split read each time: the prompt check may drop some
         sets.append(replace(held_out, max_prompts=spec.max_prompts, evaluation=evaluation, name=spec.name,
-                            every_n_epochs=spec.every_n_epochs,
-                            source=lambda spec=spec: set_records(held_out.task, spec)))
+                            every_n_epochs=spec.every_n_epochs, source=read if spec.source in SPLITS else cache(read)))
     return sets
 
 
