@@ -17,6 +17,7 @@ import torch
 
 from lit_grpo.policy.evaluation import GreedyEvaluation
 from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.rollout.eval_sets import set_evaluation
 from lit_grpo.rollout.sampled import SampledEvaluation
 
 EVALUATIONS_FILE = "evaluations.jsonl"
@@ -79,15 +80,27 @@ def evaluated_weights(stage: str, ckpt_path: str | None, init_adapter: str | Non
     return "base" if step == 0 and lora_update_is_zero(module) else "in memory"
 
 
+def by_set(metrics: dict[str, float]) -> dict[str | None, dict[str, float]]:
+    """An evaluation's figures by the set they belong to: ``<set>/<figure>`` (a named set's, data.eval_sets) under
+    its set, a bare ``<figure>`` (the task's split's) under None. Example: ``{"accuracy": 1, "b/pass@2": 0.5}``
+    gives ``{None: {"accuracy": 1}, "b": {"pass@2": 0.5}}``."""
+    sets: dict[str | None, dict[str, float]] = {}
+    for name, value in metrics.items():
+        evaluated_set, _, metric = name.rpartition("/")
+        sets.setdefault(evaluated_set or None, {})[metric] = value
+    return sets
+
+
 def append_evaluation(trainer: pl.Trainer, pl_module: pl.LightningModule, evaluated_set: str) -> Path | None:
-    """Append the module's last logged figures (``logged_figures``) to ``<log_dir>/evaluations.jsonl``, on rank 0;
-    the file written, or None (another rank, or no figures)."""
+    """Append the module's last logged figures (``logged_figures``) to ``<log_dir>/evaluations.jsonl``, on rank 0,
+    each under its set (a named set's name, else ``evaluated_set``: ``by_set``); the file written, or None (another
+    rank, or no figures)."""
     metrics = logged_figures(pl_module)
     if trainer.global_rank != 0 or not metrics:
         return None
     hparams = pl_module.hparams
     datamodule = trainer.datamodule
-    evaluation = datamodule.held_out.evaluation if isinstance(datamodule, RolloutDataModule) else None
+    data = datamodule if isinstance(datamodule, RolloutDataModule) else None
     stage = getattr(trainer.state.fn, "value", str(trainer.state.fn))
     about = {"checkpoint": evaluated_weights(stage, trainer.ckpt_path, hparams.get("init_adapter"), trainer.global_step,
                                              pl_module),
@@ -96,6 +109,9 @@ def append_evaluation(trainer: pl.Trainer, pl_module: pl.LightningModule, evalua
     path = Path(trainer.log_dir or trainer.default_root_dir) / EVALUATIONS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as handle:
-        for line in evaluation_lines(evaluated_set, metrics, evaluation, about):
-            handle.write(json.dumps(line, allow_nan=False) + "\n")
+        for name, figures in by_set(metrics).items():
+            evaluation = None if data is None else (
+                data.held_out.evaluation if name is None else set_evaluation(data.eval_sets, name))
+            for line in evaluation_lines(name or evaluated_set, figures, evaluation, about):
+                handle.write(json.dumps(line, allow_nan=False) + "\n")
     return path

@@ -210,7 +210,7 @@ class Scored:
     def __init__(self) -> None:
         self.asked: list[str] = []
 
-    def __call__(self, module: Any, records: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, module: Any, records: list[dict[str, Any]], *prompts: Any) -> tuple[torch.Tensor, torch.Tensor]:
         self.asked += [r["prompt"] for r in records]
         return torch.zeros(len(records)), torch.zeros(len(records), dtype=torch.bool)
 

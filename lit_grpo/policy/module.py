@@ -336,7 +336,7 @@ class PolicyModule(pl.LightningModule):
     def on_train_epoch_end(self) -> None:
         self.measures.end_if_budget_spent(self.trainer, epoch_passes.served_epoch(self.trainer), self)
 
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         self.evaluation.update(batch)
 
     def on_validation_epoch_end(self) -> None:

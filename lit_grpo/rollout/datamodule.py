@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -24,6 +24,7 @@ from lit_grpo.risk.probes import probe_records
 from lit_grpo.rollout.ahead import RolloutPrefetcher, rollouts_ahead
 from lit_grpo.rollout.cursor import PromptCursor
 from lit_grpo.rollout.engine_sync import EngineSync
+from lit_grpo.rollout.eval_sets import EvalSet, as_batches, due_sets, held_out_sets
 from lit_grpo.rollout.grouped import GroupedDraw
 from lit_grpo.rollout.held_out import HeldOutPrompts, SampledEvaluation, Scores
 from lit_grpo.rollout.probes import probe_labels
@@ -53,10 +54,10 @@ class RolloutDataModule(pl.LightningDataModule):
     ``rollouts_ahead`` (``rollout/ahead.py``); trees and greedy episodes to ``rollout/trees.py``, under the rule of
     ``ThresholdedRule`` (``rollout/threshold.py``); scoring, timed, to ``TimedScoring`` (``rollout/scoring.py``; in a
     ``RewardWorker`` with a ``reward_timeout``); the prompt checks to ``check_inputs``; the held-out prompts to
-    ``HeldOutPrompts`` (``rollout/held_out.py``); the rule's greedy episodes to ``rule_outcome``
-    (``rollout/rule_outcomes.py``). It sees the LightningModule as a ``SamplingPolicy``; it publishes each epoch's
-    ``RolloutReport`` (``epoch_report``, and in the ``EpochBatches`` the module prepares) and serves held-out
-    scores (``ServesHeldOutScores``) and the rule's outcomes (``MeasuresRiskRule``).
+    ``HeldOutPrompts`` (``rollout/held_out.py``), one per named set (``rollout/eval_sets.py``); the rule's greedy
+    episodes to ``rule_outcome`` (``rollout/rule_outcomes.py``). It sees the LightningModule as a ``SamplingPolicy``;
+    it publishes each epoch's ``RolloutReport`` (``epoch_report``, and in the ``EpochBatches`` the module prepares)
+    and serves held-out scores (``ServesHeldOutScores``) and the rule's outcomes (``MeasuresRiskRule``).
 
     Args:
         task: the prompts and rewards, by class path (``lit_grpo.tasks.ArithmeticTask``, ``SortTask``,
@@ -93,6 +94,8 @@ class RolloutDataModule(pl.LightningDataModule):
         val_max_prompts: held-out prompts used per validation (``None``: the whole held-out split).
         val_batch_size: held-out prompts per validation batch.
         evaluation: ``n`` samples per held-out prompt (``SampledEvaluation``: pass@k, mean@n, ...); None: greedy.
+        eval_sets: named evaluation sets, a list or a mapping by name (fields: ``--data.eval_sets.help EvalSet``), each
+            a split or a data file with its own evaluation, max_prompts, interval; logged as ``val/<set>/...``.
         max_staleness: asynchronous rollouts (docs/scaling.md): with k >= 1, the next epoch's rollouts are drawn in the
             background, from an adapter at most k versions (epochs) old, while this epoch's train; the current
             adapter is pushed only when the next draw would otherwise be older (k = 1: every epoch; k = 2: every
@@ -123,13 +126,13 @@ class RolloutDataModule(pl.LightningDataModule):
         val_max_prompts: int | None = None,
         val_batch_size: int = 256,
         evaluation: SampledEvaluation | None = None,
+        eval_sets: dict[str, EvalSet] | list[EvalSet] | None = None,
         max_staleness: int = 0,
         seed: int = 0,
     ) -> None:
         super().__init__()
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "task", "engine")}
-        problems = self.config_problems(arguments)
-        problems += cross_knob_problems(None, arguments, engine if engine is not None else HFEngine, task)
+        problems = self.config_problems(arguments) + cross_knob_problems(None, arguments, engine or HFEngine, task)
         refuse("invalid RolloutDataModule configuration", problems)
         self.settings, self.task = arguments, task  # the settings are checked again beside the module's in setup
         self.scorer: Task | RewardWorker = task if reward_timeout is None else RewardWorker(task, reward_timeout)
@@ -144,6 +147,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.risk_threshold = ThresholdedRule(task)  # use_risk_threshold's source: the infer/defer rule, if any
         self.held_out = HeldOutPrompts(task, self.engine, self.scorer, turn_limit(task, self.branching),
                                        val_max_prompts, val_batch_size, evaluation)
+        self.eval_sets = held_out_sets(self.held_out, eval_sets)  # one HeldOutPrompts per named set (eval_sets.py)
         self.seed, self.long_prompts = seed, long_prompts
         self.prompts_checked = False  # against the loaded tokenizer and context, at the first loader
         self._report: RolloutReport | None = None
@@ -160,8 +164,7 @@ class RolloutDataModule(pl.LightningDataModule):
         return choice_problems(cls.__init__, args) + data_config_problems(args)
 
     def setup(self, stage: str) -> None:
-        """Refuse what the rules between knobs refuse (the module's, the data's, the trainer's; run/rules.py): the CLI
-        reported them before loading, a Python run hears them here, before any weights load."""
+        """Refuse what the rules between knobs refuse (run/rules.py) and unreadable ``eval_sets``, before weights load."""
         module, trainer = self.trainer.lightning_module, self.trainer
         refuse("the module and the data do not fit together",
                fit_problems(trainer, module, self.settings, self.engine, self.task, stage))
@@ -192,8 +195,7 @@ class RolloutDataModule(pl.LightningDataModule):
         return DataLoader(self.hand_over(buffer, epoch), batch_size=None, shuffle=False)
 
     def hand_over(self, buffer: RolloutBuffer, epoch: int) -> EpochBatches:
-        """The epoch's rollouts as the module receives them, with their ``RolloutReport`` (``epoch_report``) and the
-        order of their minibatches (the module cuts them in its ``on_train_epoch_start``, docs/guide.md#layout)."""
+        """The epoch's rollouts as the module receives them: their ``RolloutReport`` and their minibatches' order."""
         self._report = self.report(buffer)
         generator = torch.Generator().manual_seed(self.epoch_seed(epoch, "shuffle"))
         plan = minibatch_plan(buffer, self.minibatch_size, self.ppo_epochs, generator)
@@ -218,8 +220,7 @@ class RolloutDataModule(pl.LightningDataModule):
         return self.prompts.budget_spent(drawing_ahead=self.prefetch.pending is not None)
 
     def collect_rollouts(self, module: SamplingPolicy, epoch: int) -> RolloutBuffer:
-        """Generate (or take the rollouts drawn ahead) and score them; with a detached risk head, label its probe
-        states too (``buffer.risk_probes``). The module prepares the buffer afterwards."""
+        """Generate (or take those drawn ahead) and score; a detached risk head's probes labelled (``risk_probes``)."""
         clock = time.perf_counter()
         self.scoring.seconds = 0.0  # rewards scored while generating (grouped draws) are not generation time
         if self.max_staleness:
@@ -296,8 +297,7 @@ class RolloutDataModule(pl.LightningDataModule):
                                 self.reward_context)
 
     def checked_module(self) -> SamplingPolicy:
-        """The trainer's module, once the prompts were checked against its tokenizer and context (``check_inputs``:
-        at the first loader asked for, so before any rollout)."""
+        """The trainer's module, the prompts checked against its tokenizer and context first (``check_inputs``)."""
         module = self.trainer.lightning_module
         if not self.prompts_checked:
             rounds = len(self.branching) if self.rollout != "grouped" else 1  # a generation budget per round
@@ -314,39 +314,39 @@ class RolloutDataModule(pl.LightningDataModule):
         """The validation prompts a validation (and a calibration) uses (``HeldOutPrompts.validation``)."""
         return self.held_out.validation()
 
-    def val_dataloader(self) -> DataLoader:
-        """Batches of validation prompts, each scored greedily with the current policy when the loop reaches it."""
-        return self.greedy_loader(self.held_out.validation)
+    def val_dataloader(self) -> DataLoader | list[DataLoader]:
+        """Batches of validation prompts, each scored greedily with the current policy when the loop reaches it; with
+        ``eval_sets``, one loader per set due now (``due_sets``), each Lightning's ``dataloader_idx``."""
+        due = due_sets(self.eval_sets, self.trainer)
+        return [self.greedy_loader(s.validation, s) for s in due] if self.eval_sets else self.greedy_loader(self.held_out.validation)
 
-    def held_out_scores(self) -> DataLoader:
-        return self.val_dataloader()  # for the module's measures outside Lightning's loop (ServesHeldOutScores)
+    def held_out_scores(self) -> Iterable[dict[str, torch.Tensor]]:
+        return as_batches(self.val_dataloader())  # the module's measures outside Lightning's loop (ServesHeldOutScores)
 
     def test_dataloader(self) -> DataLoader:
         return self.greedy_loader(self.held_out.test)  # the test split, scored as validation's is
 
-    def greedy_loader(self, held_out: Callable[[], list[PromptRecord]]) -> DataLoader:
-        module = self.checked_module()  # first: the prompt check may drop prompts too long for the model
-        return self.held_out.loader(held_out(), lambda records: self.greedy_scores(module, records))
+    def greedy_loader(self, held_out: Callable[[], list[PromptRecord]], prompts: HeldOutPrompts | None = None) -> DataLoader:
+        module, prompts = self.checked_module(), prompts or self.held_out  # the check may drop prompts too long
+        return prompts.loader(held_out(), lambda records: self.greedy_scores(module, records, prompts))
 
-    def greedy_scores(self, module: SamplingPolicy, records: list[PromptRecord]) -> Scores:
+    def greedy_scores(self, module: SamplingPolicy, records: list[PromptRecord], prompts: HeldOutPrompts) -> Scores:
         self.prefetch.wait()  # the engine serves one caller at a time
         self.sync_policy(module)
         sampling = self.sampling_spec(module, greedy=True, seed=None)
         rule = self.risk_threshold.at(module, self.trainer.current_epoch, training=False)
-        return self.held_out.scores(module.tokenizer, records, sampling, rule)
+        return prompts.scores(module.tokenizer, records, sampling, rule)
 
     def rule_outcome(self, module: SamplingPolicy, records: list[PromptRecord], tau: float | None,
                      decision: str = "threshold", cvar_level: float = 0.0) -> RuleOutcome:
-        """Fresh greedy episodes of ``records`` under the infer/defer rule at ``tau`` (``decision`` and ``cvar_level``
-        as in ``RiskRule``), for ``RiskThreshold``'s calibration and curve (``MeasuresRiskRule``)."""
+        """Greedy episodes of ``records`` under the rule at ``tau`` (the rest as in ``RiskRule``): ``MeasuresRiskRule``."""
         self.sync_policy(module)
         return rule_outcome(self.task, self.engine, module, records, len(self.branching),
                             self.sampling_spec(module, greedy=True, seed=None), tau, decision, cvar_level)
 
     # --- state and teardown ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The loop state; with a draw ahead pending, as it stood before that draw, with its adapter
-        (``async_rollouts``): a resumed run draws it again."""
+        """The loop state; with a draw ahead pending, as before that draw, with its adapter (drawn again on resume)."""
         pending = self.prefetch.pending
         loop_state = pending.loop_state if pending is not None else self.prompts.loop_state()
         return {**loop_state, **self.prefetch.state_dict(), "task": self.task_identity()}

@@ -17,20 +17,23 @@ from lit_grpo.tasks import PromptRecord, Task
 class HeldOutScores(Dataset):
     """Batches of held-out prompts, each scored on access by ``score(records) -> (rewards [B], correct [B])``:
     ``{"reward" (or "return" for a multi-round task): [B], "correct": [B] bool}``; or, sampled, by ``score(records)
-    -> {figure: [B]}``, served as it is."""
+    -> {figure: [B]}``, served as it is. A named evaluation set's batches also carry ``"set": name``
+    (``rollout/eval_sets.py``), for the module to log each set apart."""
 
-    def __init__(self, batches: list[list[PromptRecord]], score: Any, reward_name: str = "reward") -> None:
-        self.batches, self.score, self.reward_name = batches, score, reward_name
+    def __init__(self, batches: list[list[PromptRecord]], score: Any, reward_name: str = "reward",
+                 set_name: str | None = None) -> None:
+        self.batches, self.score, self.reward_name, self.set_name = batches, score, reward_name, set_name
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         scores = self.score(self.batches[index])
+        named = {} if self.set_name is None else {"set": self.set_name}
         if isinstance(scores, dict):  # a sampled evaluation's figures, named already (rollout/sampled.py)
-            return scores
+            return {**scores, **named}
         rewards, correct = scores
-        return {self.reward_name: rewards, "correct": correct}
+        return {self.reward_name: rewards, "correct": correct, **named}
 
 
 def greedy_completion_scores(task: Task, engine: RolloutEngine, scorer: Task | RewardWorker, tokenizer: Any,

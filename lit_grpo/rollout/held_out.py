@@ -5,7 +5,7 @@ on), in batches scored with the current policy when the loop reaches them (``Hel
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,14 +38,18 @@ class HeldOutPrompts:
     max_prompts: int | None
     batch_size: int
     evaluation: SampledEvaluation | None = None  # None: greedy, today's val/* exactly
+    name: str | None = None  # a named evaluation set's (eval_sets.py): its batches carry it; None: the task's val/*
+    every_n_epochs: int = 1  # a named set's interval (eval_sets.due_sets)
+    source: Callable[[], Sequence[PromptRecord]] | None = None  # a named set's prompts; None: the validation split
 
     def __post_init__(self) -> None:
         self.evaluation = as_evaluation(self.evaluation)  # a config's (or a checkpoint's) mapping
         self.sampled: set[int] = set()  # the records of the loader in use that are sampled (by id)
 
     def validation(self) -> list[PromptRecord]:
-        """The first ``max_prompts`` of the task's validation split, never its test split."""
-        return list(self.task.validation_records())[: self.max_prompts]
+        """The first ``max_prompts`` of the task's validation split, never its test split (of a named set: of its
+        ``source``)."""
+        return list((self.source or self.task.validation_records)())[: self.max_prompts]
 
     def test(self) -> list[PromptRecord]:
         """The task's whole test split (``Trainer(limit_test_batches=...)`` takes fewer); the task refuses when it has
@@ -58,7 +62,7 @@ class HeldOutPrompts:
         count = None if self.evaluation is None else self.evaluation.prompts
         self.sampled = {id(record) for record in records[:count]}
         name = "return" if isinstance(self.task, MultiRoundTask) else "reward"
-        return DataLoader(HeldOutScores(batches, scores, name), batch_size=None)
+        return DataLoader(HeldOutScores(batches, scores, name, self.name), batch_size=None)
 
     def scores(self, tokenizer: Any, records: list[PromptRecord], sampling: SamplingSpec,
                rule: RiskRule | None) -> Scores:

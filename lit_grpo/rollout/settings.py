@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 from lit_grpo.buffers.protocols import SamplingPolicy
 from lit_grpo.engines import RolloutEngine
 from lit_grpo.errors import InputError
+from lit_grpo.rollout.eval_sets import EvalSets, eval_sets_data_problems, eval_sets_problems
 from lit_grpo.rollout.sampled import evaluation_problems
 from lit_grpo.run.rules import TrainerFacts, cross_knob_problems
 from lit_grpo.tasks import Task
@@ -31,7 +32,7 @@ def data_config_problems(args: dict[str, Any]) -> list[str]:
         problems.append(f"reward_timeout: must be > 0 seconds or None, got {args['reward_timeout']}")
     if args["val_max_prompts"] is not None and args["val_max_prompts"] < 1:
         problems.append(f"val_max_prompts: must be >= 1 or None, got {args['val_max_prompts']}")
-    return problems + evaluation_problems(args.get("evaluation"))
+    return problems + evaluation_problems(args.get("evaluation")) + eval_sets_problems(args.get("eval_sets"))
 
 
 def fit_problems(trainer: pl.Trainer, module: SamplingPolicy, settings: dict[str, Any], engine: RolloutEngine,
@@ -43,17 +44,20 @@ def fit_problems(trainer: pl.Trainer, module: SamplingPolicy, settings: dict[str
     reload = trainer.reload_dataloaders_every_n_epochs if stage == "fit" else None
     facts = TrainerFacts(trainer.world_size, sampler, reload)
     return cross_knob_problems(dict(module.model_arguments), settings, engine, task, facts) + held_out_problems(
-        task, stage, trainer.enable_validation)
+        task, stage, trainer.enable_validation, settings.get("eval_sets"))
 
 
-def held_out_problems(task: Task, stage: str, validates: bool) -> list[str]:
+def held_out_problems(task: Task, stage: str, validates: bool, eval_sets: EvalSets = None) -> list[str]:
     """An evaluation of no prompt, said before the weights load: ``test`` on a task without a test split, a
-    validation (``validate``, or one within ``fit``) of an empty validation split."""
+    validation (``validate``, or one within ``fit``) of an empty validation split; with ``eval_sets``, every problem
+    reading the sets (``eval_sets_data_problems``: unreadable, empty, overlapping training) instead of the latter."""
     if stage == "test":
         try:
             task.test_records()
         except InputError as refused:
             return [str(refused)]
+    if stage in ("fit", "validate") and validates and eval_sets:
+        return eval_sets_data_problems(task, eval_sets)
     if stage in ("fit", "validate") and validates and not task.validation_records():
         return [f"data.task: {type(task).__name__}'s validation split is empty: a validation would score no prompt; "
                 "give the task held-out prompts, or turn validation off (trainer.limit_val_batches: 0)"]
