@@ -248,3 +248,30 @@ def test_validate_refuses_a_checkpoint_of_another_model_with_the_same_shapes(qui
     with pytest.raises(InputError, match="cannot evaluate .* it was trained on 'data/tiny-llama'"):
         trainer.validate(module, datamodule=data, ckpt_path=str(checkpoint))
     assert not (tmp_path / "python" / "evaluations.jsonl").exists()
+
+
+def test_the_benchmark_draws_several_runs_with_their_intervals(tmp_path, capsys):
+    from benchmarks.learning import evaluation_plot
+    from lit_grpo.run.evaluation_plots import runs_figure
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder, values in ((first, (0.25, 0.5)), (second, (0.375, 0.625))):
+        folder.mkdir()
+        lines = [line("base", 0, "mean@4", 0.125, 0.05),
+                 *(dict(line("training", step, "mean@4", value, 0.1), stage="fit") for step, value in
+                   zip((2, 4), values)), dict(line("training", 4, "accuracy", 0.5), stage="fit")]
+        (folder / "evaluations.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "plot.png"
+    assert evaluation_plot.main([str(first), str(second / "evaluations.jsonl"), "--panel", "val/mean@4",
+                                 "--panel", "val/accuracy", "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert capsys.readouterr().out == f"wrote {out}: 2 run(s), 2 panel(s)\n"
+    runs = {"a": [json.loads(x) for x in (first / "evaluations.jsonl").read_text().splitlines()]}
+    axes = runs_figure(runs, [("val", "mean@4")]).axes[0]
+    (bars,) = axes.containers
+    segments = [[tuple(round(v, 12) for v in point) for point in segment] for segment in bars.lines[2][0].get_segments()]
+    assert segments == [[(2.0, 0.054), (2.0, 0.446)], [(4.0, 0.304), (4.0, 0.696)]]  # value ± 1.96 · 0.1
+    assert [tuple(line.get_ydata()) for line in axes.lines if line.get_linestyle() == "--"] == [(0.125, 0.125)]
+    with pytest.raises(SystemExit):
+        evaluation_plot.main([str(first), "--panel", "val/pass@8", "--out", str(out)])
+    assert "no figure for val/pass@8 in these runs; found: val/accuracy, val/mean@4" in capsys.readouterr().err
