@@ -91,9 +91,12 @@ def by_set(metrics: dict[str, float]) -> dict[str | None, dict[str, float]]:
     return sets
 
 
-def append_evaluation(trainer: pl.Trainer, pl_module: pl.LightningModule, evaluated_set: str) -> Path | None:
+def append_evaluation(trainer: pl.Trainer, pl_module: pl.LightningModule, evaluated_set: str,
+                      checkpoint_step: int | None = None, images: bool = False) -> Path | None:
     """Append the module's last logged figures (``logged_figures``) to ``<log_dir>/evaluations.jsonl``, on rank 0,
-    each under its set (a named set's name, else ``evaluated_set``: ``by_set``); the file written, or None (another
+    each under its set (a named set's name, else ``evaluated_set``: ``by_set``), with ``step`` the global step (a
+    validation within fit), else ``checkpoint_step``, the step of the checkpoint evaluated, where one was loaded;
+    with ``images``, draw each set's in TensorBoard (``evaluation_images``). The file written, or None (another
     rank, or no figures)."""
     metrics = logged_figures(pl_module)
     if trainer.global_rank != 0 or not metrics:
@@ -104,7 +107,8 @@ def append_evaluation(trainer: pl.Trainer, pl_module: pl.LightningModule, evalua
     stage = getattr(trainer.state.fn, "value", str(trainer.state.fn))
     about = {"checkpoint": evaluated_weights(stage, trainer.ckpt_path, hparams.get("init_adapter"), trainer.global_step,
                                              pl_module),
-             "stage": stage, "step": trainer.global_step, "model": str(hparams.get("model_name_or_path")),
+             "stage": stage, "step": trainer.global_step if stage == "fit" or checkpoint_step is None else
+             checkpoint_step, "model": str(hparams.get("model_name_or_path")),
              "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     path = Path(trainer.log_dir or trainer.default_root_dir) / EVALUATIONS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -114,4 +118,28 @@ def append_evaluation(trainer: pl.Trainer, pl_module: pl.LightningModule, evalua
                 data.held_out.evaluation if name is None else set_evaluation(data.eval_sets, name))
             for line in evaluation_lines(name or evaluated_set, figures, evaluation, about):
                 handle.write(json.dumps(line, allow_nan=False) + "\n")
+    if images:
+        for name, figures in by_set(metrics).items():
+            evaluation_images(trainer, name or evaluated_set, figures, path, stage == "fit")
     return path
+
+
+def evaluation_images(trainer: pl.Trainer, evaluated_set: str, metrics: dict[str, float], path: Path,
+                      training: bool) -> None:
+    """TensorBoard images of an evaluation (``lit_grpo.run.evaluation_plots``): ``<set>/pass@k`` against k where
+    pass@k was sampled, and within fit ``<set>/over_steps``, each figure over the run's validations so far (read
+    back from ``path``) against the base model's line. Nothing without a logger that takes figures."""
+    from lit_grpo.run.evaluation_plots import over_steps_figure, pass_at_k_figure, pass_at_k_points
+    from lit_grpo.run.evaluation_table import read_evaluations
+
+    logger = trainer.logger
+    if logger is None or not hasattr(logger.experiment, "add_figure"):
+        return
+    experiment = logger.experiment
+    step = trainer.global_step
+    if pass_at_k_points(metrics):
+        experiment.add_figure(f"{evaluated_set}/pass@k", pass_at_k_figure(evaluated_set, metrics, step), step)
+    if training:
+        names = [name for name in metrics if not name.endswith(STDERR)]
+        figure = over_steps_figure(read_evaluations(path), evaluated_set, names)
+        experiment.add_figure(f"{evaluated_set}/over_steps", figure, step)

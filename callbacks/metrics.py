@@ -143,6 +143,8 @@ class RolloutMetrics(pl.Callback):
         table_rows: completions in that table.
         evaluations_file: append each validation's and test's figures to ``<log_dir>/evaluations.jsonl``, one JSON
             object per figure (``callbacks/evaluations.py``; docs/guide.md#evaluating-the-base-model-and-an-adapter).
+        evaluation_images: with the evaluations file, draw each evaluation in TensorBoard: pass@k against k, and
+            within fit each figure over the steps against the base model's line (docs/guide.md#pictures-of-evaluations).
     """
 
     TRAIN_KEYS = (
@@ -154,10 +156,12 @@ class RolloutMetrics(pl.Callback):
         "dpo_reward_margin", "dpo_accuracy",
     )
 
-    def __init__(self, table_every_n_epochs: int = 5, table_rows: int = 16, evaluations_file: bool = True) -> None:
+    def __init__(self, table_every_n_epochs: int = 5, table_rows: int = 16, evaluations_file: bool = True,
+                 evaluation_images: bool = True) -> None:
         self.table_every_n_epochs = table_every_n_epochs
         self.table_rows = table_rows
-        self.evaluations_file = evaluations_file
+        self.evaluations_file, self.evaluation_images = evaluations_file, evaluation_images
+        self._checkpoint_step: int | None = None  # the step of the checkpoint a validate / test loaded
         self.train = {key: MeanMetric() for key in self.TRAIN_KEYS}
         self._train_started: float | None = None
 
@@ -227,13 +231,25 @@ class RolloutMetrics(pl.Callback):
         if not trainer.sanity_checking and report is not None and report.buffer.trees:
             self.write_tree(trainer, report.buffer.trees[0], module_tokenizer(pl_module))
 
+    def setup(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
+        self._checkpoint_step = None
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        if self.evaluations_file and trainer.enable_validation and trainer.current_epoch == trainer.global_step == 0:
+            # the module's on_train_start measured the policy before training: the file's step 0
+            append_evaluation(trainer, pl_module, "val", None, self.evaluation_images)
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        step = checkpoint.get("global_step")  # what a validate / test of a checkpoint names as its step
+        self._checkpoint_step = int(step) if isinstance(step, int) else None
+
     def on_validation_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
         if self.evaluations_file and not trainer.sanity_checking:
-            append_evaluation(trainer, pl_module, "val")
+            append_evaluation(trainer, pl_module, "val", self._checkpoint_step, self.evaluation_images)
 
     def on_test_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
         if self.evaluations_file:
-            append_evaluation(trainer, pl_module, "test")
+            append_evaluation(trainer, pl_module, "test", self._checkpoint_step, self.evaluation_images)
 
     @rank_zero_only
     def write_tree(self, trainer: pl.Trainer, root: SegmentNode, tokenizer: Any = None) -> None:

@@ -218,7 +218,8 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     trainer = TrainerFacts(config_world_size(trainer_cfg), trainer_cfg.get("use_distributed_sampler") is True,
                            reload if isinstance(reload, int) else None)  # a value of another type: reported above
     task_args = class_arguments(data_cfg.get("task"))  # a tool task's max_turns against data.branching
-    problems += cross_knob_problems(model_args, data_args, engine, task, trainer, task_args)
+    problems += cross_knob_problems(model_args, data_args, engine, task, trainer, task_args,
+                                    reward_classes(task_args.get("rewards")))
     problems += risk_callback_problems(trainer_cfg.get("callbacks"), task)
     problems += strategy_problems(trainer_cfg)  # whatever the world size: FSDP on one CPU process fails too
     max_epochs = trainer_cfg.get("max_epochs")
@@ -336,6 +337,24 @@ def is_default(cls: type, name: str, value: Any) -> bool:
     default = signature_defaults(cls).get(name, inspect.Parameter.empty)
     both_sequences = isinstance(value, (list, tuple)) and isinstance(default, (list, tuple))
     return (list(value) == list(default)) if both_sequences else (value is default or value == default)
+
+
+def reward_classes(rewards: Any) -> list[Any] | None:
+    """The classes of a task's configured ``rewards`` (class paths, ``{class_path, init_args}`` as a mapping or as
+    jsonargparse's ``Namespace`` once the task's arguments are checked); None when none is configured (the built
+    task's own are checked then); functions and what does not import are left out (the task names them when built)."""
+    from jsonargparse import Namespace
+
+    if not isinstance(rewards, list):
+        return None
+    paths = [r.get("class_path") if isinstance(r, (dict, Namespace)) else r for r in rewards]
+    found = []
+    for path in paths:
+        try:
+            found.append(import_object(path))
+        except Exception:  # noqa: BLE001 - a file's function, a typo: refused by the task itself
+            continue
+    return [cls for cls in found if isinstance(cls, type)]
 
 
 def named_class(data_cfg: dict[str, Any], key: str, default: type, package: str) -> Any:

@@ -429,3 +429,35 @@ def test_the_module_alone_hears_its_own_rules_and_the_risk_callback_hears_the_ta
         "RiskThreshold decision: value forces answers, but the task ArithmeticTask does not say which first tokens "
         "answer: give it an answer_token_ids(tokenizer) method, or use decision: threshold"]
     assert risk_decision_problems("threshold", "ArithmeticTask", False) == []
+
+
+def test_a_reward_bounded_by_the_reward_timeout_alone_is_refused_without_one(tmp_path):
+    """MathVerify (math-verify with its signal timeouts off) needs data.reward_timeout: refused without it, from the
+    configuration (its class path, before anything is built) and from a built task (the Python API), one line."""
+    import yaml
+
+    from lit_grpo.config_check import config_problems
+    from lit_grpo.errors import InputError
+    from lit_grpo.rollout.datamodule import RolloutDataModule
+    from lit_grpo.tasks import DatasetTask
+    from lit_grpo.tasks.math_answers import MathVerify
+
+    pytest.importorskip("math_verify")
+    message = ("data.reward_timeout: the MathVerify reward is bounded by it alone (a hostile answer parses for "
+               "minutes or never finishes comparing, in the trainer's process without it); set data.reward_timeout, "
+               "e.g. 5.0 seconds per completion")
+    config = yaml.safe_load((ROOT / "configs" / "math_verify.yaml").read_text())
+    assert config_problems(config) == []  # the shipped config sets one
+    config["data"]["reward_timeout"] = None
+    assert config_problems(config) == [message]
+    config["data"]["task"]["init_args"]["rewards"] = [{"class_path": "lit_grpo.tasks.MathVerify",
+                                                       "init_args": {"float_rounding": 3}}]
+    assert config_problems(config) == [message]
+    config["data"]["task"]["init_args"]["rewards"] = ["lit_grpo.tasks.ExactMatchReward"]
+    assert config_problems(config) == []
+    task = DatasetTask(str(ROOT / "data" / "math-answers" / "rows.jsonl"), rewards=[MathVerify()],
+                       heldout_fraction=0.25)
+    with pytest.raises(InputError) as refused:
+        RolloutDataModule(task=task)
+    assert str(refused.value).splitlines()[1:] == [f"  - {message}"]
+    assert RolloutDataModule(task=task, reward_timeout=5.0).scorer is not task  # the reward worker scores it

@@ -194,6 +194,7 @@ def test_a_fit_logs_each_set_under_its_name_at_its_interval_and_writes_both_to_t
     # held: before training and after each epoch; digits: after the second epoch only (every_n_epochs 2)
     assert logged == [f"val/digits/{name}" for name in digits] + ["val/held/accuracy"] * 3 + ["val/held/reward"] * 3
     lines = [json.loads(line) for line in (run / "evaluations.jsonl").read_text().splitlines()]
-    assert {(line["set"], line["step"]) for line in lines} == {("held", 1), ("held", 2), ("digits", 2)}
+    # the validation before training too (step 0), as the logged figures above
+    assert {(line["set"], line["step"]) for line in lines} == {("held", 0), ("held", 1), ("held", 2), ("digits", 2)}
     assert {(line["metric"], line["n"], line["k"], line["seed"]) for line in lines if line["set"] == "digits"} >= {
         ("pass@2", 2, 2, 1), ("accuracy", 1, None, None)}

@@ -16,10 +16,12 @@ class SamplingSpec:
     """How to sample one engine call.
 
     Training rollouts sample from the full distribution (no top-k, top-p 1): truncation would bias the importance
-    ratio. ``allowed_token_ids`` holds one list per prompt (or ``None``) and restricts the
-    first token of the completion, e.g. the risk rule forcing a defer. ``next_turn``: the next call's prompts will
-    be these prompts, their completions and more (a multi-turn episode's next turn); the hf engine then keeps the
-    rows' cache for it (``engines/hf_turns.py``); other engines may ignore it.
+    ratio; ``top_p`` < 1 (nucleus sampling: the fewest most likely tokens whose probability reaches it,
+    renormalised) is for a sampled evaluation only (``data.evaluation.top_p``). ``allowed_token_ids`` holds one list
+    per prompt (or ``None``) and restricts the first token of the completion, e.g. the risk rule forcing a defer.
+    ``next_turn``: the next call's prompts will be these prompts, their completions and more (a multi-turn episode's
+    next turn); the hf engine then keeps the rows' cache for it (``engines/hf_turns.py``); other engines may ignore
+    it.
     """
 
     max_new_tokens: int
@@ -30,6 +32,7 @@ class SamplingSpec:
     allowed_token_ids: tuple[tuple[int, ...] | None, ...] | None = None
     next_turn: bool = False  # the caller's next call continues these rows (an engine may keep their cache for it)
     context_limit: int | None = None  # the model's context in tokens, where the caller knows it (a turn's checks)
+    top_p: float = 1.0  # nucleus sampling: < 1 for a sampled evaluation only (data.evaluation.top_p)
 
 
 @runtime_checkable

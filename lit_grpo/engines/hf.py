@@ -116,6 +116,7 @@ class HFEngine:
             allowed=row_constraint(sampling.allowed_token_ids, chunk, n),
             stop_ids=torch.tensor(sampling.stop_token_ids, dtype=torch.long, device=model.device),
             max_new_tokens=sampling.max_new_tokens,
+            top_p=sampling.top_p,
         )
         new_tokens, logprobs, cache = decode(model, input_ids, attention_mask, cache, how)  # [B * n, S] each
         stops = set(sampling.stop_token_ids)

@@ -1,6 +1,7 @@
 """The hf engine's decoding loop: one forward per step on the live model, our own sampler, no ``generate``.
 
-Sampling here is exactly softmax(logits / T) over the whole vocabulary (first token optionally restricted),
+Sampling here is exactly softmax(logits / T) over the whole vocabulary (first token optionally restricted; a top-p
+below 1, for a sampled evaluation, keeps the nucleus only: ``nucleus``),
 whatever a checkpoint's generation_config says: no processor or warper of transformers is ever involved. A token is
 drawn by inverse CDF from one uniform per row and step; the uniforms come from a CPU generator per prompt (seeded
 ``seed + prompt index``, the convention of every engine), so a row's tokens do not depend on the device, on the batch
@@ -32,6 +33,20 @@ def draw_tokens(logp: torch.Tensor, uniforms: torch.Tensor,
     cdf.copy_(probs).cumsum_(dim=-1)  # [R, V]
     target = uniforms.to(cdf).unsqueeze(-1) * cdf[:, -1:]  # [R, 1]
     return torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1).squeeze(-1)
+
+
+def nucleus(logp: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``logp [R, V]`` (log-probs) restricted to each row's nucleus and renormalised: the fewest most likely tokens
+    whose probabilities sum to at least ``top_p`` (a token is kept when the probability of the tokens ranked above it
+    is below ``top_p``; the most likely always), the rest ``-inf``. Ties rank by token id. ``top_p`` 1 returns
+    ``logp`` itself. Example: probabilities [0.5, 0.3, 0.2], top_p 0.8 keeps tokens 0 and 1, log([0.625, 0.375,
+    0])."""
+    if top_p >= 1.0:
+        return logp
+    ranked, order = torch.sort(logp, dim=-1, descending=True, stable=True)  # [R, V] each
+    above = torch.cumsum(ranked.exp().double(), dim=-1) - ranked.exp().double()  # [R, V]: mass ranked above
+    kept = torch.zeros_like(logp, dtype=torch.bool).scatter_(-1, order, above < top_p)  # [R, V]
+    return torch.log_softmax(logp.masked_fill(~kept, float("-inf")), dim=-1)
 
 
 def prompt_uniforms(seeds: list[int], n: int, steps: int, device: torch.device) -> torch.Tensor:
@@ -89,13 +104,14 @@ def shared_prefill(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
 @dataclass
 class Decoding:
     """What one decode call samples: ``uniforms [R, S]`` (``None`` = greedy), the temperature, each row's allowed
-    first tokens (``None`` = no constraint), and the stop ids ``[K]`` that end a row."""
+    first tokens (``None`` = no constraint), the stop ids ``[K]`` that end a row, and the top-p (1: all tokens)."""
 
     uniforms: torch.Tensor | None
     temperature: float
     allowed: list[tuple[int, ...] | None]
     stop_ids: torch.Tensor
     max_new_tokens: int
+    top_p: float = 1.0
 
 
 def decode(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache: Any,
@@ -129,6 +145,8 @@ def decode(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, ca
         if steps == 0:
             scores = restrict_first_token(scores, how.allowed)
         torch.log_softmax(scores, dim=-1, out=logp)
+        if how.uniforms is not None and how.top_p < 1.0:
+            logp = nucleus(logp, how.top_p)
         token = logp.argmax(-1) if how.uniforms is None else draw_tokens(logp, how.uniforms[:, steps], work[2:])
         tokens[:, steps] = token
         logprobs[:, steps] = logp.gather(-1, token[:, None]).squeeze(-1)

@@ -164,7 +164,7 @@ def completion_request(model: str, prompt: list[int], n: int, sampling: Sampling
         "n": n,
         "max_tokens": sampling.max_new_tokens,
         "temperature": 0.0 if sampling.greedy else sampling.temperature,
-        "top_p": 1.0,
+        "top_p": 1.0 if sampling.greedy else sampling.top_p,
         "top_k": 0,
         "min_p": 0.0,
         "repetition_penalty": 1.0,

@@ -203,7 +203,7 @@ class VLLMEngine:
             allowed_token_ids=None if allowed is None else list(allowed),
             n=n,
             temperature=0.0 if sampling.greedy else sampling.temperature,
-            top_p=1.0,
+            top_p=1.0 if sampling.greedy else sampling.top_p,
             top_k=0,  # off: training rollouts sample the full distribution
             min_p=0.0,
             repetition_penalty=1.0,

@@ -93,7 +93,8 @@ class GreedyEvaluation(torch.nn.Module):
 
     def run_standalone(self, batches: Iterable[dict[str, torch.Tensor]]) -> dict[str, float]:
         """A whole validation loader outside Lightning's loops (before training, where Lightning's sanity check
-        would discard what is logged)."""
+        would discard what is logged); kept as the last logged figures (the evaluations file's step 0)."""
         for batch in batches:
             self.update(batch)
-        return self.compute()
+        self.logged = self.compute()
+        return dict(self.logged)

@@ -363,9 +363,8 @@ class PolicyModule(pl.LightningModule):
         trained_state.keep_trained_state(checkpoint, self.named_parameters(), self.risk_replay, self.entropy_coef)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        path = getattr(self._trainer, "ckpt_path", None)
-        trained_state.restore_trained_state(checkpoint, self.named_parameters(), path, self.hparams.model_name_or_path,
-                                            self.risk_replay, self.entropy_coef)
+        trained_state.restore_trained_state(checkpoint, self.named_parameters(), self._trainer,
+                                            self.hparams.model_name_or_path, self.risk_replay, self.entropy_coef)
 
     def on_fit_end(self) -> None:
         self.save_adapter(trained_state.adapter_directory(self.trainer))

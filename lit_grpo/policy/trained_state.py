@@ -9,13 +9,14 @@ from collections.abc import Iterable, MutableMapping
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lit_grpo.errors import InputError
 from lit_grpo.policy.policy_step import EntropyCoefficient
 from lit_grpo.risk.fit import RiskReplay
-from lit_grpo.run.resume import checkpoint_misfit_message
+from lit_grpo.run.resume import checkpoint_misfit_message, evaluated_model_problem
 from lit_grpo.run.run_dir import unused_directory
 
 Parameters = Iterable[tuple[str, torch.nn.Parameter]]  # a module's ``named_parameters()``
@@ -78,15 +79,19 @@ def keep_trained_state(checkpoint: dict[str, Any], parameters: Parameters, risk_
         checkpoint["entropy_coef"] = entropy_coef.state_dict()
 
 
-def restore_trained_state(checkpoint: dict[str, Any], parameters: Parameters, ckpt_path: Any, model_name: str,
-                          risk_replay: RiskReplay | None, entropy_coef: EntropyCoefficient | None) -> None:
-    """``on_load_checkpoint``: refuse a checkpoint (read from ``ckpt_path``) of another base model than
-    ``model_name`` or lacking a trained weight; restore the risk replay and the adaptive entropy coefficient it
+def restore_trained_state(checkpoint: dict[str, Any], parameters: Parameters, trainer: pl.Trainer | None,
+                          model_name: str, risk_replay: RiskReplay | None,
+                          entropy_coef: EntropyCoefficient | None) -> None:
+    """``on_load_checkpoint`` (under ``trainer``, None without one): refuse a checkpoint of another base model than
+    ``model_name`` (for ``validate`` / ``test``: by its hyper-parameters' model name too, as the command does before
+    the model loads) or lacking a trained weight; restore the risk replay and the adaptive entropy coefficient it
     holds."""
     trainable = {name: tuple(p.shape) for name, p in parameters if p.requires_grad}
-    other_base = checkpoint_misfit_message(  # check_resume could not tell before the model loaded
-        ckpt_path, checkpoint["state_dict"], trainable,
-        (checkpoint.get("hyper_parameters") or {}).get("model_name_or_path"), model_name)
+    ckpt_path = None if trainer is None else trainer.ckpt_path
+    evaluating = trainer is not None and trainer.state.fn in ("validate", "test")
+    saved_model = (checkpoint.get("hyper_parameters") or {}).get("model_name_or_path")
+    other_base = (evaluating and evaluated_model_problem(ckpt_path, saved_model, model_name)) or (
+        checkpoint_misfit_message(ckpt_path, checkpoint["state_dict"], trainable, saved_model, model_name, evaluating))
     missing = sorted(set(trainable) - set(checkpoint["state_dict"]))
     if other_base or missing:
         raise InputError(other_base or f"checkpoint lacks {len(missing)} trained tensors (e.g. {missing[0]})")

@@ -28,6 +28,8 @@ class SampledEvaluation:
     Args:
         samples: n, the samples (episodes) drawn per prompt.
         temperature: their sampling temperature (> 0).
+        top_p: nucleus sampling (0 < top_p <= 1): each token is drawn from the fewest most likely tokens whose
+            probability reaches top_p, renormalised (1: the whole distribution, as training samples).
         k: the k of each ``pass@k`` reported (each 1 <= k <= samples).
         seed: the engine's seed for the draws: the same seed and policy give the same samples, so a rerun gives the
             same numbers (every validation of a run uses it: checkpoints are compared on the same draws).
@@ -37,6 +39,7 @@ class SampledEvaluation:
 
     samples: int = 8
     temperature: float = 1.0
+    top_p: float = 1.0
     k: list[int] = field(default_factory=lambda: [1])
     seed: int = 0
     prompts: int | None = None
@@ -48,6 +51,8 @@ class SampledEvaluation:
         if not self.temperature > 0:
             problems.append(f"evaluation.temperature: must be > 0 (greedy alone: leave evaluation unset), "
                             f"got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"evaluation.top_p: must be within (0, 1] (1: the whole distribution), got {self.top_p}")
         if not self.k:
             problems.append("evaluation.k: give at least one k for pass@k, e.g. [1]")
         if self.samples >= 1 and any(not 1 <= k <= self.samples for k in self.k):
@@ -77,11 +82,11 @@ def as_evaluation(value: Any) -> SampledEvaluation | None:
 
 
 def sampling_of(spec: SampledEvaluation, greedy: SamplingSpec, records: Sequence[PromptRecord]) -> SamplingSpec:
-    """The sampling of one batch of ``records``: the greedy spec's budget and stops, ``spec``'s temperature, and a
-    seed derived from ``spec.seed`` and the batch's prompts (engines seed request i with seed + i), so a rerun on
-    the same batches draws the same samples."""
+    """The sampling of one batch of ``records``: the greedy spec's budget and stops, ``spec``'s temperature and top-p,
+    and a seed derived from ``spec.seed`` and the batch's prompts (engines seed request i with seed + i), so a rerun
+    on the same batches draws the same samples."""
     seed = derived_seed(spec.seed, "evaluation", *(str(r.get("prompt")) for r in records))
-    return replace(greedy, greedy=False, temperature=spec.temperature, seed=seed)
+    return replace(greedy, greedy=False, temperature=spec.temperature, top_p=spec.top_p, seed=seed)
 
 
 def stacked(rows: list[dict[str, float]]) -> dict[str, torch.Tensor]:

@@ -131,8 +131,9 @@ def check_resume(path: str, current: dict[str, Any], task: dict[str, Any] | None
     """Raise ``InputError`` when the checkpoint at ``path`` cannot continue under ``current`` hyper-parameters (a
     shape-changing knob; an adapter of another base model) or, given the ``task`` record of a run that trains on
     (``RolloutDataModule.task_identity()``), under that task (the checkpoint's prompt cursor, saved under
-    ``data_state_key``, indexes another task's prompts); otherwise the notes on what differs. Nothing here loads
-    the model's weights."""
+    ``data_state_key``, indexes another task's prompts); otherwise the notes on what differs. Without a ``task``
+    (``lit-grpo validate`` / ``test``: the checkpoint is evaluated, not trained on) a checkpoint of another base
+    model is refused by its name too (``evaluated_model_problem``). Nothing here loads the model's weights."""
     checkpoint = read_checkpoint(path)
     saved = checkpoint.get("hyper_parameters")
     saved = dict(saved) if isinstance(saved, dict) else {}
@@ -140,7 +141,10 @@ def check_resume(path: str, current: dict[str, Any], task: dict[str, Any] | None
     if refusals:
         raise InputError(f"cannot resume {path!r}: " + "; ".join(refusals) + ". Resume with the checkpoint's "
                          "values, or start a new run (model.init_adapter can start from a saved adapter)")
-    other_base = checkpoint_misfit(path, checkpoint.get("state_dict"), saved.get("model_name_or_path"), current)
+    evaluating = task is None
+    other_base = (evaluating and evaluated_model_problem(path, saved.get("model_name_or_path"),
+                                                         current.get("model_name_or_path"))) or checkpoint_misfit(
+        path, checkpoint.get("state_dict"), saved.get("model_name_or_path"), current, evaluating)
     if other_base:
         raise InputError(other_base)
     if task is not None:
@@ -149,7 +153,33 @@ def check_resume(path: str, current: dict[str, Any], task: dict[str, Any] | None
 
 
 # --- another base model: the checkpoint's adapter tensors against this run's model --------------------------------
-def checkpoint_misfit(path: str, state: Any, saved_model: Any, current: dict[str, Any]) -> str | None:
+def same_model(saved: str, model: str) -> bool | None:
+    """Whether a checkpoint's ``model_name_or_path`` (``saved``) and this run's (``model``) name one model: the same
+    text, or the same directory here (``data/...`` resolved in the checkout, as the model loads); None where it
+    cannot be told (the saved one is no directory here: a hub id, or a model moved or on another machine)."""
+    from lit_grpo.run.model_files import resolve_model_path
+
+    if saved == model:
+        return True
+    here, there = Path(resolve_model_path(saved)), Path(resolve_model_path(model))
+    if not here.is_dir():
+        return None
+    return there.is_dir() and here.resolve() == there.resolve()
+
+
+def evaluated_model_problem(path: Any, saved_model: Any, model: Any) -> str | None:
+    """Before any weights load, for ``validate`` / ``test``: the message refusing a checkpoint whose
+    hyper-parameters name another base model than this run's ``model.model_name_or_path`` (``same_model`` False:
+    both found here, in two places), or None (the same model, or it cannot be told: the shapes then decide)."""
+    if not isinstance(saved_model, str) or not isinstance(model, str) or same_model(saved_model, model) is not False:
+        return None
+    return (f"cannot evaluate {str(path)!r}: it was trained on {saved_model!r} (its hyper_parameters' "
+            f"model_name_or_path), this run loads model.model_name_or_path {model!r}, another model: evaluate it "
+            f"with --model.model_name_or_path {saved_model}, or pass a checkpoint trained on {model!r}")
+
+
+def checkpoint_misfit(path: str, state: Any, saved_model: Any, current: dict[str, Any],
+                      evaluating: bool = False) -> str | None:
     """Before any weights load: the message refusing a checkpoint whose adapter tensors do not fit the LoRA shapes
     of this run's model (from its config.json, on the meta device), or None (they fit, or it cannot be told; the
     module's ``on_load_checkpoint`` then compares them with the loaded model's)."""
@@ -171,20 +201,27 @@ def checkpoint_misfit(path: str, state: Any, saved_model: Any, current: dict[str
     if not expected or not expected[0]:  # cannot be told, or this run's targets are not in its model (refused later)
         return None
     return checkpoint_misfit_message(path, state, {f"policy.{name}": shape for name, shape in expected[0].items()},
-                                     saved_model, current["model_name_or_path"])
+                                     saved_model, current["model_name_or_path"], evaluating)
 
 
 def checkpoint_misfit_message(path: Any, state: dict[str, Any], expected: dict[str, tuple[int, ...]],
-                              saved_model: Any, model: str) -> str | None:
+                              saved_model: Any, model: str, evaluating: bool = False) -> str | None:
     """Whether a checkpoint's ``state`` fits the trainable tensors a model ``expected`` (``policy.*`` names compared:
     the adapter; the heads are the hyper-parameters' to refuse): the message naming the checkpoint, the model it
-    was trained on and this run's, or None."""
+    was trained on and this run's, or None; worded for a resume, or for ``validate`` / ``test`` (``evaluating``)."""
     from lit_grpo.run.model_files import misfit
 
     found = {name: tuple(t.shape) for name, t in state.items() if name.startswith("policy.") and hasattr(t, "shape")}
     detail = misfit(found, {name: s for name, s in expected.items() if name.startswith("policy.")}, "the checkpoint")
     if detail is None:
         return None
+    if evaluating:
+        trained = f"it was trained on {saved_model!r} and " if saved_model is not None else ""
+        instead = f"evaluate it with --model.model_name_or_path {saved_model}" if saved_model is not None else (
+            "evaluate it on the model it was trained on")
+        return (f"cannot evaluate {str(path)!r}: {trained}its adapter does not fit this run's "
+                f"model.model_name_or_path {model!r}: {detail}. {instead[0].upper()}{instead[1:]}, or pass a "
+                f"checkpoint trained on {model!r}")
     if saved_model is not None and saved_model != model:
         return (f"cannot resume {str(path)!r}: it was trained on {saved_model!r} and its adapter does not fit this "
                 f"run's model.model_name_or_path {model!r}: {detail}. Resume with --model.model_name_or_path "

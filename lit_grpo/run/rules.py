@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-
 import types
 import typing
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from lit_grpo.run.objective_knobs import SapoTemperatures, VespoShape
+from lit_grpo.run.task_rules import reward_timeout_problems
 
 # run/ sits below every part it has rules for (pyproject.toml's import contracts): what the rules need to know of the
 # rollout kinds, the engines and the tasks is spelled here, and the parts above import it from here
@@ -381,11 +381,10 @@ def declared_rounds(task: Any, task_args: dict[str, Any] | None) -> tuple[int | 
 
 def cross_knob_problems(model_args: dict[str, Any] | None, data_args: dict[str, Any] | None, engine: Any = None,
                         task: Any = None, trainer: TrainerFacts | None = None,
-                        task_args: dict[str, Any] | None = None) -> list[str]:
-    """The registry: every rule that spans knobs, of the module, the data and the trainer (and the engine and the
-    task, each given as an object or its class; None when it could not be imported). ``model_args`` None runs the
-    data's own rules only (the DataModule alone, before it meets a module), ``data_args`` None the module's; the
-    trainer's rules run when its ``TrainerFacts`` are given."""
+                        task_args: dict[str, Any] | None = None, rewards: list[Any] | None = None) -> list[str]:
+    """The registry: every rule spanning knobs of the module, data, trainer, engine and task (an object or its class,
+    None if not importable; ``rewards``: the task's configured reward classes, before it is built). ``model_args``
+    None runs the data's rules only (a DataModule before it meets a module), ``data_args`` None the module's."""
     problems = [] if model_args is None else module_knob_problems(model_args)
     if data_args is None:
         return problems
@@ -393,6 +392,7 @@ def cross_knob_problems(model_args: dict[str, Any] | None, data_args: dict[str, 
     problems += data_knob_problems(data_args)
     problems += [] if model_args is None else group_of_one_problems(model_args, data_args)
     problems += multi_round_problems(data_args, task, model_args, task_args)
+    problems += reward_timeout_problems(data_args, task, rewards)
     problems += combination_problems(model_args, data_args)
     problems += staleness_problems(data_args.get("max_staleness", 0), data_args["rollout"], engine,
                                    model.get("old_logp_source"), model.get("sampler_correction"))

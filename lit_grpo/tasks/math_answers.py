@@ -8,8 +8,8 @@ replaces whatever handler the process had; here both are off (``parsing_timeout=
 What bounds a hostile answer (huge LaTeX or deeply nested braces: minutes of parsing; ``9^{9^{9^{9^{9}}}}``, whose
 comparison never ends) is ``data.reward_timeout``: ``MathVerify`` is a per-completion ``Reward``, so the reward worker
 (``lit_grpo.rollout.reward_worker``) calls it one completion per call and a hung one costs that completion alone,
-counted in ``rollout/reward_errors``. Without a ``reward_timeout`` it runs in the trainer's process, unbounded: set
-one.
+counted in ``rollout/reward_errors``. Without a ``reward_timeout`` it would run in the trainer's process, unbounded:
+it is refused then (``needs_reward_timeout``, ``lit_grpo.run.rules.reward_timeout_problems``).
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ class MathVerify(Reward):
 
     ``\\boxed{1/2}``, ``0.5``, ``\\frac{2}{4}`` and ``50\\%`` all equal a gold ``\\frac{1}{2}``. A completion with
     no answer in it scores 0.0; one on which the parser or the comparison raises is a reward error (the task's
-    failure reward, counted in ``rollout/reward_errors``), and so is a gold answer that does not parse. Give a
-    ``data.reward_timeout``: it is what bounds a hostile answer (module docstring).
+    failure reward, counted in ``rollout/reward_errors``), and so is a gold answer that does not parse. It needs a
+    ``data.reward_timeout`` (refused without one): it is what bounds a hostile answer (module docstring).
 
     Args:
         column: the record's column holding the gold answer (``answer``: the task's ``answer_column``).
@@ -83,6 +83,7 @@ class MathVerify(Reward):
     """
 
     min_value = 0.0
+    needs_reward_timeout = True  # refused without data.reward_timeout (run/rules.py): nothing else bounds its calls
 
     def __init__(self, column: str = "answer", float_rounding: int = 6) -> None:
         math_verify()  # refused up front, by name, when the extra is not installed
