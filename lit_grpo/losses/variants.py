@@ -167,7 +167,7 @@ POLICY_VARIANTS: tuple[str, ...] = tuple(VARIANTS)
 
 def variant_row(name: str) -> LossVariant:
     """The row of ``name``; ``ValueError`` naming the choices for another."""
-    check_choice("loss variant", name, POLICY_VARIANTS)
+    check_choice("loss variant", name, tuple(VARIANTS))
     return VARIANTS[name]
 
 
