@@ -147,14 +147,9 @@ class RolloutMetrics(pl.Callback):
             within fit each figure over the steps against the base model's line (docs/guide.md#pictures-of-evaluations).
     """
 
-    TRAIN_KEYS = (
-        "surrogate", "kl_ref", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
-        "clip_ratio/delta_mean", "ratio_mean",
-        "approx_kl", "cispo_clip_ratio", "sapo/gate_mean", "vespo/phi_seq_mean", "off_policy_mask/masked_ratio",
-        "entropy", "entropy_coef", "sampling/importance_sampling_ratio/mean", "sampling/importance_sampling_ratio/min",
-        "sampling/importance_sampling_ratio/max", "sampling/importance_sampling_ratio/masked_ratio", "value_loss", "explained_variance", "value_mean",
-        "dpo_reward_margin", "dpo_accuracy",
-    )
+    # the training step's figures of the sampler against the trainer, logged under rollout/ (the worst rank's max);
+    # every other figure the step returns is logged as train/<name>, its epoch mean
+    ROLLOUT_KEYS = {"logp_diff_max": "max", "logp_diff_mean": "mean"}
 
     def __init__(self, table_every_n_epochs: int = 5, table_rows: int = 16, evaluations_file: bool = True,
                  evaluation_images: bool = True) -> None:
@@ -162,7 +157,7 @@ class RolloutMetrics(pl.Callback):
         self.table_rows = table_rows
         self.evaluations_file, self.evaluation_images = evaluations_file, evaluation_images
         self._checkpoint_step: int | None = None  # the step of the checkpoint a validate / test loaded
-        self.train = {key: MeanMetric() for key in self.TRAIN_KEYS}
+        self.train: dict[str, MeanMetric] = {}  # one epoch mean per figure the training steps return
         self._train_started: float | None = None
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
@@ -202,14 +197,14 @@ class RolloutMetrics(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         stats = outputs.get("stats", {}) if isinstance(outputs, dict) else {}
-        for key in self.TRAIN_KEYS:
-            if key in stats:
-                self.train[key] = self.train[key].to(pl_module.device)
-                self.train[key].update(stats[key])
-        for key, reduce in (("logp_diff_max", "max"), ("logp_diff_mean", "mean")):  # the worst rank's max
-            if key in stats:
-                pl_module.log(f"rollout/{key}", stats[key], on_step=False, on_epoch=True, sync_dist=True, batch_size=1,
-                              reduce_fx=reduce)
+        for key, value in stats.items():
+            if key in self.ROLLOUT_KEYS:
+                pl_module.log(f"rollout/{key}", value, on_step=False, on_epoch=True, sync_dist=True, batch_size=1,
+                              reduce_fx=self.ROLLOUT_KEYS[key])
+                continue
+            metric = self.train[key] if key in self.train else MeanMetric()
+            self.train[key] = metric.to(pl_module.device)
+            self.train[key].update(value)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
         if self._train_started is not None:  # the updates' share of the epoch, beside generate and no-grad passes
@@ -219,8 +214,7 @@ class RolloutMetrics(pl.Callback):
             report = epoch_report(trainer)  # the cost of drawing ahead is shown only where it could run
             if report is not None:
                 print_phases(trainer.current_epoch, report.timings, train, report.can_draw_ahead)
-        for key in self.TRAIN_KEYS:
-            metric = self.train[key]
+        for key, metric in sorted(self.train.items()):  # in one order on every rank (each logs with sync_dist)
             if metric.update_count:
                 pl_module.log(f"train/{key}", metric.compute(), on_step=False, on_epoch=True, sync_dist=True)
             metric.reset()

@@ -343,8 +343,7 @@ RULES = [
      "model.aggregation: loss_variant 'luspo' takes 'seq-sum' only, got 'token-mean'"),
     ({"loss_variant": "vespo", "ratio_level": "sequence"}, {}, None,
      "model.ratio_level 'sequence' with loss_variant 'vespo': only unclipped, clip, cispo, sapo, luspo choose their "
-     "ratio's level (gspo's is the sequence's: clip is gspo at token level; reinforce and vespo take none); leave it "
-     "unset"),
+     "ratio's level (gspo's is the sequence's; reinforce and vespo take none); leave it unset"),
     ({"loss_variant": "dpo", "kl_ratio_correction": True}, {}, None,
      "model.kl_ratio_correction with loss_variant 'dpo': online DPO's loss on pairs has no policy-gradient surrogate "
      "to mask, weight or regularise; leave it unset"),
@@ -405,13 +404,18 @@ RULES = [
 
 @pytest.mark.parametrize(("model", "data", "trainer", "message"), RULES, ids=[rule[3][:40] for rule in RULES])
 def test_each_rule_between_knobs_fires_alone_with_its_message(model, data, trainer, message):
+    from lit_grpo.policy.knob_rules import module_knob_problems
     from lit_grpo.rollout.datamodule import RolloutDataModule
     from lit_grpo.run.rules import TrainerFacts, cross_knob_problems
 
+    def problems(model_args: dict, data_args: dict, facts: TrainerFacts | None) -> list[str]:
+        """The module's own rules, as the command reports them (``model.``), and the rules across parts."""
+        own = [f"model.{problem}" for problem in module_knob_problems(model_args)]
+        return own + cross_knob_problems(model_args, data_args, trainer=facts)
+
     facts = None if trainer is None else TrainerFacts(**trainer)
-    args = (knobs(PolicyModule, **model), knobs(RolloutDataModule, **data))
-    assert cross_knob_problems(*args, trainer=facts) == [message]
-    assert cross_knob_problems(knobs(PolicyModule), knobs(RolloutDataModule), trainer=TrainerFacts(1, False, 1)) == []
+    assert problems(knobs(PolicyModule, **model), knobs(RolloutDataModule, **data), facts) == [message]
+    assert problems(knobs(PolicyModule), knobs(RolloutDataModule), TrainerFacts(1, False, 1)) == []
 
 
 def test_the_module_alone_hears_its_own_rules_and_the_risk_callback_hears_the_task():
@@ -422,7 +426,7 @@ def test_the_module_alone_hears_its_own_rules_and_the_risk_callback_hears_the_ta
 
     with pytest.raises(InputError) as refused:
         PolicyModule(loss_variant="dpo", advantage_mode="gae")
-    assert str(refused.value).endswith("model.loss_variant 'dpo' learns from preference pairs; it takes no GAE "
+    assert str(refused.value).endswith("- loss_variant 'dpo' learns from preference pairs; it takes no GAE "
                                        "advantages: use another advantage_mode")
     assert names_answer_tokens(ClarifyTask) and not names_answer_tokens(ArithmeticTask())
     assert risk_decision_problems("value", "ArithmeticTask", False) == [

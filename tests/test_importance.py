@@ -112,11 +112,9 @@ def test_gdpo_gives_a_failed_completion_advantage_zero(tiny_llama_dir):
     assert buffer.rewards.tolist() == [1.0, 0.0, -1.0, 0.0]  # the rewards themselves untouched
 
 
-def test_the_rules_and_the_losses_name_the_same_modes_and_variant_facts():
+def test_the_rules_and_the_losses_name_the_same_modes():
     """losses/ imports nothing outside itself, so what it checks of direct callers is spelled beside the rules'."""
-    from lit_grpo.losses import importance, policy
-    from lit_grpo.run import objective_knobs, rules
+    from lit_grpo.losses import importance
+    from lit_grpo.run import objective_knobs
 
     assert importance.SAMPLER_CORRECTION_MODES == objective_knobs.SAMPLER_CORRECTION_MODES
-    assert policy.VARIANT_AGGREGATION == rules.VARIANT_AGGREGATION
-    assert policy.PER_SEQUENCE_ADVANTAGE == rules.PER_SEQUENCE_ADVANTAGE

@@ -12,7 +12,7 @@ from lit_grpo.losses.advantages import gdpo_advantages, gdpo_group_sums, nan_std
 from lit_grpo.losses.aggregation import masked_aggregate
 from lit_grpo.losses.entropy import high_entropy_mask, next_entropy_coef
 from lit_grpo.losses.policy import SurrogateOptions
-from lit_grpo.losses.surrogates import vespo_weights
+from lit_grpo.losses.surrogates import SapoTemperatures, vespo_weights
 from lit_grpo.policy.logprobs import TokenLogSoftmaxEntropy
 from lit_grpo.policy.objective import Objective
 from lit_grpo.policy.policy_step import policy_terms
@@ -57,7 +57,7 @@ def test_cispo_caps_the_detached_ratio_and_keeps_every_gradient():
 
 def test_sapo_soft_gate():
     # r = 1: -(4 / tau) * sigmoid(0) * A: A = 1, tau 1 -> -2; A = -1, tau 1.05 -> 2 / 1.05 = 1.9047619
-    options = SurrogateOptions(sapo_temperature_pos=1.0, sapo_temperature_neg=1.05)
+    options = SurrogateOptions(knobs=SapoTemperatures(pos=1.0, neg=1.05))
     loss, grad, stats = loss_and_grad(1.0, 1.0, "sapo", options=options)
     assert (loss, grad) == (pytest.approx(-2.0, abs=1e-12), pytest.approx(-1.0, abs=1e-12))  # -4 s(1-s) r A = -1
     assert stats["sapo/gate_mean"].item() == pytest.approx(1.0, abs=1e-12)

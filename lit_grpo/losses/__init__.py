@@ -26,6 +26,7 @@ from lit_grpo.losses.policy import (
 )
 from lit_grpo.losses.preference import best_worst_pairs, dpo_loss
 from lit_grpo.losses.turn_credit import TURN_CREDITS, TurnCredit, turn_advantages
+from lit_grpo.losses.variants import VARIANTS, LossVariant, SurrogateInputs
 
 __all__ = [
     "ADVANTAGE_MODES",
@@ -33,11 +34,14 @@ __all__ = [
     "KL_ESTIMATORS",
     "POLICY_VARIANTS",
     "TURN_CREDITS",
+    "VARIANTS",
     "AdvantageMode",
     "Aggregation",
     "KLEstimator",
+    "LossVariant",
     "PolicyVariant",
     "Sequences",
+    "SurrogateInputs",
     "SurrogateOptions",
     "TurnCredit",
     "aggregation_terms",

@@ -4,11 +4,10 @@ the variant's per-token surrogate (``surrogates.py``), its weights (sampler corr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any
 
 import torch
 
-from lit_grpo.losses.advantages import check_choice
 from lit_grpo.losses.aggregation import (
     Sequences,
     check_aggregation,
@@ -17,16 +16,17 @@ from lit_grpo.losses.aggregation import (
     per_sequence_mean,
     sequence_log_mean,
 )
-from lit_grpo.losses.surrogates import clip_surrogate, cispo_surrogate, sapo_gate, sapo_surrogate, vespo_weights
+from lit_grpo.losses.variants import (
+    POLICY_VARIANTS,
+    VARIANTS,
+    PolicyVariant,
+    RatioLevel,
+    SurrogateInputs,
+    detached,
+    variant_row,
+)
 
-PolicyVariant = Literal["reinforce", "unclipped", "clip", "gspo", "cispo", "sapo", "luspo", "vespo"]
-POLICY_VARIANTS: tuple[str, ...] = get_args(PolicyVariant)
-RatioLevel = Literal["token", "sequence"]
-SEQUENCE_RATIO_VARIANTS = ("gspo", "luspo")  # their ratio is the sequence's; the others' a token's by default
-# losses/ is pure tensor math and imports nothing outside itself (design §1): these guard direct callers, and
-# run/rules.py refuses the same settings up front (tests/test_importance.py holds them equal)
-VARIANT_AGGREGATION = {"gspo": "seq-mean", "luspo": "seq-sum"}  # the aggregation that defines the variant
-PER_SEQUENCE_ADVANTAGE = ("gspo", "luspo", "vespo")  # they weigh a whole sequence by one advantage
+__all__ = ["POLICY_VARIANTS", "PolicyVariant", "RatioLevel", "SurrogateOptions", "importance_ratio", "policy_loss"]
 # |log ratio| beyond this is clamped before exp (as verl does): exp(88.7) overflows float32, and with A = 0 (a flat
 # group) 0 * inf is NaN. Inside the bound the loss is exact; beyond it the ratio is e^20 and passes no gradient.
 LOG_RATIO_LIMIT = 20.0
@@ -36,19 +36,16 @@ LOG_RATIO_LIMIT = 20.0
 class SurrogateOptions:
     """The knobs of the surrogates beyond the clip epsilons (``PolicyModule`` documents each)."""
 
-    ratio_level: str | None = None  # "token" or "sequence"; None: sequence for gspo and luspo, else token
+    ratio_level: str | None = None  # "token" or "sequence"; None: the variant's row's
     delta: float | None = None  # two-sided clipping's cap on the unclipped ratio (clip variants)
-    sapo_temperature_pos: float = 1.0
-    sapo_temperature_neg: float = 1.05
-    vespo_k_pos: float = 2.0
-    vespo_lambda_pos: float = 3.0
-    vespo_k_neg: float = 3.0
-    vespo_lambda_neg: float = 2.0
+    knobs: Any = None  # the variant's knobs (its row's ``knobs`` type); None: that type's defaults
 
     def level(self, variant: str) -> str:
-        if self.ratio_level is not None:
-            return self.ratio_level
-        return "sequence" if variant in SEQUENCE_RATIO_VARIANTS else "token"
+        return self.ratio_level if self.ratio_level is not None else variant_row(variant).ratio_level
+
+    def variant_knobs(self, variant: str) -> Any:
+        knob_type = variant_row(variant).knobs
+        return self.knobs if self.knobs is not None or knob_type is None else knob_type()
 
 
 def importance_ratio(logp: torch.Tensor, old_logp: torch.Tensor, completion_mask: torch.Tensor,
@@ -81,22 +78,20 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Policy-gradient surrogate to minimise, aggregated over counted tokens, and its stats.
 
-    Per-token surrogate with the ratio r of ``importance_ratio`` at ``options.level(variant)``: ``reinforce``
-    -A * logp; ``unclipped`` -A * r; ``clip`` -min(A * r, A * clip(r, 1 - clip_eps, 1 + clip_eps_high)) (with
-    ``options.delta``, r capped at delta in the first term); ``gspo`` the clip on the sequence ratio; ``luspo``
-    gspo's surrogate, to be aggregated ``seq-sum``; ``cispo`` -sg(min(r, 1 + clip_eps_high)) * A * logp; ``sapo``
-    SAPO's soft gate; ``vespo`` -phi(w) * A * logp with VESPO's sequence weight (``surrogates.py``). The per-token
-    surrogate is then multiplied by ``token_weights`` (``[N, T]`` or ``[N, 1]``: masks) and ``sampler_ratio``
-    (``[N, T]``, pi_old / pi_sampler: ``importance.sampler_importance_ratio``), which vespo takes into w instead.
+    The per-token surrogate is ``variant``'s row's formula (``variants.py``) with the ratio r of
+    ``importance_ratio`` at ``options.level(variant)`` (``clip``: -min(A * r, A * clip(r, 1 - clip_eps,
+    1 + clip_eps_high)), r capped at ``options.delta`` in the first term when set). It is then multiplied by
+    ``token_weights`` (``[N, T]`` or ``[N, 1]``: masks) and ``sampler_ratio`` (``[N, T]``, pi_old / pi_sampler:
+    ``importance.sampler_importance_ratio``), which a row that ``weighs_sampler_ratio`` takes into its formula instead.
 
     Args:
         logp: ``[N, T]`` sampled tokens' log-probs under the current policy (carries the gradient).
         old_logp: ``[N, T]`` the same under the policy that sampled them.
-        advantages: ``[N]`` one per sequence, or ``[N, T]`` per token (not for gspo, luspo, vespo).
+        advantages: ``[N]`` one per sequence, or ``[N, T]`` per token (not for a row with ``per_sequence_advantage``).
         completion_mask: ``[N, T]`` bool, True where a token counts in the loss.
         clip_eps, clip_eps_high: the clip epsilons (``None`` high means ``clip_eps``); used by every variant's
             stats; cispo caps its ratio at 1 + clip_eps_high.
-        aggregation: see ``masked_aggregate``; gspo takes ``seq-mean`` only, luspo ``seq-sum`` only.
+        aggregation: see ``masked_aggregate``; a row with ``aggregation_required`` takes its own only.
         max_new_tokens: required by ``constant``.
         sequences: where a sequence spans several rows (a tool task's chain), each row's episode (``Sequences``):
             the aggregation weighs it as one sequence, and everything taken per sequence is taken over the episode
@@ -108,14 +103,12 @@ def policy_loss(
         ``clip_ratio/low_mean`` (A < 0 and r < 1 - clip_eps), ``clip_ratio/high_mean`` (A > 0 and r > 1 +
         clip_eps_high), ``clip_ratio/region_mean`` (either; at ``sequence`` level these three are fractions of
         sequences, every sequence counting, as TRL's), ``ratio_mean``, ``approx_kl`` (mean of (r - 1) - log r
-        per token, k3 of KL(pi_old || pi_theta)); with delta ``clip_ratio/delta_mean`` (A < 0 and r > delta: the
-        two-sided cap binds); cispo adds ``cispo_clip_ratio`` (A > 0 and r above its cap), sapo
-        ``sapo/gate_mean`` (its mean gradient weight, 1 on-policy), vespo ``vespo/phi_seq_mean``.
+        per token, k3 of KL(pi_old || pi_theta)); then the row's ``statistics``.
 
     Example: logp = log 0.6, old_logp = log 0.5 (ratio 1.2), A = 1, clip_eps 0.1: ``clip`` gives -1.1 with
     clip_ratio/high_mean 1; ``unclipped`` gives -1.2; ``reinforce`` gives -log 0.6 = 0.5108.
     """
-    check_choice("loss variant", variant, POLICY_VARIANTS)
+    row = variant_row(variant)
     check_aggregation(aggregation, max_new_tokens)
     check_shapes(logp, old_logp, advantages, completion_mask)
     check_variant(variant, advantages, aggregation)
@@ -124,49 +117,20 @@ def policy_loss(
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [N, 1] or [N, T]
     level = options.level(variant)
     ratio, log_ratio = importance_ratio(logp, old_logp, mask, level, sequences)  # [N, T]
-    stats: dict[str, torch.Tensor] = {}
-    if variant == "vespo":
-        sampler_log = None if sampler_ratio is None else torch.log(sampler_ratio)
-        phi = vespo_weights(log_ratio, adv, mask, sampler_log, options.vespo_k_pos, options.vespo_lambda_pos,
-                            options.vespo_k_neg, options.vespo_lambda_neg, sequences)  # [N, 1]
-        surrogate = -phi * adv * logp
-        stats["vespo/phi_seq_mean"] = per_sequence_mean(phi[:, 0], sequences)  # every sequence, as TRL's
-    else:
-        surrogate = token_surrogate(variant, logp, ratio, adv, clip_eps, eps_high, options)  # [N, T]
-        surrogate = surrogate if sampler_ratio is None else surrogate * sampler_ratio
+    inputs = SurrogateInputs(logp, ratio, log_ratio, adv, mask, clip_eps, eps_high, options.delta,
+                             options.variant_knobs(variant), level, sampler_ratio, sequences)
+    surrogate = row.surrogate(inputs)  # [N, T]
+    if sampler_ratio is not None and not row.weighs_sampler_ratio:
+        surrogate = surrogate * sampler_ratio
     if token_weights is not None:
         surrogate = surrogate * token_weights
     loss = masked_aggregate(surrogate, mask, aggregation, max_new_tokens, sequences)
-    stats.update(policy_stats(ratio.detach(), log_ratio.detach(), adv.detach().expand_as(logp), mask, clip_eps,
-                              eps_high))
+    stats = policy_stats(ratio.detach(), log_ratio.detach(), adv.detach().expand_as(logp), mask, clip_eps, eps_high)
     if level == "sequence":  # one ratio per sequence: its figures count sequences, as TRL's do
         stats.update(sequence_clip_stats(ratio.detach(), adv.detach(), mask, clip_eps, eps_high, sequences))
-    if options.delta is not None and variant in ("clip", "gspo", "luspo"):  # where the two-sided cap binds
-        capped = (adv.detach() < 0) & (ratio.detach() > options.delta)
-        stats["clip_ratio/delta_mean"] = masked_mean(capped.expand_as(logp).to(logp.dtype), mask)
-    if variant == "cispo":
-        capped = ((ratio.detach() > 1.0 + eps_high) & (adv > 0)).to(logp.dtype)  # [N, T]
-        stats["cispo_clip_ratio"] = (per_sequence_mean(capped[:, 0], sequences) if level == "sequence" and
-                                     capped.shape[1] else masked_mean(capped, mask))
-    if variant == "sapo":
-        gate = sapo_gate(ratio.detach(), adv.detach(), options.sapo_temperature_pos, options.sapo_temperature_neg)
-        stats["sapo/gate_mean"] = masked_mean(gate, mask)
+    if row.statistics is not None:
+        stats.update(row.statistics(detached(inputs)))
     return loss, stats
-
-
-def token_surrogate(variant: str, logp: torch.Tensor, ratio: torch.Tensor, adv: torch.Tensor, eps_low: float,
-                    eps_high: float, options: SurrogateOptions = SurrogateOptions()) -> torch.Tensor:
-    """The per-token surrogate ``[N, T]`` of ``variant`` but vespo (see ``policy_loss``); ``adv`` is ``[N, 1]`` or
-    ``[N, T]``."""
-    if variant == "reinforce":
-        return -adv * logp
-    if variant == "unclipped":
-        return -adv * ratio
-    if variant == "cispo":
-        return cispo_surrogate(logp, ratio, adv, 1.0 + eps_high)
-    if variant == "sapo":
-        return sapo_surrogate(ratio, adv, options.sapo_temperature_pos, options.sapo_temperature_neg)
-    return clip_surrogate(ratio, adv, eps_low, eps_high, options.delta)
 
 
 def policy_stats(
@@ -224,11 +188,12 @@ def check_shapes(
 
 
 def check_variant(variant: str, advantages: torch.Tensor, aggregation: str) -> None:
-    """GSPO averages one clipped sequence ratio per sequence and LUSPO sums it over the sequence's tokens; they and
-    VESPO weigh a sequence by one advantage."""
-    wanted = VARIANT_AGGREGATION.get(variant)
-    if wanted is not None and aggregation != wanted:
+    """A variant whose row requires its aggregation takes no other (GSPO averages one clipped sequence ratio per
+    sequence, LUSPO sums it over the sequence's tokens); one that weighs a sequence by one advantage takes ``[N]``."""
+    row = VARIANTS[variant]
+    if row.aggregation_required and aggregation != row.aggregation:
+        wanted = row.aggregation
         raise ValueError(f"loss variant {variant!r} takes aggregation {wanted!r} only (valid choices: {wanted}), "
                          f"got {aggregation!r}")
-    if variant in PER_SEQUENCE_ADVANTAGE and advantages.dim() != 1:
+    if row.per_sequence_advantage and advantages.dim() != 1:
         raise ValueError(f"loss variant {variant!r} takes one advantage per sequence ([N]), not per-token advantages")

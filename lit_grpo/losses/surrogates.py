@@ -1,16 +1,61 @@
 """The per-token surrogates beyond PPO's clip: two-sided clipping (INTELLECT-2's delta), CISPO, SAPO and VESPO
-(docs/guide.md#the-math). Each maps ratios and advantages to the per-token loss to minimise; ``policy.py`` picks one,
-weights and aggregates it. Every function takes ``[N, T]`` ratios (a sequence-level ratio expanded over its tokens)
-and advantages ``[N, 1]`` or ``[N, T]``.
+(docs/guide.md#the-math), and the knobs of those that have some (``SapoTemperatures``, ``VespoShape``: a row's
+``knobs`` in ``variants.py``). Each maps ratios and advantages to the per-token loss to minimise; ``variants.py``
+names each variant's, ``policy.py`` weights and aggregates it. Every function takes ``[N, T]`` ratios (a
+sequence-level ratio expanded over its tokens) and advantages ``[N, 1]`` or ``[N, T]``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 
 import torch
 
 from lit_grpo.losses.aggregation import Sequences, sequence_totals
+
+
+
+@dataclass(frozen=True)
+class SapoTemperatures:
+    """SAPO's gate temperatures (``loss_variant: sapo``): a higher temperature narrows the gate around ratio 1.
+
+    Args:
+        pos: tau for tokens of positive advantage (TRL's ``sapo_temperature_pos``).
+        neg: tau for the others (TRL's ``sapo_temperature_neg``); the paper makes it the larger, so that
+            negative updates, which spread over the vocabulary, are damped sooner.
+    """
+
+    pos: float = 1.0
+    neg: float = 1.05
+
+    def problems(self) -> list[str]:
+        return [f"{name}: must be positive, got {value}" for name, value in (("pos", self.pos), ("neg", self.neg))
+                if not value > 0]
+
+
+@dataclass(frozen=True)
+class VespoShape:
+    """VESPO's sequence weight phi(w) = e^lambda w^k e^(-lambda w) (``loss_variant: vespo``), one (k, lambda) pair per
+    advantage sign.
+
+    Args:
+        k_pos: k for advantages >= 0: how hard a low weight w < 1 is damped (TRL's ``vespo_k_pos``).
+        lambda_pos: lambda for advantages >= 0: how hard a high weight is damped (``vespo_lambda_pos``).
+        k_neg: k for negative advantages (``vespo_k_neg``).
+        lambda_neg: lambda for negative advantages (``vespo_lambda_neg``).
+    """
+
+    k_pos: float = 2.0
+    lambda_pos: float = 3.0
+    k_neg: float = 3.0
+    lambda_neg: float = 2.0
+
+    def problems(self) -> list[str]:
+        return [f"{name}: must be positive, got {value}" for name, value in dataclasses.asdict(self).items()
+                if not value > 0]
+
 
 # VESPO's bounds on the log of the sequence weight w, as its authors' code (and TRL) clamp it: w in [1e-8, e^20]
 VESPO_LOG_W_MIN = math.log(1e-8)

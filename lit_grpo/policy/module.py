@@ -20,6 +20,7 @@ from lit_grpo.errors import refuse
 from lit_grpo.losses import Aggregation, KLEstimator, TurnCredit
 from lit_grpo.losses.advantages import AdvantageMode
 from lit_grpo.losses.policy import PolicyVariant, RatioLevel
+from lit_grpo.losses.surrogates import SapoTemperatures, VespoShape
 from lit_grpo.policy import epoch_passes, sampling_view, trained_state
 from lit_grpo.policy.advantages import AdvantageKnobs, assign_advantages
 from lit_grpo.policy.evaluation import GreedyEvaluation
@@ -28,7 +29,8 @@ from lit_grpo.policy.learning_signal import LearningSignalWatch
 from lit_grpo.policy.logprobs import CHUNK_TOKENS
 from lit_grpo.policy.measures import HeldOutMeasures
 from lit_grpo.policy.model_loading import load_module_model
-from lit_grpo.policy.objective import Objective, module_config_problems, refuse_base_evaluation
+from lit_grpo.policy.objective import (Objective, module_config_problems, refuse_base_evaluation,
+                                       warn_deprecated_knobs)
 from lit_grpo.policy.optimizers import module_optimizers
 from lit_grpo.policy.packed import TokenLogprobs
 from lit_grpo.policy.policy_step import EntropyCoefficient, PolicyStep
@@ -37,8 +39,8 @@ from lit_grpo.policy.value_head import ValueHead
 from lit_grpo.risk.fit import RiskReplay
 from lit_grpo.risk.head import RiskHead, RiskHeadSpec
 from lit_grpo.run.model_files import BaseDtype
-from lit_grpo.run.objective_knobs import EntropyControl, SamplerCorrection, SapoTemperatures, VespoShape, plain
-from lit_grpo.run.rules import choice_problems, cross_knob_problems
+from lit_grpo.run.objective_knobs import EntropyControl, SamplerCorrection, plain
+from lit_grpo.run.rules import choice_problems
 from lit_grpo.run.run_callbacks import EVERY_RUN, missing_run_callbacks
 from lit_grpo.tree import StdScope, ValueMode
 
@@ -71,28 +73,24 @@ class PolicyModule(pl.LightningModule):
             batch: TRL's ``normalize_then_sum``); or ``gae``: PPO, with a value head on the policy's hidden states
             and per-token GAE advantages (whitened over the buffer's counted tokens).
         std_scope: for ``grpo``, normalise by the std of each ``group`` or of the whole ``batch``.
-        loss_variant: ``reinforce``, ``unclipped``, ``clip`` (PPO/GRPO), ``gspo`` (sequence-level ratio), ``luspo``
-            (gspo summed over each sequence's tokens), ``cispo`` (the detached ratio, capped, on REINFORCE), ``sapo``
-            (a soft gate for the clip), ``vespo`` (a smooth sequence weight on REINFORCE), or ``dpo``: online DPO on
-            each group's best-versus-worst pair (tied groups give none), against pi_ref (docs/guide.md#the-math).
+        loss_variant: a row of the loss variants' table, ``lit_grpo.losses.variants`` (its formula, defaults, knobs
+            and statistics; docs/guide.md#loss-family), or ``dpo``: online DPO on each group's best-versus-worst pair.
         dpo_beta: DPO's beta (``dpo`` only).
-        clip_eps: lower clip epsilon; ``None`` means 0.2, or 3e-4 for ``gspo`` and ``luspo``.
-        clip_eps_high: upper clip epsilon (DAPO's clip-higher); ``None`` means ``clip_eps``, 4e-4 for ``gspo`` and
-            ``luspo`` when ``clip_eps`` is unset too, 4.0 for ``cispo`` (whose cap on the ratio is 1 + this).
+        clip_eps: lower clip epsilon; ``None``: the variant's row's (``clip_eps``).
+        clip_eps_high: upper clip epsilon (DAPO's clip-higher; cispo's cap 1 + it); ``None``: the row's, else clip_eps.
         clip_delta: two-sided clipping (INTELLECT-2): delta caps the unclipped term's ratio (> 1 + clip_eps_high).
-        ratio_level: the importance ratio per ``token`` or per ``sequence`` (exp of the mean log ratio); ``None``:
-            sequence for ``gspo`` and ``luspo``, token for the others.
+        ratio_level: the ratio per ``token`` or per ``sequence`` (exp of the mean log ratio); ``None``: the row's.
         aggregation: ``seq-mean`` (GRPO), ``token-mean`` (DAPO), ``constant`` (Dr. GRPO, divides by
             ``max_new_tokens``; a tool task's chain by its ``max_completion_length``, as TRL) or ``seq-sum``
             (LUSPO); a tool task's chain weighs an episode as one sequence (TRL's multi-turn completion), its
-            sequence ratio taken over the episode; the normaliser counts the whole optimizer step. ``None``:
-            the variant's own (seq-sum for luspo, token-mean for cispo and vespo, else seq-mean).
+            sequence ratio taken over the episode; the normaliser counts the whole optimizer step (``None``: the row's).
         kl_coef: beta, the weight of the KL to the reference policy; 0 skips the reference pass.
         kl_estimator: ``k1``, ``k2`` or ``k3`` per-token KL estimate.
         kl_in: ``loss`` adds beta * KL to the loss (GRPO); ``reward`` subtracts beta * sum of k1 from each
             sequence's reward before the advantages (grouped rollouts only).
         kl_ratio_correction: each token's KL term times pi_theta / pi_old (unbiased off-policy; DeepSeek-V3.2's).
-        sapo: SAPO's temperatures (``SapoTemperatures``). vespo: VESPO's weight shape (``VespoShape``).
+        loss_knobs: the variant's knobs, the fields of its row's knob type (``None``: its defaults); ``sapo``,
+            ``vespo``: their old names (deprecated).
         entropy: entropy control, the high-entropy token mask and the entropy bonus (``EntropyControl``); ``None``.
         off_policy_mask_threshold: DeepSeek-V3.2's off-policy sequence mask: a negative-advantage sequence whose mean
             KL(sampler || pi_theta) over its tokens exceeds this leaves the loss; ``None``: off.
@@ -171,8 +169,9 @@ class PolicyModule(pl.LightningModule):
         kl_estimator: KLEstimator = "k3",
         kl_in: Literal["loss", "reward"] = "loss",
         kl_ratio_correction: bool = False,
-        sapo: SapoTemperatures = SapoTemperatures(),
-        vespo: VespoShape = VespoShape(),
+        loss_knobs: dict[str, Any] | None = None,
+        sapo: SapoTemperatures | None = None,
+        vespo: VespoShape | None = None,
         entropy: EntropyControl | None = None,
         off_policy_mask_threshold: float | None = None,
         tree_value_mode: ValueMode = "mean",
@@ -199,9 +198,10 @@ class PolicyModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "optimizer", "lr_scheduler")}
-        problems = self.config_problems(arguments) + cross_knob_problems(arguments, None)  # its own knobs' rules too
-        refuse("invalid PolicyModule configuration", problems)
-        risk, sapo, vespo, entropy, sampler_correction = map(plain, (risk, sapo, vespo, entropy, sampler_correction))
+        refuse("invalid PolicyModule configuration", self.config_problems(arguments))  # its own knobs' rules too
+        warn_deprecated_knobs(arguments)
+        risk, sapo, vespo, entropy, sampler_correction, loss_knobs = map(plain, (risk, sapo, vespo, entropy,
+                                                                                sampler_correction, loss_knobs))
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])  # weights_only checkpoints: plain mappings
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.strict_loading = False  # checkpoints hold the trainable weights only, not the frozen base

@@ -2,39 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_warn
+
 from lit_grpo.errors import refuse
 from lit_grpo.losses.policy import SurrogateOptions
-from lit_grpo.run.objective_knobs import (
-    EntropyControl,
-    SamplerCorrection,
-    SapoTemperatures,
-    VespoShape,
-    as_spec,
-    group_problems,
-)
+from lit_grpo.losses.variants import DEFAULT_CLIP_EPS, VARIANTS, ChecksItself
+from lit_grpo.policy.knob_rules import FLAT_KNOBS, module_knob_problems
 from lit_grpo.risk.head import RiskHeadSpec
+from lit_grpo.run.objective_knobs import EntropyControl, SamplerCorrection, as_spec, group_problems
 from lit_grpo.run.model_files import (
     model_path_problem,
     remote_code_problem,
     resolve_model_path,
 )
 
-GSPO_CLIP_EPS = (3e-4, 4e-4)  # the GSPO paper's (low, high), LUSPO's too
-DEFAULT_CLIP_EPS = 0.2
-CISPO_CLIP_EPS_HIGH = 4.0  # CISPO's cap 1 + 4 = 5 (ScaleRL's epsilon_max 5.0)
-# the aggregation each variant takes unless set (TRL's pairing of each loss_type with its normaliser)
-DEFAULT_AGGREGATION = {"luspo": "seq-sum", "cispo": "token-mean", "vespo": "token-mean"}
 
 
 def module_config_problems(args: dict[str, Any]) -> list[str]:
     """Every problem with PolicyModule's argument values beyond their choices (``PolicyModule.config_problems``
     adds those, read off the signature's ``Literal`` types), as messages naming the knob (empty when all is
-    well). Rules between knobs are ``lit_grpo.run.rules``'s."""
+    well), the rules among its own knobs included (``knob_rules.py``); rules across parts are
+    ``lit_grpo.run.rules``'s."""
     problems = []
     if args["lora_rank"] < 1:
         problems.append(f"lora_rank: must be >= 1, got {args['lora_rank']}")
@@ -52,7 +46,7 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
     if args["off_policy_mask_threshold"] is not None and not args["off_policy_mask_threshold"] >= 0:
         problems.append(f"off_policy_mask_threshold: must be >= 0 (a KL in nats) or None, got "
                         f"{args['off_policy_mask_threshold']}")
-    problems += group_problems(args)
+    problems += group_problems(args) + loss_knob_problems(args) + module_knob_problems(args)
     if args["vf_clip"] is not None and args["vf_clip"] <= 0:
         problems.append(f"vf_clip: must be positive or None, got {args['vf_clip']}")
     if not 0 <= args["gamma"] <= 1 or not 0 <= args["gae_lambda"] <= 1:
@@ -182,26 +176,19 @@ class Objective:
 
     @classmethod
     def from_arguments(cls, args: dict[str, Any]) -> Objective:
+        """The objective of PolicyModule's arguments, each unset loss knob taken from the variant's row."""
         variant = args["loss_variant"]
-        low, high = args["clip_eps"], args["clip_eps_high"]
-        if variant in ("gspo", "luspo") and low is None and high is None:
-            low, high = GSPO_CLIP_EPS
-        if variant == "cispo" and high is None:
-            high = CISPO_CLIP_EPS_HIGH
-        low = DEFAULT_CLIP_EPS if low is None else low
-        sapo = as_spec(SapoTemperatures, args.get("sapo")) or SapoTemperatures()
-        vespo = as_spec(VespoShape, args.get("vespo")) or VespoShape()
+        low, high = clip_epsilons(args["clip_eps"], args["clip_eps_high"], variant)
         return cls(
             advantage_mode=args["advantage_mode"],
             variant=variant,
             clip_eps=low,
-            clip_eps_high=low if high is None else high,
+            clip_eps_high=high,
             aggregation=resolved_aggregation(args),
             kl_coef=args["kl_coef"],
             kl_estimator=args["kl_estimator"],
             kl_in=args["kl_in"],
-            surrogate=SurrogateOptions(args.get("ratio_level"), args.get("clip_delta"), sapo.pos, sapo.neg,
-                                       vespo.k_pos, vespo.lambda_pos, vespo.k_neg, vespo.lambda_neg),
+            surrogate=SurrogateOptions(args.get("ratio_level"), args.get("clip_delta"), variant_knobs(args)),
             kl_ratio_correction=bool(args.get("kl_ratio_correction", False)),
             off_policy_mask_threshold=args.get("off_policy_mask_threshold"),
             entropy=as_spec(EntropyControl, args.get("entropy")),
@@ -209,9 +196,61 @@ class Objective:
         )
 
 
+def clip_epsilons(low: float | None, high: float | None, variant: str) -> tuple[float, float]:
+    """``(clip_eps, clip_eps_high)`` as set, an unset one from the variant's row: both unset, the row's pair
+    (``clip_eps``); the high one unset, the row's ``clip_eps_high`` (CISPO's cap), else the low one; the low one
+    unset but the high one set, ``DEFAULT_CLIP_EPS``. dpo's are PPO's (it reads none)."""
+    row = VARIANTS.get(variant)
+    if row is not None and low is None and high is None:
+        low, high = row.clip_eps
+    if row is not None and high is None:
+        high = row.clip_eps_high
+    low = DEFAULT_CLIP_EPS if low is None else low
+    return low, low if high is None else high
+
+
 def resolved_aggregation(args: dict[str, Any]) -> str:
-    """``aggregation`` as set, or (None) the variant's own: ``seq-sum`` for luspo, ``token-mean`` for cispo and vespo,
-    ``seq-mean`` for the others."""
+    """``aggregation`` as set, or (None) the variant's row's (dpo's ``seq-mean``)."""
     if args.get("aggregation") is not None:
         return args["aggregation"]
-    return DEFAULT_AGGREGATION.get(args.get("loss_variant"), "seq-mean")
+    row = VARIANTS.get(args.get("loss_variant"))
+    return "seq-mean" if row is None else row.aggregation
+
+
+def given_knobs(args: dict[str, Any]) -> tuple[str, Any]:
+    """``(argument, value)`` of the variant's knobs as given: ``loss_knobs``, else the deprecated flat argument of
+    the variant's name (``sapo``, ``vespo``); ``("loss_knobs", None)`` when neither is."""
+    variant = args.get("loss_variant")
+    if args.get("loss_knobs") is None and variant in FLAT_KNOBS and args.get(variant) is not None:
+        return variant, args[variant]
+    return "loss_knobs", args.get("loss_knobs")
+
+
+def variant_knobs(args: dict[str, Any]) -> Any:
+    """The variant's knobs as its row's knob type (its defaults when unset); None for a variant without knobs."""
+    row = VARIANTS.get(args["loss_variant"])
+    if row is None or row.knobs is None:
+        return None
+    return as_spec(row.knobs, given_knobs(args)[1]) or row.knobs()
+
+
+def loss_knob_problems(args: dict[str, Any]) -> list[str]:
+    """The variant's knobs as given: fields of its row's knob type, each in its range (the type's ``problems()``)."""
+    name, value = given_knobs(args)
+    row = VARIANTS.get(args.get("loss_variant"))
+    if value is None or row is None or row.knobs is None:
+        return []  # a variant without knobs given some: knob_rules.py
+    try:
+        knobs = as_spec(row.knobs, value)
+    except TypeError as error:
+        fields = ", ".join(f.name for f in dataclasses.fields(row.knobs))
+        return [f"{name}: {error}; fields of {row.knobs.__name__}: {fields}"]
+    return [f"{name}.{problem}" for problem in knobs.problems()] if isinstance(knobs, ChecksItself) else []
+
+
+def warn_deprecated_knobs(args: dict[str, Any]) -> None:
+    """A ``FutureWarning`` when the variant's knobs are given by their old flat name (``sapo``, ``vespo``)."""
+    name = given_knobs(args)[0]
+    if name != "loss_knobs":
+        rank_zero_warn(f"PolicyModule: model.{name} is deprecated and goes in the next release; set model.loss_knobs "
+                       "(the same fields) instead", category=FutureWarning)

@@ -1,6 +1,6 @@
 """The grouped knobs of the objectives beyond the clip (each a ``PolicyModule`` argument set as one mapping in a
-config, ``--model.<group>.<field>`` on the command line): SAPO's temperatures, VESPO's weight shape, entropy control
-and the sampler correction. TRL 1.16's ``GRPOConfig`` names are given beside each field (docs/guide.md#from-trl)."""
+config, ``--model.<group>.<field>`` on the command line): entropy control and the sampler correction (a loss
+variant's own knobs are its row's knob type, ``lit_grpo.losses.variants``). TRL 1.16's ``GRPOConfig`` names are given beside each field (docs/guide.md#from-trl)."""
 
 from __future__ import annotations
 
@@ -12,46 +12,6 @@ from typing import Any, Literal, TypeVar, get_args
 # run/ sits below the losses: the modes are spelled here, and losses.importance reads them from here
 SamplerCorrectionMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 SAMPLER_CORRECTION_MODES: tuple[str, ...] = get_args(SamplerCorrectionMode)
-
-
-@dataclass(frozen=True)
-class SapoTemperatures:
-    """SAPO's gate temperatures (``loss_variant: sapo``): a higher temperature narrows the gate around ratio 1.
-
-    Args:
-        pos: tau for tokens of positive advantage (TRL's ``sapo_temperature_pos``).
-        neg: tau for the others (TRL's ``sapo_temperature_neg``); the paper makes it the larger, so that
-            negative updates, which spread over the vocabulary, are damped sooner.
-    """
-
-    pos: float = 1.0
-    neg: float = 1.05
-
-    def problems(self) -> list[str]:
-        return [f"sapo.{name}: must be positive, got {value}" for name, value in (("pos", self.pos), ("neg", self.neg))
-                if not value > 0]
-
-
-@dataclass(frozen=True)
-class VespoShape:
-    """VESPO's sequence weight phi(w) = e^lambda w^k e^(-lambda w) (``loss_variant: vespo``), one (k, lambda) pair per
-    advantage sign.
-
-    Args:
-        k_pos: k for advantages >= 0: how hard a low weight w < 1 is damped (TRL's ``vespo_k_pos``).
-        lambda_pos: lambda for advantages >= 0: how hard a high weight is damped (``vespo_lambda_pos``).
-        k_neg: k for negative advantages (``vespo_k_neg``).
-        lambda_neg: lambda for negative advantages (``vespo_lambda_neg``).
-    """
-
-    k_pos: float = 2.0
-    lambda_pos: float = 3.0
-    k_neg: float = 3.0
-    lambda_neg: float = 2.0
-
-    def problems(self) -> list[str]:
-        return [f"vespo.{name}: must be positive, got {value}" for name, value in dataclasses.asdict(self).items()
-                if not value > 0]
 
 
 @dataclass(frozen=True)
@@ -144,8 +104,7 @@ class SamplerCorrection:
 
 
 Spec = TypeVar("Spec")
-GROUPS: dict[str, type] = {"sapo": SapoTemperatures, "vespo": VespoShape, "entropy": EntropyControl,
-                           "sampler_correction": SamplerCorrection}
+GROUPS: dict[str, type] = {"entropy": EntropyControl, "sampler_correction": SamplerCorrection}
 
 
 def as_spec(cls: type[Spec], value: Any) -> Spec | None:

@@ -2,8 +2,10 @@
 ``__init__`` signatures, where they are spelled once) and every rule that spans knobs, in one registry
 (``cross_knob_problems``), run before any weights load (``lit_grpo.config_check``, from the command line) and again
 in ``RolloutDataModule.setup`` (the Python API), each with one wording. Each knob's own range is checked where it is
-read (``PolicyModule.config_problems``, ``RolloutDataModule.config_problems``); a rule that reads two knobs or more
-(of the module, the data, the trainer, the task, the engine or a callback) lives here only.
+read (``PolicyModule.config_problems``, ``RolloutDataModule.config_problems``), and so are the rules among one part's
+own knobs (the module's: ``lit_grpo.policy.knob_rules``, read off the loss variants' table); a rule that reads two
+knobs or more of different parts (the module, the data, the trainer, the task, the engine or a callback) lives here
+only.
 
 Which features work with which rollout kind is data (``FEATURES``). Grouped rollouts (G completions of one prompt)
 carry every loss and sampling feature; tree and chain rollouts (multi-round episodes scored by an environment) carry
@@ -14,7 +16,6 @@ refuses every row.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import types
 import typing
@@ -22,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from lit_grpo.run.objective_knobs import SapoTemperatures, VespoShape
 from lit_grpo.run.task_rules import reward_timeout_problems
 
 # run/ sits below every part it has rules for (pyproject.toml's import contracts): what the rules need to know of the
@@ -131,84 +131,6 @@ def choice_problems(function: Callable, args: dict[str, Any]) -> list[str]:
         if choices is not None and name in args and args[name] not in choices:
             shown = ", ".join("null" if c is None else str(c) for c in choices)
             problems.append(f"{name}: unknown value {args[name]!r}; valid choices: {shown}")
-    return problems
-
-
-# the aggregation that defines a variant (a variant missing here takes any; losses.policy checks it too)
-VARIANT_AGGREGATION = {"gspo": "seq-mean", "luspo": "seq-sum"}
-PER_SEQUENCE_ADVANTAGE = ("gspo", "luspo", "vespo")  # they weigh a whole sequence by one advantage
-RATIO_VARIANTS = ("unclipped", "clip", "cispo", "sapo", "luspo")  # their ratio may be a token's or a sequence's
-CLIP_VARIANTS = ("clip", "gspo", "luspo")  # the variants that clip the ratio (and cap it with clip_delta)
-# turn credit -> the advantage modes that say its baseline and scale (turn_credit 'episode' takes every mode)
-TURN_CREDIT_MODES = {"reward_to_go": ("rloo",), "per_turn_index": ("grpo", "centered", "drgrpo")}
-TURN_CREDIT_WHY = {"reward_to_go": "its baseline is the leave-one-out mean of the other episodes' reward-to-go",
-                   "per_turn_index": "grpo divides each turn index's centred rewards by their std, centered and "
-                                     "drgrpo do not"}
-# knob -> the variant that reads it: set to other than its defaults with another variant, it would do nothing
-VARIANT_KNOBS = {"sapo": (SapoTemperatures, "sapo"), "vespo": (VespoShape, "vespo")}
-
-
-def module_knob_problems(model_args: dict[str, Any]) -> list[str]:
-    """The rules among PolicyModule's own knobs: which loss takes which aggregation, ratio, advantages and
-    corrections (a knob that would do nothing with the others is refused by name)."""
-    variant, mode = model_args["loss_variant"], model_args["advantage_mode"]
-    problems = surrogate_knob_problems(model_args)
-    aggregation, wanted = model_args.get("aggregation"), VARIANT_AGGREGATION.get(variant)
-    if wanted is not None and aggregation not in (None, wanted):
-        problems.append(f"model.aggregation: loss_variant {variant!r} takes {wanted!r} only, got {aggregation!r}")
-    if variant in PER_SEQUENCE_ADVANTAGE and mode == "gae":
-        problems.append(f"model.advantage_mode: 'gae' gives per-token advantages, which {variant} does not take (it "
-                        "weighs a sequence by one advantage); use another advantage_mode or loss_variant")
-    if variant == "dpo" and mode == "gae":
-        problems.append("model.loss_variant 'dpo' learns from preference pairs; it takes no GAE advantages: use "
-                        "another advantage_mode")
-    if mode == "gdpo" and model_args.get("kl_in") == "reward" and model_args.get("kl_coef", 0) > 0:
-        problems.append("model.advantage_mode 'gdpo' with model.kl_in 'reward': GDPO normalises each of the task's "
-                        "rewards apart, and the KL penalty is none of them; use kl_in 'loss'")
-    credit = model_args.get("turn_credit", "episode")
-    wanted_modes = TURN_CREDIT_MODES.get(credit, (mode,))
-    if mode not in wanted_modes:
-        problems.append(f"model.turn_credit {credit!r} with advantage_mode {mode!r}: it takes advantage_mode "
-                        f"{' or '.join(repr(m) for m in wanted_modes)} ({TURN_CREDIT_WHY[credit]})")
-    if mode == "gdpo" and model_args.get("std_scope") == "batch":
-        problems.append("model.std_scope 'batch' with advantage_mode 'gdpo': GDPO normalises within each group and "
-                        "then over the batch already; leave std_scope 'group'")
-    return problems
-
-
-def surrogate_knob_problems(model_args: dict[str, Any]) -> list[str]:
-    """The surrogate's own knobs set where the variant does not read them."""
-    variant = model_args["loss_variant"]
-    problems = []
-    level = model_args.get("ratio_level")
-    if level is not None and variant not in RATIO_VARIANTS and (variant, level) != ("gspo", "sequence"):
-        problems.append(f"model.ratio_level {level!r} with loss_variant {variant!r}: only "
-                        f"{', '.join(RATIO_VARIANTS)} choose their ratio's level (gspo's is the sequence's: clip is "
-                        "gspo at token level; reinforce and vespo take none); leave it unset")
-    if model_args.get("clip_delta") is not None and variant not in CLIP_VARIANTS:
-        problems.append(f"model.clip_delta with loss_variant {variant!r}: it caps the clip's ratio, which only "
-                        f"{', '.join(CLIP_VARIANTS)} take; leave it unset")
-    for knob, (spec, reader) in VARIANT_KNOBS.items():
-        value, default = model_args.get(knob), dataclasses.asdict(spec())
-        fields = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-        if variant != reader and isinstance(fields, dict) and {**default, **fields} != default:
-            problems.append(f"model.{knob} with loss_variant {variant!r}: only loss_variant {reader!r} reads it; "
-                            "leave it at its defaults")
-    correction = model_args.get("sampler_correction")
-    mode = correction.get("mode", "token_truncate") if isinstance(correction, dict) else getattr(correction, "mode", None)
-    if variant == "vespo" and mode in ("sequence_truncate", "sequence_mask"):
-        problems.append(f"model.sampler_correction mode {mode!r} with loss_variant 'vespo': VESPO takes the sampler's "
-                        "per-token ratios into its sequence weight; use mode 'token_truncate' or 'token_mask'")
-    if model_args.get("kl_ratio_correction") and not (model_args.get("kl_coef", 0) > 0 and
-                                                      model_args.get("kl_in") == "loss"):
-        problems.append("model.kl_ratio_correction: it corrects the KL term of the loss, which needs kl_coef > 0 and "
-                        "kl_in 'loss'")
-    if variant == "dpo":
-        on = [name for name in ("entropy", "off_policy_mask_threshold", "sampler_correction")
-              if model_args.get(name) is not None] + (["kl_ratio_correction"] if model_args.get("kl_ratio_correction")
-                                                      else [])
-        problems += [f"model.{name} with loss_variant 'dpo': online DPO's loss on pairs has no policy-gradient "
-                     "surrogate to mask, weight or regularise; leave it unset" for name in on]
     return problems
 
 
@@ -382,14 +304,15 @@ def declared_rounds(task: Any, task_args: dict[str, Any] | None) -> tuple[int | 
 def cross_knob_problems(model_args: dict[str, Any] | None, data_args: dict[str, Any] | None, engine: Any = None,
                         task: Any = None, trainer: TrainerFacts | None = None,
                         task_args: dict[str, Any] | None = None, rewards: list[Any] | None = None) -> list[str]:
-    """The registry: every rule spanning knobs of the module, data, trainer, engine and task (an object or its class,
-    None if not importable; ``rewards``: the task's configured reward classes, before it is built). ``model_args``
-    None runs the data's rules only (a DataModule before it meets a module), ``data_args`` None the module's."""
-    problems = [] if model_args is None else module_knob_problems(model_args)
+    """The registry: every rule that spans knobs, of the module, the data and the trainer (and the engine and the
+    task, each given as an object or its class; None when it could not be imported; ``rewards``: the task's
+    configured reward classes, before it is built). ``model_args`` None runs the data's own rules only (the
+    DataModule alone, before it meets a module), ``data_args`` None none (the module's own are
+    ``PolicyModule.config_problems``'); the trainer's rules run when its ``TrainerFacts`` are given."""
     if data_args is None:
-        return problems
+        return []
     model = model_args or {}
-    problems += data_knob_problems(data_args)
+    problems = data_knob_problems(data_args)
     problems += [] if model_args is None else group_of_one_problems(model_args, data_args)
     problems += multi_round_problems(data_args, task, model_args, task_args)
     problems += reward_timeout_problems(data_args, task, rewards)
