@@ -168,7 +168,7 @@ def main() -> None:
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
     parser.add_argument("--tune-seed", type=int, default=0)
-    parser.add_argument("--budget", type=int, default=40000, help="policy tokens a run")
+    parser.add_argument("--budget", type=int, default=48000, help="policy tokens a run")
     parser.add_argument("--target", type=float, default=1.0, help="the training return whose cost is reported")
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)

@@ -47,6 +47,8 @@ ARMS = {
     "tree-turns": ["--data.rollout", "tree", "--data.branching", "[2,2,2,1,1,1]", "--model.tree_value_mode", "mean",
                    "--model.tree_std_scope", "none"],
 }
+ENGINES = {"hf": [], "vllm": ["--data.engine", "lit_grpo.engines.VLLMEngine", "--data.engine.init_args.dtype",
+                              "float32", "--data.engine.init_args.kv_cache_gib", "1.0"]}
 
 
 def model_id() -> str:
@@ -66,7 +68,7 @@ def train(run: dict[str, Any], work: Path) -> tuple[Path, dict[str, Any]]:
     budget = json.dumps({"class_path": "benchmarks.research.trees.token_budget.PolicyTokenBudget",
                          "init_args": {"budget": run["budget"]}})
     logger = ["--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(work)]
-    then = [*ARMS[run["arm"]], "--model.optimizer.lr", str(run["lr"]), f"--trainer.callbacks+={budget}",
+    then = [*ARMS[run["arm"]], *ENGINES[run.get("engine", "hf")], "--model.optimizer.lr", str(run["lr"]), f"--trainer.callbacks+={budget}",
             "--trainer.max_epochs", "100000", "--trainer.check_val_every_n_epoch", "100000",
             "--trainer.num_sanity_val_steps", "0", "--data.val_max_prompts", "2", "--metrics.table_every_n_epochs",
             "0", "--data.task.init_args.tool_timeout", "null"]
@@ -121,7 +123,7 @@ def evaluate(adapter: Path | None) -> dict[str, Any]:
     return, the share solved, calls per episode and each turn's actions."""
     task = stock_task()
     tokenizer = load_tokenizer(str(ROOT / MODEL))
-    policy = load_policy(str(ROOT / MODEL), 8, 16, 0.0, "all-linear", init_adapter=None if adapter is None else
+    policy = load_policy(str(ROOT / MODEL), 16, 32.0, 0.0, "all-linear", init_adapter=None if adapter is None else
                          str(adapter), dtype="float32")
     engine = HFEngine()
     engine.push_policy(policy)
