@@ -56,7 +56,7 @@ def test_every_problem_of_the_sets_as_written_is_listed_at_once(tmp_path):
         "eval_sets[2].evaluation.k: each k of pass@k must be within 1..samples (4), got [1, 8]: lower k or raise "
         "evaluation.samples",
         "eval_sets[3]: unknown field(s) overlap_ok; fields: name, source, split, evaluation, max_prompts, "
-        "every_n_epochs, overlap",
+        "every_n_epochs, overlap, task",
         "eval_sets[1].name: 'a' names eval_sets[0] too: give each set its own name",
         f"eval_sets[1].source: {str(tmp_path / 'missing.jsonl')!r} is neither a split (validation or test) nor an "
         "existing data file: give the file's path (relative to where you run, or to the checkout)",
@@ -198,3 +198,38 @@ def test_a_fit_logs_each_set_under_its_name_at_its_interval_and_writes_both_to_t
     assert {(line["set"], line["step"]) for line in lines} == {("held", 0), ("held", 1), ("held", 2), ("digits", 2)}
     assert {(line["metric"], line["n"], line["k"], line["seed"]) for line in lines if line["set"] == "digits"} >= {
         ("pass@2", 2, 2, 1), ("accuracy", 1, None, None)}
+
+
+@pytest.mark.slow
+def test_a_set_with_its_own_task_is_scored_by_that_task_as_a_validation_of_it_alone(tmp_path, monkeypatch):
+    """The sort task's validation prompts as a set of a quickstart validation (its own task, its own rewards) give
+    the figures a validation with the sort task as data.task gives, on the same base model."""
+    from lit_grpo.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    sort_task = {"class_path": "lit_grpo.tasks.SortTask",
+                 "init_args": {"rewards": ["sort_distance", "inclusion_ordering"], "reward_weights": [1.0, 0.5]}}
+    common = ["validate", "--config", str(ROOT / "configs/quickstart.yaml"), "--model.evaluate_base", "true",
+              "--trainer.logger", "CSVLogger", "--trainer.enable_progress_bar", "false"]
+    main([*common, "--trainer.logger.save_dir", "sets", *sets_flag(
+        [{"name": "sums", "source": "validation", "max_prompts": 6},
+         {"name": "sorting", "source": "validation", "max_prompts": 6, "task": sort_task}])])
+    main([*common, "--trainer.logger.save_dir", "alone", "--data.task", json.dumps(sort_task),
+          "--data.val_max_prompts", "6"])
+
+    def logged(folder: str) -> dict[str, float]:
+        (path,) = (tmp_path / folder).glob("*/version_*/metrics.csv")
+        with path.open() as handle:
+            return {k: float(v) for row in csv.DictReader(handle) for k, v in row.items() if v and k.startswith("val")}
+
+    sets, alone = logged("sets"), logged("alone")
+    assert {k for k in sets if k.startswith("val/sorting/")} == {"val/sorting/accuracy", "val/sorting/reward"}
+    assert sets["val/sorting/reward"] == alone["val/reward"] and sets["val/sorting/accuracy"] == alone["val/accuracy"]
+    assert sets["val/sums/reward"] != sets["val/sorting/reward"]  # the quickstart's own reward scored the other set
+
+
+def test_a_sets_task_that_cannot_be_built_is_named():
+    problems = eval_sets_problems([{"name": "a", "source": "validation",
+                                    "task": {"class_path": "lit_grpo.tasks.NoSuchTask"}}])
+    assert len(problems) == 1 and problems[0].startswith("eval_sets[0].task: "), problems
+    assert "data.task" in problems[0]

@@ -24,7 +24,7 @@ from lit_grpo.risk.probes import probe_records
 from lit_grpo.rollout.ahead import RolloutPrefetcher, rollouts_ahead
 from lit_grpo.rollout.cursor import PromptCursor
 from lit_grpo.rollout.engine_sync import EngineSync
-from lit_grpo.rollout.eval_sets import EvalSet, as_batches, due_sets, held_out_sets
+from lit_grpo.rollout.eval_sets import EvalSet, as_batches, close_scoring, due_sets, held_out_sets
 from lit_grpo.rollout.grouped import GroupedDraw
 from lit_grpo.rollout.held_out import HeldOutPrompts, SampledEvaluation, Scores
 from lit_grpo.rollout.probes import probe_labels
@@ -370,6 +370,4 @@ class RolloutDataModule(pl.LightningDataModule):
         if not self.engine.shared:
             self.engine.close()
             self.engine_sync.forget()  # a closed engine holds no policy: the next stage pushes it again
-        if isinstance(self.scorer, RewardWorker):
-            self.scorer.close()
-        self.task.close()  # a tool task's worker process
+        close_scoring(self.held_out, self.eval_sets)  # reward workers, a tool task's worker process

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from lit_grpo.errors import InputError
 from lit_grpo.rollout.held_out import HeldOutPrompts
+from lit_grpo.rollout.reward_worker import RewardWorker
 from lit_grpo.rollout.sampled import SampledEvaluation, as_evaluation, evaluation_problems
 from lit_grpo.run.model_files import shipped_path
 from lit_grpo.tasks import DatasetTask, PromptRecord, Task
@@ -48,6 +49,9 @@ class EvalSet:
             rule of ``trainer.check_val_every_n_epoch``: give a multiple of it); ``validate`` scores every set.
         overlap: ``refused``: a set sharing a prompt with the training split is refused before the model loads;
             ``allowed``: scored anyway.
+        task: this set's own task, written as ``data.task`` is (``class_path`` and ``init_args``; None: the data
+            module's task): its ``source`` is read as it reads its data (``validation``/``test``: its own splits) and
+            its rewards score the set (bounded by ``data.reward_timeout`` as the data module's are).
     """
 
     name: str = ""
@@ -57,6 +61,7 @@ class EvalSet:
     max_prompts: int | None = None
     every_n_epochs: int = 1
     overlap: Overlap = "refused"
+    task: Any = None
 
 
 EvalSets = Mapping[str, Any] | Sequence[Any] | None  # data.eval_sets as given: by name, or a list with names
@@ -80,14 +85,40 @@ def plain(value: Any) -> Any:
     value = value.as_dict() if callable(getattr(value, "as_dict", None)) else value
     if isinstance(value, Mapping) and "class_path" in value:
         value = value.get("init_args") or {}
-    return {key: plain(item) for key, item in value.items()} if isinstance(value, Mapping) else value
+    if not isinstance(value, Mapping):
+        return value
+    return {key: (task_mapping(item) if key == "task" else plain(item)) for key, item in value.items()}
+
+
+def task_mapping(value: Any) -> Any:
+    """A set's ``task`` as given, a jsonargparse ``Namespace`` as a dict, its ``class_path`` kept (``built_task``)."""
+    return value.as_dict() if callable(getattr(value, "as_dict", None)) else value
+
+
+def built_task(where: str, given: Any) -> Task | None:
+    """A set's own task built from its ``class_path`` and ``init_args`` by jsonargparse, as the command builds
+    ``data.task`` (None: the data module's); ``InputError`` naming the set where it cannot be built."""
+    if given is None or isinstance(given, Task):
+        return given
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--task", type=Task)
+    try:
+        return parser.instantiate_classes(parser.parse_object({"task": given})).task
+    except InputError as refused:
+        raise InputError(f"{where}.task: {refused}") from None
+    except Exception as refused:  # jsonargparse's parse errors: an unknown class, a bad argument
+        raise InputError(f"{where}.task: {str(refused).splitlines()[0]}; give a Task subclass's class_path and its "
+                         "init_args, as data.task") from None
 
 
 def named_sets(value: EvalSets) -> list[EvalSet]:
     """``data.eval_sets`` as ``EvalSet``s with their names (a config's or a checkpoint's mappings built), in order."""
     sets = []
-    for _, key, given in entries(value):
-        spec = EvalSet(**{**given, "evaluation": as_evaluation(given.get("evaluation"))})
+    for where, key, given in entries(value):
+        spec = EvalSet(**{**given, "evaluation": as_evaluation(given.get("evaluation")),
+                          "task": built_task(where, given.get("task"))})
         sets.append(replace(spec, name=key) if key is not None else spec)
     return sets
 
@@ -118,7 +149,12 @@ def eval_sets_problems(value: EvalSets) -> list[str]:
         found = evaluation_problems(given.get("evaluation"))
         problems += [f"{where}.{problem}" for problem in found]
         given = {k: v for k, v in given.items() if k in known and not (k == "evaluation" and found)}
-        spec = EvalSet(**{**given, "evaluation": as_evaluation(given.get("evaluation"))})
+        try:
+            task = built_task(where, given.get("task"))
+        except InputError as refused:
+            problems.append(str(refused))
+            task = None
+        spec = EvalSet(**{**given, "evaluation": as_evaluation(given.get("evaluation")), "task": task})
         checked.append((where, replace(spec, name=key) if key is not None else spec))
     seen: dict[str, str] = {}
     for where, spec in checked:
@@ -138,7 +174,9 @@ def eval_sets_problems(value: EvalSets) -> list[str]:
 
 def set_records(task: Task, spec: EvalSet) -> list[PromptRecord]:
     """The prompts of one set, every one (``max_prompts`` is the loader's): the task's split, or the rows of the
-    file as the task reads its own (``InputError`` naming what cannot be read)."""
+    file as the task reads its own (``InputError`` naming what cannot be read); the set's own task's where it has
+    one."""
+    task = spec.task or task
     if spec.source == "validation":
         return list(task.validation_records())
     if spec.source == "test":
@@ -175,14 +213,29 @@ def eval_sets_data_problems(task: Task, value: EvalSets) -> list[str]:
 
 def held_out_sets(held_out: HeldOutPrompts, value: EvalSets) -> list[HeldOutPrompts]:
     """One ``HeldOutPrompts`` per named set, as ``held_out`` (the data module's: task, engine, scorer, batch size)
-    but for the set's records, prompt cap and evaluation, its batches carrying its name."""
+    but for the set's records, prompt cap and evaluation, its batches carrying its name; a set with its own task
+    is scored by it (in a ``RewardWorker`` of its own where the data module's scorer is one: ``close_sets``)."""
     sets = []
     for spec in named_sets(value):
         evaluation = spec.evaluation if spec.evaluation is not None else held_out.evaluation
         read = partial(set_records, held_out.task, spec)  # a split read each time: the prompt check may drop some
-        sets.append(replace(held_out, max_prompts=spec.max_prompts, evaluation=evaluation, name=spec.name,
-                            every_n_epochs=spec.every_n_epochs, source=read if spec.source in SPLITS else cache(read)))
+        task, scorer, rounds = held_out.task, held_out.scorer, held_out.rounds
+        if spec.task is not None:
+            task, rounds = spec.task, getattr(spec.task, "max_rounds", None)
+            scorer = RewardWorker(task, held_out.scorer.timeout) if isinstance(held_out.scorer, RewardWorker) else task
+        sets.append(replace(held_out, task=task, scorer=scorer, rounds=rounds, max_prompts=spec.max_prompts,
+                            evaluation=evaluation, name=spec.name, every_n_epochs=spec.every_n_epochs,
+                            source=read if spec.source in SPLITS else cache(read)))
     return sets
+
+
+def close_scoring(held_out: HeldOutPrompts, sets: Sequence[HeldOutPrompts]) -> None:
+    """Close what scoring opened: the data module's reward worker and task (``held_out``'s: a tool task's worker
+    process), then each set's own where it has its own task."""
+    for held in [held_out, *(s for s in sets if s.task is not held_out.task)]:
+        if isinstance(held.scorer, RewardWorker):
+            held.scorer.close()
+        held.task.close()
 
 
 def due_sets(sets: Sequence[HeldOutPrompts], trainer: pl.Trainer | None) -> list[HeldOutPrompts]:
