@@ -48,7 +48,6 @@ KIND = {
              "--data.prompts_per_epoch", "2", "--data.minibatch_size", "64"],
     "chains": ["--model.model_name_or_path", str(ROOT / "data" / "tiny-llama-clarify"), "--data.task",
                "lit_grpo.tasks.ClarifyTask", "--data.task.init_args.max_rounds", "2", "--data.rollout", "chains",
-               "--data.branching", "[2, 2]",
                "--data.group_size", "2", "--data.prompts_per_epoch", "2", "--data.minibatch_size", "64"],
 }
 RISK_CALLBACK = ['--trainer.callbacks+={"class_path": "lit_grpo.callbacks.RiskThreshold"}']
@@ -373,10 +372,10 @@ RULES = [
      "model.advantage_mode 'gdpo' with data.rollout 'tree': GDPO normalises each of a task's rewards within a "
      "prompt's group of completions, and an episode is scored by its environment's one reward; use data.rollout "
      "'grouped'"),
-    ({"turn_credit": "reward_to_go"}, {"rollout": "chains", "branching": [8, 1]}, None,
+    ({"turn_credit": "reward_to_go"}, {"rollout": "chains"}, None,
      "model.turn_credit 'reward_to_go' with advantage_mode 'grpo': it takes advantage_mode 'rloo' (its baseline is "
      "the leave-one-out mean of the other episodes' reward-to-go)"),
-    ({"turn_credit": "per_turn_index", "advantage_mode": "max"}, {"rollout": "chains", "branching": [8, 1]}, None,
+    ({"turn_credit": "per_turn_index", "advantage_mode": "max"}, {"rollout": "chains"}, None,
      "model.turn_credit 'per_turn_index' with advantage_mode 'max': it takes advantage_mode 'grpo' or 'centered' or "
      "'drgrpo' (grpo divides each turn index's centred rewards by their std, centered and drgrpo do not)"),
     ({"advantage_mode": "raw"}, {"group_size": 3, "minibatch_size": 8}, None,

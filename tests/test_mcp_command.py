@@ -25,7 +25,7 @@ SERVER = str(ROOT / "tests" / "mcp_registers_test_server.py")
 def fit(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, list[dict[str, float]]]:
     command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--config", str(ROOT / "configs/tools_mcp.yaml"),
                "--trainer.enable_progress_bar", "false", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
-               "--trainer.logger.save_dir", str(tmp_path), "--data.group_size", "4", "--data.branching", "[4, 1, 1]",
+               "--trainer.logger.save_dir", str(tmp_path), "--data.group_size", "4",
                "--data.val_max_prompts", "2", *extra]
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
     rows = []

@@ -50,7 +50,7 @@ def test_every_hostile_snippet_is_one_counted_failure_and_the_run_goes_on(tmp_pa
                    "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false",
                    "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir",
                    str(tmp_path), "--data.prompts_per_epoch", "8", "--data.group_size", "8",
-                   "--data.branching", "[8, 1, 1]", "--data.val_max_prompts", "1",
+                   "--data.val_max_prompts", "1",
                    "--data.task.init_args.environment", "hostile_sandbox.HostileRegisters"]
         try:
             result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)

@@ -22,7 +22,7 @@ def run(tmp_path: Path, environment: str, *extra: str) -> tuple[subprocess.Compl
     command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--config", str(ROOT / "configs/tools.yaml"),
                "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false",
                "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(tmp_path),
-               "--data.prompts_per_epoch", "4", "--data.group_size", "4", "--data.branching", "[4, 1, 1]",
+               "--data.prompts_per_epoch", "4", "--data.group_size", "4",
                "--data.val_max_prompts", "2", "--data.task.init_args.environment", environment,
                "--data.task.init_args.tool_timeout", "0.5", *extra]
     start = time.perf_counter()
@@ -83,7 +83,7 @@ def test_a_result_neither_text_nor_json_an_unknown_tool_and_a_wrong_type_fail_th
 def test_malformed_call_syntax_ends_the_episode_and_is_counted(tmp_path):
     # the warm start breaks about one call in twelve (BUILD.md): 64 episodes all but surely hold one
     result, logged, _ = run(tmp_path, "lit_grpo.tasks.tool_arithmetic.Registers", "--data.prompts_per_epoch", "8",
-                            "--data.group_size", "8", "--data.branching", "[8, 1, 1]")
+                            "--data.group_size", "8")
     assert result.returncode == 0, result.stderr[-3000:]
     assert logged["tools/malformed_episodes"] > 0
 

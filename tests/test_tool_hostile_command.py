@@ -26,7 +26,7 @@ def fit(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict[
     command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--config", str(ROOT / "configs/tools.yaml"),
                "--trainer.max_epochs", "1", "--trainer.enable_progress_bar", "false",
                "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(tmp_path),
-               "--data.prompts_per_epoch", "4", "--data.group_size", "4", "--data.branching", "[4, 1, 1]",
+               "--data.prompts_per_epoch", "4", "--data.group_size", "4",
                "--data.val_max_prompts", "2", *extra]
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600,

@@ -54,7 +54,7 @@ def test_the_same_objects_train_through_yaml(task, tmp_path):
     command = [sys.executable, "-m", "lit_grpo.cli", "fit", "--config", str(ROOT / "configs/tools.yaml"),
                "--trainer.max_epochs", "1", "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path),
                "--trainer.enable_progress_bar", "false", "--data.prompts_per_epoch", "2", "--data.group_size", "2",
-               "--data.branching", "[2, 1, 1]", "--data.val_max_prompts", "4", *task]
+               "--data.val_max_prompts", "4", *task]
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert list(tmp_path.glob("**/adapter/adapter_model.safetensors"))

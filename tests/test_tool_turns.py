@@ -192,7 +192,10 @@ def test_the_rules_ask_a_tool_task_for_turns_one_width_each_and_no_risk_head():
     assert multi_round_problems({**data, "rollout": "grouped"}, ToolTask) == [
         "data.task ToolTask runs episodes over turns: use data.rollout 'chains' (group-relative on each episode's "
         "return, TRL's multi-turn GRPO) or 'tree' (branching at every turn)"]
-    assert multi_round_problems({**data, "rollout": "chains", "branching": [8, 1, 1]}, task) == []
+    assert multi_round_problems({**data, "rollout": "chains"}, task) == []
+    assert multi_round_problems({**data, "rollout": "chains", "branching": [8, 1, 1]}, task) == [
+        "data.branching [8, 1, 1] with data.rollout 'chains': branching is a tree's widths; chains draw "
+        "data.group_size episodes a prompt and take their turns from data.task (max_turns): remove data.branching"]
     assert multi_round_problems({**data, "rollout": "tree", "branching": [4, 2]}, task) == [
         "data.branching [4, 2] names 2 round(s), data.task ToolTask runs max_turns 3: give one width per round, or "
         "set data.task.init_args.max_turns"]
@@ -327,14 +330,15 @@ def test_a_branching_that_does_not_match_the_turns_is_refused_before_anything_lo
 
     config = yaml.safe_load(open("configs/tools.yaml"))
     assert config_problems(config) == []
-    config["data"]["branching"] = [8, 1]  # the YAML's max_turns is 3
+    config["data"]["rollout"], config["data"]["branching"] = "tree", [8, 1]  # the YAML's max_turns is 3
     assert config_problems(config) == [
         "data.branching [8, 1] names 2 round(s), data.task ToolTask runs max_turns 3: give one width per round, or "
         "set data.task.init_args.max_turns"]
     del config["data"]["task"]["init_args"]["max_turns"]  # ToolTask's default, null: TRL's, no limit
-    config["data"]["branching"] = [8, 1, 1]
+    config["data"]["rollout"] = "chains"
+    del config["data"]["branching"]
     assert config_problems(config) == []  # chains: the token budget ends each episode
-    config["data"]["rollout"] = "tree"
+    config["data"]["rollout"], config["data"]["branching"] = "tree", [8, 1, 1]
     assert config_problems(config) == [
         "data.rollout 'tree' with data.task ToolTask max_turns null: a tree names one width per turn "
         "(data.branching); set data.task.init_args.max_turns, or use data.rollout 'chains' (no limit: the task's "

@@ -100,7 +100,7 @@ def test_drop_is_refused_for_chains_and_branching_must_name_every_round():
 
     model = {**signature_defaults(PolicyModule), "tree_flat_groups": "drop"}
     defaults = signature_defaults(RolloutDataModule)
-    data = {**defaults, "rollout": "chains", "branching": [8, 1, 1, 1], "group_size": 8}
+    data = {**defaults, "rollout": "chains", "group_size": 8}
     problems = cross_knob_problems(model, data, task=StaleDigitsTask)
     assert any(p.startswith("model.tree_flat_groups") and "only a tree has sibling groups" in p for p in problems)
     # the decision-hard game runs 4 rounds: a 3-round list is refused, by class (config time) and by instance

@@ -66,7 +66,8 @@ def test_tree_rollouts_train(rollout, value_mode, task_class, tmp_path):
     pl.seed_everything(0)
     module = PolicyModule(kl_coef=0.04, tree_value_mode=value_mode,
                           optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0))
-    datamodule = RolloutDataModule(task=task_class(), rollout=rollout, branching=[3, 2, 2], group_size=4,
+    datamodule = RolloutDataModule(task=task_class(), rollout=rollout,
+                                   branching=[3, 2, 2] if rollout == "tree" else None, group_size=4,
                                    prompts_per_epoch=4, minibatch_size=16, max_new_tokens=5, val_max_prompts=8)
     inspect = InspectTrees()
     trainer = pl.Trainer(max_epochs=2, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,

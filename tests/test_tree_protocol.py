@@ -49,10 +49,11 @@ def test_every_variant_names_one_width_per_round_of_its_game():
               "calculator": CalculatorTask().max_rounds}
     assert rounds == {"stale-digits": 4, "hidden-operands": 3, "calculator": 3}
     for game, count in rounds.items():
-        for variant in ("chains-centred", "tree-os-sd-none", "tree-split-sd-none", "tree-os-drop-flat",
+        for variant in ("tree-os-sd-none", "tree-split-sd-none", "tree-os-drop-flat",
                         "tree-chains-shape", "tree-wide-answers", "tree-wide-first", "tree-wide-questions"):
             arguments = variant_arguments(variant, game)
             assert len(json.loads(arguments[arguments.index("--data.branching") + 1])) == count, (variant, game)
+        assert "--data.branching" not in variant_arguments("chains-centred", game)  # chains take the game's rounds
     # the 8-wide answers sit at round 3 of the decision-hard game, the last round where an answer can be wrong
     assert variant_arguments("tree-wide-answers", "stale-digits")[3] == "[2,2,8,1]"
     assert variant_arguments("tree-os-sd-none", "stale-digits")[-4:] == [

@@ -91,7 +91,7 @@ def main() -> None:
     module = PolicyModule(model_name_or_path=str(ROOT / "data" / "tiny-qwen2-tools"), kl_coef=0.04, dtype="float32",
                           optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0))
     # chains as configs/tools.yaml draws them (64 episodes of 350-id prompts: more than a vLLM batch's token budget)
-    shape = dict(branching=[8, 1, 1], group_size=8, prompts_per_epoch=8) if rollout == "chains" else dict(
+    shape = dict(group_size=8, prompts_per_epoch=8) if rollout == "chains" else dict(
         branching=[2, 2, 2], group_size=4, prompts_per_epoch=4)
     datamodule = RolloutDataModule(task=task, engine=engine, rollout=rollout, minibatch_size=64, max_new_tokens=48,
                                    **shape)

@@ -34,7 +34,7 @@ from lit_grpo.rollout.rule_outcomes import RuleOutcome, rule_outcome
 from lit_grpo.rollout.scoring import TimedScoring
 from lit_grpo.rollout.threshold import ThresholdedRule
 from lit_grpo.rollout.settings import data_config_problems, fit_problems, resuming_after_finished_epoch
-from lit_grpo.rollout.trees import epoch_widths, grow_epoch_trees, grown_rounds, turn_limit
+from lit_grpo.rollout.trees import TREE_BRANCHING, epoch_widths, grow_epoch_trees, grown_rounds, turn_limit
 from lit_grpo.run.distributed import minibatch_padding, rank_and_world
 from lit_grpo.run.resume import task_notes
 from lit_grpo.run.rules import RolloutKind, choice_problems, cross_knob_problems, staleness_problems
@@ -84,8 +84,8 @@ class RolloutDataModule(pl.LightningDataModule):
         rollout: ``grouped`` (``group_size`` completions per prompt), ``tree`` (multi-round trees with ``branching``
             children per open node at each round) or ``chains`` (``group_size`` independent multi-round episodes per
             prompt, group advantages on their returns); the last two need a multi-round task.
-        branching: children per open node at each round of a ``tree`` rollout; its length is ``max_depth``, the
-            number of policy rounds (``chains`` use the length only).
+        branching: a ``tree``'s children per open node at each round, one width per round the task runs (None: [4, 2,
+            2]); ``chains`` take ``group_size`` episodes and their turns from the task and refuse one.
         reward_timeout: seconds one reward call may take; with a timeout, rewards of grouped rollouts and of
             validation run in a worker process, and a call that hangs (or raises) scores the task's
             ``failure_reward`` and counts in ``rollout/reward_errors`` (``None``: in-process, no limit, no overhead).
@@ -120,7 +120,7 @@ class RolloutDataModule(pl.LightningDataModule):
         overlong_cache: int | None = None,
         mask_truncated: bool = False,
         rollout: RolloutKind = "grouped",
-        branching: list[int] = [4, 2, 2],  # noqa: B006 - jsonargparse shows list defaults; never mutated
+        branching: list[int] | None = None,
         reward_timeout: float | None = None,
         long_prompts: LongPrompts = "refuse",
         val_max_prompts: int | None = None,
@@ -140,7 +140,7 @@ class RolloutDataModule(pl.LightningDataModule):
         self.group_size, self.prompts_per_epoch = group_size, prompts_per_epoch
         self.minibatch_size, self.ppo_epochs = minibatch_size, ppo_epochs
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
-        self.rollout, self.branching = rollout, list(branching)
+        self.rollout, self.branching = rollout, list(branching or TREE_BRANCHING)
         self.grouped = GroupedDraw(group_size, prompts_per_epoch, temperature, max_new_tokens, dynamic_sampling,
                                    max_sampling_rounds, overlong_cache, mask_truncated)
         self.prompts = PromptCursor(prompts_per_epoch, group_size, completion_budget)  # carried by checkpoints
@@ -231,7 +231,7 @@ class RolloutDataModule(pl.LightningDataModule):
         done = time.perf_counter()
         if module.risk_probe_prompts:  # the detached risk head learns from greedy probes
             probes = probe_records(self.task, records, self.prompts.cursor, module.risk_probe_prompts)
-            buffer.risk_probes = probe_labels(self.task, self.engine, module.tokenizer, probes, len(self.branching),
+            buffer.risk_probes = probe_labels(self.task, self.engine, module.tokenizer, probes, self.held_out.rounds,
                                               self.sampling_spec(module, greedy=True, seed=None))
             self.timings["risk_probes"], done = time.perf_counter() - done, time.perf_counter()
         rank_zero_info(
@@ -300,7 +300,7 @@ class RolloutDataModule(pl.LightningDataModule):
         """The trainer's module, the prompts checked against its tokenizer and context first (``check_inputs``)."""
         module = self.trainer.lightning_module
         if not self.prompts_checked:
-            rounds = len(self.branching) if self.rollout != "grouped" else 1  # a generation budget per round
+            rounds = (self.held_out.rounds or 1) if self.rollout != "grouped" else 1  # a generation budget a round
             check_inputs(module, self.task, self.max_new_tokens * rounds, self.long_prompts, self.engine, self.trainer.loggers)
             self.prompts_checked = True
         return module
@@ -341,7 +341,7 @@ class RolloutDataModule(pl.LightningDataModule):
                      decision: str = "threshold", cvar_level: float = 0.0) -> RuleOutcome:
         """Greedy episodes of ``records`` under the rule at ``tau`` (the rest as in ``RiskRule``): ``MeasuresRiskRule``."""
         self.sync_policy(module)
-        return rule_outcome(self.task, self.engine, module, records, len(self.branching),
+        return rule_outcome(self.task, self.engine, module, records, self.held_out.rounds,
                             self.sampling_spec(module, greedy=True, seed=None), tau, decision, cvar_level)
 
     # --- state and teardown ------------------------------------------------------------------------------------

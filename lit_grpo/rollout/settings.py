@@ -26,7 +26,7 @@ def data_config_problems(args: dict[str, Any]) -> list[str]:
             problems.append(f"{name}: must be >= 1, got {args[name]}")
     if args["temperature"] <= 0:
         problems.append(f"temperature: must be > 0 for sampled rollouts, got {args['temperature']}")
-    if not args["branching"] or any(width < 1 for width in args["branching"]):
+    if args["branching"] is not None and (not args["branching"] or any(width < 1 for width in args["branching"])):
         problems.append(f"branching: needs one width >= 1 per round, got {args['branching']}")
     if args["reward_timeout"] is not None and args["reward_timeout"] <= 0:
         problems.append(f"reward_timeout: must be > 0 seconds or None, got {args['reward_timeout']}")

@@ -14,7 +14,7 @@ import torch
 
 from lit_grpo.buffers.tree_layout import SegmentNode, chain_returns
 from lit_grpo.engines.base import RolloutEngine, SamplingSpec, end_turns
-from lit_grpo.run.rules import DeclaresRounds
+from lit_grpo.run.rules import TREE_BRANCHING, DeclaresRounds
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks.base import PromptRecord, prompt_text
 from lit_grpo.rollout.turn_tokens import reply_ids
@@ -55,10 +55,10 @@ def epoch_widths(rollout: str, branching: Sequence[int], group_size: int, task: 
 
 
 def turn_limit(task: Any, branching: Sequence[int]) -> int | None:
-    """The turns a chain (or a greedy episode) runs at most: ``data.branching``'s length, or None for a task that
-    sets no limit (a tool task's ``max_turns: null``: its token budget ends each episode)."""
-    unlimited = isinstance(task, DeclaresRounds) and task.max_rounds is None
-    return None if unlimited else len(branching)
+    """The turns a chain (or a greedy episode) runs at most: the task's ``max_rounds`` where it declares them (a
+    tool task's ``max_turns``; None: no limit, its token budget ends each episode), else a tree's ``branching``'s
+    length (a tree names one width per round the task runs: ``run/rules.py``)."""
+    return task.max_rounds if isinstance(task, DeclaresRounds) else len(branching)
 
 
 def grown_rounds(widths: Sequence[int]) -> int | None:

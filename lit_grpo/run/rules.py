@@ -40,6 +40,9 @@ class SamplesFromCopy(Protocol):
     samples_from_copy: bool
 
 
+TREE_BRANCHING = (4, 2, 2)  # data.branching's default under rollout 'tree': 16 leaves over three rounds
+
+
 @runtime_checkable
 class DeclaresRounds(Protocol):
     """A multi-round task (instance or class) that says how many rounds it runs at most (None: no limit, chains
@@ -255,6 +258,11 @@ def multi_round_problems(data_args: dict[str, Any], task: Any, model_args: dict[
     problems = []
     rounds, argument = declared_rounds(task, task_args) if rollout != "grouped" else (None, "")
     branching = data_args.get("branching")
+    if rollout == "chains" and branching is not None:
+        problems.append(f"data.branching {branching} with data.rollout 'chains': branching is a tree's widths; chains "
+                        f"draw data.group_size episodes a prompt and take their turns from data.task "
+                        f"({argument or 'max_rounds'}): remove data.branching")
+    branching = list(branching or TREE_BRANCHING) if rollout == "tree" else None
     if isinstance(rounds, int) and rounds < 1:
         problems.append(f"data.task {name}: {argument or 'max_rounds'} must be >= 1 (the rounds an episode runs at "
                         f"most), got {rounds}")

@@ -118,7 +118,8 @@ def variant_arguments(variant: str, game: str) -> list[str]:
         mode = {"chains-grpo": ["--model.advantage_mode", "grpo"],
                 "chains-centred": ["--model.advantage_mode", "centered"],
                 "chains-ppo": ["--model.advantage_mode", "gae", "--model.gamma", "1.0", "--model.gae_lambda", "0.95"]}
-        return ["--data.rollout", "chains", "--data.group_size", "8", "--data.branching", branching("chains", game),
+        # chains take their turns from the game (its max_rounds: the length of WIDTHS["chains"][game])
+        return ["--data.rollout", "chains", "--data.group_size", "8",
                 *mode[variant]]
     if variant in ("tree-wide-first", "tree-wide-questions", "tree-wide-answers"):
         return ["--data.rollout", "tree", "--data.branching", branching(variant, game), *NO_SIGMA_OS]
