@@ -19,8 +19,8 @@ from lit_grpo.policy.evaluation import GreedyEvaluation
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.rollout.eval_sets import set_evaluation
 from lit_grpo.rollout.sampled import SampledEvaluation
+from lit_grpo.run.sweep import EVALUATIONS_FILE  # the file a sweep reads back
 
-EVALUATIONS_FILE = "evaluations.jsonl"
 GREEDY = ("reward", "return", "accuracy")  # one greedy answer per prompt (n 1, no seed)
 STDERR = "_stderr"  # a figure's standard error across prompts is logged beside it under this suffix (mean@n's)
 

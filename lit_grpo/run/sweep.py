@@ -29,7 +29,7 @@ from pathlib import Path
 from lit_grpo.errors import InputError
 from lit_grpo.run.evaluation_table import read_evaluations, write_tables
 
-EVALUATIONS_FILE = "evaluations.jsonl"  # RolloutMetrics' file (callbacks/evaluations.py)
+EVALUATIONS_FILE = "evaluations.jsonl"  # the file RolloutMetrics appends to (callbacks/evaluations.py imports it)
 STEP_IN_NAME = re.compile(r"step=(\d+)")
 Validate = Callable[[list[str]], int]  # a `lit-grpo` command line (after the program name) -> its exit code
 
