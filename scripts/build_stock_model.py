@@ -37,11 +37,10 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from lit_grpo.engines import HFEngine, SamplingSpec  # noqa: E402
 from lit_grpo.rollout.trees import expand_trees, greedy_trees  # noqa: E402
-from lit_grpo.rollout.turn_tokens import reply_ids  # noqa: E402
 from lit_grpo.tasks.tool_stock import SOLVED, Stockroom, stock_rows  # noqa: E402
 from lit_grpo.tasks.tool_task import ToolTask  # noqa: E402
 from lit_grpo.tree import depth_first  # noqa: E402
-from scripts.build_tool_model import IGNORE, train  # noqa: E402
+from scripts.build_tool_model import episode_ids, train  # noqa: E402
 
 SOURCE = REPO_ROOT / "data" / "tiny-qwen2-tools"
 MODEL_DIR = REPO_ROOT / "data" / "tiny-qwen2-stock"
@@ -78,25 +77,6 @@ def demonstration(row: dict[str, Any], rng: random.Random, p_plan: float, p_earl
         at = rng.randint(1, kinds)
         turns = [*counts[:at], counts[at - 1], *counts[at:]]
     return [*turns, call_text("submit")]
-
-
-def episode_ids(task: ToolTask, tokenizer: Any, row: dict[str, Any], turns: list[str]) -> tuple[list[int], list[int]]:
-    """(input ids, labels) of one demonstrated episode, built as the rollout builds it: each turn's ids as a sampler
-    would give them (its tokens, then <|im_end|>), the template's reply ids between turns."""
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    episode = task.start_episode(row)
-    ids = list(task.episode_prompt_ids(row, episode, tokenizer))
-    labels = [IGNORE] * len(ids)
-    for index, text in enumerate(turns, start=1):
-        turn = list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [end]
-        step = task.turn(row, episode, index, text, tokenizer, truncated=False, segment_ids=turn, context_ids=ids)
-        ids, labels = ids + turn, labels + turn
-        if step.terminal:
-            break
-        reply = reply_ids(tokenizer, step.chat_reply.conversation, step.chat_reply.messages, step.chat_reply.tools,
-                          end, index)
-        ids, labels, episode = ids + reply, labels + [IGNORE] * len(reply), step.episode
-    return ids, labels
 
 
 def root_paths(node: Any) -> list[list[Any]]:

@@ -87,8 +87,8 @@ def episode_ids(task: ToolTask, tokenizer: Any, row: dict[str, Any], turns: list
     labels = [IGNORE] * len(ids)
     for index, text in enumerate(turns, start=1):
         turn = list(tokenizer(text, add_special_tokens=False)["input_ids"]) + [end]
+        step = task.turn(row, episode, index, text, tokenizer, truncated=False, segment_ids=turn, context_ids=ids)
         ids, labels = ids + turn, labels + turn
-        step = task.turn(row, episode, index, text, tokenizer, truncated=False)
         if step.terminal:
             break
         reply = reply_ids(tokenizer, step.chat_reply.conversation, step.chat_reply.messages, step.chat_reply.tools,
