@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lit_grpo.buffers.tree_layout import SegmentNode, chain_turn_advantages, tree_row_advantages
 from lit_grpo.losses.turn_credit import rewards_to_go, turn_advantages
 from lit_grpo.policy.knob_rules import module_knob_problems
 from lit_grpo.run.rules import combination_problems
+from lit_grpo.tree import SegmentNode, chain_turn_advantages, tree_row_advantages
 
 # A group of three episodes of one prompt, of 3, 1 and 2 turns, with their turns' rewards:
 #   A: [1.0, -0.25, 1.0]   reward-to-go [1.75, 0.75, 1.0]
