@@ -22,8 +22,10 @@ class TreeRollouts(Protocol):
     """An epoch's trees as the rollout buffer holds them: ``trees`` (one root per prompt) and ``tree_mode``
     (``tree`` or ``chains``)."""
 
-    trees: Sequence[Any] | None
-    tree_mode: str | None
+    @property
+    def trees(self) -> Sequence[Any] | None: ...
+    @property
+    def tree_mode(self) -> str | None: ...
 
 
 def tree_row_advantages(buffer: TreeRollouts, advantage_mode: str, value_mode: str,
