@@ -10,8 +10,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lit_grpo.buffers.tree_layout import SegmentNode
-from lit_grpo.tree import Node
+from lit_grpo.tree import Node, SegmentNode
 
 UNKNOWN_TOOL = "unknown"  # the key of calls that name no tool the episodes declare
 

@@ -14,11 +14,10 @@ from torchmetrics import MeanMetric
 from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.buffers.protocols import PreparesEpochs, ReportsRollouts
 from lit_grpo.buffers.report import RolloutReport
-from lit_grpo.buffers.tree_layout import SegmentNode
 from lit_grpo.callbacks.episode_metrics import conversations_table, episode_stats
 from lit_grpo.callbacks.evaluations import append_evaluation
 from lit_grpo.rollout.ahead import epoch_costs
-from lit_grpo.tree import Node
+from lit_grpo.tree import Node, SegmentNode
 
 
 def rollout_stats(buffer: RolloutBuffer) -> dict[str, float]:
@@ -53,8 +52,7 @@ def tree_stats(roots: list[Any]) -> dict[str, float]:
     """Depth reached, share of questions among segments, accuracy and mean return of the leaves, the share of
     sibling groups whose rewards-to-go are all equal (no learning signal there), and the sampled episodes behind
     each segment's advantage (the leaves below it: 1 for every segment of a chain)."""
-    from lit_grpo.buffers.tree_layout import policy_nodes
-    from lit_grpo.tree import depth_first, leaf_counts, leaf_returns
+    from lit_grpo.tree import depth_first, leaf_counts, leaf_returns, policy_nodes
 
     segments = [node for root in roots for node in policy_nodes(root)]
     leaves = [count for root in roots for count in map(leaf_counts(root).get, policy_nodes(root))]
@@ -79,8 +77,7 @@ def round_credit(roots: list[Any], rounds: int) -> dict[str, float]:
     count in a ``seq-mean`` normaliser. Counts (summed over ranks), every round named, so every rank logs the same
     names. Empty before the advantages are assigned. Example: root -> [question -> [answer], answer], advantages
     0.5, 0 and -0.5, rounds 3: round 1 holds 2 rows, none zero; round 2 1 row, zero; round 3 none."""
-    from lit_grpo.buffers.tree_layout import policy_nodes
-    from lit_grpo.tree import walk
+    from lit_grpo.tree import policy_nodes, walk
 
     depth_of = {id(node): len(path) for root in roots for path, node in walk(root)}
     rows = [(depth_of[id(node)], node.advantage) for root in roots for node in policy_nodes(root)]

@@ -42,8 +42,7 @@ from lit_grpo.tasks.games import CalculatorTask, HiddenOperandsTask, reduced  # 
 from lit_grpo.tasks.stale_digits import NAMES as STALE_NAMES  # noqa: E402
 from lit_grpo.tasks.stale_digits import StaleDigitsTask  # noqa: E402
 from lit_grpo.rollout.trees import greedy_trees  # noqa: E402
-from lit_grpo.buffers.tree_layout import chain_returns  # noqa: E402
-from lit_grpo.tree import depth_first  # noqa: E402
+from lit_grpo.tree import chain_returns, depth_first  # noqa: E402
 
 IGNORE = -100
 GAMES = {"clarify": ClarifyTask, "hidden-operands": HiddenOperandsTask, "calculator": CalculatorTask,

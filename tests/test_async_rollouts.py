@@ -199,6 +199,28 @@ def test_epoch_costs_by_hand():
     assert epoch_costs(0.5, 1.0, 2.0) == (3.5, 2.5)  # training-bound: it hides the generation
 
 
+def test_rollouts_ahead_returns_the_lag_and_the_engine_figures_it_measured_and_writes_nothing_back():
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from lit_grpo.rollout.ahead import Drawn, Pending, RolloutPrefetcher, rollouts_ahead
+
+    class Data:  # DrawingData with no room for anything else: a write of an attribute it lacks raises
+        __slots__ = ("engine", "trainer", "prefetch", "prompts", "prompts_per_epoch")
+
+    data = Data()
+    data.engine, data.trainer, data.prompts, data.prompts_per_epoch = None, SimpleNamespace(max_epochs=4), None, 2
+    data.prefetch = RolloutPrefetcher(max_staleness=2)
+    buffer = SimpleNamespace(sampler_logp=torch.zeros(1, 1))
+    future: Future = Future()
+    future.set_result(Drawn(buffer, ["record"], {"servers_alive": 3.0}, 1.5))
+    data.prefetch.pending = Pending(epoch=3, version=1, future=future, loop_state={}, adapter={})
+    taken = rollouts_ahead(data, module=None, epoch=3)  # the last of 4 epochs: no draw after it, nothing pushed
+    assert (taken.buffer, taken.records, taken.engine_metrics, taken.staleness) == (buffer, ["record"],
+                                                                                     {"servers_alive": 3.0}, 2)
+    assert taken.phases["generate"] == 1.5 and taken.phases["push"] == 0.0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("max_staleness", [0, 1])
 def test_a_completion_budget_trains_every_epoch_it_paid_for(tiny_llama_dir, tmp_path, max_staleness):

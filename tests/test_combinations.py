@@ -22,7 +22,6 @@ import pytest
 import torch
 from support import weight_reads
 
-from lit_grpo.buffers.tree_layout import policy_nodes, tree_row_advantages
 from lit_grpo.cli import main
 from lit_grpo.losses import group_advantages
 from lit_grpo.policy.model_loading import load_policy
@@ -30,7 +29,7 @@ from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.reward_worker import RewardWorker
 from lit_grpo.run.rules import FEATURES, ROLLOUTS
 from lit_grpo.tasks import ArithmeticTask
-from lit_grpo.tree import depth_first
+from lit_grpo.tree import depth_first, policy_nodes, tree_row_advantages
 
 ROOT = Path(__file__).resolve().parents[1]
 ON = {"model.loss_variant": "dpo", "model.advantage_mode": "gae", "model.kl_in": "reward", "model.sampler_correction": '{"mode": "token_truncate", "clip_max": 2.0}',

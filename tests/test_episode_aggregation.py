@@ -20,12 +20,13 @@ import pytest
 import torch
 
 from lit_grpo.buffers.buffer import batch_sequences, policy_mask, serve_plan
-from lit_grpo.buffers.tree_layout import SegmentNode, tree_buffer
+from lit_grpo.buffers.tree_layout import tree_buffer
 from lit_grpo.losses import Sequences, aggregation_terms, masked_aggregate
 from lit_grpo.policy.head_losses import share
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.policy.objective import Objective
 from lit_grpo.policy.policy_step import policy_terms
+from lit_grpo.tree import SegmentNode
 
 PROMPT = (7, 8)
 TURNS_A = ((1.0, 3.0), (2.0, 2.0, 2.0), (5.0,))  # episode A's per-token values, one tuple per turn

@@ -72,10 +72,9 @@ def test_kl_in_the_loss_leaves_the_rewards_unshaped():
 
 
 def test_ppo_on_chains_runs_gae_along_each_episode_with_a_closing_reward_on_the_question_before_it():
-    from lit_grpo.buffers.tree_layout import chain_rows
     from lit_grpo.policy.advantages import assign_advantages
     from lit_grpo.rollout.trees import SegmentNode
-    from lit_grpo.tree import Node
+    from lit_grpo.tree import Node, chain_rows
 
     def seg(reward, *children, terminal=False):
         return SegmentNode(reward=reward, terminal=terminal, segment=(5,), children=list(children))

@@ -13,7 +13,6 @@ import pytest
 import torch
 from lit_grpo.callbacks import RiskThreshold, RolloutMetrics
 
-from lit_grpo.buffers.tree_layout import policy_nodes
 from lit_grpo.engines import HFEngine
 from lit_grpo.errors import InputError
 from lit_grpo.policy.module import PolicyModule
@@ -24,6 +23,7 @@ from lit_grpo.rollout.datamodule import RolloutDataModule
 from support import load_checkpoint
 from lit_grpo.tasks import ClarifyTask
 from lit_grpo.tasks.multiround import MultiRoundTask
+from lit_grpo.tree import policy_nodes
 
 CLARIFY_MODEL = "data/tiny-llama-clarify"
 

@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_tool_metrics import TOOLS, episode, failing_root_call_tree, turn  # noqa: E402
 
 from lit_grpo.buffers.report import RolloutReport  # noqa: E402
-from lit_grpo.buffers.tree_layout import SegmentNode, tree_buffer  # noqa: E402
+from lit_grpo.buffers.tree_layout import tree_buffer  # noqa: E402
 from lit_grpo.callbacks import RolloutMetrics  # noqa: E402
 from lit_grpo.callbacks.episode_metrics import UNKNOWN_TOOL, tool_stats  # noqa: E402
-from lit_grpo.tree import depth_first  # noqa: E402
+from lit_grpo.tree import SegmentNode, depth_first  # noqa: E402
 
 pytestmark = pytest.mark.slow
 EPOCHS = 2

@@ -11,13 +11,12 @@ import pytest
 import scripted_engine
 from transformers import AutoTokenizer
 
-from lit_grpo.buffers.tree_layout import policy_nodes
 from lit_grpo.engines import SamplingSpec
 from lit_grpo.errors import InputError
 from lit_grpo.rollout.trees import expand_trees
 from lit_grpo.rollout.turn_tokens import reply_ids
 from lit_grpo.tasks.tool_task import ToolTask
-from lit_grpo.tree import depth_first
+from lit_grpo.tree import depth_first, policy_nodes
 
 
 def qwen_tokenizer():
@@ -218,9 +217,8 @@ def test_an_environment_class_written_for_trl_owns_the_reward():
 
 def test_the_tool_figures_skip_what_is_not_a_tool_episode():
     # the games' trees: segments without an episode, and the plain Node the environment closes a tree with
-    from lit_grpo.buffers.tree_layout import SegmentNode
     from lit_grpo.callbacks.episode_metrics import tool_stats
-    from lit_grpo.tree import Node
+    from lit_grpo.tree import Node, SegmentNode
 
     root = SegmentNode(children=[SegmentNode(terminal=True, segment=(1,)), Node(terminal=True)])
     assert tool_stats([root]) == {}
@@ -318,7 +316,7 @@ def test_what_rewards_log_with_log_extra_is_a_column_of_the_sample_table():
 
 
 def game_tree():
-    from lit_grpo.buffers.tree_layout import SegmentNode
+    from lit_grpo.tree import SegmentNode
 
     return SegmentNode(children=[SegmentNode(terminal=True, segment=(1,))])
 

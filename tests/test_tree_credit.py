@@ -8,11 +8,10 @@ import pytest
 import torch
 
 from lit_grpo.buffers.buffer import serve_minibatches
-from lit_grpo.buffers.tree_layout import loss_rows
 from lit_grpo.callbacks.metrics import round_credit
 from lit_grpo.errors import InputError
 from lit_grpo.rollout.trees import SegmentNode
-from lit_grpo.tree import assign_advantages
+from lit_grpo.tree import assign_advantages, loss_rows
 from test_buffer import serve_buffer, served_rows
 
 

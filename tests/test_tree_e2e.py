@@ -9,10 +9,10 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lit_grpo.buffers.tree_layout import policy_nodes
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.tasks import ClarifyTask, EnvStep
+from lit_grpo.tree import policy_nodes
 
 
 class AskingClarifyTask(ClarifyTask):

@@ -11,15 +11,18 @@ from fractions import Fraction
 
 import pytest
 
-from lit_grpo.losses.stopping import alternate_halves, cross_fitted_max, split_by_kind, split_stopping_value
 from lit_grpo.tree import (
     VALUE_MODES,
     Node,
+    alternate_halves,
     assign_advantages,
     bellman_value,
+    cross_fitted_max,
     depth_first,
     flat_sibling_nodes,
     node_values,
+    split_by_kind,
+    split_stopping_value,
     tree_advantages,
 )
 

@@ -6,17 +6,12 @@ import statistics
 
 import pytest
 
-from lit_grpo.buffers.tree_layout import (
-    policy_nodes,
-    tree_buffer,
-    tree_row_advantages,
-    tree_rows,
-)
+from lit_grpo.buffers.tree_layout import tree_buffer, tree_rows
 from lit_grpo.engines import Completion, SamplingSpec
 from lit_grpo.rollout.trees import expand_trees
 from lit_grpo.run.tiny_models import build_char_tokenizer
 from lit_grpo.tasks import ClarifyTask
-from lit_grpo.tree import assign_advantages
+from lit_grpo.tree import assign_advantages, policy_nodes, tree_row_advantages
 
 TOKENIZER = build_char_tokenizer()
 EOS = TOKENIZER.eos_token_id

@@ -11,10 +11,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lit_grpo.buffers.tree_layout import SegmentNode, chain_turn_advantages, tree_row_advantages
 from lit_grpo.losses.turn_credit import rewards_to_go, turn_advantages
 from lit_grpo.policy.knob_rules import module_knob_problems
 from lit_grpo.run.rules import combination_problems
+from lit_grpo.tree import (
+    SegmentNode,
+    carries_tokens,
+    chain_returns,
+    chain_rows,
+    chain_turn_advantages,
+    chain_turn_rewards,
+    scorable_chains,
+    tree_row_advantages,
+)
 
 # A group of three episodes of one prompt, of 3, 1 and 2 turns, with their turns' rewards:
 #   A: [1.0, -0.25, 1.0]   reward-to-go [1.75, 0.75, 1.0]
@@ -96,6 +105,19 @@ def test_the_default_gives_every_turn_its_episodes_group_advantage_of_the_summed
     # returns: A 1.75, B 2.0, C 1.0; rloo: A 1.75 - 1.5 = 0.25, B 2.0 - 1.375 = 0.625, C 1.0 - 1.875 = -0.875
     rows = tree_row_advantages(SimpleNamespace(tree_mode="chains", trees=[group()]), "rloo", "mean")
     assert rows.tolist() == [0.25, 0.25, 0.25, 0.625, -0.875, -0.875]
+
+
+def test_a_chains_return_turn_rewards_and_rows_add_a_closing_to_the_turn_before_it():
+    root = group()
+    root.children[1].scorable = False
+    assert chain_returns(root) == [1.75, 2.0, 1.0]  # C: 0.0 + 0.75 + 0.25
+    assert [chain_turn_rewards(chain) for chain in root.children] == [[1.0, -0.25, 1.0], [2.0], [0.0, 1.0]]
+    episodes, rewards = chain_rows([root, group()])  # chain ids count on over the second root
+    assert episodes.tolist() == [0, 0, 0, 1, 2, 2, 3, 3, 3, 4, 5, 5]
+    assert rewards.tolist() == [1.0, -0.25, 1.0, 2.0, 0.0, 1.0] * 2
+    closing = root.children[2].children[0].children[0]
+    assert [carries_tokens(node) for node in (root, root.children[2], closing)] == [False, True, False]
+    assert scorable_chains(root) == [True, False, True]
 
 
 def test_an_unscored_episode_gets_0_and_stays_out_of_its_group():

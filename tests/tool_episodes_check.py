@@ -16,14 +16,13 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from lit_grpo.buffers.tree_layout import policy_nodes
 from lit_grpo.callbacks import RolloutMetrics
 from lit_grpo.engines import HFEngine, VLLMEngine
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.tasks.tool_arithmetic import Registers, register_answer
 from lit_grpo.tasks.tool_task import ToolTask
-from lit_grpo.tree import depth_first
+from lit_grpo.tree import depth_first, policy_nodes
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -485,10 +485,9 @@ def tool_task(tools, environment, rewards, max_turns: int, max_completion_length
 def lit_episode(name: str, record: dict, turns: list[list[int]], tools=TOOLS, environment=None,
                 rewards=(exact_answer,), max_completion_length: int = 4096) -> Episode:
     """The episode ``trl_episode`` plays, through ``expand_trees`` (one chain, one turn per scripted turn)."""
-    from lit_grpo.buffers.tree_layout import chain_returns
     from lit_grpo.engines import SamplingSpec
     from lit_grpo.rollout.trees import expand_trees
-    from lit_grpo.tree import depth_first
+    from lit_grpo.tree import chain_returns, depth_first
 
     family = FAMILIES[name]
     tokenizer = lit_tokenizer(name)

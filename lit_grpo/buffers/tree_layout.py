@@ -1,49 +1,17 @@
-"""Trees as training rows (docs/guide.md#multi-round-tasks-and-tree-rollouts): the node that carries tokens, one row per
-policy node, chain returns, and the per-row advantages of tree and chain rollouts."""
+"""Trees as training rows (docs/guide.md#multi-round-tasks-and-tree-rollouts): one right-padded row per policy node
+(``tree.policy_nodes``), the epoch's rollout buffer of them, and each row's episode for chains. Only layout: the
+values, advantages and chain credit of those rows are ``lit_grpo.tree``'s."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 
 from lit_grpo.buffers.buffer import RolloutBuffer
-from lit_grpo.losses import group_advantages
-from lit_grpo.losses.advantages import check_choice
-from lit_grpo.losses.turn_credit import turn_advantages
-from lit_grpo.tasks.base import PromptRecord, prompt_text
-from lit_grpo.tree import Node, assign_advantages, depth_first, flat_sibling_nodes
-
-FlatGroups = Literal["count", "drop"]
-FLAT_GROUPS: tuple[str, ...] = get_args(FlatGroups)
-
-
-@dataclass(eq=False)
-class SegmentNode(Node):
-    """A tree node with its tokens: ``context`` (everything before the segment: prompt, ancestors' segments and the
-    environment's replies), the policy's ``segment`` with the sampler's ``logprobs``, and the environment's
-    ``reply`` to it (for a question), and ``allowed``, the first tokens the sampler was restricted to (the risk
-    rule's forced defer; None: unrestricted). Only ``segment`` tokens carry loss."""
-
-    context: tuple[int, ...] = ()
-    segment: tuple[int, ...] = ()
-    logprobs: tuple[float, ...] = ()
-    reply: tuple[int, ...] = ()
-    kind: str = "root"
-    correct: bool = False
-    truncated: bool = False
-    record: PromptRecord = field(default_factory=dict)
-    allowed: tuple[int, ...] | None = None
-    episode: Any = None  # the task's state after this node's turn (a tool task's conversation and environment)
-    scorable: bool = True  # False: no reward applied to the episode ending here (its chain's advantage is 0)
-    reward_error: str | None = None  # the first error of a reward that failed on the episode ending here
-
-
-def policy_nodes(root: SegmentNode) -> list[SegmentNode]:
-    """The nodes that carry policy tokens, in depth-first order (the root and no-answer closings carry none)."""
-    return [n for n in depth_first(root) if isinstance(n, SegmentNode) and n.segment]
+from lit_grpo.tasks.base import prompt_text
+from lit_grpo.tree import Node, SegmentNode, chain_rows, policy_nodes
 
 
 def tree_rows(roots: Sequence[SegmentNode], pad_id: int) -> dict[str, torch.Tensor]:
@@ -149,118 +117,3 @@ def chain_sequences(roots: Sequence[Node],
     tokens = torch.zeros(count).index_add_(0, episodes, completion_mask.sum(dim=1).float())  # [episodes]
     rows = torch.zeros(count).index_add_(0, episodes, torch.ones(episodes.shape[0]))  # [episodes]
     return tokens[episodes], rows[episodes], episodes
-
-
-def chain_returns(root: Node) -> list[float]:
-    """The return (sum of rewards) of each chain under the root; every chain is a single path."""
-    returns = []
-    for child in root.children:
-        total, node = 0.0, child
-        while True:
-            total += node.reward
-            if not node.children:
-                break
-            (node,) = node.children
-        returns.append(total)
-    return returns
-
-
-def chain_rows(roots: Sequence[Node]) -> tuple[torch.Tensor, torch.Tensor]:
-    """For chain rollouts, each policy row's episode (chain) id ``[N]`` and its reward ``[N]``: the segment's own
-    reward plus that of a token-less child (the no-answer closing of a question cut off at ``max_depth``), which
-    has no row of its own. Rows in ``policy_nodes`` order, chain ids counted over all roots."""
-    episodes: list[int] = []
-    rewards: list[float] = []
-    chain = -1
-    for root in roots:
-        for first in root.children:
-            chain += 1
-            for node in depth_first(first):
-                if getattr(node, "segment", ()):
-                    episodes.append(chain)
-                    rewards.append(node.reward)
-                else:  # no tokens: a closing, whose reward the question before it earned
-                    rewards[-1] += node.reward
-    return torch.tensor(episodes), torch.tensor(rewards)
-
-
-def tree_row_advantages(buffer: RolloutBuffer, advantage_mode: str, value_mode: str,
-                        std_scope: str = "tree", turn_credit: str = "episode") -> torch.Tensor:
-    """One advantage per policy node (row): tree-relative for ``tree`` rollouts; for ``chains``, the group
-    advantage of each chain's return on every segment of that chain (``turn_credit`` ``episode``), or each turn's
-    own (``chain_turn_advantages``).  -> ``[N]``."""
-    if buffer.tree_mode == "tree":
-        for root in buffer.trees:
-            assign_advantages(root, value_mode, std_scope=std_scope)
-    elif turn_credit == "episode":
-        for root in buffer.trees:
-            for chain, advantage in zip(root.children, chain_advantages(root, advantage_mode)):
-                for node in depth_first(chain):
-                    node.advantage = advantage
-    else:
-        for root in buffer.trees:
-            for chain, advantages in zip(root.children, chain_turn_advantages(root, turn_credit, advantage_mode)):
-                turns, advantage = iter(advantages), 0.0
-                for node in depth_first(chain):  # a token-less closing takes the advantage of the turn before it
-                    advantage = next(turns) if getattr(node, "segment", ()) else advantage
-                    node.advantage = advantage
-    return torch.tensor([node.advantage for root in buffer.trees for node in policy_nodes(root)])  # [N]
-
-
-def chain_advantages(root: Node, advantage_mode: str) -> list[float]:
-    """The group advantage of each chain's return under ``root``; a chain whose episode no reward scored
-    (``scorable`` False on a node) gets 0 and stays out of its group's statistics."""
-    returns = chain_returns(root)
-    scorable = [all(node.scorable for node in depth_first(chain) if isinstance(node, SegmentNode))
-                for chain in root.children]
-    kept = [r for r, s in zip(returns, scorable) if s]
-    if not kept:
-        return [0.0] * len(returns)
-    advantages = iter(group_advantages(torch.tensor([kept], dtype=torch.float64), advantage_mode)[0].tolist())
-    return [next(advantages) if s else 0.0 for s in scorable]
-
-
-def chain_turn_rewards(chain: Node) -> list[float]:
-    """The reward of each turn (policy row) of one chain, in order: the segment's own reward plus that of a
-    token-less child (the no-answer closing), as ``chain_rows`` gives them."""
-    rewards: list[float] = []
-    for node in depth_first(chain):
-        if getattr(node, "segment", ()):
-            rewards.append(node.reward)
-        elif rewards:
-            rewards[-1] += node.reward
-    return rewards
-
-
-def chain_turn_advantages(root: Node, turn_credit: str, advantage_mode: str) -> list[list[float]]:
-    """Each chain's per-turn advantages under ``root`` (``losses.turn_credit.turn_advantages`` over the group of
-    chains, ``grpo`` dividing ``per_turn_index``'s by the std); a chain whose episode no reward scored gets 0 on
-    every turn and stays out of the group. Example: chains with turn rewards [1, 2], [3], [0], reward_to_go:
-    [[1.5, 2.0], [1.5], [-3.0]]."""
-    chains = [chain_turn_rewards(chain) for chain in root.children]
-    scorable = [all(node.scorable for node in depth_first(chain) if isinstance(node, SegmentNode))
-                for chain in root.children]
-    kept = [rewards for rewards, s in zip(chains, scorable) if s]
-    if not kept:
-        return [[0.0] * len(rewards) for rewards in chains]
-    width = max(len(rewards) for rewards in kept)
-    table = torch.tensor([rewards + [0.0] * (width - len(rewards)) for rewards in kept], dtype=torch.float64)
-    running = torch.tensor([[t < len(rewards) for t in range(width)] for rewards in kept])
-    rows = iter(turn_advantages(table, running, turn_credit, normalise=advantage_mode == "grpo").tolist())
-    return [next(rows)[:len(rewards)] if s else [0.0] * len(rewards) for rewards, s in zip(chains, scorable)]
-
-
-def loss_rows(roots: Sequence[Node], flat_groups: str) -> torch.Tensor | None:
-    """Which policy rows count in the loss, in row order ``[N]`` bool: with ``drop``, every row but those of a flat
-    sibling group (all its Q equal, an only child included, or the whole tree flat: ``tree.flat_sibling_nodes``),
-    as DAPO leaves flat prompt groups out; with ``count``, None (every row counts, a flat group's with advantage
-    0). Reads the values ``assign_advantages`` wrote. Example: root -> [answer 1, question -0.1 -> [answer 1]]: the
-    question's only child is flat, so ``drop`` keeps [True, True, False]."""
-    check_choice("tree flat groups", flat_groups, FLAT_GROUPS)
-    if flat_groups == "count":
-        return None
-    kept: list[bool] = []
-    for root in roots:
-        flat = flat_sibling_nodes(root, {node: node.value for node in depth_first(root)})
-        kept += [node not in flat for node in policy_nodes(root)]
-    return torch.tensor(kept, dtype=torch.bool)

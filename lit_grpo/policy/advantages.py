@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from lit_grpo.buffers.buffer import RolloutBuffer, buffer_sequences
-from lit_grpo.buffers.tree_layout import chain_rows, loss_rows, tree_row_advantages
 from lit_grpo.errors import InputError
+from lit_grpo.tree import chain_rows, loss_rows, tree_row_advantages
 from lit_grpo.losses import (
     batch_std_advantages,
     episode_gae,

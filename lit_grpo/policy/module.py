@@ -15,7 +15,6 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.buffers.epoch import EpochBatches
 from lit_grpo.buffers.protocols import ReferenceSource
-from lit_grpo.buffers.tree_layout import FlatGroups
 from lit_grpo.errors import refuse
 from lit_grpo.losses import Aggregation, KLEstimator, TurnCredit
 from lit_grpo.losses.advantages import AdvantageMode
@@ -42,7 +41,7 @@ from lit_grpo.run.model_files import BaseDtype
 from lit_grpo.run.objective_knobs import EntropyControl, SamplerCorrection, plain
 from lit_grpo.run.rules import choice_problems
 from lit_grpo.run.run_callbacks import EVERY_RUN, missing_run_callbacks
-from lit_grpo.tree import StdScope, ValueMode
+from lit_grpo.tree import FlatGroups, StdScope, ValueMode
 
 
 class PolicyModule(pl.LightningModule):

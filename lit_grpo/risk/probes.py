@@ -17,9 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lit_grpo.buffers.tree_layout import SegmentNode
 from lit_grpo.tasks.base import PromptRecord, Task
-from lit_grpo.tree import depth_first
+from lit_grpo.tree import SegmentNode, depth_first
 
 
 @dataclass

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -110,6 +110,16 @@ class RolloutPrefetcher:
         self.pending = None
 
 
+class EpochRollouts(NamedTuple):
+    """An epoch's rollouts as the DataModule takes them, drawn now or ahead, with what it reports of their draw."""
+
+    buffer: Any
+    records: list
+    phases: dict[str, float]  # seconds per phase: push, generate (scoring included when drawn ahead), score, wait
+    engine_metrics: dict[str, float]  # the engine's figures right after this draw (servers_alive)
+    staleness: int = 0  # adapter versions between the one that drew them and the one that trains on them
+
+
 @dataclass
 class Drawn:
     """A finished draw, with what the main thread reads of it (the next draw may already be changing the engine)."""
@@ -122,15 +132,13 @@ class Drawn:
 
 class DrawingData(Protocol):
     """What drawing ahead uses of the DataModule (``RolloutDataModule``): its engine and trainer, the prompt cursor
-    and budget (``PromptCursor``), the grouped draw, the policy push, the lag it reports, and the prefetcher it owns."""
+    and budget (``PromptCursor``), the grouped draw, the policy push, and the prefetcher it owns."""
 
     engine: Any
     trainer: Any
     prefetch: RolloutPrefetcher
     prompts: Any
     prompts_per_epoch: int
-    staleness: int
-    engine_metrics: dict[str, float]
 
     def draw_grouped(self, module: SamplingPolicy, records: list, epoch: int) -> Any: ...
     def next_prompts(self, count: int | None = None) -> list: ...
@@ -147,9 +155,10 @@ def drawing(data: DrawingData, module: SamplingPolicy, records: list, epoch: int
     return draw
 
 
-def rollouts_ahead(data: DrawingData, module: SamplingPolicy, epoch: int) -> tuple[Any, list, dict[str, float]]:
-    """Epoch ``epoch``'s rollouts (drawn ahead, or now on the first epoch and after a resume) as
-    ``(buffer, records, phase seconds)``, and the next epoch's draw started in the background."""
+def rollouts_ahead(data: DrawingData, module: SamplingPolicy, epoch: int) -> EpochRollouts:
+    """Epoch ``epoch``'s rollouts (drawn ahead, or now on the first epoch and after a resume), with their phase
+    seconds, the engine's figures after their draw and their staleness (``epoch - version``), and the next epoch's
+    draw started in the background."""
     ahead: RolloutPrefetcher = data.prefetch
     started = time.perf_counter()
     taken = ahead.take(epoch)
@@ -159,10 +168,9 @@ def rollouts_ahead(data: DrawingData, module: SamplingPolicy, epoch: int) -> tup
         raise InputError(f"data.max_staleness {ahead.max_staleness}: the engine {type(data.engine).__name__} returned "
                          "no log-probs with its tokens; drawing ahead takes pi_old from the sampler")
     phases["generate"] = drawn.seconds
-    data.staleness, data.engine_metrics = epoch - version, drawn.engine_metrics
     if draws_after(data, epoch):
         launch(data, module, epoch, phases)
-    return drawn.buffer, drawn.records, phases
+    return EpochRollouts(drawn.buffer, drawn.records, phases, drawn.engine_metrics, epoch - version)
 
 
 def draws_after(data: DrawingData, epoch: int) -> bool:

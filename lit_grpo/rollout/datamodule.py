@@ -21,7 +21,7 @@ from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
 from lit_grpo.engines.base import context_limit, engine_metrics
 from lit_grpo.errors import refuse
 from lit_grpo.risk.probes import probe_records
-from lit_grpo.rollout.ahead import RolloutPrefetcher, rollouts_ahead
+from lit_grpo.rollout.ahead import EpochRollouts, RolloutPrefetcher, rollouts_ahead
 from lit_grpo.rollout.cursor import PromptCursor
 from lit_grpo.rollout.engine_sync import EngineSync
 from lit_grpo.rollout.eval_sets import EvalSet, as_batches, close_scoring, due_sets, held_out_sets
@@ -223,11 +223,9 @@ class RolloutDataModule(pl.LightningDataModule):
         """Generate (or take those drawn ahead) and score; a detached risk head's probes labelled (``risk_probes``)."""
         clock = time.perf_counter()
         self.scoring.seconds = 0.0  # rewards scored while generating (grouped draws) are not generation time
-        if self.max_staleness:
-            buffer, records, phases = rollouts_ahead(self, module, epoch)  # scores included in generate
-        else:
-            buffer, records, phases = self.rollouts_now(module, epoch)
-        self.timings = dict(phases)
+        drawn = rollouts_ahead(self, module, epoch) if self.max_staleness else self.rollouts_now(module, epoch)
+        buffer, records, phases = drawn.buffer, drawn.records, drawn.phases
+        self.timings, self.engine_metrics, self.staleness = dict(phases), drawn.engine_metrics, drawn.staleness
         done = time.perf_counter()
         if module.risk_probe_prompts:  # the detached risk head learns from greedy probes
             probes = probe_records(self.task, records, self.prompts.cursor, module.risk_probe_prompts)
@@ -240,8 +238,9 @@ class RolloutDataModule(pl.LightningDataModule):
             f"reward mean {buffer.rewards.mean():.3f}, accuracy {buffer.correct.float().mean():.3f}")
         return buffer
 
-    def rollouts_now(self, module: SamplingPolicy, epoch: int) -> tuple[RolloutBuffer, list[PromptRecord], dict[str, float]]:
-        """The epoch's rollouts drawn now from the current policy: ``(buffer, records, phase seconds)``."""
+    def rollouts_now(self, module: SamplingPolicy, epoch: int) -> EpochRollouts:
+        """The epoch's rollouts drawn now from the current policy, with their phase seconds and the engine's figures
+        as they stood after this draw."""
         # a tree's size is known only once grown, so only grouped draws are cut to the budget
         grouped = self.rollout == "grouped"
         records = self.next_prompts(self.prompts.affordable_groups(self.prompts_per_epoch) if grouped else None)
@@ -260,9 +259,9 @@ class RolloutDataModule(pl.LightningDataModule):
                                  grown_rounds(widths), self.task.sequence_budget())
             self.prompts.count(buffer.input_ids.shape[0])
         scored = time.perf_counter()
-        self.engine_metrics = engine_metrics(self.engine)  # as they stood after this draw
-        return buffer, records, {"push": pushed - clock, "generate": generated - pushed - self.scoring.seconds,
-                                 "score": scored - generated + self.scoring.seconds}
+        phases = {"push": pushed - clock, "generate": generated - pushed - self.scoring.seconds,
+                  "score": scored - generated + self.scoring.seconds}
+        return EpochRollouts(buffer, records, phases, engine_metrics(self.engine))
 
     def draw_grouped(self, module: SamplingPolicy, records: list[PromptRecord], epoch: int) -> RolloutBuffer:
         """Epoch ``epoch``'s grouped rollouts of ``records``, scored (on the background thread when drawn ahead)."""

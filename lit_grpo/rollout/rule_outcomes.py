@@ -10,13 +10,12 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from lit_grpo.buffers.protocols import SamplingPolicy
-from lit_grpo.buffers.tree_layout import SegmentNode
 from lit_grpo.engines import RolloutEngine, SamplingSpec
 from lit_grpo.risk.head import selective_error
 from lit_grpo.risk.rule import RiskRule
 from lit_grpo.rollout.trees import greedy_trees
 from lit_grpo.tasks import MultiRoundTask, PromptRecord
-from lit_grpo.tree import depth_first
+from lit_grpo.tree import SegmentNode, depth_first
 
 
 @dataclass(frozen=True)

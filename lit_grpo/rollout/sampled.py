@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from lit_grpo.buffers.tree_layout import SegmentNode
 from lit_grpo.engines import RolloutEngine, SamplingSpec
 from lit_grpo.rollout.reward_worker import RewardWorker
 from lit_grpo.rollout.sample_metrics import prompt_row
@@ -19,6 +18,7 @@ from lit_grpo.rollout.trees import chain_widths, expand_trees
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks import MultiRoundTask, PromptRecord, Task
 from lit_grpo.tasks.tool_episode import Episode
+from lit_grpo.tree import SegmentNode
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from lit_grpo.buffers.tree_layout import SegmentNode, chain_returns
 from lit_grpo.engines.base import RolloutEngine, SamplingSpec, end_turns
 from lit_grpo.run.rules import TREE_BRANCHING, DeclaresRounds
 from lit_grpo.run.seeds import derived_seed
@@ -20,7 +19,7 @@ from lit_grpo.tasks.base import PromptRecord, prompt_text
 from lit_grpo.rollout.turn_tokens import reply_ids
 from lit_grpo.errors import InputError
 from lit_grpo.tasks.multiround import EnvStep, MultiRoundTask, RowUnavailable
-from lit_grpo.tree import close_with_no_answer, depth_first
+from lit_grpo.tree import SegmentNode, chain_returns, close_with_no_answer, depth_first
 
 class EveryTurn(Sequence[int]):
     """The widths of chains whose task sets no turn limit (a tool task's ``max_turns: null``, TRL's

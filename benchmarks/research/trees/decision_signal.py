@@ -28,9 +28,8 @@ import torch
 from lit_grpo.engines import HFEngine, SamplingSpec
 from lit_grpo.policy.model_loading import load_policy
 from lit_grpo.run.model_files import load_tokenizer
-from lit_grpo.tree import leaf_counts
 from lit_grpo.rollout.trees import expand_trees
-from lit_grpo.buffers.tree_layout import policy_nodes, tree_row_advantages
+from lit_grpo.tree import leaf_counts, policy_nodes, tree_row_advantages
 
 SHAPES = {  # variant: (rollout kind, widths per round by the game's rounds, value mode, std scope)
     "tree-mean": ("tree", {3: [4, 2, 2], 4: [4, 2, 2, 2]}, "mean", "tree"),

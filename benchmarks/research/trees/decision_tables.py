@@ -50,8 +50,7 @@ def state_of(record: dict, reply: str | None, depth: int) -> str:
 def path_states(task: Any, root: Any) -> list[tuple[Any, str, str]]:
     """``(node, cue, state)`` for every policy segment under ``root``: the state is read off the replies to the
     questions before it (every segment above an answer was a question: ``task.reply`` gives what it was told)."""
-    from lit_grpo.buffers.tree_layout import policy_nodes
-    from lit_grpo.tree import walk
+    from lit_grpo.tree import policy_nodes, walk
 
     depth_of = {id(node): len(path) for path, node in walk(root)}
     out = []

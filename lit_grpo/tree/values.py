@@ -1,17 +1,29 @@
-"""The stopping value of a tree node without reusing its samples (``tree_value_mode: optimal_stopping_split``).
+"""Node values of a rollout tree (docs/guide.md#multi-round-tasks-and-tree-rollouts): ``V`` of every node, in
+three modes, and the stopping value that does not reuse its samples.
 
-``optimal_stopping`` values a node by the larger of its answer children's mean Q and its question children's mean
-Q. With small sibling groups that max of two noisy means is biased upward (E[max] >= max of E: with two answers and
-two questions, each +1 or -1 at even odds, it is 0.375 in expectation where both kinds are worth 0), and since
-advantages are centred on the sibling mean, the excess lands on the questions. The functions here choose the better
-kind with one half of the children and value it with the other (a cross-fitted double estimator), which is never
-biased upward. ``lit_grpo.tree.bellman_value`` dispatches to them.
+``V(terminal) = 0``; ``Q(c) = r(c) + V(c)``. ``mean``: ``V(x)`` is the mean of ``Q`` over ``x``'s children.
+``optimal_stopping``: ``V(x)`` is the larger of the mean ``Q`` of the terminal children and the mean ``Q`` of the
+continuing children, over the options that exist at ``x``. ``optimal_stopping_split``: a cross-fitted double estimate
+of that max, which chooses the kind on one half of each kind's children and reads its value off the other half, and
+falls back to ``mean`` where a kind has a single child (``split_stopping_value``).
+
+Why the split: with small sibling groups ``optimal_stopping``'s max of two noisy means is biased upward (E[max] >=
+max of E: with two answers and two questions, each +1 or -1 at even odds, it is 0.375 in expectation where both kinds
+are worth 0), and since advantages are centred on the sibling mean, the excess lands on the questions. Choosing the
+better kind with one half of the children and valuing it with the other is never biased upward.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal, get_args
+
+from lit_grpo.losses.advantages import check_choice
+from lit_grpo.tree.nodes import Node, depth_first, validate_tree
+
+ValueMode = Literal["mean", "optimal_stopping", "optimal_stopping_split"]
+VALUE_MODES: tuple[str, ...] = get_args(ValueMode)
 
 
 def exact_mean(values: Sequence[float]) -> float:
@@ -75,3 +87,39 @@ def split_stopping_value(child_q: Sequence[float], child_terminal: Sequence[bool
     if len(stop) >= 2 and len(go_on) >= 2:
         return cross_fitted_max(stop, go_on)
     return exact_mean(child_q)
+
+
+def bellman_value(child_q: Sequence[float], child_terminal: Sequence[bool], value_mode: str = "mean") -> float:
+    """V of a continuing node from its children's Q values and kinds (one entry per child, at least one).
+
+    ``mean``: the mean of all ``child_q``. ``optimal_stopping``: the larger of the mean Q of the terminal children
+    and the mean Q of the continuing children, over the kinds present. ``optimal_stopping_split``:
+    ``split_stopping_value``. Example: Q [1, -1, 0.75] with kinds [terminal, terminal, continuing] gives 0.25
+    (mean), max(0, 0.75) = 0.75 (optimal_stopping) and 0.25 (optimal_stopping_split: one continuing child, so
+    the mean).
+    """
+    check_choice("value mode", value_mode, VALUE_MODES)
+    if value_mode == "mean":
+        return exact_mean(child_q)
+    if value_mode == "optimal_stopping_split":
+        return split_stopping_value(child_q, child_terminal)
+    stop, go_on = split_by_kind(child_q, child_terminal)
+    return max(exact_mean(option) for option in (stop, go_on) if option)
+
+
+def node_values(root: Node, value_mode: str = "mean") -> dict[Node, float]:
+    """V of every node (0 for terminal nodes), keyed by node; reads only ``reward``, ``terminal`` and ``children``.
+
+    Validates the tree and the mode (``ValueError`` naming the valid modes).
+    """
+    check_choice("value mode", value_mode, VALUE_MODES)
+    validate_tree(root)
+    values: dict[Node, float] = {}
+    for node in reversed(depth_first(root)):  # every child before its parent
+        if node.terminal:
+            values[node] = 0.0
+        else:
+            child_q = [child.reward + values[child] for child in node.children]
+            values[node] = bellman_value(child_q, [child.terminal for child in node.children], value_mode)
+    return values
+
