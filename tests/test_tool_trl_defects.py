@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 from lit_grpo.buffers.tree_layout import chain_advantages, policy_nodes
 from lit_grpo.engines import SamplingSpec
 from lit_grpo.rollout.trees import expand_trees
-from lit_grpo.tasks.tool_task import ToolTask
+from lit_grpo.tasks.tools.task import ToolTask
 from lit_grpo.tree import depth_first
 
 
