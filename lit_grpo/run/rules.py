@@ -81,6 +81,11 @@ class NamesAnswerTokens(Protocol):
     def answer_token_ids(self, tokenizer: Any) -> list[int]: ...
 
 
+@runtime_checkable
+class NamesFirstTokens(NamesDeferTokens, NamesAnswerTokens, Protocol):
+    """A multi-round task that names both (the question games): what the risk rule reads of it."""
+
+
 @dataclass(frozen=True)
 class Feature:
     knob: str  # "model.<arg>" or "data.<arg>"
