@@ -48,7 +48,7 @@ def tool_counts(roots: list[Any]) -> tuple[frozenset[str], Counter[str]] | None:
     episode's cumulative counts less its nearest ancestor's (the root's episode is the start state), so a call
     high in a tree counts once, not once per leaf below it. None where no node holds an ``Episode`` (not a tool
     task)."""
-    from lit_grpo.tasks.tool_episode import Episode
+    from lit_grpo.tasks.tools.episode import Episode
 
     declared: set[str] = set()
     counts: Counter[str] = Counter()
@@ -105,7 +105,7 @@ def tool_figures(declared: frozenset[str], counts: Counter[str]) -> dict[str, fl
 def tool_leaves(roots: list[Any]) -> list[tuple[Any, int]]:
     """The leaves of a tool task's trees that hold their ``Episode``, with their depths (a node the environment
     closed at the depth limit is a plain Node, with no episode)."""
-    from lit_grpo.tasks.tool_episode import Episode
+    from lit_grpo.tasks.tools.episode import Episode
 
     return [(node, depth) for root in roots for node, depth in leaves_with_depth(root)
             if isinstance(node, SegmentNode) and isinstance(node.episode, Episode)]

@@ -233,7 +233,7 @@ def risk_callback_problems(callbacks: Any, task: Any) -> list[str]:
     """``rules.risk_decision_problems`` for each ``RiskThreshold`` (or subclass) among ``trainer.callbacks``
     (``task``: the task's class, None when it does not import). The callback is known by name: only cli.py imports
     the callbacks."""
-    from lit_grpo.tasks.multiround import names_answer_tokens
+    from lit_grpo.tasks.episodes import names_answer_tokens
 
     problems = []
     for spec in callbacks if isinstance(callbacks, list) and task is not None else []:

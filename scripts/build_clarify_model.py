@@ -39,8 +39,8 @@ from lit_grpo.engines import HFEngine, SamplingSpec  # noqa: E402
 from lit_grpo.policy.model_loading import load_policy  # noqa: E402
 from lit_grpo.tasks import ClarifyTask  # noqa: E402
 from lit_grpo.tasks.games import CalculatorTask, HiddenOperandsTask, reduced  # noqa: E402
-from lit_grpo.tasks.stale_digits import NAMES as STALE_NAMES  # noqa: E402
-from lit_grpo.tasks.stale_digits import StaleDigitsTask  # noqa: E402
+from lit_grpo.tasks.games.stale_digits import NAMES as STALE_NAMES  # noqa: E402
+from lit_grpo.tasks.games.stale_digits import StaleDigitsTask  # noqa: E402
 from lit_grpo.rollout.trees import greedy_trees  # noqa: E402
 from lit_grpo.tree import chain_returns, depth_first  # noqa: E402
 

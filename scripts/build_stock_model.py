@@ -2,7 +2,7 @@
 (issue 58): the tool model of ``data/tiny-qwen2-tools`` (Qwen2.5's template and tool-call format) taught the
 stockroom's tools imperfectly, so that RL has turns to credit.
 
-- Rows: 3,000 shops (``lit_grpo.tasks.tool_stock.stock_rows``), 2 to 4 kinds each. The task is the shipped one
+- Rows: 3,000 shops (``lit_grpo.tasks.tools.stock.stock_rows``), 2 to 4 kinds each. The task is the shipped one
   (configs/tools_stock.yaml): the ``Stockroom`` environment, a reward per call, ``submit`` ends the episode.
   ``ToolTask``'s split (300 held out, seed 0) decides which rows train; only those are demonstrated.
 - Model: ``data/tiny-qwen2-tools``' weights and tokenizer, trained further by teacher forcing on whole episodes built
@@ -37,8 +37,8 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from lit_grpo.engines import HFEngine, SamplingSpec  # noqa: E402
 from lit_grpo.rollout.trees import expand_trees, greedy_trees  # noqa: E402
-from lit_grpo.tasks.tool_stock import SOLVED, Stockroom, stock_rows  # noqa: E402
-from lit_grpo.tasks.tool_task import ToolTask  # noqa: E402
+from lit_grpo.tasks.tools.stock import SOLVED, Stockroom, stock_rows  # noqa: E402
+from lit_grpo.tasks.tools.task import ToolTask  # noqa: E402
 from lit_grpo.tree import depth_first  # noqa: E402
 from scripts.build_tool_model import episode_ids, train  # noqa: E402
 
@@ -167,7 +167,7 @@ Rebuilt by:
   {figures['sampled_solved']:.3f}, calls per episode {figures['sampled_calls']:.2f}
 - wall time: {seconds:.0f} s on 2 CPU cores
 
-The task (`lit_grpo.tasks.tool_stock.Stockroom`): a shop stocks 2 to 4 kinds of item, numbered; `count(item)` adds
+The task (`lit_grpo.tasks.tools.stock.Stockroom`): a shop stocks 2 to 4 kinds of item, numbered; `count(item)` adds
 a kind's stock to the register (+0.2 the first time for a kind on the list, -0.2 otherwise), `look(item)` says where
 a kind is shelved (-0.2: never needed), `submit()` ends the episode (+1 when every kind was counted, else 0).
 """

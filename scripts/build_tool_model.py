@@ -1,7 +1,7 @@
 """Build the tool task's warm start, ``data/tiny-qwen2-tools``, and its rows, ``data/tool-arithmetic/rows.jsonl``
 (issue 48): a tiny Qwen2 chat model that speaks Qwen2.5's tool-call format through Qwen2.5's own chat template.
 
-- Rows: 3,000 problems ``a+b+c`` / ``a*c+b`` (``lit_grpo.tasks.tool_arithmetic``) with their operands. The task is
+- Rows: 3,000 problems ``a+b+c`` / ``a*c+b`` (``lit_grpo.tasks.tools.arithmetic``) with their operands. The task is
   the shipped one: the ``Registers`` environment (the operands in registers a, b, c; ``add``/``multiply`` on register
   names) scored by ``register_answer``. ``ToolTask``'s split (200 held out, seed 0) decides which rows train; only
   those are demonstrated.
@@ -43,8 +43,8 @@ sys.path.insert(0, str(REPO_ROOT))
 from lit_grpo.engines import HFEngine, SamplingSpec  # noqa: E402
 from lit_grpo.rollout.trees import expand_trees, greedy_trees  # noqa: E402
 from lit_grpo.rollout.turn_tokens import reply_ids  # noqa: E402
-from lit_grpo.tasks.tool_arithmetic import Registers, arithmetic_rows, register_answer  # noqa: E402
-from lit_grpo.tasks.tool_task import ToolTask  # noqa: E402
+from lit_grpo.tasks.tools.arithmetic import Registers, arithmetic_rows, register_answer  # noqa: E402
+from lit_grpo.tasks.tools.task import ToolTask  # noqa: E402
 from lit_grpo.tree import depth_first  # noqa: E402
 
 MODEL_DIR = REPO_ROOT / "data" / "tiny-qwen2-tools"
@@ -234,7 +234,7 @@ Rebuilt by:
   called a tool {figures['sampled_tool_use']:.3f}, malformed {figures['sampled_malformed']:.3f}
 - wall time: {seconds:.0f} s on 2 CPU cores
 
-The task (`lit_grpo.tasks.tool_arithmetic.Registers`): the question's numbers are in registers a, b and c; the
+The task (`lit_grpo.tasks.tools.arithmetic.Registers`): the question's numbers are in registers a, b and c; the
 tools `add(x, y)` and `multiply(x, y)` take register names and store their result in r1, r2; the answer names a
 register ("The answer is r2."). The demonstrations are the plan (`multiply` or `add` on a and b, then `add` on r1
 and c, then "The answer is r2."), a guess of a number near the answer ("The answer is 131."), or a broken first

@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 
-from lit_grpo.tasks.tool_arithmetic import Registers
+from lit_grpo.tasks.tools.arithmetic import Registers
 
 
 class FaultyRegisters(Registers):

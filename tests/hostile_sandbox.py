@@ -12,7 +12,7 @@ from typing import Any
 
 from hostile_code import SNIPPETS, snippet
 from lit_grpo.sandbox import CodeFailed, Limits, PythonSandbox
-from lit_grpo.tasks.tool_arithmetic import Registers
+from lit_grpo.tasks.tools.arithmetic import Registers
 
 
 class SmallSandbox(PythonSandbox):

@@ -420,7 +420,7 @@ def test_the_module_alone_hears_its_own_rules_and_the_risk_callback_hears_the_ta
     from lit_grpo.errors import InputError
     from lit_grpo.run.rules import risk_decision_problems
     from lit_grpo.tasks import ClarifyTask
-    from lit_grpo.tasks.multiround import names_answer_tokens
+    from lit_grpo.tasks.episodes import names_answer_tokens
 
     with pytest.raises(InputError) as refused:
         PolicyModule(loss_variant="dpo", advantage_mode="gae")
@@ -442,7 +442,7 @@ def test_a_reward_bounded_by_the_reward_timeout_alone_is_refused_without_one(tmp
     from lit_grpo.errors import InputError
     from lit_grpo.rollout.datamodule import RolloutDataModule
     from lit_grpo.tasks import DatasetTask
-    from lit_grpo.tasks.math_answers import MathVerify
+    from lit_grpo.tasks.rewards.math_answers import MathVerify
 
     pytest.importorskip("math_verify")
     message = ("data.reward_timeout: the MathVerify reward is bounded by it alone (a hostile answer parses for "

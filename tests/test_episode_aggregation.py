@@ -299,7 +299,7 @@ def test_sequence_totals_and_means_by_hand():
 def test_constant_divides_a_tool_episode_by_the_tasks_whole_conversation_budget():
     """TRL's dr_grpo divides by max_completion_length, the budget of the whole multi-turn completion: a tool
     task's chain carries it (``sequence_budget``), where a game's chain and a tree keep max_new_tokens (per turn)."""
-    from lit_grpo.tasks.tool_task import ToolTask
+    from lit_grpo.tasks.tools.task import ToolTask
 
     assert ToolTask.sequence_budget(type("Task", (), {"max_completion_length": 20})()) == 20
     tool = tree_buffer([chain_tree(object())], Tokenizer(), 1.0, MAX_NEW_TOKENS, "chains", 3, sequence_budget=20)

@@ -14,8 +14,8 @@ from reliability_doc import documented
 
 from lit_grpo.cli import main
 from lit_grpo.run.signals import Terminated
-from lit_grpo.tasks.reward_functions import Completions, reward_column
-from lit_grpo.tasks.reward_guard import reward_outcome
+from lit_grpo.tasks.rewards.functions import Completions, reward_column
+from lit_grpo.tasks.rewards.guard import reward_outcome
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--data.prompts_per_epoch", "2", "--data.group_size", "2", "--data.minibatch_size", "4",

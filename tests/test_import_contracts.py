@@ -66,7 +66,7 @@ def with_line(layout: Path, module: str, line: str) -> Path:
 @pytest.mark.slow  # a second: lint-imports on a fresh copy
 def test_the_rollout_reaching_into_a_tool_task_breaks_its_contract(tmp_path):
     result = lint_imports(with_line(installed_layout(tmp_path), "rollout/trees.py",
-                                    "import lit_grpo.tasks.tool_task"))
+                                    "import lit_grpo.tasks.tools.task"))
     assert result.returncode == 1, result.stdout + result.stderr
     assert "tool tasks are met through MultiRoundTask's turns only BROKEN" in result.stdout
     assert f"{LAYERS} KEPT" in result.stdout  # tasks sit below the rollout: only this contract says no

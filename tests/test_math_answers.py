@@ -17,8 +17,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from lit_grpo.errors import InputError
 from lit_grpo.rollout.reward_worker import RewardWorker
 from lit_grpo.tasks import DatasetTask
-from lit_grpo.tasks import math_answers
-from lit_grpo.tasks.math_answers import MathVerify
+from lit_grpo.tasks.rewards import math_answers
+from lit_grpo.tasks.rewards.math_answers import MathVerify
 
 pytest.importorskip("math_verify")  # the test extra installs it (pyproject.toml)
 

@@ -17,8 +17,8 @@ import pytest
 from lit_grpo.errors import InputError
 from lit_grpo.mcp_tools import McpServer, McpServers
 from lit_grpo.mcp_tools.servers import McpToolError
-from lit_grpo.tasks.tool_kit import ToolKit
-from lit_grpo.tasks.tool_task import ToolTask
+from lit_grpo.tasks.tools.kit import ToolKit
+from lit_grpo.tasks.tools.task import ToolTask
 
 TESTS = Path(__file__).resolve().parent
 SERVER = str(TESTS / "mcp_test_server.py")
@@ -183,7 +183,7 @@ def test_an_http_server_is_reconnected_after_it_went_away(tmp_path):
 
 
 def test_replayed_answer_numbers_results_as_the_stateless_server_does():
-    from lit_grpo.tasks.tool_arithmetic import replayed_answer
+    from lit_grpo.tasks.tools.arithmetic import replayed_answer
 
     def calls(*named):
         return {"role": "assistant", "tool_calls": [call(name, x=x, y=y) for name, x, y in named]}

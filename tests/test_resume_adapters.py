@@ -55,7 +55,7 @@ def first_run(tmp_path_factory) -> Path:
     done = lit_grpo(run_dir, "fit", "--config", "run.yaml")
     assert done.returncode == 0, done.stderr[-3000:]
     checkpoint = load_checkpoint(run_dir / "lightning_logs/version_0/checkpoints/last.ckpt")
-    assert checkpoint["RolloutDataModule"]["task"]["class"] == "lit_grpo.tasks.arithmetic.ArithmeticTask"
+    assert checkpoint["RolloutDataModule"]["task"]["class"] == "lit_grpo.tasks.single_turn.arithmetic.ArithmeticTask"
     return run_dir
 
 
@@ -95,7 +95,7 @@ def test_a_config_edited_to_another_task_is_refused_before_training(run_copy, tm
     message = refused(done, tmp_path)
     assert message.startswith("lit-grpo: cannot resume '<tmp>/run/lightning_logs/version_0/checkpoints/last.ckpt': "
                               "its prompt cursor (2) counts the training prompts of ArithmeticTask")
-    assert "this run's data.task is SortTask (lit_grpo.tasks.sort.SortTask" in message
+    assert "this run's data.task is SortTask (lit_grpo.tasks.single_turn.sort.SortTask" in message
     assert "Resume with the checkpoint's task" in message and "start a new run without --ckpt_path" in message
     assert digest(version / "checkpoints" / "last.ckpt") == before
     assert not list(run_copy.glob("lightning_logs/version_1/checkpoints/*"))
@@ -215,8 +215,8 @@ def test_the_task_record_follows_the_prompts_not_the_file_name(tmp_path):
                                                           task_record(JsonlTask(moved["data"]))) == []
     with pytest.raises(InputError) as info:
         task_notes("x.ckpt", {"cursor": 4, "task": first}, task_record(JsonlTask(other["data"])))
-    assert f"JsonlTask (lit_grpo.tasks.jsonl.JsonlTask from {first['data']!r}: 36 training prompts" in str(info.value)
-    assert f"this run's data.task is JsonlTask (lit_grpo.tasks.jsonl.JsonlTask from {other['data']!r}" in str(
+    assert f"JsonlTask (lit_grpo.tasks.single_turn.jsonl.JsonlTask from {first['data']!r}: 36 training prompts" in str(info.value)
+    assert f"this run's data.task is JsonlTask (lit_grpo.tasks.single_turn.jsonl.JsonlTask from {other['data']!r}" in str(
         info.value)
     assert task_notes("x.ckpt", {"cursor": 4}, task_record(JsonlTask(other["data"])))[0].startswith(
         "the checkpoint does not record its task (an older lit-grpo wrote it): its prompt cursor (4) continues")

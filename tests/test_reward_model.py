@@ -13,7 +13,7 @@ from transformers import AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassificat
 
 from lit_grpo.errors import InputError
 from lit_grpo.tasks import DatasetTask, RewardModel
-from lit_grpo.tasks.reward_functions import Completions
+from lit_grpo.tasks.rewards.functions import Completions
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAT_MODEL = ROOT / "data" / "tiny-qwen2-chat"

@@ -22,7 +22,6 @@ from lit_grpo.risk.rule import RiskRule
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from support import load_checkpoint
 from lit_grpo.tasks import ClarifyTask
-from lit_grpo.tasks.multiround import MultiRoundTask
 from lit_grpo.tree import policy_nodes
 
 CLARIFY_MODEL = "data/tiny-llama-clarify"
@@ -194,7 +193,7 @@ def test_the_value_rule_forces_an_answer_or_a_question_by_the_heads_two_values(t
 
 def test_the_value_rule_with_a_task_that_cannot_force_an_answer_is_refused_before_work():
     class NoAnswerIds(ClarifyTask):
-        answer_token_ids = MultiRoundTask.answer_token_ids  # a user's game that never said which tokens answer
+        answer_token_ids = None  # a user's game that never said which tokens answer
 
     data = RolloutDataModule(task=NoAnswerIds())
     trainer = SimpleNamespace(datamodule=data)

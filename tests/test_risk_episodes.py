@@ -14,7 +14,7 @@ from benchmarks.research.risk.risk_curves import fixed_curve  # noqa: E402
 from benchmarks.research.risk.risk_episodes import (  # noqa: E402
     StateTable, always_ask, at, curve, depth_returns, episodes, state_table)
 
-from lit_grpo.tasks.stale_digits import StaleDigitsTask  # noqa: E402
+from lit_grpo.tasks.games.stale_digits import StaleDigitsTask  # noqa: E402
 
 EXACT = 1e-12  # float rounding only
 # record 0: one stale digit; the draft is wrong before the first question, right after it

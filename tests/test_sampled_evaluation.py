@@ -139,7 +139,7 @@ def test_a_tool_tasks_episodes_give_pass_at_k_calls_and_turns():
     from test_tool_turns import CALL, RECORDS, TOKENIZER as QWEN, ScriptedEngine, add, exact_answer
 
     from lit_grpo.rollout.sampled import sampled_episode_scores
-    from lit_grpo.tasks.tool_task import ToolTask
+    from lit_grpo.tasks.tools.task import ToolTask
 
     task = ToolTask(records=RECORDS, tools=[add], rewards=[exact_answer], max_turns=2)
     engine = ScriptedEngine(lambda turn, text: [CALL, "7", "8", CALL] if turn == 1 else ["7"])

@@ -156,7 +156,7 @@ def test_files_persist_between_a_rollouts_calls_and_go_at_reset():
 
 
 def test_the_tool_kit_keeps_it_in_process_past_the_timeout_and_counts_its_failure():
-    from lit_grpo.tasks.tool_kit import ToolKit
+    from lit_grpo.tasks.tools.kit import ToolKit
 
     kit = ToolKit([], {None: type(sandbox("none"))}, timeout=0.01)  # a timeout no sandboxed call could keep
     box, _ = kit.open({"prompt": "x"})

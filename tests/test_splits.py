@@ -30,7 +30,7 @@ REQUIRED_ARGUMENTS: dict[str, dict[str, Any]] = {
     "DatasetTask": {"path": CHAT_DATA, "answer_column": "solution"},
     "JsonlTask": {"path": "<jsonl>"},  # a file written by the test
     "ToolTask": {"records": [{"prompt": f"What is {i}+1?", "answer": str(i + 1)} for i in range(40)],
-                 "rewards": ["lit_grpo.tasks.tools.environment_tools"], "heldout_size": 10},  # any function: not run
+                 "rewards": ["lit_grpo.tasks.tools.calls.environment_tools"], "heldout_size": 10},  # any function: not run
 }
 
 
@@ -45,10 +45,11 @@ def identity(record: dict[str, Any]) -> Any:
 
 
 def shipped_task_classes() -> dict[str, type[Task]]:
-    """Every concrete Task subclass defined in ``lit_grpo.tasks``."""
+    """Every concrete Task subclass defined in ``lit_grpo.tasks`` and its sub-packages (the old paths' aliases define
+    none)."""
     found: dict[str, type[Task]] = {}
-    for module_info in pkgutil.iter_modules(lit_grpo.tasks.__path__):
-        module = importlib.import_module(f"lit_grpo.tasks.{module_info.name}")
+    for module_info in pkgutil.walk_packages(lit_grpo.tasks.__path__, "lit_grpo.tasks."):
+        module = importlib.import_module(module_info.name)
         for name, value in vars(module).items():
             if (inspect.isclass(value) and issubclass(value, Task) and not inspect.isabstract(value)
                     and value.__module__ == module.__name__):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lit_grpo.tasks.stale_digits import Rules, StaleDigitsTask, best_actions
+from lit_grpo.tasks.games.stale_digits import Rules, StaleDigitsTask, best_actions
 
 RULES = Rules(correct_reward=1.0, wrong_reward=-1.0, ask_cost=0.1, idle_ask_cost=0.5)
 

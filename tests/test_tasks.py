@@ -12,7 +12,7 @@ from lit_grpo.tasks import ArithmeticTask, ExactMatchReward, JsonlTask, Reward, 
 from lit_grpo.errors import InputError
 from lit_grpo.tasks.base import ScoredCompletion
 from reliability_doc import documented
-from lit_grpo.tasks.sort import inclusion_ordering, parse_items, sort_distance
+from lit_grpo.tasks.single_turn.sort import inclusion_ordering, parse_items, sort_distance
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPT = [3, 1, 0, 2]  # sorted: [0, 1, 2, 3]

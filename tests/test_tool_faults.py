@@ -82,7 +82,7 @@ def test_a_result_neither_text_nor_json_an_unknown_tool_and_a_wrong_type_fail_th
 @pytest.mark.slow
 def test_malformed_call_syntax_ends_the_episode_and_is_counted(tmp_path):
     # the warm start breaks about one call in twelve (BUILD.md): 64 episodes all but surely hold one
-    result, logged, _ = run(tmp_path, "lit_grpo.tasks.tool_arithmetic.Registers", "--data.prompts_per_epoch", "8",
+    result, logged, _ = run(tmp_path, "lit_grpo.tasks.tools.arithmetic.Registers", "--data.prompts_per_epoch", "8",
                             "--data.group_size", "8")
     assert result.returncode == 0, result.stderr[-3000:]
     assert logged["tools/malformed_episodes"] > 0

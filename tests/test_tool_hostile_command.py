@@ -48,7 +48,7 @@ def test_a_factory_that_raises_is_one_message(tmp_path):
 
 def test_an_async_reward_that_raises_is_counted_and_the_run_goes_on(tmp_path):
     result, logged, _ = fit(tmp_path, "--data.task.init_args.rewards", "[faulty_tools.broken_judge]",
-                            "--data.task.init_args.environment", "lit_grpo.tasks.tool_arithmetic.Registers")
+                            "--data.task.init_args.environment", "lit_grpo.tasks.tools.arithmetic.Registers")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert "broken_judge: TimeoutError: the judge did not answer" in result.stderr  # warned, with its message

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from lit_grpo.errors import InputError
-from lit_grpo.tasks.multiround import RowUnavailable
-from lit_grpo.tasks.tool_kit import ToolKit
+from lit_grpo.tasks.episodes import RowUnavailable
+from lit_grpo.tasks.tools.kit import ToolKit
 
 MODES = pytest.mark.parametrize("timeout", [None, 10.0], ids=["in-process", "hosted"])
 
@@ -358,8 +358,8 @@ def test_the_pool_constructs_once_and_resets_often_and_forks_only_on_request(tim
 
 def test_a_host_the_system_refuses_to_start_makes_the_row_unavailable(monkeypatch):
     """fork failing (EAGAIN: too many processes, or no memory) is the row's failure, named, not a traceback."""
-    import lit_grpo.tasks.tool_kit as tool_kit
-    from lit_grpo.tasks.multiround import RowUnavailable
+    import lit_grpo.tasks.tools.kit as tool_kit
+    from lit_grpo.tasks.episodes import RowUnavailable
 
     def refused(*args, **kwargs):
         raise BlockingIOError(11, "Resource temporarily unavailable")

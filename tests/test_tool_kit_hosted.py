@@ -9,15 +9,15 @@ import os
 import pytest
 
 from lit_grpo.errors import InputError
-from lit_grpo.tasks.multiround import RowUnavailable
-from lit_grpo.tasks.tool_kit import ToolKit
+from lit_grpo.tasks.episodes import RowUnavailable
+from lit_grpo.tasks.tools.kit import ToolKit
 from test_tool_kit import Client, Ordered, call, row
 
 
 def test_a_lambda_factory_is_refused_by_name_where_hosts_must_be_spawned(monkeypatch):
     import multiprocessing
 
-    import lit_grpo.tasks.tool_kit as tool_kit
+    import lit_grpo.tasks.tools.kit as tool_kit
 
     monkeypatch.setattr(tool_kit, "fork_context", lambda: multiprocessing.get_context("spawn"))
     kit = ToolKit([], {None: lambda: Client()}, timeout=1.0)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lit_grpo.tasks.tool_kit import ToolKit
+from lit_grpo.tasks.tools.kit import ToolKit
 
 pytestmark = pytest.mark.slow  # imports TRL's trainer (about 10 s)
 

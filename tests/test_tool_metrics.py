@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from lit_grpo.callbacks.episode_metrics import UNKNOWN_TOOL, global_tool_stats, tool_counts, tool_figures, tool_stats
-from lit_grpo.tasks.tool_episode import Episode
+from lit_grpo.tasks.tools.episode import Episode
 from lit_grpo.tree import Node, SegmentNode
 
 TOOLS = ("add", "mul", "sub")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lit_grpo.tasks.tool_stock import Stockroom, stock_rows
+from lit_grpo.tasks.tools.stock import Stockroom, stock_rows
 
 
 def fresh(kinds: int = 3, stock: tuple[int, ...] = (5, 7, 11)) -> Stockroom:

@@ -18,7 +18,7 @@ def test_trls_grpo_trainer_accepts_the_same_tools_environment_and_reward(tmp_pat
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from lit_grpo.tasks.tool_arithmetic import (
+    from lit_grpo.tasks.tools.arithmetic import (
         ArithmeticEnvironment,
         Registers,
         add,
@@ -45,9 +45,9 @@ def test_trls_grpo_trainer_accepts_the_same_tools_environment_and_reward(tmp_pat
 @pytest.mark.parametrize("task", [
     [],  # configs/tools.yaml as shipped: an environment and a reward function that reads it
     ["--data.task.init_args.environment", "null", "--data.task.init_args.tools",
-     "[lit_grpo.tasks.tool_arithmetic.add, lit_grpo.tasks.tool_arithmetic.multiply]",
-     "--data.task.init_args.rewards", "[lit_grpo.tasks.tool_arithmetic.exact_answer]"],  # TRL's tools=
-    ["--data.task.init_args.environment", "lit_grpo.tasks.tool_arithmetic.ArithmeticEnvironment",
+     "[lit_grpo.tasks.tools.arithmetic.add, lit_grpo.tasks.tools.arithmetic.multiply]",
+     "--data.task.init_args.rewards", "[lit_grpo.tasks.tools.arithmetic.exact_answer]"],  # TRL's tools=
+    ["--data.task.init_args.environment", "lit_grpo.tasks.tools.arithmetic.ArithmeticEnvironment",
      "--data.task.init_args.rewards", "[]"],  # the environment owns the reward
 ], ids=["shipped", "functions", "environment-reward"])
 def test_the_same_objects_train_through_yaml(task, tmp_path):

@@ -16,7 +16,7 @@ import pytest
 import torch
 from test_tool_trl_defects import CALL, QWEN, Counter, grow
 
-from lit_grpo.tasks.tool_task import ToolTask
+from lit_grpo.tasks.tools.task import ToolTask
 
 pytestmark = pytest.mark.filterwarnings("ignore:TRL currently supports vLLM versions:UserWarning")
 

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 
 from lit_grpo.engines import SamplingSpec
 from lit_grpo.rollout.trees import expand_trees
-from lit_grpo.tasks.tool_task import ToolTask
+from lit_grpo.tasks.tools.task import ToolTask
 from lit_grpo.tree import chain_advantages, depth_first, policy_nodes
 
 

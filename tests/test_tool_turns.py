@@ -15,7 +15,7 @@ from lit_grpo.engines import SamplingSpec
 from lit_grpo.errors import InputError
 from lit_grpo.rollout.trees import expand_trees
 from lit_grpo.rollout.turn_tokens import reply_ids
-from lit_grpo.tasks.tool_task import ToolTask
+from lit_grpo.tasks.tools.task import ToolTask
 from lit_grpo.tree import depth_first, policy_nodes
 
 
@@ -199,14 +199,14 @@ def test_the_rules_ask_a_tool_task_for_turns_one_width_each_and_no_risk_head():
         "data.branching [4, 2] names 2 round(s), data.task ToolTask runs max_turns 3: give one width per round, or "
         "set data.task.init_args.max_turns"]
     assert multi_round_problems({**data, "rollout": "tree", "branching": [4, 2, 2]}, task, {"risk": {"atoms": 5}}) == [
-        "model.risk with data.task ToolTask: the risk head needs a task that names the first tokens that defer; a "
-        "tool task's turns are read by its template's parser"]
+        "model.risk with data.task ToolTask: the risk head needs a task that names the first tokens that defer (a "
+        "defer_token_ids(tokenizer) method); a tool task's turns are read by its template's parser"]
 
 
 def test_an_environment_class_written_for_trl_owns_the_reward():
-    from lit_grpo.tasks.tool_arithmetic import ArithmeticEnvironment
+    from lit_grpo.tasks.tools.arithmetic import ArithmeticEnvironment
 
-    task = ToolTask(records=RECORDS, environment="lit_grpo.tasks.tool_arithmetic.ArithmeticEnvironment", max_turns=3)
+    task = ToolTask(records=RECORDS, environment="lit_grpo.tasks.tools.arithmetic.ArithmeticEnvironment", max_turns=3)
     submit = '<tool_call>\n{"name": "submit", "arguments": {"result": %d}}\n</tool_call>'
     root, _ = grow(task, lambda turn, text: [submit % 7, submit % 8] if turn == 1 else ["done"], [2, 1, 1])
     right, wrong = root.children

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from lit_grpo.errors import InputError
-from lit_grpo.tasks.tool_kit import ToolKit
-from lit_grpo.tasks.tools import environment_tools, tool_schema
+from lit_grpo.tasks.tools.kit import ToolKit
+from lit_grpo.tasks.tools.calls import environment_tools, tool_schema
 
 
 def add(a: int, b: int) -> int:

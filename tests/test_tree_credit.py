@@ -95,7 +95,7 @@ def test_drop_is_refused_for_chains_and_branching_must_name_every_round():
     from lit_grpo.policy.module import PolicyModule
     from lit_grpo.rollout.datamodule import RolloutDataModule
     from lit_grpo.run.rules import cross_knob_problems
-    from lit_grpo.tasks.stale_digits import StaleDigitsTask
+    from lit_grpo.tasks.games.stale_digits import StaleDigitsTask
 
     model = {**signature_defaults(PolicyModule), "tree_flat_groups": "drop"}
     defaults = signature_defaults(RolloutDataModule)
@@ -120,7 +120,7 @@ def test_a_task_that_declares_its_rounds_as_a_class_attribute_is_checked_before_
     from lit_grpo.config_check import signature_defaults
     from lit_grpo.rollout.datamodule import RolloutDataModule
     from lit_grpo.run.rules import cross_knob_problems
-    from lit_grpo.tasks.multiround import ClarifyTask, MultiRoundTask
+    from lit_grpo.tasks import ClarifyTask, GameTask
 
     class TwoRounds(ClarifyTask):  # the README's way: a class attribute, no __init__ argument
         def __init__(self) -> None:
@@ -128,7 +128,7 @@ def test_a_task_that_declares_its_rounds_as_a_class_attribute_is_checked_before_
 
         max_rounds = 2
 
-    class Undeclared(MultiRoundTask):
+    class Undeclared(GameTask):
         def split(self):
             return [], [], []
 

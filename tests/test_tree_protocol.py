@@ -43,7 +43,7 @@ def test_the_last_epoch_draws_the_prompts_the_rest_of_the_budget_pays_for(rest, 
 
 def test_every_variant_names_one_width_per_round_of_its_game():
     from lit_grpo.tasks.games import CalculatorTask, HiddenOperandsTask
-    from lit_grpo.tasks.stale_digits import StaleDigitsTask
+    from lit_grpo.tasks.games.stale_digits import StaleDigitsTask
 
     rounds = {"stale-digits": StaleDigitsTask().max_rounds, "hidden-operands": HiddenOperandsTask().max_rounds,
               "calculator": CalculatorTask().max_rounds}

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from lit_grpo.errors import InputError
-from lit_grpo.tasks.tool_task import ToolTask
+from lit_grpo.tasks.tools.task import ToolTask
 from lit_grpo.tree import assign_advantages, chain_turn_advantages
 from tests.test_tool_trl_defects import CALL, answer_reward, grow
 

@@ -20,8 +20,8 @@ from lit_grpo.callbacks import RolloutMetrics
 from lit_grpo.engines import HFEngine, VLLMEngine
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.tasks.tool_arithmetic import Registers, register_answer
-from lit_grpo.tasks.tool_task import ToolTask
+from lit_grpo.tasks.tools.arithmetic import Registers, register_answer
+from lit_grpo.tasks.tools.task import ToolTask
 from lit_grpo.tree import depth_first, policy_nodes
 
 ROOT = Path(__file__).resolve().parents[1]

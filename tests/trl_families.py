@@ -473,7 +473,7 @@ class ScriptedEngine:
 def tool_task(tools, environment, rewards, max_turns: int, max_completion_length: int, family: Family):
     """A ToolTask as a TRL user configures it, passing each option the constructor knows of (it is being rewritten
     to follow TRL: ``max_completion_length``, ``chat_template_kwargs`` arrive there)."""
-    from lit_grpo.tasks.tool_task import ToolTask
+    from lit_grpo.tasks.tools.task import ToolTask
 
     known = inspect.signature(ToolTask.__init__).parameters
     wanted = {"records": [{"prompt": "unused", "answer": "0"}] * 4, "tools": list(tools), "environment": environment,

@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 from lit_grpo.engines import HFEngine, SamplingSpec, VLLMEngine  # noqa: E402
 from lit_grpo.policy.model_loading import load_policy  # noqa: E402
 from lit_grpo.rollout.turn_tokens import reply_ids  # noqa: E402
-from lit_grpo.tasks.tool_arithmetic import Registers, register_answer  # noqa: E402
-from lit_grpo.tasks.tool_task import ToolTask  # noqa: E402
+from lit_grpo.tasks.tools.arithmetic import Registers, register_answer  # noqa: E402
+from lit_grpo.tasks.tools.task import ToolTask  # noqa: E402
 
 MODEL = ROOT / "data" / "tiny-qwen2-tools"
 TURNS = 4

@@ -1,8 +1,8 @@
 """The MCP server of the shipped MCP config (configs/tools_mcp.yaml), written with the ``mcp`` SDK's low-level
-``Server``: ``add`` and ``multiply`` over named registers, with the very schemas ``lit_grpo.tasks.tool_arithmetic
+``Server``: ``add`` and ``multiply`` over named registers, with the very schemas ``lit_grpo.tasks.tools.arithmetic
 .Registers`` gives them (the prompt the tiny tool model data/tiny-qwen2-tools learnt to call them from). One server
 serves every rollout of a run, so it keeps no registers: it checks the names and answers where the result goes and
-what it holds (``r2 = r1 + c``, by ``result_register``'s rule); the reward (``tool_arithmetic.replayed_answer``)
+what it holds (``r2 = r1 + c``, by ``result_register``'s rule); the reward (``tools.arithmetic.replayed_answer``)
 replays the episode's calls by the same rule on the row's numbers. lit-grpo runs it over stdio:
 ``python -m lit_grpo.mcp_tools.registers_server``."""
 

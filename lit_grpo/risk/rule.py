@@ -10,7 +10,7 @@ import torch
 
 from lit_grpo.buffers.protocols import ContextRisk
 from lit_grpo.risk.head import first_token_constraints, forced_defer, value_rule_defers
-from lit_grpo.tasks.multiround import MultiRoundTask
+from lit_grpo.run.rules import NamesFirstTokens
 
 
 class RiskRule:
@@ -30,9 +30,10 @@ class RiskRule:
         self.decision, self.cvar_level, self.answer_token_ids = decision, cvar_level, tuple(answer_token_ids)
 
     @classmethod
-    def for_task(cls, risk: ContextRisk, tau: float | None, task: MultiRoundTask, tokenizer: Any, decision: str = "threshold",
-                 cvar_level: float = 0.0) -> RiskRule:
-        """The rule with ``task``'s defer (and, for the value rule, answer) first tokens."""
+    def for_task(cls, risk: ContextRisk, tau: float | None, task: NamesFirstTokens, tokenizer: Any,
+                 decision: str = "threshold", cvar_level: float = 0.0) -> RiskRule:
+        """The rule with ``task``'s defer (and, for the value rule, answer) first tokens (``run.rules``'
+        ``NamesDeferTokens``, ``NamesAnswerTokens``)."""
         answer_ids = task.answer_token_ids(tokenizer) if decision == "value" else ()
         return cls(risk, tau, task.defer_token_ids(tokenizer), decision, cvar_level, answer_ids)
 

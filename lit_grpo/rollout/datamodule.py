@@ -40,7 +40,7 @@ from lit_grpo.run.resume import task_notes
 from lit_grpo.run.rules import RolloutKind, choice_problems, cross_knob_problems, staleness_problems
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks import ArithmeticTask, PromptRecord, Task
-from lit_grpo.tasks.tool_rewards import RewardContext, draw_context
+from lit_grpo.tasks.tools.rewards import RewardContext, draw_context
 
 
 class RolloutDataModule(pl.LightningDataModule):

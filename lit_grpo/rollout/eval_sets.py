@@ -23,7 +23,7 @@ from lit_grpo.rollout.sampled import SampledEvaluation, as_evaluation, evaluatio
 from lit_grpo.run.model_files import shipped_path
 from lit_grpo.tasks import DatasetTask, PromptRecord, Task
 from lit_grpo.tasks.data_files import FILE_BUILDERS, load_rows
-from lit_grpo.tasks.dataset import prompt_key
+from lit_grpo.tasks.single_turn.dataset import prompt_key
 from lit_grpo.tasks.rows import checked_record
 
 SPLITS = ("validation", "test")  # the task's own held-out splits a set may name as its source

@@ -13,7 +13,7 @@ from lit_grpo.engines.base import RolloutEngine, SamplingSpec
 from lit_grpo.risk.probes import Forcing, ProbeLabels, episode_labels
 from lit_grpo.rollout.trees import greedy_trees
 from lit_grpo.tasks.base import PromptRecord
-from lit_grpo.tasks.multiround import AskOrAnswerTask
+from lit_grpo.tasks.games.ask_or_answer import AskOrAnswerTask
 from lit_grpo.tree import depth_first
 
 

@@ -20,9 +20,9 @@ from lit_grpo.run.worker_process import (
     WorkerTimedOut,
 )
 from lit_grpo.tasks.base import PromptRecord, ScoredCompletion, Task
-from lit_grpo.tasks.dataset import DatasetTask
-from lit_grpo.tasks.reward_answers import Column, plain_copy
-from lit_grpo.tasks.reward_functions import Completions, is_batched
+from lit_grpo.tasks.single_turn.dataset import DatasetTask
+from lit_grpo.tasks.rewards.answers import Column, plain_copy
+from lit_grpo.tasks.rewards.functions import Completions, is_batched
 
 Answer = TypeVar("Answer")
 

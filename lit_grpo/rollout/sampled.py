@@ -17,7 +17,7 @@ from lit_grpo.rollout.sample_metrics import prompt_row
 from lit_grpo.rollout.trees import chain_widths, expand_trees
 from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks import MultiRoundTask, PromptRecord, Task
-from lit_grpo.tasks.tool_episode import Episode
+from lit_grpo.tasks.tools.episode import Episode
 from lit_grpo.tree import SegmentNode
 
 

@@ -9,7 +9,7 @@ from lit_grpo.errors import refuse
 from lit_grpo.risk.rule import RiskRule
 from lit_grpo.run.rules import risk_decision_problems
 from lit_grpo.tasks import Task
-from lit_grpo.tasks.multiround import MultiRoundTask, names_answer_tokens
+from lit_grpo.tasks.episodes import MultiRoundTask, names_answer_tokens
 
 
 class ThresholdedRule:

@@ -18,7 +18,7 @@ from lit_grpo.run.seeds import derived_seed
 from lit_grpo.tasks.base import PromptRecord, prompt_text
 from lit_grpo.rollout.turn_tokens import reply_ids
 from lit_grpo.errors import InputError
-from lit_grpo.tasks.multiround import EnvStep, MultiRoundTask, RowUnavailable
+from lit_grpo.tasks.episodes import EnvStep, MultiRoundTask, RowUnavailable
 from lit_grpo.tree import SegmentNode, chain_returns, close_with_no_answer, depth_first
 
 class EveryTurn(Sequence[int]):
@@ -111,10 +111,10 @@ def grow_rounds(task: MultiRoundTask, engine: RolloutEngine, tokenizer: Any, roo
         contexts = [list(node.context + node.segment + node.reply) for node in open_nodes]
         # round d's base seed, then the index of these prompts among the epoch's (a rank's share, the rule's trees)
         round_seed = None if sampling.seed is None else derived_seed(sampling.seed, "round", depth) + request_offset
-        # another turn of a chat task follows: the engine may keep these rows' cache for it (the hf engine does).
-        # The games' prompts are a few ids, whose prefill costs nothing, and their runs keep their numbers to the
-        # last bit (a relaid cache rounds otherwise in the last bits: 1e-5 on an adapter after an epoch)
-        next_turn = depth < len(branching) and task.owns_turns
+        # another turn follows and the task's contexts are worth the cache (``reuses_turn_cache``: a chat task's):
+        # the engine may keep these rows' cache for it (the hf engine does). The games' prompts are a few ids, and
+        # their runs keep their numbers to the last bit (a relaid cache rounds otherwise: 1e-5 on an adapter)
+        next_turn = depth < len(branching) and task.reuses_turn_cache
         round_sampling = replace(sampling, seed=round_seed, next_turn=next_turn)
         constraints = tuple(decide(contexts, depth)) if decide is not None else (None,) * len(contexts)
         if any(c is not None for c in constraints):
@@ -203,8 +203,7 @@ def segment_child(task: MultiRoundTask, tokenizer: Any, parent: SegmentNode, epi
     step = task.turn(copy.deepcopy(parent.record), episode, depth, text, tokenizer, truncated, segment_ids=ids,
                      context_ids=context)
     reply = reply_tokens(tokenizer, step, ids, depth)
-    if (not step.terminal and task.owns_turns
-            and overflows(task, step.episode, len(context) + len(ids) + len(reply), context_limit)):
+    if not step.terminal and overflows(task, step.episode, len(context) + len(ids) + len(reply), context_limit):
         step, reply = task.without_reply(step), ()
     node = SegmentNode(
         reward=step.reward, terminal=step.terminal, context=tuple(context), segment=tuple(ids),

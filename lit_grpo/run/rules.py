@@ -53,9 +53,40 @@ class DeclaresRounds(Protocol):
 
 @runtime_checkable
 class MultiRound(Protocol):
-    """A task that tree and chain rollouts can grow (``tasks.MultiRoundTask``): an environment step per round."""
+    """A task that tree and chain rollouts can grow (``tasks.MultiRoundTask``): the environment's turn per round."""
+
+    def turn(self, prompt_record: Any, episode: Any, round_index: int, segment_text: str, tokenizer: Any,
+             truncated: bool, segment_ids: Any = (), context_ids: Any = ()) -> Any: ...
+
+
+@runtime_checkable
+class StepsAlone(Protocol):
+    """A multi-round task whose turn reads the record, the round and the segment alone (a game, ``tasks.GameTask``):
+    a grouped rollout scores each completion as its first round. A task whose turns need their episode's state (a
+    tool task's conversation and environment) runs over turns only."""
 
     def step(self, prompt_record: Any, round_index: int, segment_text: str) -> Any: ...
+
+
+@runtime_checkable
+class NamesDeferTokens(Protocol):
+    """A multi-round task that says which first tokens start a defer (a question): the only ones the risk rule allows
+    where it forces a defer."""
+
+    def defer_token_ids(self, tokenizer: Any) -> list[int]: ...
+
+
+@runtime_checkable
+class NamesAnswerTokens(Protocol):
+    """A multi-round task that says which first tokens start an answer: the only ones the value rule allows where it
+    forces an answer."""
+
+    def answer_token_ids(self, tokenizer: Any) -> list[int]: ...
+
+
+@runtime_checkable
+class NamesFirstTokens(NamesDeferTokens, NamesAnswerTokens, Protocol):
+    """A multi-round task that names both (the question games): what the risk rule reads of it."""
 
 
 @dataclass(frozen=True)
@@ -245,7 +276,8 @@ def multi_round_problems(data_args: dict[str, Any], task: Any, model_args: dict[
                          task_args: dict[str, Any] | None = None) -> list[str]:
     """Tree and chain rollouts need a multi-round task (``task``: the task or its class; None when unknown), and
     ``data.branching`` one width per round the task declares (``declared_rounds``: no list is stretched or cut); a
-    task that runs its own turns (tools) needs them, and takes no risk head (it names no first tokens that defer).
+    task whose turns need their episode (``StepsAlone`` not met: a tool task) runs over turns only, and the risk head
+    needs a task that names the first tokens that defer (``NamesDeferTokens``).
     ``task_args``: a class's arguments as configured (its ``max_rounds`` or ``max_turns``), before it is built."""
     rollout = data_args["rollout"]
     cls = task if isinstance(task, type) or task is None else type(task)
@@ -277,14 +309,14 @@ def multi_round_problems(data_args: dict[str, Any], task: Any, model_args: dict[
     if rollout != "grouped" and "max_rounds" in getattr(cls, "__abstractmethods__", ()):
         problems.append(f"data.task {name} declares no max_rounds (the rounds an episode runs at most, one width "
                         "of data.branching each): give it a max_rounds attribute or __init__ argument")
-    if not getattr(cls, "owns_turns", False):  # MultiRoundTask's declared flag
-        return problems
-    if rollout == "grouped":
+    if rollout == "grouped" and issubclass(cls, MultiRound) and not issubclass(cls, StepsAlone):
         problems.append(f"data.task {name} runs episodes over turns: use data.rollout 'chains' (group-relative on "
                         "each episode's return, TRL's multi-turn GRPO) or 'tree' (branching at every turn)")
-    if (model_args or {}).get("risk") is not None:
+    if (model_args or {}).get("risk") is not None and issubclass(cls, MultiRound) \
+            and not issubclass(cls, NamesDeferTokens):
         problems.append(f"model.risk with data.task {name}: the risk head needs a task that names the first tokens "
-                        "that defer; a tool task's turns are read by its template's parser")
+                        "that defer (a defer_token_ids(tokenizer) method); a tool task's turns are read by its "
+                        "template's parser")
     return problems
 
 

@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import Any
 
 from lit_grpo.errors import InputError
-from lit_grpo.tasks.reward_answers import (
+from lit_grpo.tasks.rewards.answers import (
     REWARD_LIMIT,
     AnswerError,
     plain_copy,
@@ -18,7 +18,7 @@ from lit_grpo.tasks.reward_answers import (
     weights_problem,
 )
 from lit_grpo.tasks.splits import Splits, given_splits, no_test_split_message
-from lit_grpo.tasks.reward_guard import reward_outcome
+from lit_grpo.tasks.rewards.guard import reward_outcome
 
 PromptRecord = dict[str, Any]
 Messages = list[dict[str, str]]  # a conversation: {"role": ..., "content": ...} in order
@@ -151,7 +151,7 @@ class Task(ABC):
 
     def score(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> ScoredCompletion:
         """Reward and correctness of a completion, the reward computed on a copy of the record. A reward function
-        that raises (``sys.exit`` and its own ``KeyboardInterrupt`` included: ``reward_guard``), or returns anything but a real number within ``±REWARD_LIMIT`` (a
+        that raises (``sys.exit`` and its own ``KeyboardInterrupt`` included: ``rewards/guard.py``), or returns anything but a real number within ``±REWARD_LIMIT`` (a
         ``bool`` counts 1 or 0), scores ``failure_reward`` and the error is recorded: a NaN would poison the step,
         1e308 overflow the group statistics, and a string is no reward."""
         correct = self.is_correct(plain_copy(prompt_record), completion_text)

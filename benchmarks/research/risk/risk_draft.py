@@ -55,7 +55,7 @@ from lit_grpo.policy.risk_features import context_features, draft_features  # no
 from lit_grpo.risk.draft import DraftRule, LogisticHead  # noqa: E402
 from lit_grpo.run.model_files import load_tokenizer  # noqa: E402
 from lit_grpo.tasks.games import CalculatorTask, HiddenOperandsTask  # noqa: E402
-from lit_grpo.tasks.stale_digits import StaleDigitsTask  # noqa: E402
+from lit_grpo.tasks.games.stale_digits import StaleDigitsTask  # noqa: E402
 from benchmarks.research.risk.risk_episodes import StateTable, at, curve, results_path, upper  # noqa: E402
 from benchmarks.research.risk.risk_report import (  # noqa: E402
     SIGNALS,

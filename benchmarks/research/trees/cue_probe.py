@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from lit_grpo.policy.model_loading import load_policy  # noqa: E402
 from lit_grpo.run.model_files import load_tokenizer  # noqa: E402
-from lit_grpo.tasks.stale_digits import CUES, StaleDigitsTask  # noqa: E402
+from lit_grpo.tasks.games.stale_digits import CUES, StaleDigitsTask  # noqa: E402
 
 
 def last_token_states(policy, tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,7 +27,7 @@ def cue_free(game: str) -> dict:
     if game != "stale-digits":
         return {}
     from benchmarks.research.trees.decision_tables import cue_free_policies  # noqa: PLC0415
-    from lit_grpo.tasks.stale_digits import StaleDigitsTask  # noqa: PLC0415
+    from lit_grpo.tasks.games.stale_digits import StaleDigitsTask  # noqa: PLC0415
 
     task = StaleDigitsTask()
     return cue_free_policies(task, list(task.test_records()))

@@ -33,7 +33,7 @@ from lit_grpo.policy.model_loading import load_policy  # noqa: E402
 from lit_grpo.rollout.trees import greedy_trees  # noqa: E402
 from lit_grpo.run.model_files import load_tokenizer  # noqa: E402
 from lit_grpo.tasks.games import CalculatorTask, HiddenOperandsTask  # noqa: E402
-from lit_grpo.tasks.stale_digits import StaleDigitsTask  # noqa: E402
+from lit_grpo.tasks.games.stale_digits import StaleDigitsTask  # noqa: E402
 from lit_grpo.tree import depth_first  # noqa: E402
 
 from benchmarks.research.trees.decision_tables import cue_free_policies, greedy_table, sampled_summary  # noqa: E402
@@ -41,9 +41,9 @@ from benchmarks.result_rows import append_row  # noqa: E402
 from benchmarks.timed_child import run_child  # noqa: E402
 
 PROTOCOL = 3
-GAMES = {"hidden-operands": ("data/tiny-llama-hidden", "lit_grpo.tasks.games.HiddenOperandsTask", HiddenOperandsTask),
-         "calculator": ("data/tiny-llama-calculator", "lit_grpo.tasks.games.CalculatorTask", CalculatorTask),
-         "stale-digits": ("data/tiny-llama-stale", "lit_grpo.tasks.stale_digits.StaleDigitsTask", StaleDigitsTask)}
+GAMES = {"hidden-operands": ("data/tiny-llama-hidden", "lit_grpo.tasks.games.operands.HiddenOperandsTask", HiddenOperandsTask),
+         "calculator": ("data/tiny-llama-calculator", "lit_grpo.tasks.games.calculator.CalculatorTask", CalculatorTask),
+         "stale-digits": ("data/tiny-llama-stale", "lit_grpo.tasks.games.stale_digits.StaleDigitsTask", StaleDigitsTask)}
 ORDERED_GAMES = {"stale-digits", "hidden-operands", "calculator"}  # tasks with a train_order_seed
 COMMON = ["--model.loss_variant", "clip", "--model.aggregation", "seq-mean", "--model.kl_coef", "0.04",
           "--data.prompts_per_epoch", "16", "--data.minibatch_size", "64", "--data.max_new_tokens", "5",

@@ -29,8 +29,8 @@ from lit_grpo.engines import HFEngine, SamplingSpec  # noqa: E402
 from lit_grpo.policy.model_loading import load_policy  # noqa: E402
 from lit_grpo.rollout.trees import greedy_trees  # noqa: E402
 from lit_grpo.run.model_files import load_tokenizer  # noqa: E402
-from lit_grpo.tasks.tool_stock import SOLVED, Stockroom  # noqa: E402
-from lit_grpo.tasks.tool_task import ToolTask  # noqa: E402
+from lit_grpo.tasks.tools.stock import SOLVED, Stockroom  # noqa: E402
+from lit_grpo.tasks.tools.task import ToolTask  # noqa: E402
 
 from benchmarks.result_rows import append_row  # noqa: E402
 from benchmarks.timed_child import fit_command, run_child  # noqa: E402

@@ -1,4 +1,4 @@
-"""Multi-round games where several rounds each carry a decision that matters."""
+"""A calculator game: sums of several operands, where calling the calculator pays when more than two remain."""
 
 from __future__ import annotations
 
@@ -6,98 +6,8 @@ import random
 
 from lit_grpo.errors import InputError
 from lit_grpo.tasks.base import PromptRecord
-from lit_grpo.tasks.multiround import AskOrAnswerTask
+from lit_grpo.tasks.games.ask_or_answer import AskOrAnswerTask, reordered
 from lit_grpo.tasks.splits import halves
-
-HIDDEN = ("a", "b")  # the operands that may be hidden, revealed in this order
-
-
-def reordered(train: list[PromptRecord], seed: int | None) -> list[PromptRecord]:
-    """``train`` shuffled with ``seed`` (the same prompts in another order: each seed of a benchmark its own order);
-    as it is for ``None``."""
-    if seed is not None:
-        random.Random(seed).shuffle(train)
-    return train
-
-
-class HiddenOperandsTask(AskOrAnswerTask):
-    """Two-digit addition ``a+b`` with each operand hidden (``?``) with probability ``hidden_probability``, so 0, 1
-    or 2 operands are unknown (the base model's addition skill carries over; only the questions are new).
-
-    A segment ``?`` asks: it costs ``ask_cost`` and reveals the next hidden operand (``a=47;``, then ``b=12;``), or
-    ``none;`` when nothing is hidden any more. A segment of digits answers: ``correct_reward`` if it is a + b, else
-    ``wrong_reward``. A hidden operand guessed is right one time in ninety, so the right number of questions is the
-    number of hidden operands, which depends on the prompt and changes from round to round: episodes run up to 3
-    rounds and their returns take several values (1, 0.9, 0.8 and -1, -1.1, ... with the defaults).
-
-    Oracle policy: ask exactly as many times as operands are hidden, then answer right; its return is
-    ``correct_reward - ask_cost * hidden``, on average ``correct_reward - ask_cost * 2 * hidden_probability``
-    (``oracle_return`` gives it on any set of prompts).
-
-    Args:
-        hidden_probability: probability that each of a and b is hidden.
-        correct_reward: reward of a right answer.
-        wrong_reward: reward of a wrong answer.
-        ask_cost: cost of one question (its reward is ``-ask_cost``).
-        malformed_reward: reward of a segment that is neither an answer nor ``?``.
-        no_answer_reward: reward of an episode closed at ``max_depth`` without an answer.
-        heldout_size: held-out prompts, disjoint (by operand pair) from the training ones: half validation, half
-            test.
-        split_seed: seed of the split, of which operands are hidden, and of the training order.
-        train_order_seed: when set, the training prompts are shuffled with this seed (same prompts, another order);
-            ``None`` keeps the split's order.
-        use_chat_template: see ``Task``.
-        max_rounds: rounds an episode runs at most (two hidden operands need two questions, and a third round answers);
-            ``data.branching`` names one width per round.
-    """
-
-    def __init__(
-        self,
-        hidden_probability: float = 0.5,
-        correct_reward: float = 1.0,
-        wrong_reward: float = -1.0,
-        ask_cost: float = 0.1,
-        malformed_reward: float = -1.0,
-        no_answer_reward: float = -0.5,
-        heldout_size: int = 500,
-        split_seed: int = 0,
-        train_order_seed: int | None = None,
-        use_chat_template: bool = False,
-        max_rounds: int = 3,
-    ) -> None:
-        if not 0 <= hidden_probability <= 1:
-            raise InputError(f"HiddenOperandsTask: hidden_probability must be in [0, 1], got {hidden_probability}")
-        super().__init__(correct_reward, wrong_reward, ask_cost, malformed_reward, no_answer_reward, heldout_size,
-                         split_seed, use_chat_template, max_rounds)
-        self.hidden_probability = hidden_probability
-        self.train_order_seed = train_order_seed
-
-    def split(self) -> tuple[list[PromptRecord], list[PromptRecord], list[PromptRecord]]:
-        """Every operand pair, shuffled; the first ``heldout_size`` held out, their first half validating and the
-        rest testing (``halves``)."""
-        rng = random.Random(self.split_seed)
-        pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
-        rng.shuffle(pairs)
-        records = [self.record(a, b, [n for n in HIDDEN if rng.random() < self.hidden_probability]) for a, b in pairs]
-        return (reordered(records[self.heldout_size:], self.train_order_seed), *halves(records[: self.heldout_size]))
-
-    @staticmethod
-    def record(a: int, b: int, hidden: list[str]) -> PromptRecord:
-        shown = {"a": a, "b": b}
-        prompt = "+".join("?" if n in hidden else str(shown[n]) for n in HIDDEN) + "="
-        return {"prompt": prompt, "answer": str(a + b), "a": a, "b": b, "hidden": list(hidden)}
-
-    @staticmethod
-    def oracle_questions(record: PromptRecord) -> int:
-        """The oracle's questions on ``record``: one per hidden operand."""
-        return len(record["hidden"])
-
-    def reply(self, prompt_record: PromptRecord, round_index: int) -> str:
-        """Every segment before round ``round_index`` of a running episode was a question (an answer ends it), so
-        this question is the ``round_index``-th and reveals the ``round_index``-th hidden operand."""
-        hidden = prompt_record["hidden"]
-        name = hidden[round_index - 1] if round_index <= len(hidden) else None
-        return f"{name}={prompt_record[name]};" if name else "none;"
 
 
 class CalculatorTask(AskOrAnswerTask):

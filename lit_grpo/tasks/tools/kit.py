@@ -8,10 +8,10 @@ use. An environment is never pickled or copied unless it asks (``fork``: ``__dee
 
 Where the calls run: with ``timeout=None`` the instances live in this process and the calls run here, unbounded; with
 a timeout (10 s by default) each rollout's instance lives in its own long-lived host process
-(``tasks/environment_host.py``: the factory and ``reset`` run there, and the standalone functions too, so module
+(``tasks/tools/environment_host.py``: the factory and ``reset`` run there, and the standalone functions too, so module
 state they change lives there), each call is bounded by the timeout, and one past it kills the host and loses the
-box (the episode must end). The turn's order is TRL's (``tasks/tool_worker.py``); the messages are TRL's
-(``messages="trl"``) or JSON (``"json"``), ``tasks/tools.py``.
+box (the episode must end). The turn's order is TRL's (``tasks/tools/worker.py``); the messages are TRL's
+(``messages="trl"``) or JSON (``"json"``), ``tasks/tools/calls.py``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any, Literal
 from lit_grpo.errors import InputError
 from lit_grpo.mcp_tools import McpServers, McpTool
 from lit_grpo.run.worker_process import STARTUP_LIMIT, WorkerDied, WorkerTimedOut, fork_context
-from lit_grpo.tasks.environment_host import EnvironmentProxy, Host, can_fork, environment_copy
-from lit_grpo.tasks.multiround import RowUnavailable
-from lit_grpo.tasks.tool_worker import LOST, Answer, EventLoop, Job, guarded, outcome, phases, plan, run_phases
-from lit_grpo.tasks.tools import ToolOutcome, bounds_own_calls, environment_tools, tool_schema, tools_by_name
+from lit_grpo.tasks.tools.environment_host import EnvironmentProxy, Host, can_fork, environment_copy
+from lit_grpo.tasks.episodes import RowUnavailable
+from lit_grpo.tasks.tools.worker import LOST, Answer, EventLoop, Job, guarded, outcome, phases, plan, run_phases
+from lit_grpo.tasks.tools.calls import ToolOutcome, bounds_own_calls, environment_tools, tool_schema, tools_by_name
 
 
 

@@ -31,8 +31,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from lit_grpo.run.worker_process import STARTUP_LIMIT, WorkerDied, WorkerTimedOut, fork_context, run_child
-from lit_grpo.tasks.tool_worker import Answer, EventLoop, Job, run_phases
-from lit_grpo.tasks.tools import Style, environment_tools, tools_by_name
+from lit_grpo.tasks.tools.worker import Answer, EventLoop, Job, run_phases
+from lit_grpo.tasks.tools.calls import Style, environment_tools, tools_by_name
 
 FORK_METHOD = "fork_environment"  # an environment method that returns its own copy (or __deepcopy__): trees fork by it
 

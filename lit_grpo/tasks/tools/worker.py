@@ -1,5 +1,5 @@
 """How one assistant turn's tool calls run, wherever they run (in the training process, or in an episode's host
-process: ``tasks/environment_host.py``): TRL 1.16's order (``GRPOTrainer._tool_call_loop``).
+process: ``tasks/tools/environment_host.py``): TRL 1.16's order (``GRPOTrainer._tool_call_loop``).
 
 The sync calls run one after another in call order; the async ones are then awaited together (``asyncio.gather``
 on one event loop that lives as long as the process, as TRL's daemon loop does, so a client an async tool opened in
@@ -10,7 +10,7 @@ when the one before it has answered, so its calls' timeouts run from there.
 
 A tool's exception of any class (``KeyboardInterrupt``, ``SystemExit``, any ``BaseException``) is its call's failure,
 answered and counted, never printed; the user's own Ctrl-C, arriving while a tool runs in the main thread, still
-stops the run (``tasks/reward_guard.py``'s ``watching_sigint`` tells the two apart).
+stops the run (``tasks/rewards/guard.py``'s ``watching_sigint`` tells the two apart).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lit_grpo.run.signals import Terminated
-from lit_grpo.tasks.reward_guard import watching_sigint
-from lit_grpo.tasks.tools import (
+from lit_grpo.tasks.rewards.guard import watching_sigint
+from lit_grpo.tasks.tools.calls import (
     Style,
     ToolOutcome,
     answered,

@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lit_grpo.tasks.reward_answers import plain_copy
-from lit_grpo.tasks.reward_functions import answer_column, called_column
-from lit_grpo.tasks.reward_guard import reward_outcome
+from lit_grpo.tasks.rewards.answers import plain_copy
+from lit_grpo.tasks.rewards.functions import answer_column, called_column
+from lit_grpo.tasks.rewards.guard import reward_outcome
 
 
 @dataclass
@@ -47,12 +47,13 @@ def trainer_state(trainer: Any) -> TrainerState:
 
 
 def draw_context(task: Any, trainer: Any) -> RewardContext:
-    """A rollout draw's reward context: the trainer's state for a task whose rewards are called as TRL calls them
-    (one that owns its turns: a tool task), an empty one for the rest (the games' trees need none)."""
-    from lit_grpo.tasks.multiround import MultiRoundTask
+    """A rollout draw's reward context: for a multi-round task, the trainer's state (what rewards called as TRL calls
+    them are given: a tool task's) and the task's tools; an empty one for a single-turn task."""
+    from lit_grpo.tasks.episodes import MultiRoundTask
 
-    owns = isinstance(task, MultiRoundTask) and task.owns_turns
-    return RewardContext(trainer_state(trainer), tool_names=tuple(task.tool_names())) if owns else RewardContext()
+    if not isinstance(task, MultiRoundTask):
+        return RewardContext()
+    return RewardContext(trainer_state(trainer), tool_names=tuple(task.tool_names()))
 
 
 @dataclass

@@ -13,8 +13,8 @@ outcome answers, in one of two styles:
 - ``"json"``: results as JSON text (``true`` for ``True``), ``{"error": ...}`` as JSON, and richer error texts
   (the exception's type, the tools there are, the argument a call lacks), a result neither text nor JSON failed.
 
-``ToolKit`` (``tasks/tool_kit.py``) runs the calls; where they run is ``tasks/tool_worker.py``'s and
-``tasks/environment_host.py``'s.
+``ToolKit`` (``tasks/tools/kit.py``) runs the calls; where they run is ``tasks/tools/worker.py``'s and
+``tasks/tools/environment_host.py``'s.
 """
 
 from __future__ import annotations
