@@ -145,7 +145,7 @@ def report(args: argparse.Namespace) -> None:
     for arm in ["warm-start", *args.arms]:
         runs = [warm] if arm == "warm-start" and warm else [
             r for r in rows if r["arm"] == arm and r["seed"] in args.seeds and r["lr"] == chosen.get(arm)]
-        for turn in range(1, 7):
+        for turn in range(1, 7) if runs else ():
             shares = [statistics.fmean(r["test_actions"].get(f"turn{turn}/{a}", 0.0) for r in runs) for a in ACTIONS]
             if runs and any(shares):
                 print(f"| {arm} | {turn} | " + " | ".join(f"{s:.2f}" for s in shares) + " |")
