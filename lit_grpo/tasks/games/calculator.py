@@ -39,7 +39,7 @@ class CalculatorTask(AskOrAnswerTask):
             ``None`` keeps the split's order.
         use_chat_template: see ``Task``.
         max_rounds: rounds an episode runs at most (two calls reduce four operands to two, and a third round answers);
-            ``data.branching`` names one width per round.
+            a tree's ``data.branching`` names one width per round.
     """
 
     LOW, HIGH = 10, 30

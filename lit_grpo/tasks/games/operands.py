@@ -64,7 +64,7 @@ class ClarifyTask(OperandGame):
         split_seed: seed of the split, of which prompts hide b, and of the training order.
         use_chat_template: see ``Task``.
         max_rounds: rounds an episode runs at most (one question is all a prompt needs; a third round lets a
-            policy that asked twice still answer); ``data.branching`` names one width per round.
+            policy that asked twice still answer); a tree's ``data.branching`` names one width per round.
     """
 
     def __init__(
@@ -130,7 +130,7 @@ class HiddenOperandsTask(OperandGame):
             ``None`` keeps the split's order.
         use_chat_template: see ``Task``.
         max_rounds: rounds an episode runs at most (two hidden operands need two questions, and a third round answers);
-            ``data.branching`` names one width per round.
+            a tree's ``data.branching`` names one width per round.
     """
 
     def __init__(

@@ -82,7 +82,7 @@ class StaleDigitsTask(AskOrAnswerTask):
             order: each seed of a benchmark sees its own order); ``None`` keeps the split's order.
         use_chat_template: see ``Task``.
         max_rounds: rounds an episode runs at most (three questions reveal every digit, and a fourth round answers);
-            ``data.branching`` names one width per round.
+            a tree's ``data.branching`` names one width per round.
     """
 
     def __init__(
