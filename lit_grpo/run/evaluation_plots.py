@@ -89,11 +89,8 @@ def pass_at_k_figure(evaluated_set: str, metrics: dict[str, float], step: int) -
 def over_steps_figure(lines: list[dict[str, Any]], evaluated_set: str, metrics: Sequence[str]) -> Any:
     """A matplotlib figure with one panel per metric of ``evaluated_set``: its training validations over the steps,
     and the base model's value as a dashed flat line (``base_value``) where known."""
-    plt = pyplot()
-    columns = min(3, len(metrics))
-    rows = -(-len(metrics) // columns)
-    figure, grid = plt.subplots(rows, columns, figsize=(4 * columns, 3 * rows), squeeze=False)
-    for axes, metric in zip(grid.flat, metrics):
+    figure, panels = panel_grid(len(metrics), 4, 3)
+    for axes, metric in zip(panels, metrics):
         series = step_series(lines, evaluated_set, metric)
         axes.plot([s for s, _ in series], [v for _, v in series], marker="o", label="adapter")
         base, source = base_value(lines, evaluated_set, metric)
@@ -101,10 +98,19 @@ def over_steps_figure(lines: list[dict[str, Any]], evaluated_set: str, metrics: 
             axes.axhline(base, linestyle="--", color="grey", label=source)
         axes.set(xlabel="step", title=f"{evaluated_set}/{metric}")
         axes.legend(fontsize="small")
-    for axes in list(grid.flat)[len(metrics):]:
-        axes.set_visible(False)
     figure.tight_layout()
     return figure
+
+
+def panel_grid(count: int, width: float, height: float) -> tuple[Any, list[Any]]:
+    """A matplotlib figure of ``count`` panels, three a row, each ``width`` x ``height`` inches: the figure and its
+    first ``count`` axes (the rest of the last row hidden)."""
+    columns = min(3, count)
+    rows = -(-count // columns)
+    figure, grid = pyplot().subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False)
+    for axes in list(grid.flat)[count:]:
+        axes.set_visible(False)
+    return figure, list(grid.flat)[:count]
 
 
 def run_points(lines: list[dict[str, Any]], evaluated_set: str, metric: str) -> list[tuple[int, float, float, float]]:
@@ -122,11 +128,8 @@ def runs_figure(runs: dict[str, list[dict[str, Any]]], panels: Sequence[tuple[st
     """One matplotlib figure of several runs (``label -> evaluations file lines``), one panel per ``(set, metric)``:
     each run's points over the steps with error bars ``value ± 1.96 stderr``, and its base model as a flat line where
     it was evaluated."""
-    plt = pyplot()
-    columns = min(3, len(panels))
-    rows = -(-len(panels) // columns)
-    figure, grid = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
-    for axes, (evaluated_set, metric) in zip(grid.flat, panels):
+    figure, panel_axes = panel_grid(len(panels), 4.5, 3.2)
+    for axes, (evaluated_set, metric) in zip(panel_axes, panels):
         for index, (label, lines) in enumerate(runs.items()):
             points = run_points(lines, evaluated_set, metric)
             color = f"C{index}"
@@ -138,7 +141,5 @@ def runs_figure(runs: dict[str, list[dict[str, Any]]], panels: Sequence[tuple[st
                 axes.axhline(base[-1], linestyle="--", color=color, alpha=0.6)
         axes.set(xlabel="step", title=f"{evaluated_set}/{metric}")
         axes.legend(fontsize="small")
-    for axes in list(grid.flat)[len(panels):]:
-        axes.set_visible(False)
     figure.tight_layout()
     return figure
