@@ -32,6 +32,7 @@ from lit_grpo.run.model_files import load_tokenizer  # noqa: E402
 from lit_grpo.tasks.tools.stock import SOLVED, Stockroom  # noqa: E402
 from lit_grpo.tasks.tools.task import ToolTask  # noqa: E402
 
+from benchmarks.research.trees.tree_vs_chains_run import round_shares  # noqa: E402
 from benchmarks.result_rows import append_row  # noqa: E402
 from benchmarks.timed_child import fit_command, run_child  # noqa: E402
 
@@ -68,7 +69,8 @@ def train(run: dict[str, Any], work: Path) -> tuple[Path, dict[str, Any]]:
     budget = json.dumps({"class_path": "benchmarks.research.trees.token_budget.PolicyTokenBudget",
                          "init_args": {"budget": run["budget"]}})
     logger = ["--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(work)]
-    then = [*ARMS[run["arm"]], *ENGINES[run.get("engine", "hf")], "--model.optimizer.lr", str(run["lr"]), f"--trainer.callbacks+={budget}",
+    then = [*ARMS[run["arm"]], *ENGINES[run.get("engine", "hf")], "--model.optimizer.lr", str(run["lr"]),
+            f"--trainer.callbacks+={budget}",
             "--trainer.max_epochs", "100000", "--trainer.check_val_every_n_epoch", "100000",
             "--trainer.num_sanity_val_steps", "0", "--data.val_max_prompts", "2", "--metrics.table_every_n_epochs",
             "0", "--data.task.init_args.tool_timeout", "null"]
@@ -82,13 +84,9 @@ def train(run: dict[str, Any], work: Path) -> tuple[Path, dict[str, Any]]:
     with metrics.open() as file:
         rows = [row for row in csv.DictReader(file) if row.get("rollout/mean_return")]
     (adapter,) = [p.parent for p in work.rglob("adapter_model.safetensors") if p.parent.name == "adapter"]
-    turns = sorted(int(k.removeprefix("rollout/rows_round")) for k in rows[0] if k.startswith("rollout/rows_round"))
-    every = sum(float(r.get(f"rollout/rows_round{d}") or 0) for r in rows for d in turns)
-    credit = {}
-    for d in turns:
-        at_d = sum(float(r.get(f"rollout/rows_round{d}") or 0) for r in rows)
-        zero = sum(float(r.get(f"rollout/zero_advantage_rows_round{d}") or 0) for r in rows)
-        credit[f"turn{d}"] = [at_d / every if every else 0.0, zero / at_d if at_d else 0.0]
+    shares = round_shares(rows)  # each turn's share of the rows, and of its rows with advantage exactly 0
+    turns = sorted(int(k.removeprefix("rows_round")) for k in shares if k.startswith("rows_round"))
+    credit = {f"turn{d}": [shares[f"rows_round{d}"], shares[f"zero_advantage_round{d}"]] for d in turns}
     return adapter, {"curve": [float(r["rollout/mean_return"]) for r in rows],
                      "tokens": [float(r["rollout/policy_tokens"]) for r in rows],
                      "policy_tokens": sum(float(r["rollout/policy_tokens"]) for r in rows), "epochs": len(rows),
