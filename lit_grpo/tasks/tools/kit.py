@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import pkgutil
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -36,14 +37,38 @@ def named(factory: Callable) -> str:
     return getattr(factory, "__qualname__", None) or repr(factory)
 
 
+def factories(environment: Any) -> dict[str | None, Callable[[], Any]]:
+    """TRL's ``environment_factory`` as a mapping: none, one unnamed factory, or each named one, import paths
+    resolved; InputError naming one that is not callable."""
+    if environment is None:
+        return {}
+    given = dict(environment) if isinstance(environment, Mapping) else {None: environment}
+    resolved = {}
+    for name, factory in given.items():
+        factory = imported(factory) if isinstance(factory, str) else factory
+        if not callable(factory):
+            raise InputError(f"ToolTask: environment {name!r}: the factory must be callable (a class or a function "
+                             f"that returns an instance), got {type(factory).__name__}")
+        resolved[name] = factory
+    return resolved
+
+
+def imported(path: str) -> Any:
+    """The object at an import path (``package.module.name``), named in the error where it does not import."""
+    try:
+        return pkgutil.resolve_name(path)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise InputError(f"ToolTask: {path!r} does not import ({error})") from None
+
 
 class ToolKit:
     """A tool task's tools and environments.
 
     Args:
         functions: standalone tools (type hints and a Google-style docstring each), shared by every rollout.
-        environments: factories (any callable: a class, a lambda) by name, routed by a row's environment column;
-            ``{None: factory}`` for TRL's single ``environment_factory``; None for no environment.
+        environments: factories (any callable: a class, a lambda; or its import path) by name, routed by a row's
+            environment column; ``{None: factory}`` for TRL's single ``environment_factory``; None for no
+            environment.
         timeout: seconds a call may run (each rollout's environment then lives in its own host process, killed by
             a call past it); None: in this process, unbounded.
         messages: ``"trl"`` (TRL's ``str(result)`` / ``str({"error": ...})``) or ``"json"`` (JSON text).
@@ -67,11 +92,7 @@ class ToolKit:
             raise InputError(f"max tool chars must be a positive number of characters, or null; got {max_chars}")
         self.functions = list(functions)
         tools_by_name(self.functions)
-        self.factories = dict(environments or {})
-        for name, factory in self.factories.items():
-            if not callable(factory):
-                raise InputError(f"environment {name!r}: the factory must be callable (a class or a function that "
-                                 f"returns an instance), got {type(factory).__name__}")
+        self.factories = factories(environments)
         self.timeout, self.style, self.check_types = timeout, messages, check_argument_types
         self.parallel_sync, self.max_chars, self.servers = parallel_sync, max_chars, servers
         self.probes: dict[str | None, Any] = {}

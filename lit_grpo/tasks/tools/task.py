@@ -10,7 +10,6 @@ score every ended episode of a batch in one call (``rewards.py``). In the tree's
 from __future__ import annotations
 
 import dataclasses
-import pkgutil
 import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -23,7 +22,7 @@ from lit_grpo.tasks.episodes import ChatReply, EnvStep, MultiRoundTask, RowUnava
 from lit_grpo.tasks.rewards.functions import import_reward, reward_name
 from lit_grpo.tasks.splits import halves
 from lit_grpo.tasks.tools.episode import Episode, TurnCalls, appended, conversation, counted, replayed
-from lit_grpo.tasks.tools.kit import ToolKit
+from lit_grpo.tasks.tools.kit import ToolKit, factories, imported
 from lit_grpo.tasks.tools.rewards import EpisodeScore, RewardContext, environment_reward, score_batch
 from lit_grpo.tasks.tools.turn_rewards import after_turn, steps_taken
 
@@ -371,26 +370,3 @@ def surely_past(replies: Sequence[dict[str, Any]], left: int, longest_token: int
     ``longest_token`` bytes): a megabyte answer is dropped without the seconds its tokenization would take."""
     size = sum(len(str(reply.get("content", "")).encode()) for reply in replies)
     return size > (max(left, 0) + 64) * max(longest_token, 1)
-
-
-def factories(environment: Any) -> dict[str | None, Factory]:
-    """TRL's environment_factory as a mapping: one unnamed factory, or each named one (import paths resolved)."""
-    if environment is None:
-        return {}
-    given = dict(environment) if isinstance(environment, Mapping) else {None: environment}
-    resolved = {}
-    for name, factory in given.items():
-        factory = imported(factory) if isinstance(factory, str) else factory
-        if not callable(factory):
-            raise InputError(f"ToolTask: environment {name or ''} {factory!r} is not a class nor a callable that "
-                             "returns an environment")
-        resolved[name] = factory
-    return resolved
-
-
-def imported(path: str) -> Any:
-    """The object at an import path (``package.module.name``), named in the error where it does not import."""
-    try:
-        return pkgutil.resolve_name(path)
-    except (ImportError, AttributeError, ValueError) as error:
-        raise InputError(f"ToolTask: {path!r} does not import ({error})") from None
