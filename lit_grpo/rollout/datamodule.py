@@ -16,14 +16,14 @@ from lit_grpo.buffers.buffer import RolloutBuffer, minibatch_plan
 from lit_grpo.buffers.epoch import EpochBatches
 from lit_grpo.buffers.protocols import RiskThresholdSource, SamplingPolicy
 from lit_grpo.buffers.report import RolloutReport, frozen
-from lit_grpo.buffers.tree_layout import tree_buffer
 from lit_grpo.engines import HFEngine, RolloutEngine, SamplingSpec
-from lit_grpo.engines.base import context_limit, engine_metrics
+from lit_grpo.engines.base import context_limit
 from lit_grpo.errors import refuse
 from lit_grpo.risk.probes import probe_records
-from lit_grpo.rollout.ahead import EpochRollouts, RolloutPrefetcher, rollouts_ahead
+from lit_grpo.rollout.ahead import RolloutPrefetcher, rollouts_ahead
 from lit_grpo.rollout.cursor import PromptCursor
 from lit_grpo.rollout.engine_sync import EngineSync
+from lit_grpo.rollout.epoch_draw import rollouts_now
 from lit_grpo.rollout.eval_sets import EvalSet, as_batches, close_scoring, due_sets, held_out_sets
 from lit_grpo.rollout.grouped import GroupedDraw
 from lit_grpo.rollout.held_out import HeldOutPrompts, SampledEvaluation, Scores
@@ -34,7 +34,7 @@ from lit_grpo.rollout.rule_outcomes import RuleOutcome, rule_outcome
 from lit_grpo.rollout.scoring import TimedScoring
 from lit_grpo.rollout.threshold import ThresholdedRule
 from lit_grpo.rollout.settings import data_config_problems, fit_problems, resuming_after_finished_epoch
-from lit_grpo.rollout.trees import TREE_BRANCHING, epoch_widths, grow_epoch_trees, grown_rounds, turn_limit
+from lit_grpo.rollout.trees import TREE_BRANCHING, grow_epoch_trees, turn_limit
 from lit_grpo.run.distributed import minibatch_padding, rank_and_world
 from lit_grpo.run.resume import task_notes
 from lit_grpo.run.rules import RolloutKind, choice_problems, cross_knob_problems, staleness_problems
@@ -50,14 +50,15 @@ class RolloutDataModule(pl.LightningDataModule):
 
     It delegates: the prompt cursor and the completion budget to ``PromptCursor`` (``rollout/cursor.py``); the grouped
     draw with dynamic sampling and DAPO's overlong terms to ``GroupedDraw`` (``rollout/grouped.py``); pushing the
-    policy to ``EngineSync`` (``rollout/engine_sync.py``); drawing ahead to ``RolloutPrefetcher`` and
-    ``rollouts_ahead`` (``rollout/ahead.py``); trees and greedy episodes to ``rollout/trees.py``, under the rule of
-    ``ThresholdedRule`` (``rollout/threshold.py``); scoring, timed, to ``TimedScoring`` (``rollout/scoring.py``; in a
-    ``RewardWorker`` with a ``reward_timeout``); the prompt checks to ``check_inputs``; the held-out prompts to
-    ``HeldOutPrompts`` (``rollout/held_out.py``), one per named set (``rollout/eval_sets.py``); the rule's greedy
-    episodes to ``rule_outcome`` (``rollout/rule_outcomes.py``). It sees the LightningModule as a ``SamplingPolicy``;
-    it publishes each epoch's ``RolloutReport`` (``epoch_report``, and in the ``EpochBatches`` the module prepares)
-    and serves held-out scores (``ServesHeldOutScores``) and the rule's outcomes (``MeasuresRiskRule``).
+    policy to ``EngineSync`` (``rollout/engine_sync.py``); drawing now to ``rollouts_now`` (``rollout/epoch_draw.py``),
+    ahead to ``RolloutPrefetcher`` and ``rollouts_ahead`` (``rollout/ahead.py``); trees and greedy episodes to
+    ``rollout/trees.py``, under the rule of ``ThresholdedRule`` (``rollout/threshold.py``); scoring, timed, to
+    ``TimedScoring`` (``rollout/scoring.py``; in a ``RewardWorker`` with a ``reward_timeout``); the prompt checks to
+    ``check_inputs``; the held-out prompts to ``HeldOutPrompts`` (``rollout/held_out.py``), one per named set
+    (``rollout/eval_sets.py``); the rule's greedy episodes to ``rule_outcome`` (``rollout/rule_outcomes.py``). It
+    sees the LightningModule as a ``SamplingPolicy``; it publishes each epoch's ``RolloutReport`` (``epoch_report``,
+    and in the ``EpochBatches`` the module prepares) and serves held-out scores (``ServesHeldOutScores``) and the
+    rule's outcomes (``MeasuresRiskRule``).
 
     Args:
         task: the prompts and rewards, by class path (``lit_grpo.tasks.ArithmeticTask``, ``SortTask``,
@@ -223,7 +224,7 @@ class RolloutDataModule(pl.LightningDataModule):
         """Generate (or take those drawn ahead) and score; a detached risk head's probes labelled (``risk_probes``)."""
         clock = time.perf_counter()
         self.scoring.seconds = 0.0  # rewards scored while generating (grouped draws) are not generation time
-        drawn = rollouts_ahead(self, module, epoch) if self.max_staleness else self.rollouts_now(module, epoch)
+        drawn = rollouts_ahead(self, module, epoch) if self.max_staleness else rollouts_now(self, module, epoch)
         buffer, records, phases = drawn.buffer, drawn.records, drawn.phases
         self.timings, self.engine_metrics, self.staleness = dict(phases), drawn.engine_metrics, drawn.staleness
         done = time.perf_counter()
@@ -237,31 +238,6 @@ class RolloutDataModule(pl.LightningDataModule):
             f"({', '.join(f'{name} {seconds:.2f}s' for name, seconds in phases.items())}); "
             f"reward mean {buffer.rewards.mean():.3f}, accuracy {buffer.correct.float().mean():.3f}")
         return buffer
-
-    def rollouts_now(self, module: SamplingPolicy, epoch: int) -> EpochRollouts:
-        """The epoch's rollouts drawn now from the current policy, with their phase seconds and the engine's figures
-        as they stood after this draw."""
-        # a tree's size is known only once grown, so only grouped draws are cut to the budget
-        grouped = self.rollout == "grouped"
-        records = self.next_prompts(self.prompts.affordable_groups(self.prompts_per_epoch) if grouped else None)
-        clock = time.perf_counter()
-        self.sync_policy(module)
-        pushed = time.perf_counter()
-        if self.rollout == "grouped":
-            buffer = self.draw_grouped(module, records, epoch)
-            generated = time.perf_counter()
-        else:  # trees: the environment scores each round as it is generated
-            widths = epoch_widths(self.rollout, self.branching, self.group_size, self.task)
-            # each stream's seed is derived from the epoch's, then offset by this rank's first prompt (share_start)
-            roots = self.grow_trees(module, records, widths, self.sampling_spec(module, False, self.epoch_seed(epoch)))
-            generated = time.perf_counter()
-            buffer = tree_buffer(roots, module.tokenizer, self.temperature, self.max_new_tokens, self.rollout,
-                                 grown_rounds(widths), self.task.sequence_budget())
-            self.prompts.count(buffer.input_ids.shape[0])
-        scored = time.perf_counter()
-        phases = {"push": pushed - clock, "generate": generated - pushed - self.scoring.seconds,
-                  "score": scored - generated + self.scoring.seconds}
-        return EpochRollouts(buffer, records, phases, engine_metrics(self.engine))
 
     def draw_grouped(self, module: SamplingPolicy, records: list[PromptRecord], epoch: int) -> RolloutBuffer:
         """Epoch ``epoch``'s grouped rollouts of ``records``, scored (on the background thread when drawn ahead)."""
