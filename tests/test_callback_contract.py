@@ -1,0 +1,68 @@
+"""What a new callback must be (CONTRIBUTING.md, "Adding a callback"): a ``lightning.pytorch.Callback`` named by class
+path in a config's ``trainer.callbacks`` (with its ``init_args``), which ``lit-grpo fit`` runs beside its own
+(``RolloutMetrics``, the checkpoint); it reads the rollout side only through what the data module declares
+(``ReportsRollouts.epoch_report``, ``lit_grpo/buffers/protocols.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+
+from lit_grpo.buffers.protocols import ReportsRollouts
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class HookLog(pl.Callback):
+    """Records the hooks Lightning calls, with its ``label`` (set in the config) and each epoch's rollout rows."""
+
+    seen: list[tuple[Any, ...]] = []
+
+    def __init__(self, label: str = "unset") -> None:
+        self.label = label
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        names = {type(callback).__name__ for callback in trainer.callbacks}
+        self.seen.append(("fit_start", self.label, "RolloutMetrics" in names))
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        data = trainer.datamodule
+        report = data.epoch_report if isinstance(data, ReportsRollouts) else None
+        rows = None if report is None else report.buffer.input_ids.shape[0]
+        self.seen.append(("train_epoch_end", trainer.current_epoch, rows))
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        self.seen.append(("fit_end",))
+
+
+@pytest.mark.slow  # one epoch of the command, in this process (~2 s alone)
+def test_a_callback_named_in_the_config_runs_its_hooks_through_a_fit(tmp_path, monkeypatch):
+    from lit_grpo.cli import main
+
+    monkeypatch.setattr(HookLog, "seen", [])
+    config = tmp_path / "callback.yaml"
+    config.write_text(f"""
+trainer:
+  max_epochs: 1
+  logger: false
+  enable_checkpointing: false
+  enable_progress_bar: false
+  num_sanity_val_steps: 0
+  limit_val_batches: 0
+  callbacks:
+    - class_path: {__name__}.HookLog
+      init_args: {{label: from-the-config}}
+data: {{group_size: 2, prompts_per_epoch: 2, minibatch_size: 4, max_new_tokens: 3}}
+model: {{model_name_or_path: {ROOT / "data" / "tiny-llama"}}}
+metrics: {{table_every_n_epochs: 0}}
+""")
+    try:
+        main(["fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--config", str(config),
+              "--trainer.default_root_dir", str(tmp_path)])
+    except SystemExit as stop:
+        assert not stop.code
+    # 2 prompts x 2 completions: the epoch's 4 rows, read off the report the data module published
+    assert HookLog.seen == [("fit_start", "from-the-config", True), ("train_epoch_end", 0, 4), ("fit_end",)]
