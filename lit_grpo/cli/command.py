@@ -1,71 +1,39 @@
-"""The ``lit-grpo`` command: LightningCLI over PolicyModule and RolloutDataModule."""
+"""The ``lit-grpo`` command's LightningCLI over PolicyModule and RolloutDataModule: its defaults, its sections, the
+configuration check before any class is built, the subcommands' checkpoint arguments settled."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import io
-import logging
 import os
-import pickle
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
-from lit_grpo.run.exit_codes import Outcome, end_process, exit_code
-from lit_grpo.run.idle_threads import idle_threads_sleep
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-idle_threads_sleep()  # before the imports below load torch (lit_grpo/run/idle_threads.py)
-
-
-def interrupted_before_training() -> Outcome:
-    """Ctrl-C before the trainer runs (the libraries loading, the configuration parsed, the classes built, the resume
-    checked): one line; nothing was written, so nothing is saved."""
-    print("lit-grpo: interrupted (Ctrl-C) before training began; nothing was written, so nothing to save or resume "
-          "from: run the command again", file=sys.stderr, flush=True)
-    return Outcome.INTERRUPTED_BEFORE_TRAINING
-
-
-def terminated_before_training() -> Outcome:
-    print("lit-grpo: stopped by SIGTERM before training began; nothing was written to resume from",
-          file=sys.stderr, flush=True)
-    return Outcome.TERMINATED
-
-
-# the command itself (its console script, or python -m lit_grpo.cli), not a Python program importing this module
-THE_COMMAND = __name__ == "__main__" or Path(sys.argv[0]).name == "lit-grpo"
-
-try:  # the libraries take seconds to load: a Ctrl-C then is one line too, not an import's traceback
-    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-    from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-    from lightning.pytorch.cli import LightningCLI
-    from lightning.pytorch.utilities import rank_zero_only
-    from lightning.pytorch.utilities.exceptions import MisconfigurationException
-
-    from lit_grpo.callbacks import RolloutMetrics
-    from lit_grpo.config_check import config_problems
-    from lit_grpo.engines.server_pool import Refused, ServersUnavailable
-    from lit_grpo.errors import InputError
-    from lit_grpo.policy.module import PolicyModule
-    from lit_grpo.rollout.datamodule import RolloutDataModule
-    from lit_grpo.run import refusals
-    from lit_grpo.run.checkpoint_io import BackgroundCheckpointIO
-    from lit_grpo.run.command_line import check_config_files, merged_config
-    from lit_grpo.run.distributed import release_process_group, share_cores
-    from lit_grpo.run.host_memory import return_freed_memory
-    from lit_grpo.run.nonfinite import NonFiniteTrainingError
-    from lit_grpo.run.resume import check_resume, find_last_checkpoint, resume_point
-    from lit_grpo.run.run_dir import (
-        check_writable,
-        claim_version,
-        default_run_dir,
-    )
-    from lit_grpo.run.signals import Terminated, command_stop, outcome_of_exit
-except KeyboardInterrupt:
-    if not THE_COMMAND:  # from Python, an interrupted import stays an interrupted import
-        raise
-    raise SystemExit(exit_code(interrupted_before_training())) from None
+from lit_grpo.callbacks import RolloutMetrics
+from lit_grpo.cli import refusals
+from lit_grpo.cli.checkpoint_io import BackgroundCheckpointIO
+from lit_grpo.cli.checkpoint_section import CHECKPOINT_DEFAULTS, fixed_dir_last, settle_checkpoint_files
+from lit_grpo.cli.command_line import check_config_files, merged_config
+from lit_grpo.cli.config_check import config_problems
+from lit_grpo.engines.server_pool import ServersUnavailable
+from lit_grpo.errors import InputError
+from lit_grpo.policy.module import PolicyModule
+from lit_grpo.rollout.datamodule import RolloutDataModule
+from lit_grpo.run.distributed import share_cores
+from lit_grpo.run.exit_codes import Outcome, exit_code
+from lit_grpo.run.resume import check_resume, find_last_checkpoint, resume_point
+from lit_grpo.run.run_dir import (
+    check_writable,
+    claim_version,
+    default_run_dir,
+)
 
 DEBUG_ENV = "LIT_GRPO_DEBUG"  # set to 1 to see the traceback behind a one-line input error
 
@@ -81,17 +49,6 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     "use_distributed_sampler": False,  # under DDP each rank's rollout buffer is already its own share (required)
 }
 
-# The command's checkpoint callback (section ``checkpoint:``): Lightning's ModelCheckpoint writing one file,
-# last.ckpt, at every epoch's end, validated or not (the shipped configs validate every 10 epochs, and a kill before
-# the first validation lost the run), replaced in one rename by the checkpoint IO. It is the top-k file rather than
-# save_last because Lightning 2.6 writes save_last at an epoch's end only after a top-k save at that step (with
-# save_top_k 0, only at the end of fit), and save_top_k 1 with save_last would write every epoch's state twice.
-CHECKPOINT_DEFAULTS: dict[str, Any] = {
-    "checkpoint.filename": ModelCheckpoint.CHECKPOINT_NAME_LAST,
-    "checkpoint.save_top_k": 1,
-    "checkpoint.save_on_train_epoch_end": True,
-}
-
 
 class LitGRPOCLI(LightningCLI):
     """LightningCLI that checks the whole merged config first and reports every problem in one message."""
@@ -100,7 +57,7 @@ class LitGRPOCLI(LightningCLI):
         kwargs.setdefault("trainer_defaults", TRAINER_DEFAULTS)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)  # the optimizer is PolicyModule's own argument
-        refusals.install_builder()  # a class refusing its arguments is named where it is built (run/refusals.py)
+        refusals.install_builder()  # a class refusing its arguments is named where it is built (cli/refusals.py)
         super().__init__(PolicyModule, RolloutDataModule, *args, **kwargs)
 
     def add_arguments_to_parser(self, parser: Any) -> None:
@@ -178,7 +135,7 @@ class LitGRPOCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         # a class refusing its arguments (a task's low > high, a user reward's own check) is a bad input: its
         # message, before any weights load (the model loads in configure_model, at fit time); anything else raised
-        # here is a bug, shown as one (run/refusals.py, where each class is built)
+        # here is a bug, shown as one (cli/refusals.py, where each class is built)
         try:
             with refusals.building_classes():  # each class the configuration names is built by refusals.build
                 super().instantiate_classes()
@@ -202,7 +159,7 @@ class LitGRPOCLI(LightningCLI):
         """jsonargparse reads the arguments, every form it and LightningCLI document, exactly as a plain LightningCLI
         does; the configuration check then reports every problem of what it read, at once. Where jsonargparse
         refuses the input it names its first problem only (and exits): the check then reads the files and options
-        itself (run/command_line.py) to list them all, and jsonargparse's own message stands where it finds none."""
+        itself (cli/command_line.py) to list them all, and jsonargparse's own message stands where it finds none."""
         argv = None if isinstance(args, dict) else list(sys.argv[1:] if args is None else args)
         said = io.StringIO()  # what jsonargparse writes, held until it is known whether the check speaks instead
         try:
@@ -237,28 +194,6 @@ def report_problems(problems: list[str]) -> None:
         raise SystemExit(exit_code(Outcome.REFUSED_INPUT))
 
 
-def settle_checkpoint_files(checkpoint: Any) -> str | None:
-    """The ``checkpoint:`` section's files when the user asks for more than the command's one ``last.ckpt`` (its
-    ``filename`` left at ``last``): ``save_top_k: -1`` keeps every epoch's checkpoint under Lightning's own name
-    (``epoch=N-step=M.ckpt``) with ``last.ckpt`` a link to the newest (nothing written twice); a top k by a monitored
-    metric is named the same, with ``last.ckpt`` written beside whenever one of them is (Lightning's ``save_last``;
-    a link would name the best, not the newest). Returns the line that tells the user, None when nothing changed
-    (``checkpoint`` is changed in place)."""
-    keep = checkpoint.save_top_k
-    if checkpoint.filename != ModelCheckpoint.CHECKPOINT_NAME_LAST or keep == 0:
-        return None  # the user's own names, or no top-k file at all
-    if keep == 1 and checkpoint.monitor is None:
-        return None  # the command's one file; Lightning itself refuses k > 1 without a monitor
-    checkpoint.filename = None
-    if checkpoint.save_last is None:
-        checkpoint.save_last = "link" if keep == -1 and checkpoint.monitor is None else True
-    kept = "every epoch's checkpoint" if keep == -1 else f"the best {keep} checkpoint(s) by {checkpoint.monitor}"
-    last = {"link": "a link to the newest", True: "written beside whenever one of them is"}.get(
-        checkpoint.save_last, "not written (checkpoint.save_last: false)")
-    return (f"checkpoint: keeping {kept} as epoch=N-step=M.ckpt (Lightning's name; set checkpoint.filename for "
-            f"another); last.ckpt is {last}")
-
-
 class ServerOutageAdvice(Callback):
     """Tells how to go on when the generation servers stopped answering: only the command knows the checkpoint."""
 
@@ -276,117 +211,9 @@ def report_core_share(processes: int) -> None:
               f"thread(s) in this one (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')})", file=sys.stderr)
 
 
-def fixed_dir_last(trainer: Any) -> str:
-    """The newest ``last*.ckpt`` when a fixed checkpoint directory holds a ``last.ckpt`` (the file Lightning would
-    pick for ``last``, named so that ``check_resume`` sees it); else an error: ``--ckpt_path last`` with nothing to
-    resume must not quietly train from scratch."""
-    dirs = [c.dirpath for c in trainer.callbacks if isinstance(c, ModelCheckpoint) and c.dirpath is not None]
-    if not dirs and not trainer.loggers:  # Lightning's own default without a logger
-        dirs = [str(Path(trainer.default_root_dir) / "checkpoints")]
-    if any((Path(d) / "last.ckpt").is_file() for d in dirs):
-        return str(max((p for d in dirs for p in Path(d).glob("last*.ckpt")), key=lambda p: p.stat().st_mtime))
-    where = ", ".join(map(str, dirs)) or "the run's log directory (<save_dir>/<name>/version_*/checkpoints)"
-    raise InputError(f"ckpt_path: 'last' found no last.ckpt in {where}; start without --ckpt_path, or pass a "
-                     "checkpoint file")
-
-
 def resume_advice(trainer: Any) -> str:
     """How to go on from a run that stopped: from its last checkpoint (this run's, else the one it resumed from)."""
     last = resume_point(trainer)
     if not last:
         return "No epoch had ended, so there is no checkpoint to resume from: run the same command again."
     return f"Resume by running the same command with --ckpt_path {last}"
-
-
-def refused_global(error: Exception) -> str:
-    """The line of torch's weights-only error that names what it refused (``Unsupported global: GLOBAL io.open``)."""
-    lines = [line.strip() for line in str(error).splitlines() if "Unsupported" in line]
-    return lines[0].split(". Please")[0] if lines else str(error).splitlines()[0]
-
-
-class DropAdvertisements(logging.Filter):
-    """Lightning's tips to install other products are not part of a run's log."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith("💡 Tip:")
-
-
-def quiet_third_parties() -> None:
-    """The command's log is the run's: no product tips, no weight-loading bar, no deprecation notice that a library
-    raises about another's internals (Lightning's own use of torch's pytree)."""
-    from transformers.utils import logging as transformers_logging
-
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(DropAdvertisements())
-    transformers_logging.disable_progress_bar()
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
-
-
-def main(args: list[str] | None = None) -> None:
-    """The command: ``args`` the command line after ``lit-grpo`` (None: ``sys.argv``). It ends with
-    ``exit_code(outcome)`` (run/exit_codes.py): 0 finished, 2 a bad input, 1 a failure it explained or Ctrl-C during
-    the run, 130 Ctrl-C before training, 143 SIGTERM; a bug raises on (its traceback, code 1). Called without
-    arguments it is the process, which after a SIGTERM ends without the interpreter's last garbage collection
-    (``end_process``: frozen, the objects alive then are not freed, which some bindings report as leaks at exit, so
-    only there); otherwise, and called with arguments (from Python), it raises ``SystemExit`` as usual."""
-    with command_stop() as stop:  # SIGTERM stops the command from here (StopOnSigterm takes over during a run)
-        try:
-            quiet_third_parties()
-            return_freed_memory()  # before the model loads: its weights and every step's activations use it
-            outcome = run_command(args)
-        except SystemExit as stopped:  # Lightning's own after an interrupted run, jsonargparse's, --help
-            outcome = outcome_of_exit(stopped, stop.terminated)
-            if outcome is None:
-                raise
-        except Terminated:  # outside the trainer's own handling: before its fit started, or after it ended
-            outcome = terminated_before_training()
-        finally:  # the outcome is known: a SIGTERM from here on is noted, not raised over the way out
-            stop.stopping()
-            release_process_group()
-    if outcome is Outcome.FINISHED:
-        return
-    if args is None and outcome is Outcome.TERMINATED:  # the scheduler's grace period: no last collection
-        end_process(exit_code(outcome))
-    raise SystemExit(exit_code(outcome))
-
-
-def run_command(args: list[str] | None) -> Outcome:
-    """The command's run: how it ended, each kind of failure with its one message."""
-    try:
-        LitGRPOCLI(args=args)
-    except InputError as error:  # a bad input is the user's to fix: its message, not a traceback
-        if os.environ.get(DEBUG_ENV):
-            raise
-        print(f"lit-grpo: {error}", file=sys.stderr)
-        return Outcome.REFUSED_INPUT
-    except pickle.UnpicklingError as error:  # checkpoints are read with weights_only=True
-        print(
-            "lit-grpo: refused to load the checkpoint: it holds pickled objects other than tensors and plain "
-            f"containers, which could run code when loaded ({refused_global(error)})",
-            file=sys.stderr,
-        )
-        return Outcome.REFUSED_INPUT
-    except ServersUnavailable as error:  # the servers are the user's to restart; the run resumes from its checkpoint
-        if rank_zero_only.rank == 0:  # every rank stops; rank 0 tells the user, once
-            print(" ".join([f"lit-grpo: {error}", *getattr(error, "__notes__", [])]), file=sys.stderr)  # PEP 678
-        return Outcome.FAILED
-    except Refused as error:  # a 4xx (a wrong key, a server without runtime LoRA): every server would refuse it
-        print(f"lit-grpo: {str(error).splitlines()[0]}", file=sys.stderr)
-        return Outcome.REFUSED_INPUT
-    except MisconfigurationException as error:  # Lightning refusing a setting once it runs (a LearningRateMonitor
-        # without a logger; a plateau scheduler's metric never logged): the user's to change, not a bug
-        if os.environ.get(DEBUG_ENV):
-            raise
-        print(f"lit-grpo: {refusals.lightning_refusal(error)}", file=sys.stderr)
-        return Outcome.REFUSED_INPUT
-    except NonFiniteTrainingError as error:
-        print(f"lit-grpo: {error}", file=sys.stderr)
-        return Outcome.FAILED
-    except Terminated:  # main's to name
-        raise
-    except KeyboardInterrupt:  # one inside the trainer's run is Lightning's (SaveOnInterrupt; its sys.exit(1))
-        return interrupted_before_training()
-    return Outcome.FINISHED
-
-
-if __name__ == "__main__":
-    main()
