@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without requiring an e
 
 from lit_grpo.tasks import ArithmeticTask, SortTask  # noqa: E402
 from lit_grpo.tasks.base import PromptRecord  # noqa: E402
-from lit_grpo.run.tiny_models import build_char_tokenizer, tiny_llama_config  # noqa: E402
+from tiny_models import build_char_tokenizer, tiny_llama_config  # noqa: E402  (scripts/, this script's folder)
 
 IGNORE_INDEX = -100
 ACCURACY_BAND = (0.20, 0.50)

@@ -36,7 +36,7 @@ ROLE_OF_NAME = {"trainer": "trainer", "pl_module": "module", "lightning_module":
                 "engine": "engine", "task": "task", "scorer": "scorer", "buffer": "buffer", "episode": "episode",
                 "outcome": "outcome", "node": "node", "labels": "labels", "head": "head", "risk": "risk"}
 # Not parts, so not here: a user's tool environment (TRL's contract: its class's public methods are its tools) and
-# raw configuration values (a YAML's strings and mappings, checked by config_check.py).
+# raw configuration values (a YAML's strings and mappings, checked by cli/config_check.py).
 PINNED_PRIVATE = frozenset({"_accelerator_connector"})  # tests/test_private_apis.py's inventory pins each
 THROUGH_TRAINER = {"datamodule": "datamodule", "lightning_module": "module"}
 # what a LightningModule, a DataModule or a LightningCLI holds of the others

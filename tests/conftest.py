@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lit_grpo.run.idle_threads import idle_threads_sleep
+from lit_grpo.cli.idle_threads import idle_threads_sleep
 
-# The suite's torch threads sleep when idle, as the command's do (lit_grpo/run/idle_threads.py): set before torch
+# The suite's torch threads sleep when idle, as the command's do (lit_grpo/cli/idle_threads.py): set before torch
 # loads. Spinning, they took the second core from what runs beside them (stand-in servers, reward workers, the
 # background checkpoint writer, the command in a child process, another process on the machine) and the quick loop
 # ran up to several times slower on a busy 2-core machine. The idle-threads tests set and clear the variable

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,12 +16,14 @@ from transformers import GPT2LMHeadModel, LlamaForCausalLM
 
 from lit_grpo.buffers.positions import FirstTokenConstraint
 from lit_grpo.policy.logprobs import chunked_eval, sequence_logprobs
-from lit_grpo.run.tiny_models import (
+from lit_grpo.tasks import ArithmeticTask, PromptRecord
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # the tiny models are not in the package
+from tiny_models import (  # noqa: E402  (scripts/tiny_models.py, which scripts/build_tiny_model.py builds from)
     build_char_tokenizer,
     tiny_gpt2_config,
     tiny_llama_config,
 )
-from lit_grpo.tasks import ArithmeticTask, PromptRecord
 
 
 def save_tiny_model(target: Path, arch: str, seed: int = 0) -> Path:

@@ -16,13 +16,13 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from transformers import AutoTokenizer
 
 from lit_grpo.cli import main
-from lit_grpo.config_check import config_problems
+from lit_grpo.cli.config_check import config_problems
+from lit_grpo.cli.refusals import input_refusal
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.errors import InputError
 from lit_grpo.policy.model_loading import load_policy
 from lit_grpo.run.model_files import load_tokenizer
 from lit_grpo.policy.module import PolicyModule
-from lit_grpo.run.refusals import input_refusal
 from lit_grpo.tasks import JsonlTask
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lit_grpo.callbacks import RolloutMetrics
 from lit_grpo.callbacks.evaluations import evaluated_weights, evaluation_lines, figure_fields
-from lit_grpo.config_check import config_problems
+from lit_grpo.cli.config_check import config_problems
 from lit_grpo.errors import InputError
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.rollout.datamodule import RolloutDataModule

@@ -18,8 +18,8 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from reliability_doc import documented
 
 from lit_grpo.cli import CHECKPOINT_DEFAULTS, LitGRPOCLI
-from lit_grpo.run import checkpoint_io
-from lit_grpo.run.checkpoint_io import (
+from lit_grpo.cli import checkpoint_io
+from lit_grpo.cli.checkpoint_io import (
     WRITE_DELAY_ENV,
     BackgroundCheckpointIO,
     BesideTargetCheckpointIO,

@@ -25,7 +25,7 @@ from lit_grpo.policy.logprobs import (
 from lit_grpo.policy.model_loading import load_policy
 from lit_grpo.policy.packed import TokenLogprobs
 from lit_grpo.run.model_files import load_tokenizer
-from lit_grpo.run.tiny_models import build_char_tokenizer
+from support import build_char_tokenizer
 
 VOCAB = 997  # prime
 CHUNK = 8

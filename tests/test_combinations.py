@@ -322,7 +322,7 @@ def test_each_feature_with_each_rollout_kind_runs_or_is_refused_up_front(feature
 
 def knobs(cls: type, **given: Any) -> dict[str, Any]:
     """A class's arguments: its signature's defaults with ``given`` in place."""
-    from lit_grpo.config_check import signature_defaults
+    from lit_grpo.cli.config_check import signature_defaults
 
     return {**signature_defaults(cls), **given}
 
@@ -438,7 +438,7 @@ def test_a_reward_bounded_by_the_reward_timeout_alone_is_refused_without_one(tmp
     configuration (its class path, before anything is built) and from a built task (the Python API), one line."""
     import yaml
 
-    from lit_grpo.config_check import config_problems
+    from lit_grpo.cli.config_check import config_problems
     from lit_grpo.errors import InputError
     from lit_grpo.rollout.datamodule import RolloutDataModule
     from lit_grpo.tasks import DatasetTask

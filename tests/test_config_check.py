@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lit_grpo.config_check import config_problems
-from lit_grpo.run.command_line import merged_config, split_options
+from lit_grpo.cli.command_line import merged_config, split_options
+from lit_grpo.cli.config_check import config_problems
 
 
 @pytest.fixture
@@ -339,7 +339,7 @@ def test_a_rule_between_knobs_says_the_same_from_the_command_and_from_python(mod
 def test_class_paths_import_as_jsonargparse_imports_them():
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from lit_grpo.config_check import import_object
+    from lit_grpo.cli.config_check import import_object
 
     assert import_object("lightning.pytorch.callbacks.ModelCheckpoint") is ModelCheckpoint
     for path in ("ModelCheckpoint", "no.such.module.Task", "lightning.pytorch.callbacks.NoSuchCallback"):

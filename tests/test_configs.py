@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from lit_grpo.cli import LitGRPOCLI
-from lit_grpo.config_check import config_problems
+from lit_grpo.cli.config_check import config_problems
 from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.policy.module import PolicyModule
 

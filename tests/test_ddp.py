@@ -177,7 +177,7 @@ def test_two_ddp_ranks_train_like_one_process_on_the_union(case, model, tiny_lla
 
 
 def test_config_check_reports_every_multi_rank_problem(tmp_path):
-    from lit_grpo.config_check import config_problems
+    from lit_grpo.cli.config_check import config_problems
 
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     (tmp_path / "tokenizer.json").write_text("{}")

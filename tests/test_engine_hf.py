@@ -13,8 +13,7 @@ from lit_grpo.errors import InputError
 from lit_grpo.policy.logprobs import sequence_logprobs
 from lit_grpo.policy.model_loading import completion_stop_ids, load_policy
 from lit_grpo.run.model_files import load_tokenizer
-from lit_grpo.run.tiny_models import build_char_tokenizer, tiny_llama_config
-from support import penalised_copy
+from support import build_char_tokenizer, penalised_copy, tiny_llama_config
 
 T = 0.7
 PROMPTS = [[1, 21, 22, 15, 23, 24, 33], [1, 25, 15, 26, 33], [1, 30, 31, 32]]  # lengths 7, 5, 4: left padding varies

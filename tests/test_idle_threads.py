@@ -1,4 +1,4 @@
-"""The command makes torch's idle OpenMP threads sleep (lit_grpo/run/idle_threads.py): set before torch loads, never
+"""The command makes torch's idle OpenMP threads sleep (lit_grpo/cli/idle_threads.py): set before torch loads, never
 over the user's own setting, and not at all once torch is loaded (where it would change nothing)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from lit_grpo.run.idle_threads import WAIT_POLICY, idle_threads_sleep
+from lit_grpo.cli.idle_threads import WAIT_POLICY, idle_threads_sleep
 
 
 def test_sets_passive_when_unset_and_torch_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,14 +55,15 @@ CASES = [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")]
 
 def import_the_command(given: str | None) -> subprocess.Popen:
     """A fresh process that imports ``lit_grpo.cli`` with the policy unset or set to ``given`` and prints the policy
-    after the import and, for each call of ``idle_threads_sleep``, whether torch was loaded before it."""
+    after the import and the policy as it stood when torch began to load (an import hook's record)."""
     program = ("import os, sys\n"
                f"os.environ.pop({WAIT_POLICY!r}, None)\n"
                + (f"os.environ[{WAIT_POLICY!r}] = {given!r}\n" if given else "")
-               + "import lit_grpo.run.idle_threads as idle\n"
-               "seen = []\n"
-               "original = idle.idle_threads_sleep\n"
-               "idle.idle_threads_sleep = lambda: (seen.append('torch' in sys.modules), original())[1]\n"
+               + "seen = []\n"
+               "class TorchLoading:\n"
+               "    def find_spec(self, name, path=None, target=None):\n"
+               f"        if name == 'torch' and not seen: seen.append(os.environ.get({WAIT_POLICY!r}))\n"
+               "sys.meta_path.insert(0, TorchLoading())\n"
                "import lit_grpo.cli\n"
                f"print(os.environ.get({WAIT_POLICY!r}), seen)\n")
     return subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -81,9 +82,9 @@ def command_imports() -> dict[str | None, subprocess.Popen]:
 
 @pytest.mark.parametrize("given, expected", CASES)
 def test_the_command_sets_it_before_torch_loads(command_imports, given: str | None, expected: str) -> None:
-    """``lit_grpo.cli`` (the command's module) sets the policy before its imports load torch: in a fresh process the
-    variable is there once the module is imported, and torch was not loaded before it was set."""
+    """``lit_grpo.cli`` (the command's package) sets the policy before its imports load torch: in a fresh process the
+    variable is there once the package is imported, and it was there already when torch began to load."""
     process = command_imports[given]
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr[-3000:]
-    assert stdout.split("\n")[-2] == f"{expected} [False]"
+    assert stdout.split("\n")[-2] == f"{expected} [{expected!r}]"

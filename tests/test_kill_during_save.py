@@ -2,7 +2,7 @@
 previous epoch's, whole, and ``--ckpt_path last`` resumes from it to the uninterrupted run's adapter.
 
 The write is made slow with the test-only ``LIT_GRPO_TEST_CHECKPOINT_WRITE_DELAY`` (seconds slept between writing a
-checkpoint's bytes to ``.<name>.partial-<pid>`` and renaming it into place, ``lit_grpo/run/checkpoint_io.py``); the
+checkpoint's bytes to ``.<name>.partial-<pid>`` and renaming it into place, ``lit_grpo/cli/checkpoint_io.py``); the
 test kills the run once epoch 1's partial file is beside the checkpoints."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from test_kill_resume import (
     launch,
 )
 
-from lit_grpo.run.checkpoint_io import WRITE_DELAY_ENV
+from lit_grpo.cli.checkpoint_io import WRITE_DELAY_ENV
 
 
 @pytest.mark.slow

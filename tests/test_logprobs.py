@@ -5,7 +5,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from lit_grpo.policy.logprobs import chunked_eval, gather_logprobs, sequence_logprobs
-from lit_grpo.run.tiny_models import build_char_tokenizer, tiny_llama_config
+from support import build_char_tokenizer, tiny_llama_config
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_grpo.config_check import signature_defaults
+from lit_grpo.cli.config_check import signature_defaults
 from lit_grpo.losses import policy_loss
 from lit_grpo.losses.surrogates import SapoTemperatures, VespoShape
 from lit_grpo.losses.variants import (

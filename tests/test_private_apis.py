@@ -2,11 +2,12 @@
 of Lightning, jsonargparse, torch, transformers or Python changes it (issue 40, item 3).
 
 Pinned in this file:
-- ``LightningCLI._parse_ckpt_path`` (cli.py overrides it with a no-op): Lightning parses a checkpoint's
+- ``LightningCLI._parse_ckpt_path`` (cli/command.py overrides it with a no-op): Lightning parses a checkpoint's
   ``hyper_parameters`` over the run's configuration, after our config check and above the command line; a checkpoint
   is data, so the command turns that off. No public hook sits between parsing and instantiation that could stop it.
 - ``LightningCLI`` calls ``before_<subcommand>`` before it takes the subcommand's arguments from ``config_init``:
-  cli.py settles ``weights_only`` and ``ckpt_path`` there (both hooks are public; their order is not documented).
+  cli/command.py settles ``weights_only`` and ``ckpt_path`` there (both hooks are public; their order is not
+  documented).
 - Lightning's launchers share the cores through ``lightning.fabric.utilities.distributed._set_num_threads_if_needed``,
   which leaves a set ``OMP_NUM_THREADS`` alone: run/distributed.py ``share_cores`` sets it first, counting every
   node on the machine.
@@ -24,7 +25,7 @@ Pinned elsewhere, where the code they guard is tested:
   signals.py never touches ``trainer._signal_connector``): tests/test_sigterm.py
   ``test_lightning_composes_its_sigterm_handler_with_the_one_installed_in_setup``.
 
-Not private, listed so that nobody looks again: ``BaseException.add_note``/``__notes__`` (cli.py, PEP 678);
+Not private, listed so that nobody looks again: ``BaseException.add_note``/``__notes__`` (cli/command.py, PEP 678);
 ``rank_zero_only.rank`` (Lightning's documented rank attribute). engines/cpu_weights.py calls torch's
 ``torch.ops.mkldnn._reorder_linear_weight`` and ``_linear_pointwise``: it probes them first and falls back to the plain linear when they are missing or fail
 (tests/test_cpu_features.py, tests/test_engine_hf.py), so an upgrade that drops them costs speed only.
@@ -48,8 +49,8 @@ class Stop(Exception):
 
 
 def test_lightning_cli_still_parses_the_checkpoints_hyper_parameters_in_parse_ckpt_path(tiny_llama_dir, tmp_path):
-    # cli.py's no-op override stops this; should Lightning rename the method, move the merge elsewhere or drop it,
-    # this test fails and the override must follow (or go)
+    # cli/command.py's no-op override stops this; should Lightning rename the method, move the merge elsewhere or
+    # drop it, this test fails and the override must follow (or go)
     assert list(inspect.signature(LightningCLI._parse_ckpt_path).parameters) == ["self"]
     checkpoint = tmp_path / "other.ckpt"
     torch.save({"hyper_parameters": {"lora_rank": 3}}, checkpoint)
@@ -80,8 +81,8 @@ def test_lightning_cli_still_parses_the_checkpoints_hyper_parameters_in_parse_ck
 
 
 def test_lightning_cli_takes_the_subcommands_arguments_after_before_fit(tiny_llama_dir, tmp_path):
-    # cli.py's before_fit writes weights_only (and a resolved ckpt_path) into config_init; Lightning must read the
-    # arguments it passes to Trainer.fit from there, after that hook
+    # cli/command.py's before_fit writes weights_only (and a resolved ckpt_path) into config_init; Lightning must
+    # read the arguments it passes to Trainer.fit from there, after that hook
     received: list[dict] = []
 
     class Recording(LitGRPOCLI):

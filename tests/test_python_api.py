@@ -90,7 +90,7 @@ def test_the_command_gets_them_from_the_module_and_keeps_a_users_own(tiny_llama_
                          (["--trainer.callbacks+=lit_grpo.callbacks.NonFiniteGuard",  # the old name still works
                            "--trainer.callbacks.max_consecutive_skips=7"], every[1:])):
         cli = LitGRPOCLI(args=base + extra, run=False)
-        assert not any(isinstance(c, (RngState, StopOnSigterm, SaveOnInterrupt)) for c in cli.trainer.callbacks)  # cli.py adds none itself
+        assert not any(isinstance(c, (RngState, StopOnSigterm, SaveOnInterrupt)) for c in cli.trainer.callbacks)  # cli/ adds none
         cli.model.trainer = cli.trainer
         assert [type(c) for c in cli.model.configure_callbacks()] == kinds
 

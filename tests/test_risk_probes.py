@@ -13,7 +13,7 @@ from lit_grpo.risk.fit import RiskReplay, branch_loss, fit_head
 from lit_grpo.risk.probes import ProbeLabels, probe_records
 from lit_grpo.rollout.probes import probe_labels
 from lit_grpo.tasks.games import HiddenOperandsTask
-from lit_grpo.run.tiny_models import build_char_tokenizer
+from support import build_char_tokenizer
 
 TOKENIZER = build_char_tokenizer()
 EOS = TOKENIZER.eos_token_id

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from lit_grpo.cli import LitGRPOCLI, main
-from lit_grpo.config_check import config_problems
+from lit_grpo.cli.config_check import config_problems
 from support import weight_reads
 from reliability_doc import documented
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from lit_grpo.cli import main
-from lit_grpo.config_check import config_problems
+from lit_grpo.cli.config_check import config_problems
 from lit_grpo.engines.server_address import LOOPBACK, is_loopback, server_address
 from lit_grpo.errors import InputError
 from lit_grpo.policy.model_loading import load_policy

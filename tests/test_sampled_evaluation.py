@@ -18,8 +18,8 @@ from lit_grpo.rollout.datamodule import RolloutDataModule
 from lit_grpo.rollout.held_out import HeldOutPrompts
 from lit_grpo.rollout.sample_metrics import majority_correct, pass_at_k, prompt_row
 from lit_grpo.rollout.sampled import SampledEvaluation, sampled_completion_scores
-from lit_grpo.run.tiny_models import build_char_tokenizer
 from lit_grpo.tasks import ArithmeticTask
+from support import build_char_tokenizer
 
 
 # --- the estimators -------------------------------------------------------------------------------------------------

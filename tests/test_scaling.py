@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lit_grpo.config_check import config_problems
+from lit_grpo.cli.config_check import config_problems
 from lit_grpo.run.distributed import processes_on_this_machine
 from lit_grpo.engines.server_address import free_port
 
@@ -202,7 +202,7 @@ def test_the_command_destroys_its_process_group_before_the_interpreter_finalises
     """A gloo group of several ranks left to interpreter finalisation can abort a rank that finished (exit -6, seen on
     a CI run of the loopback launch above): the command destroys it itself, on a failing path too. A group of one
     process (an in-process vLLM engine's) is left to the engine's own shutdown."""
-    import lit_grpo.cli as cli
+    from lit_grpo.cli import outcome as cli  # where main builds the command
 
     def refused(args):
         assert torch.distributed.is_initialized()  # the group lives while the run runs

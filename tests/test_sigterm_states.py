@@ -1,6 +1,6 @@
 """SIGTERM's state machine (run/signals.py's ``SigtermStop``) one transition at a time with a stand-in trainer; the
-command's exit-code table (run/exit_codes.py) and how cli.py names a run's end; refusals told where a class is built
-(run/refusals.py); and no frame walking anywhere in the package."""
+command's exit-code table (run/exit_codes.py) and how cli/outcome.py names a run's end; refusals told where a class is
+built (cli/refusals.py); and no frame walking anywhere in the package."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lit_grpo.cli import refusals
 from lit_grpo.errors import InputError
-from lit_grpo.run import refusals, signals
+from lit_grpo.run import signals
 from lit_grpo.run.exit_codes import EXIT_CODES, Outcome, exit_code
 from lit_grpo.run.signals import (
     Phase,
@@ -278,7 +279,7 @@ def test_a_sigterm_while_the_command_lets_go_of_its_process_group_is_noted_not_r
     # the command as a traceback
     import os
 
-    from lit_grpo import cli
+    from lit_grpo.cli import outcome as cli  # where main calls them
 
     monkeypatch.setattr(cli, "run_command", lambda args: Outcome.FINISHED)
     monkeypatch.setattr(cli, "release_process_group", lambda: os.kill(os.getpid(), signal.SIGTERM))

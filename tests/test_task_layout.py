@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lit_grpo.config_check import config_problems
+from lit_grpo.cli.config_check import config_problems
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -95,7 +95,7 @@ def test_every_multi_round_task_implements_turn_and_a_game_its_step():
 
 
 def test_the_rules_read_what_a_task_declares_not_a_flag():
-    from lit_grpo.config_check import signature_defaults
+    from lit_grpo.cli.config_check import signature_defaults
     from lit_grpo.rollout.datamodule import RolloutDataModule
     from lit_grpo.run.rules import multi_round_problems
     from lit_grpo.tasks import ClarifyTask, MultiRoundTask

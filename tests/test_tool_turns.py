@@ -182,7 +182,7 @@ def test_the_tool_figures_of_an_epoch_are_trls_and_per_tool():
 
 
 def test_the_rules_ask_a_tool_task_for_turns_one_width_each_and_no_risk_head():
-    from lit_grpo.config_check import signature_defaults
+    from lit_grpo.cli.config_check import signature_defaults
     from lit_grpo.rollout.datamodule import RolloutDataModule
     from lit_grpo.run.rules import multi_round_problems
 
@@ -324,7 +324,7 @@ def game_tree():
 def test_a_branching_that_does_not_match_the_turns_is_refused_before_anything_loads():
     import yaml
 
-    from lit_grpo.config_check import config_problems
+    from lit_grpo.cli.config_check import config_problems
 
     config = yaml.safe_load(open("configs/tools.yaml"))
     assert config_problems(config) == []

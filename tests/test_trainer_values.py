@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from reliability_doc import documented
 
-from lit_grpo.config_check import config_problems
+from lit_grpo.cli.config_check import config_problems
 
 # the command, with any read of model weights reported and refused: the evidence that a refusal came first
 RUNNER = """

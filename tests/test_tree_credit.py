@@ -91,7 +91,7 @@ def test_a_step_with_no_row_in_the_loss_is_skipped_on_one_process_and_counts_zer
 
 
 def test_drop_is_refused_for_chains_and_branching_must_name_every_round():
-    from lit_grpo.config_check import signature_defaults
+    from lit_grpo.cli.config_check import signature_defaults
     from lit_grpo.policy.module import PolicyModule
     from lit_grpo.rollout.datamodule import RolloutDataModule
     from lit_grpo.run.rules import cross_knob_problems
@@ -117,7 +117,7 @@ def test_drop_is_refused_for_chains_and_branching_must_name_every_round():
 
 
 def test_a_task_that_declares_its_rounds_as_a_class_attribute_is_checked_before_it_is_built():
-    from lit_grpo.config_check import signature_defaults
+    from lit_grpo.cli.config_check import signature_defaults
     from lit_grpo.rollout.datamodule import RolloutDataModule
     from lit_grpo.run.rules import cross_knob_problems
     from lit_grpo.tasks import ClarifyTask, GameTask

@@ -9,9 +9,9 @@ import pytest
 from lit_grpo.buffers.tree_layout import tree_buffer, tree_rows
 from lit_grpo.engines import Completion, SamplingSpec
 from lit_grpo.rollout.trees import expand_trees
-from lit_grpo.run.tiny_models import build_char_tokenizer
 from lit_grpo.tasks import ClarifyTask
 from lit_grpo.tree import assign_advantages, policy_nodes, tree_row_advantages
+from support import build_char_tokenizer
 
 TOKENIZER = build_char_tokenizer()
 EOS = TOKENIZER.eos_token_id

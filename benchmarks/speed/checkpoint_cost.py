@@ -18,7 +18,7 @@ of the drift between runs that moves each wall time by more than the checkpoint 
 
 ``--spinning`` adds As and Bs: A and B with torch's idle OpenMP threads spinning, libgomp's default (torch is
 imported before ``lit_grpo.cli``, so the command's ``OMP_WAIT_POLICY=PASSIVE`` comes too late;
-``lit_grpo/run/idle_threads.py``); Bs / B is what the policy costs or saves a run without checkpoints.
+``lit_grpo/cli/idle_threads.py``); Bs / B is what the policy costs or saves a run without checkpoints.
 
 ``--release-width`` measures instead what a save costs at release width against one training step there: the
 random 2-layer Qwen2 of Qwen2.5-0.5B's width (hidden 896, vocabulary 151,936; ``benchmarks/memory/memory.py`` builds it
@@ -58,11 +58,11 @@ os.environ.pop("OMP_WAIT_POLICY", None)
 import torch  # loaded before lit_grpo.cli: libgomp's default wait policy, the threads spin (the command before)
 """
 COMMAND = """
-import lit_grpo.cli  # (after SPINNING) it sets the OpenMP wait policy before torch loads (lit_grpo/run/idle_threads.py)
+import lit_grpo.cli  # (after SPINNING) it sets the OpenMP wait policy before torch loads (lit_grpo/cli/idle_threads.py)
 """
 SYNC = """
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-lit_grpo.cli.BackgroundCheckpointIO = TorchCheckpointIO  # Lightning's own, on the training thread
+lit_grpo.cli.command.BackgroundCheckpointIO = TorchCheckpointIO  # Lightning's own, on the training thread
 """
 
 
@@ -125,7 +125,7 @@ def release_width(model_dir: Path, tokens: int, steps: int, saves: int) -> None:
     sys.path.insert(0, str(ROOT))
     from benchmarks.memory import memory
 
-    from lit_grpo.run.checkpoint_io import BackgroundCheckpointIO, BesideTargetCheckpointIO
+    from lit_grpo.cli.checkpoint_io import BackgroundCheckpointIO, BesideTargetCheckpointIO
     from lit_grpo.run.host_memory import return_freed_memory
 
     return_freed_memory()  # as the command does

@@ -1,4 +1,4 @@
-"""What torch's OpenMP wait policy does to a run's speed on this machine (lit_grpo/run/idle_threads.py): the
+"""What torch's OpenMP wait policy does to a run's speed on this machine (lit_grpo/cli/idle_threads.py): the
 command sets ``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep); "spinning" is libgomp's default (idle threads spin for
 a while after each parallel region), what the command ran with before; "brief" spins 10,000 pause loops
 (``GOMP_SPINCOUNT``) instead of libgomp's 300,000. Each measurement is its own process, the two

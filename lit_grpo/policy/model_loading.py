@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from lit_grpo.errors import InputError
 from lit_grpo.policy.logprobs import head_problem
-from lit_grpo.run.input_check import lora_target_problem
+from lit_grpo.policy.input_check import lora_target_problem
 from lit_grpo.run.dtype_choice import auto_dtype
 from lit_grpo.run.model_files import (
     Shapes,

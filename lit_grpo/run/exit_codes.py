@@ -1,6 +1,6 @@
-"""The command's exit codes, decided here only: ``exit_code(outcome)``. ``cli.py`` names how the command ended (an
-``Outcome``) and asks; ``end_process`` ends the process with the code. Imports nothing heavy: the command asks
-while its libraries are still loading (a Ctrl-C then)."""
+"""The command's exit codes, decided here only: ``exit_code(outcome)``. ``cli/outcome.py`` names how the command
+ended (an ``Outcome``) and asks; ``end_process`` ends the process with the code. Imports nothing heavy: the command
+asks while its libraries are still loading (a Ctrl-C then)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Every configuration rule in one place: each knob's choices (read off the ``Literal`` types of the typed
 ``__init__`` signatures, where they are spelled once) and every rule that spans knobs, in one registry
-(``cross_knob_problems``), run before any weights load (``lit_grpo.config_check``, from the command line) and again
+(``cross_knob_problems``), run before any weights load (``lit_grpo.cli.config_check``, from the command line) and again
 in ``RolloutDataModule.setup`` (the Python API), each with one wording. Each knob's own range is checked where it is
 read (``PolicyModule.config_problems``, ``RolloutDataModule.config_problems``), and so are the rules among one part's
 own knobs (the module's: ``lit_grpo.policy.knob_rules``, read off the loss variants' table); a rule that reads two

@@ -60,7 +60,7 @@ from lit_grpo.run.exit_codes import Outcome
 RETRY_SECONDS = 0.05  # how often a stop held back by a checkpoint write looks again whether the write has ended
 # The longest a stop is held back: the window also spans the other epoch-end hooks (the module's last validation
 # of a spent budget scores rewards, which may hang), and a scheduler kills 30 s after SIGTERM. The write itself
-# takes well under this: the trained weights only, the file written in the background (run/checkpoint_io.py).
+# takes well under this: the trained weights only, the file written in the background (cli/checkpoint_io.py).
 HOLD_LIMIT_SECONDS = 10.0
 
 Handler = Callable[[int, Any], Any] | int | None

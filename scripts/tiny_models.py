@@ -1,4 +1,7 @@
-"""The project's tiny character-level models: built offline, no download, for the quickstart and the tests."""
+"""The project's tiny character-level models: built offline, no download, for the quickstart and the tests.
+
+Not part of the package: ``scripts/build_tiny_model.py`` (beside it) builds ``data/tiny-llama/`` from it, and
+``tests/support.py`` imports it for the tests' random tiny models."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Names in a configuration: the keys a class accepts, the known name closest to a misspelt one, and a bare class
-name's dotted path (helpers of ``lit_grpo.config_check``)."""
+name's dotted path (helpers of ``lit_grpo.cli.config_check``)."""
 
 from __future__ import annotations
 

@@ -14,18 +14,18 @@ from typing import Any
 
 from jsonargparse import ArgumentParser
 
-from lit_grpo.run.config_names import accepted_keys, did_you_mean, with_package
+from lit_grpo.cli.command_line import CLASS_KEYS
+from lit_grpo.cli.config_names import accepted_keys, did_you_mean, with_package
+from lit_grpo.cli.strategy import strategy_problems
 from lit_grpo.errors import InputError
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.policy.objective import base_evaluation_problems
 from lit_grpo.policy.optimizers import lr_scheduler_entry
 from lit_grpo.rollout.datamodule import RolloutDataModule
-from lit_grpo.run.command_line import CLASS_KEYS
 from lit_grpo.run.distributed import config_world_size
 from lit_grpo.run.rules import TrainerFacts, cross_knob_problems, risk_decision_problems
-from lit_grpo.run.strategy import strategy_problems
 
-RISK_CALLBACK = "lit_grpo.callbacks.risk.RiskThreshold"  # by name: only cli.py imports the callbacks
+RISK_CALLBACK = "lit_grpo.callbacks.risk.RiskThreshold"  # by name: only cli/command.py imports the callbacks
 # weights_only: Lightning writes it into every run's config.yaml, which must come back as the resume command's --config
 # beside the subcommands' own (subcommand_arguments: ckpt_path, weights_only, verbose, return_predictions)
 TOP_LEVEL_KEYS = {"config", "seed_everything", "trainer", "model", "data", "metrics", "checkpoint"}
@@ -231,8 +231,8 @@ def config_problems(config: dict[str, Any]) -> list[str]:
 
 def risk_callback_problems(callbacks: Any, task: Any) -> list[str]:
     """``rules.risk_decision_problems`` for each ``RiskThreshold`` (or subclass) among ``trainer.callbacks``
-    (``task``: the task's class, None when it does not import). The callback is known by name: only cli.py imports
-    the callbacks."""
+    (``task``: the task's class, None when it does not import). The callback is known by name: only cli/command.py
+    imports the callbacks."""
     from lit_grpo.tasks.episodes import names_answer_tokens
 
     problems = []
