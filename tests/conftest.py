@@ -21,7 +21,9 @@ import torch  # noqa: E402  (after the policy is set: libgomp reads it when torc
 
 from support import save_tiny_model  # noqa: E402
 
-torch.set_num_threads(2)
+# Under pytest-xdist (``-n 2``, the quick loop's and CI's command) each worker takes one core; alone, the suite
+# takes both.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 
 @pytest.fixture(scope="session")

@@ -107,6 +107,7 @@ def test_refresh_copies_the_adapter_and_then_stays_frozen(tiny_llama_dir, tmp_pa
     assert set(reference.state_dict()["frozen"]) == set(module.adapter_copy())  # the adapter's keys, PEFT's format
 
 
+@pytest.mark.slow
 def test_rollout_metrics_reach_tensorboard(tiny_llama_dir, tmp_path):
     module, datamodule = make_pair(tiny_llama_dir)
     logger = TensorBoardLogger(tmp_path, name="run")

@@ -68,6 +68,7 @@ COMMAND_RUN = ["--data.prompts_per_epoch", "2", "--data.group_size", "2", "--dat
                "--data.max_new_tokens", "3"]
 
 
+@pytest.mark.slow
 def test_the_commands_last_checkpoint_is_lightnings_and_resumes_from_python(tiny_llama_dir, tmp_path):
     main(["fit", "--model.model_name_or_path", str(tiny_llama_dir), "--trainer.logger", "false",
           "--trainer.max_epochs", "2", "--trainer.default_root_dir", str(tmp_path / "command"),

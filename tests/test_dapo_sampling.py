@@ -59,6 +59,7 @@ def test_truncated_completions_carry_no_loss(tmp_path):
     assert buffer.completion_mask[~buffer.truncated].any(dim=1).all()
 
 
+@pytest.mark.slow
 def test_completion_budget_cuts_draws_and_ends_the_run_with_a_validation(tmp_path, caplog):
     # 8 prompts x 4 = 32 completions per draw; 52 pays for 13 groups: epoch 0 spends 32 on its first draw and
     # its replacement draws are cut to the 5 groups (20 completions) left, so the run ends after epoch 0
@@ -112,6 +113,7 @@ class StopFlags(pl.Callback):
         self.seen.append((trainer.current_epoch, trainer.should_stop))
 
 
+@pytest.mark.slow
 def test_a_run_resumed_after_its_budget_was_spent_draws_nothing_and_the_data_module_stops_no_trainer(tmp_path):
     # one draw of 8 prompts x 4 = 32 completions spends the budget: the module stops the run after epoch 0 (the one
     # place that acts on PromptCursor.budget_spent); resumed from that epoch's checkpoint with epochs to spare, the

@@ -155,6 +155,7 @@ def test_a_nonfinite_weight_is_refused_by_name_among_mixed_dtypes():
         refuse_nonfinite(poisoned, "checkpoint")
 
 
+@pytest.mark.slow
 def test_run_survives_a_raising_reward_a_hanging_reward_and_a_nan_loss(tiny_llama_dir, tmp_path):
     module, trainer, recorder = fit_with_faults(tiny_llama_dir, tmp_path, poison_steps=[1])
     # 2 epochs x 16 completions, 2 optimizer steps per epoch

@@ -97,6 +97,7 @@ def late_warnings(caught: list[warnings.WarningMessage], url: str) -> list[str]:
     return [str(w.message) for w in caught if str(w.message).startswith(f"vLLM server {url} is late")]
 
 
+@pytest.mark.slow
 def test_a_hung_server_is_hedged_named_once_and_left_out_until_it_answers_again(servers):
     hung, healthy = servers("--hang-after", "2"), servers("--delay", "0.2")
     engine = engine_on(hung, healthy, request_timeout=120.0, hedge_min_seconds=3.0)
@@ -138,6 +139,7 @@ def test_a_hung_server_is_hedged_named_once_and_left_out_until_it_answers_again(
                "test_hedge.py")
 
 
+@pytest.mark.slow
 def test_a_server_hung_from_its_first_request_is_hedged_once_the_other_answers(servers):
     hung, healthy = servers("--hang-after", "0"), servers()
     engine = engine_on(hung, healthy, request_timeout=120.0, hedge_min_seconds=3.0)
@@ -148,6 +150,7 @@ def test_a_server_hung_from_its_first_request_is_hedged_once_the_other_answers(s
     assert not hung.stats()["requests"]
 
 
+@pytest.mark.slow
 def test_one_server_alone_is_waited_for_up_to_request_timeout(servers):
     hung = servers("--hang-after", "1")
     engine = engine_on(hung, request_timeout=3.0, hedge_min_seconds=0.1)

@@ -80,6 +80,7 @@ def command_imports() -> dict[str | None, subprocess.Popen]:
         process.communicate()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("given, expected", CASES)
 def test_the_command_sets_it_before_torch_loads(command_imports, given: str | None, expected: str) -> None:
     """``lit_grpo.cli`` (the command's package) sets the policy before its imports load torch: in a fresh process the

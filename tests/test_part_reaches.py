@@ -21,6 +21,7 @@ from lit_grpo.tasks import Task
 """
 
 
+@pytest.mark.slow
 def test_no_part_reaches_into_another_past_its_contract():
     assert [str(reach) for reach in all_reaches()] == []
 

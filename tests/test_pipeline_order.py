@@ -129,6 +129,7 @@ def test_reward_time_is_scoring_time_not_generation_time(tiny_llama_dir, tmp_pat
     assert module.preparation_timings == {"no_grad_passes": 0.0}  # the module's part, timed by the module
 
 
+@pytest.mark.slow
 def test_fit_then_test_in_one_process_pushes_the_policy_again(tmp_path):
     # validation at the last step pushed the policy at that step; teardown then closed the engine, and test()
     # skipped the push because the step had not changed: "HFEngine has no policy"

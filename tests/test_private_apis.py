@@ -80,6 +80,7 @@ def test_lightning_cli_still_parses_the_checkpoints_hyper_parameters_in_parse_ck
     assert cli.config.fit.model.lora_rank == 3  # the checkpoint's value over the command line's
 
 
+@pytest.mark.slow
 def test_lightning_cli_takes_the_subcommands_arguments_after_before_fit(tiny_llama_dir, tmp_path):
     # cli/command.py's before_fit writes weights_only (and a resolved ckpt_path) into config_init; Lightning must
     # read the arguments it passes to Trainer.fit from there, after that hook

@@ -143,6 +143,7 @@ def test_setup_refuses_a_trainer_that_does_not_reload_every_epoch():
         set_up(trainer)
 
 
+@pytest.mark.slow
 def test_validate_and_test_run_under_lightnings_default_reload(tiny_llama_dir, tmp_path):
     # neither trains an epoch, so the every-epoch reload that fit needs is not asked of them (issue 47)
     module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4)

@@ -177,6 +177,7 @@ class RunLog(pl.Callback):
         self.diff_max.append(float(trainer.callback_metrics["rollout/logp_diff_max"]))
 
 
+@pytest.mark.slow
 def test_two_epochs_with_the_chat_template_train_lora_only_with_sampler_trainer_agreement(tmp_path):
     pl.seed_everything(0)
     module = PolicyModule(model_name_or_path=str(MODEL), lora_rank=4, kl_coef=0.04, dtype="float32")  # fp32: exact

@@ -41,6 +41,7 @@ def trained(tiny_llama_dir, tmp_path_factory) -> Path:
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command_line", [[], ["--model.trust_remote_code", "false"]])
 def test_a_checkpoint_cannot_switch_remote_code_on(tiny_llama_dir, trained, tmp_path, capsys, command_line):
     marker = tmp_path / "pwned.txt"
@@ -60,6 +61,7 @@ def test_a_checkpoint_cannot_switch_remote_code_on(tiny_llama_dir, trained, tmp_
                    "test_resume_policy.py")
 
 
+@pytest.mark.slow
 def test_a_changed_kl_coef_is_reported_and_this_runs_value_used(tiny_llama_dir, trained, tmp_path, capsys):
     shutil.copy(trained, tmp_path / "start.ckpt")
     main(fit_args(tiny_llama_dir, tmp_path, 2, "--ckpt_path", str(tmp_path / "start.ckpt"), "--model.kl_coef", "0.5"))
@@ -73,6 +75,7 @@ def test_a_changed_kl_coef_is_reported_and_this_runs_value_used(tiny_llama_dir, 
                "test_resume_policy.py")
 
 
+@pytest.mark.slow
 def test_a_users_own_checkpoint_plugin_resumes_the_commands_checkpoint(tiny_llama_dir, trained, tmp_path):
     shutil.copy(trained, tmp_path / "start.ckpt")  # by the command's default writer
     main(fit_args(tiny_llama_dir, tmp_path, 2, "--ckpt_path", str(tmp_path / "start.ckpt"), "--trainer.plugins",

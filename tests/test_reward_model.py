@@ -51,6 +51,7 @@ def batch() -> Completions:
     return Completions(records, ["4", "The answer is four, surely.", "5", "6"], [[1], [2], [3], [4]], True)
 
 
+@pytest.mark.slow
 def test_scores_equal_a_direct_forward_on_the_same_texts(reward_model_dir: Path) -> None:
     scorer = RewardModel(str(reward_model_dir), dtype="float32", batch_size=2)
     texts = [
@@ -84,6 +85,7 @@ def test_inside_a_dataset_task_and_a_reward_worker(reward_model_dir: Path, tmp_p
     assert copy.score_batch(one) == scorer.score_batch(one)
 
 
+@pytest.mark.slow
 def test_a_causal_lm_or_a_missing_directory_is_refused_before_work(reward_model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"not a sequence-classification checkpoint \(its config.json names "
                                          r"\['Qwen2ForCausalLM'\]\); its score head would be random"):
@@ -120,6 +122,7 @@ def sentiment(reward_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
                           id2label={0: "NEGATIVE", 1: "POSITIVE"}, label2id={"NEGATIVE": 0, "POSITIVE": 1})
 
 
+@pytest.mark.slow
 def test_a_head_with_several_outputs_is_refused_until_one_is_named(reward_model_dir, sentiment, tmp_path):
     with pytest.raises(InputError) as info:
         RewardModel(str(sentiment))

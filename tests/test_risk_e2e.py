@@ -156,6 +156,7 @@ def test_calibration_in_the_loop_and_tau_in_the_checkpoint(tmp_path):
     assert any(k.startswith("risk_head.") for k in saved["state_dict"])  # the head is checkpointed with the adapter
 
 
+@pytest.mark.slow
 def test_the_replay_is_in_the_checkpoint(tmp_path):
     module, datamodule, threshold = build(risk=RiskHeadSpec(probe_prompts=8, fit_steps=5), explore_fraction=1.0)
     trainer = trainer_for(tmp_path, [threshold], epochs=1, validate=False)

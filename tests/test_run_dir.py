@@ -23,6 +23,7 @@ SMALL = ["--data.prompts_per_epoch", "2", "--data.group_size", "2", "--data.mini
          "--data.max_new_tokens", "3", "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "0"]
 
 
+@pytest.mark.slow
 def test_without_a_logger_the_run_gets_its_own_directory(tiny_llama_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     main(["fit", "--model.model_name_or_path", str(tiny_llama_dir), "--trainer.logger", "false",

@@ -157,6 +157,7 @@ def test_a_tool_tasks_episodes_give_pass_at_k_calls_and_turns():
 
 
 # --- a rerun with the same seed, on the hf engine ---------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_rerun_with_the_same_seed_gives_the_same_figures_on_the_hf_engine(tiny_llama_dir):
     from lit_grpo.policy.model_loading import load_policy
     from lit_grpo.run.model_files import load_tokenizer

@@ -63,6 +63,7 @@ def victim():
     process.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_an_infinite_loop_is_stopped(mode):
     text = hostile(sandbox(mode), "infinite_loop")
@@ -103,6 +104,7 @@ def test_the_trainers_variables_are_not_in_the_codes_environment(mode, monkeypat
     assert "KeyError" in text and "hunter2" not in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_a_fork_bomb_is_stopped(mode):
     group = make_group(1)

@@ -86,6 +86,7 @@ def answered(server: StandIn) -> dict[tuple[int, ...], tuple[str, int, int]]:
     return {tuple(prompt): (adapter, n, seed) for adapter, prompt, n, seed in server.stats()["requests"]}
 
 
+@pytest.mark.slow
 def test_groups_go_to_the_server_with_fewest_requests_in_flight_and_never_span_servers(servers):
     first, second = servers.pair(("--delay", "0.3"), ("--delay", "0.3"))
     engine = engine_on(first, second)
@@ -112,6 +113,7 @@ FAULTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", FAULTS)
 def test_a_failed_request_is_retried_on_the_other_server_which_takes_the_rest(servers, fault):
     flags, knobs = FAULTS[fault]

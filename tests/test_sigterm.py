@@ -331,6 +331,7 @@ def test_after_a_fit_sigterm_goes_to_the_handler_found_at_setup_however_the_fit_
         signal.signal(signal.SIGTERM, before)
 
 
+@pytest.mark.slow
 def test_a_plain_python_script_ends_on_sigterm_after_a_fit_that_raised(tmp_path):
     # SIGTERM's default action again: the process ends (before: the handler left behind swallowed it)
     script = f"""

@@ -84,6 +84,7 @@ def trl_reward_inputs(rows: list[dict], prompts, completions) -> dict:
     return seen
 
 
+@pytest.mark.slow
 def test_reset_text_goes_to_the_last_message_and_routing_stays_out_of_reset_as_in_trls_code():
     trl_prompts, trl_environments = trl_prepared(ROWS)
     seen = []

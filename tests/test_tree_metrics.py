@@ -52,6 +52,7 @@ def test_the_sampled_tree_shows_each_segment_and_reply_with_its_numbers():
     assert lines[3].endswith("A=1.0339 '30'") and lines[4].endswith("A=-1.0339 '31'")
 
 
+@pytest.mark.slow
 def test_each_validation_writes_a_sampled_tree_with_its_segments_to_tensorboard(tmp_path):
     import lightning.pytorch as pl
     import torch
