@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import pkgutil
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -105,7 +106,8 @@ def key_problems(section: str, cls: type | Callable, values: dict[str, Any]) -> 
             if f"Option '{key}' is not accepted" in detail:  # a class taking **kwargs that jsonargparse refuses
                 named = signature_defaults(cls) if isinstance(cls, type) else {}
                 return f"{section}.{key}: unknown key{did_you_mean(key, named)}"
-            return f"{section}.{key}: {detail}"
+            inner = re.match(rf'Parser key "({key}\.[\w.]+)"', str(error))  # a group's field (model.kl.coef)
+            return f"{section}.{inner.group(1) if inner else key}: {detail}"
         return None
 
     problems = {key: p for key in required if (p := problem(key, required)) is not None}

@@ -201,7 +201,7 @@ def regroup(args: dict[str, Any]) -> Regrouped:
         if old not in args or args[old] == default:
             continue
         if getattr(arguments[group], name) != default:
-            problems.append(f"{old} and {new}: {old} is {new}'s old name (deprecated); give {new} only")
+            problems.append(f"{old}: the old name of {new}, which is given too; give {new} only")
             continue
         arguments[group] = dataclasses.replace(arguments[group], **{name: args[old]})
         flat_names.append(old)
