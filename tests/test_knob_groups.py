@@ -192,6 +192,9 @@ def test_a_flat_name_checkpoint_validates_and_resumes(old_run, tiny_llama_dir, t
     saved = torch.load(tmp_path / "resume" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert saved["epoch"] == 1 and saved["hyper_parameters"]["kl"]["coef"] == 0.5
     assert saved["hyper_parameters"]["lora"]["rank"] == 8 and "lora_rank" not in saved["hyper_parameters"]
+    with pytest.warns(FutureWarning, match="model.lora_rank is deprecated"):  # the Python API reads them too
+        loaded = PolicyModule.load_from_checkpoint(old_run / "old.ckpt")
+    assert loaded.hparams["lora"]["rank"] == 8 and loaded.policy.peft_config["default"].r == 8
     with pytest.raises(SystemExit) as refused:  # a shape-changing knob, by its new name against the old one
         main(["fit", "--model.model_name_or_path", str(tiny_llama_dir), "--model.lora.rank", "4", "--ckpt_path",
               str(old_run / "old.ckpt"), "--trainer.max_epochs", "2", "--trainer.default_root_dir",
