@@ -30,7 +30,8 @@ PROMPTS_PER_EPOCH, GROUP_SIZE, PPO_EPOCHS, ACCUMULATE = 8, 4, 2, 2
 CASES = {
     "token-mean": {"aggregation": "token-mean"},
     "seq-mean": {"aggregation": "seq-mean"},
-    "ppo": {"aggregation": "token-mean", "advantage_mode": "gae", "kl_in": "reward", "vf_coef": 0.5},
+    "ppo": {"aggregation": "token-mean", "advantage_mode": "gae", "kl": {"coef": 0.04, "applied_to": "reward"},
+            "value": {"coef": 0.5}},
     "batch-std": {"aggregation": "seq-mean", "std_scope": "batch"},
 }
 
@@ -112,8 +113,8 @@ def run(mode: str, case: str, model_dir: str, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(0)
     ranks = 2 if mode == "ddp" else 1
-    module = PolicyModule(model_name_or_path=model_dir, lora_rank=4, lora_alpha=8, kl_coef=0.04, dtype="float32",
-                          optimizer=lambda p: torch.optim.SGD(p, lr=0.5), **CASES[case])
+    module = PolicyModule(model_name_or_path=model_dir, lora={"rank": 4, "alpha": 8}, dtype="float32",
+                          optimizer=lambda p: torch.optim.SGD(p, lr=0.5), **{"kl": {"coef": 0.04}, **CASES[case]})
     rows_per_rank = PROMPTS_PER_EPOCH * GROUP_SIZE // ranks
     datamodule = RolloutDataModule(task=DigitShareTask(), engine=engine_for(model_dir), group_size=GROUP_SIZE,
                                    prompts_per_epoch=PROMPTS_PER_EPOCH, minibatch_size=rows_per_rank // ACCUMULATE,

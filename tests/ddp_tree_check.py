@@ -60,7 +60,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)  # two ranks on two cores
     pl.seed_everything(0)
-    module = PolicyModule(kl_coef=0.04, dtype="float32", optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
+    module = PolicyModule(kl={"coef": 0.04}, dtype="float32", optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
     # 2 prompts a rank, trees of 3 or 21 rows, minibatches of whole trees, 6 rows or more: the counts differ
     datamodule = RolloutDataModule(task=SometimesAskingClarifyTask(), rollout="tree", branching=[3, 2, 2], prompts_per_epoch=4,
                                    group_size=3, minibatch_size=6, max_new_tokens=5)

@@ -74,7 +74,7 @@ def test_cli_refuses_the_training_models_engine_before_work(tmp_path):
 
 def fit(model_dir: Path, root: Path, epochs: int, max_staleness: int | None, engine=None, **data) -> PolicyModule:
     pl.seed_everything(0)
-    module = PolicyModule(model_name_or_path=str(model_dir), lora_rank=4, kl_coef=0.0,
+    module = PolicyModule(model_name_or_path=str(model_dir), lora={"rank": 4}, kl={"coef": 0.0},
                           optimizer=lambda params: torch.optim.AdamW(params, lr=2e-2, weight_decay=0.0))
     knob = {} if max_staleness is None else {"max_staleness": max_staleness}
     datamodule = RolloutDataModule(task=DigitShareTask(), engine=engine, group_size=4, prompts_per_epoch=4,

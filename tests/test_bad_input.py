@@ -34,7 +34,7 @@ def write_jsonl(path: Path, prompts: list[str]) -> Path:
 
 
 def fit(model_dir: Path, task: JsonlTask, root: Path, max_new_tokens: int = 4) -> RolloutDataModule:
-    module = PolicyModule(model_name_or_path=str(model_dir), lora_rank=2, kl_coef=0.0)
+    module = PolicyModule(model_name_or_path=str(model_dir), lora={"rank": 2}, kl={"coef": 0.0})
     datamodule = RolloutDataModule(task=task, group_size=2, prompts_per_epoch=2, minibatch_size=4,
                                    max_new_tokens=max_new_tokens)
     trainer = pl.Trainer(max_epochs=1, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0, logger=False,
@@ -107,7 +107,7 @@ def test_prompt_longer_than_context(tiny_llama_dir, tmp_path):
 def test_prompt_fitting_exactly_passes_the_check(tiny_llama_dir, tmp_path):
     from lit_grpo.rollout.prompt_check import check_inputs
 
-    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=2, kl_coef=0.0)
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora={"rank": 2}, kl={"coef": 0.0})
     module.configure_model()
     # 251 characters + <s> = 252 tokens, + 4 new tokens = 256: fits; one more character does not
     prompts = ["y" * 251] + [f"{i}+1=" for i in range(10, 20)]
@@ -122,7 +122,7 @@ def test_long_prompts_drop_keeps_exactly_the_prompts_that_fit_and_logs_how_many(
 
     from lit_grpo.rollout.prompt_check import check_inputs
 
-    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=2, kl_coef=0.0)
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora={"rank": 2}, kl={"coef": 0.0})
     module.configure_model()
     # with 4 new tokens the room is 252 tokens = 251 characters + <s>: "y" * 251 fits, "z" * 252 does not
     prompts = ["y" * 251, "z" * 252, "w" * 400] + [f"{i}+1=" for i in range(10, 20)]
@@ -160,7 +160,7 @@ def test_lora_target_modules_the_model_lacks(tiny_llama_dir):
     with pytest.raises(InputError) as info:
         load_policy(str(tiny_llama_dir), 2, 4, 0.0, ["q_proj", "query_key_value"])
     assert str(info.value) == (
-        "lora_target_modules: the model has no module named 'query_key_value'; its adaptable modules are: "
+        "lora.target_modules: the model has no module named 'query_key_value'; its adaptable modules are: "
         "down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj (or use 'all-linear')"
     )
     with pytest.raises(InputError, match="no module named 'c_attn'"):

@@ -60,7 +60,7 @@ def plain_greedy_texts(model_dir: Path, task: RecordingTask, records: list, max_
 
 
 def validate(model_dir: Path, root: Path, task: RecordingTask, **module_args) -> dict[str, float]:
-    module = PolicyModule(model_name_or_path=str(model_dir), lora_rank=4, dtype="float32", **module_args)
+    module = PolicyModule(model_name_or_path=str(model_dir), lora={"rank": 4}, dtype="float32", **module_args)
     data = RolloutDataModule(task=task, prompts_per_epoch=4, group_size=2, minibatch_size=4, max_new_tokens=6,
                              val_max_prompts=PROMPTS, val_batch_size=PROMPTS)
     trainer = pl.Trainer(default_root_dir=root, logger=False, callbacks=[RolloutMetrics(0)], **QUIET)

@@ -31,7 +31,7 @@ def make_trainer(root: Path, epochs: int, callbacks: list[pl.Callback], logger: 
 def make_pair(model_dir: Path, kl_coef: float = 0.04) -> tuple[PolicyModule, RolloutDataModule]:
     pl.seed_everything(0)
     module = PolicyModule(
-        model_name_or_path=str(model_dir), lora_rank=4, kl_coef=kl_coef,
+        model_name_or_path=str(model_dir), lora={"rank": 4}, kl={"coef": kl_coef},
         optimizer=lambda params: torch.optim.AdamW(params, lr=2e-2, weight_decay=0.0),
     )
     datamodule = RolloutDataModule(

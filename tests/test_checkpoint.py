@@ -23,7 +23,7 @@ PROMPTS_PER_EPOCH = 4
 def run(model_dir: Path, root: Path, epochs: int, ckpt_path: str | None = None) -> tuple[PolicyModule, Any]:
     pl.seed_everything(0)
     module = PolicyModule(
-        model_name_or_path=str(model_dir), lora_rank=4, kl_coef=0.04,
+        model_name_or_path=str(model_dir), lora={"rank": 4}, kl={"coef": 0.04},
         optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.0),
     )
     datamodule = RolloutDataModule(
@@ -118,13 +118,14 @@ def test_load_from_checkpoint_gives_the_trained_policy_back(tiny_llama_dir, tmp_
     assert loaded.load_state_dict(saved, strict=True).missing_keys == []  # the frozen base is not missing
     with pytest.raises(RuntimeError, match="missing trained weights"):
         loaded.load_state_dict({k: v for k, v in saved.items() if ".lora_B." not in k}, strict=True)
-    untrained = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4)
+    untrained = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora={"rank": 4})
     untrained.configure_model()
     assert any(not torch.equal(p, lora[f"policy.{n}"]) for n, p in untrained.policy.named_parameters() if "lora_" in n)
 
 
 def test_state_dict_is_the_trained_weights_bare_or_inside_a_wrapping_module(tiny_llama_dir):
-    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4, advantage_mode="gae")  # a value head
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora={"rank": 4},
+                          advantage_mode="gae")  # a value head
     module.configure_model()
     trained = {name: p for name, p in module.named_parameters() if p.requires_grad}
     assert any(".lora_A." in name for name in trained) and any(name.startswith("value_head.") for name in trained)

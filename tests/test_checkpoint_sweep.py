@@ -112,13 +112,13 @@ def test_one_model_under_two_names_and_two_models(tmp_path):
 
 
 def crafted(path: Path, model: str, state: dict) -> Path:
-    torch.save({"state_dict": state, "global_step": 3, "hyper_parameters": {
+    torch.save({"state_dict": state, "global_step": 3, "hyper_parameters": {  # as written before the knob groups
         "model_name_or_path": model, "lora_rank": 4, "lora_target_modules": "all-linear"}}, path)
     return path
 
 
 def test_validate_refuses_a_checkpoint_of_another_base_model_by_its_name_or_its_shapes(tmp_path):
-    current = {"model_name_or_path": "data/tiny-llama-clarify", "lora_rank": 4, "lora_target_modules": "all-linear"}
+    current = {"model_name_or_path": "data/tiny-llama-clarify", "lora": {"rank": 4, "target_modules": "all-linear"}}
     other = crafted(tmp_path / "other.ckpt", "data/tiny-llama", {})
     with pytest.raises(InputError) as refused:
         check_resume(str(other), current)  # no task: validate / test
@@ -241,7 +241,7 @@ def test_validate_refuses_a_checkpoint_of_another_model_with_the_same_shapes(qui
             "'data/tiny-llama-clarify', another model") in err
     # the Python API: Lightning names the checkpoint only once the model is built; refused as it loads, before any
     # prompt is evaluated
-    module = PolicyModule(model_name_or_path="data/tiny-llama-clarify", lora_rank=16)
+    module = PolicyModule(model_name_or_path="data/tiny-llama-clarify", lora={"rank": 16})
     data = RolloutDataModule(task=ArithmeticTask(), val_max_prompts=4)
     trainer = pl.Trainer(default_root_dir=tmp_path / "python", logger=False, enable_progress_bar=False,
                          callbacks=[RolloutMetrics()])

@@ -221,11 +221,12 @@ def test_precision_and_chunk_knobs_are_validated_up_front():
     arguments = {k: v.default for k, v in signature(PolicyModule.__init__).parameters.items() if k != "self"}
     arguments.pop("optimizer"), arguments.pop("lr_scheduler")
     assert PolicyModule.config_problems(arguments) == []
-    problems = PolicyModule.config_problems(dict(arguments, dtype="int8", logprob_chunk_tokens=0, no_grad_batch_tokens=-1))
+    problems = PolicyModule.config_problems(dict(arguments, dtype="int8",
+                                                 memory={"logprob_chunk_tokens": 0, "no_grad_batch_tokens": -1}))
     assert problems == [  # the choices (read off the signature's Literal types) first, then the values
         "dtype: unknown value 'int8'; valid choices: auto, float32, bfloat16, float16",
-        "no_grad_batch_tokens: must be >= 1, got -1",
-        "logprob_chunk_tokens: must be >= 1, got 0",
+        "memory.no_grad_batch_tokens: must be >= 1, got -1",
+        "memory.logprob_chunk_tokens: must be >= 1, got 0",
     ]
 
 
@@ -235,8 +236,8 @@ def test_policy_module_loads_the_base_in_the_asked_dtype_with_checkpointing(qwen
     model_dir = tmp_path / "with-tokenizer"
     shutil.copytree(qwen_dir, model_dir)
     build_char_tokenizer().save_pretrained(model_dir)
-    module = PolicyModule(model_name_or_path=str(model_dir), dtype="bfloat16", gradient_checkpointing=True,
-                          lora_rank=4)
+    module = PolicyModule(model_name_or_path=str(model_dir), dtype="bfloat16",
+                          memory={"gradient_checkpointing": True}, lora={"rank": 4})
     module.configure_model()
     assert module.policy.get_input_embeddings().weight.dtype == torch.bfloat16
     assert module.policy.is_gradient_checkpointing

@@ -195,7 +195,7 @@ def test_jsonargparse_refusal_with_nothing_else_found_is_its_own_message(capsys)
 
 def test_a_value_that_is_not_yaml_is_text_to_the_check_as_to_jsonargparse(capsys):
     with pytest.raises(SystemExit) as stop:
-        main(["fit", "--model.kl_coef", "[1", "--data.group_size", "1"])
+        main(["fit", "--model.kl.coef", "[1", "--data.group_size", "1"])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and "the configuration has 2 problem(s)" in err and "Traceback" not in err, err
 
@@ -209,7 +209,7 @@ def test_a_config_given_as_text_is_read_as_jsonargparse_reads_it(tmp_path, monke
 def test_a_refused_input_still_lists_every_problem(common, capsys):
     # jsonargparse stops at its first problem; the check lists them all, the appended callbacks' among them
     args = ["fit", *common, "--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.mdoe=max",
-            "--trainer.callbacks+=StochasticWeightAveraging", "--model.kl_coef", "abc", "--data.group_size", "1",
+            "--trainer.callbacks+=StochasticWeightAveraging", "--model.kl.coef", "abc", "--data.group_size", "1",
             "--model.lr_scheduler=StepLR", "--model.lr_scheduler.step_sise=1"]
     with pytest.raises(SystemExit) as stop:
         main(args)
@@ -218,7 +218,7 @@ def test_a_refused_input_still_lists_every_problem(common, capsys):
     for fragment in ("the configuration has 5 problem(s)",
                      "trainer.callbacks[0].monitor: required, not given",
                      "trainer.callbacks[1].swa_lrs: required, not given",
-                     "model.kl_coef: Expected a <class 'float'>. Got value: abc",
+                     "model.kl.coef: Expected a <class 'float'>. Got value: abc",
                      "data.group_size 1 with model.advantage_mode 'grpo'",
                      "model.lr_scheduler.step_sise: unknown key; did you mean step_size?"):
         assert fragment in err, err

@@ -32,10 +32,10 @@ from lit_grpo.tasks import ArithmeticTask
 from lit_grpo.tree import depth_first, policy_nodes, tree_row_advantages
 
 ROOT = Path(__file__).resolve().parents[1]
-ON = {"model.loss_variant": "dpo", "model.advantage_mode": "gae", "model.kl_in": "reward", "model.sampler_correction": '{"mode": "token_truncate", "clip_max": 2.0}',
+ON = {"model.loss_variant": "dpo", "model.advantage_mode": "gae", "model.kl.applied_to": "reward", "model.sampler_correction": '{"mode": "token_truncate", "clip_max": 2.0}',
       "data.dynamic_sampling": "true", "data.mask_truncated": "true", "data.overlong_cache": "2",
-      "data.reward_timeout": "5.0", "model.tree_std_scope": "siblings",
-      "model.tree_flat_groups": "drop", "model.turn_credit": "per_turn_index", "model.risk": '{"v_min": -1.0, "v_max": 1.0, "num_atoms": 5}'}
+      "data.reward_timeout": "5.0", "model.tree.std_scope": "siblings",
+      "model.tree.flat_groups": "drop", "model.turn_credit": "per_turn_index", "model.risk": '{"v_min": -1.0, "v_max": 1.0, "num_atoms": 5}'}
 SMALL = ["--trainer.max_epochs", "1", "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
          "--trainer.enable_model_summary", "false", "--data.max_new_tokens", "4"]
 KIND = {
@@ -128,7 +128,7 @@ def pids_of_scoring(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 # per knob: what the run needs so that its feature has something to change in one epoch (extra CLI arguments)
 SETUP: dict[str, Callable[[Path, pytest.MonkeyPatch], list[str]]] = {
-    "model.kl_in": perturbed_adapter,
+    "model.kl.applied_to": perturbed_adapter,
     "data.mask_truncated": shorter_budget,
     "data.reward_timeout": pids_of_scoring,
 }
@@ -200,7 +200,7 @@ def check_kl_in_reward(run: Run, rollout: str, tmp: Path) -> None:
     buffer = run.buffer
     kl = ((buffer.old_logp - buffer.ref_logp) * buffer.completion_mask).sum(dim=1)  # k1 of each completion
     assert kl.abs().max() > 0.01  # the init adapter sets pi_old apart from pi_ref
-    shaped = group_advantages(groups(buffer.rewards - run.module.hparams.kl_coef * kl)).flatten()
+    shaped = group_advantages(groups(buffer.rewards - run.module.hparams.kl["coef"] * kl)).flatten()
     plain = group_advantages(groups(buffer.rewards)).flatten()
     assert torch.allclose(buffer.advantages, shaped, atol=1e-4)
     assert (buffer.advantages - plain).abs().max() > 0.1
@@ -260,9 +260,9 @@ def check_risk_head(run: Run, rollout: str, tmp: Path) -> None:
 CHANGED: dict[str, Callable[[Run, str, Path], None]] = {
     "model.loss_variant": check_dpo_pairs,
     "model.advantage_mode": check_value_head,
-    "model.tree_std_scope": check_sibling_scope,
-    "model.tree_flat_groups": check_flat_groups_dropped,
-    "model.kl_in": check_kl_in_reward,
+    "model.tree.std_scope": check_sibling_scope,
+    "model.tree.flat_groups": check_flat_groups_dropped,
+    "model.kl.applied_to": check_kl_in_reward,
     "model.turn_credit": check_turn_credit,
     "model.sampler_correction": check_tis,
     "data.dynamic_sampling": check_dynamic_sampling,
@@ -342,28 +342,29 @@ RULES = [
     ({"loss_variant": "vespo", "ratio_level": "sequence"}, {}, None,
      "model.ratio_level 'sequence' with loss_variant 'vespo': only unclipped, clip, cispo, sapo, luspo choose their "
      "ratio's level (gspo's is the sequence's; reinforce and vespo take none); leave it unset"),
-    ({"loss_variant": "dpo", "kl_ratio_correction": True}, {}, None,
-     "model.kl_ratio_correction with loss_variant 'dpo': online DPO's loss on pairs has no policy-gradient surrogate "
+    ({"loss_variant": "dpo", "kl": {"ratio_correction": True}}, {}, None,
+     "model.kl.ratio_correction with loss_variant 'dpo': online DPO's loss on pairs has no policy-gradient surrogate "
      "to mask, weight or regularise; leave it unset"),
     ({"advantage_mode": "gdpo"}, {"overlong_cache": 2}, None,
      "data.overlong_cache with model.advantage_mode 'gdpo': GDPO normalises each of the task's rewards apart, and "
      "the overlong penalty is none of them; leave overlong_cache unset (data.mask_truncated takes truncated "
      "completions out of the loss instead)"),
-    ({"loss_variant": "sapo", "clip_delta": 4.0}, {}, None,
-     "model.clip_delta with loss_variant 'sapo': it caps the clip's ratio, which only clip, gspo, luspo take; leave "
+    ({"loss_variant": "sapo", "clip": {"delta": 4.0}}, {}, None,
+     "model.clip.delta with loss_variant 'sapo': it caps the clip's ratio, which only clip, gspo, luspo take; leave "
      "it unset"),
     ({"loss_variant": "cispo", "sapo": {"pos": 2.0}}, {}, None,
      "model.sapo with loss_variant 'cispo': only loss_variant 'sapo' reads it; leave it at its defaults"),
     ({"vespo": {"k_neg": 1.0}}, {}, None,
      "model.vespo with loss_variant 'clip': only loss_variant 'vespo' reads it; leave it at its defaults"),
-    ({"kl_coef": 0.0, "kl_ratio_correction": True}, {}, None,
-     "model.kl_ratio_correction: it corrects the KL term of the loss, which needs kl_coef > 0 and kl_in 'loss'"),
+    ({"kl": {"coef": 0.0, "ratio_correction": True}}, {}, None,
+     "model.kl.ratio_correction: it corrects the KL term of the loss, which needs kl.coef > 0 and kl.applied_to "
+     "'loss'"),
     ({"loss_variant": "dpo", "entropy": {"coef": 0.01}}, {}, None,
      "model.entropy with loss_variant 'dpo': online DPO's loss on pairs has no policy-gradient surrogate to mask, "
      "weight or regularise; leave it unset"),
-    ({"advantage_mode": "gdpo", "kl_in": "reward"}, {}, None,
-     "model.advantage_mode 'gdpo' with model.kl_in 'reward': GDPO normalises each of the task's rewards apart, and "
-     "the KL penalty is none of them; use kl_in 'loss'"),
+    ({"advantage_mode": "gdpo", "kl": {"applied_to": "reward"}}, {}, None,
+     "model.advantage_mode 'gdpo' with model.kl.applied_to 'reward': GDPO normalises each of the task's rewards "
+     "apart, and the KL penalty is none of them; use kl.applied_to 'loss'"),
     ({"advantage_mode": "gdpo", "std_scope": "batch"}, {}, None,
      "model.std_scope 'batch' with advantage_mode 'gdpo': GDPO normalises within each group and then over the batch "
      "already; leave std_scope 'group'"),
@@ -402,14 +403,17 @@ RULES = [
 
 @pytest.mark.parametrize(("model", "data", "trainer", "message"), RULES, ids=[rule[3][:40] for rule in RULES])
 def test_each_rule_between_knobs_fires_alone_with_its_message(model, data, trainer, message):
+    from lit_grpo.policy.knob_groups import plain_arguments, regroup
     from lit_grpo.policy.knob_rules import module_knob_problems
     from lit_grpo.rollout.datamodule import RolloutDataModule
     from lit_grpo.run.rules import TrainerFacts, cross_knob_problems
 
     def problems(model_args: dict, data_args: dict, facts: TrainerFacts | None) -> list[str]:
-        """The module's own rules, as the command reports them (``model.``), and the rules across parts."""
-        own = [f"model.{problem}" for problem in module_knob_problems(model_args)]
-        return own + cross_knob_problems(model_args, data_args, trainer=facts)
+        """The module's own rules, as the command reports them (``model.``), and the rules across parts, on the
+        module's arguments in their groups as the module and the command read them (``knob_groups.regroup``)."""
+        grouped = plain_arguments(regroup(model_args).arguments)
+        own = [f"model.{problem}" for problem in module_knob_problems(grouped)]
+        return own + cross_knob_problems(grouped, data_args, trainer=facts)
 
     facts = None if trainer is None else TrainerFacts(**trainer)
     assert problems(knobs(PolicyModule, **model), knobs(RolloutDataModule, **data), facts) == [message]

@@ -31,7 +31,7 @@ def test_every_problem_reported_at_once():
         "model": {
             "loss_variant": "ppo2",  # unknown variant
             "model_name_or_path": "/nonexistent/model",  # missing path
-            "kl_coef": "lots",  # bad type
+            "kl": {"coef": "lots"},  # bad type
             "lora_rnak": 4,  # unknown key
         },
         "data": {"group_size": 1, "task": {"class_path": "no.such.module.Task"}},  # G = 1 with grpo; no import
@@ -43,7 +43,7 @@ def test_every_problem_reported_at_once():
         "extra: unknown top-level key",
         "model.loss_variant",
         "ppo2",
-        "model.kl_coef",
+        "model.kl.coef",
         "lots",
         "model.lora_rnak: unknown key; did you mean lora_rank?",
         "data.task: cannot import class_path 'no.such.module.Task'",
@@ -61,7 +61,7 @@ def test_more_problems_at_once(model_dir):
             "model_name_or_path": model_dir,
             "loss_variant": "gspo",
             "aggregation": "token-mean",  # gspo takes seq-mean only
-            "kl_coef": -1.0,
+            "kl": {"coef": -1.0},
         },
         "data": {
             "group_size": 3,
@@ -76,7 +76,7 @@ def test_more_problems_at_once(model_dir):
         "data.minibatch_size: 8 is not a multiple of group_size (3)",
         "data.temperature: must be > 0",
         "model.aggregation: loss_variant 'gspo' takes 'seq-mean' only",
-        "model.kl_coef: must be >= 0, got -1.0",
+        "model.kl.coef: must be >= 0, got -1.0",
         "data.task.max_len",
         "data.task.bogus",
         "trainer.max_epochs",
@@ -104,7 +104,7 @@ def test_group_size_one_is_fine_with_raw_advantages(model_dir):
 def test_valid_config_has_no_problems(model_dir):
     config = {
         "seed_everything": 0,
-        "model": {"model_name_or_path": model_dir, "lora_rank": 8, "kl_coef": 0.0, "aggregation": "constant"},
+        "model": {"model_name_or_path": model_dir, "lora": {"rank": 8}, "kl": {"coef": 0.0}, "aggregation": "constant"},
         "data": {
             "group_size": 4,
             "minibatch_size": 8,
@@ -123,7 +123,7 @@ def test_merged_config_two_files_and_dotted_overrides(tmp_path):
     first.write_text(
         yaml.safe_dump(
             {
-                "model": {"kl_coef": 0.04, "lora_rank": 8},
+                "model": {"kl": {"coef": 0.04}, "lora": {"rank": 8}},
                 "data": {
                     "group_size": 8,
                     "task": {"class_path": "lit_grpo.tasks.SortTask", "init_args": {"max_len": 4}},
@@ -132,11 +132,11 @@ def test_merged_config_two_files_and_dotted_overrides(tmp_path):
         )
     )
     second = tmp_path / "b.yaml"
-    second.write_text(yaml.safe_dump({"model": {"kl_coef": 0.02}, "data": {"task": {"init_args": {"min_len": 2}}}}))
-    args = ["fit", "--config", str(first), f"--config={second}", "--model.kl_coef=0.1", "--data.group_size", "4"]
+    second.write_text(yaml.safe_dump({"model": {"kl": {"coef": 0.02}}, "data": {"task": {"init_args": {"min_len": 2}}}}))
+    args = ["fit", "--config", str(first), f"--config={second}", "--model.kl.coef=0.1", "--data.group_size", "4"]
     args += ["--trainer.fast_dev_run"]
     assert merged_config(args) == {
-        "model": {"kl_coef": 0.1, "lora_rank": 8},  # b's 0.02 over a's 0.04, then the override over both
+        "model": {"kl": {"coef": 0.1}, "lora": {"rank": 8}},  # b's 0.02 over a's 0.04, then the override over both
         "data": {
             "group_size": 4,  # parsed as an int
             "task": {"class_path": "lit_grpo.tasks.SortTask", "init_args": {"max_len": 4, "min_len": 2}},  # deep merge
@@ -147,10 +147,11 @@ def test_merged_config_two_files_and_dotted_overrides(tmp_path):
 
 def test_merged_config_applies_arguments_in_order(tmp_path):
     path = tmp_path / "a.yaml"
-    path.write_text("model:\n  kl_coef: 0.5\n")
+    path.write_text("model:\n  kl:\n    coef: 0.5\n")
     # as in jsonargparse, a later --config overrides an earlier dotted value
-    assert merged_config(["fit", "--model.kl_coef=0.1", "--config", str(path)]) == {"model": {"kl_coef": 0.5}}
-    assert merged_config(["fit", "--config", str(path), "--model.kl_coef", "-0.25"]) == {"model": {"kl_coef": -0.25}}
+    assert merged_config(["fit", "--model.kl.coef=0.1", "--config", str(path)]) == {"model": {"kl": {"coef": 0.5}}}
+    assert merged_config(["fit", "--config", str(path), "--model.kl.coef", "-0.25"]) == {
+        "model": {"kl": {"coef": -0.25}}}
 
 
 @pytest.mark.parametrize(
@@ -188,18 +189,18 @@ def test_split_options():
 def test_short_config_flag(tmp_path):
     # LightningCLI accepts -c as well as --config; the pre-check must read the file, not report a key ''
     path = tmp_path / "a.yaml"
-    path.write_text("model:\n  kl_coef: 0.5\n")
-    assert merged_config(["fit", "-c", str(path)]) == {"model": {"kl_coef": 0.5}}
+    path.write_text("model:\n  kl: {coef: 0.5}\n")
+    assert merged_config(["fit", "-c", str(path)]) == {"model": {"kl": {"coef": 0.5}}}
 
 
 def test_scientific_notation_floats(tmp_path, model_dir):
     # `1e-3` is a float to jsonargparse (its YAML loader fixes PyYAML's YAML 1.1 float rule) and so must be to
     # the pre-check, in files and on the command line; as a string it crashes the value checks (str < int)
     path = tmp_path / "a.yaml"
-    path.write_text(f"model:\n  kl_coef: 1e-3\n  model_name_or_path: {model_dir}\n")
-    merged = merged_config(["fit", "--config", str(path), "--model.clip_eps=2e-4"])
-    assert merged["model"]["kl_coef"] == 0.001 and isinstance(merged["model"]["kl_coef"], float)
-    assert merged["model"]["clip_eps"] == 0.0002 and isinstance(merged["model"]["clip_eps"], float)
+    path.write_text(f"model:\n  kl:\n    coef: 1e-3\n  model_name_or_path: {model_dir}\n")
+    merged = merged_config(["fit", "--config", str(path), "--model.clip.eps=2e-4"])
+    assert merged["model"]["kl"]["coef"] == 0.001 and isinstance(merged["model"]["kl"]["coef"], float)
+    assert merged["model"]["clip"]["eps"] == 0.0002 and isinstance(merged["model"]["clip"]["eps"], float)
     assert config_problems(merged) == []
 
 
@@ -360,8 +361,8 @@ def test_keys_one_level_down_get_the_top_levels_check():
     appended = merged_config(["fit", "--trainer.strategy", "ddp", "--trainer.callbacks+=ModelCheckpoint"])
     assert appended == {"trainer": {"strategy": "ddp", "callbacks": ["ModelCheckpoint"]}}  # an alias, then an append
     assert config_problems(appended) == []
-    assert config_problems({"model": {"init_args": {"kl_coef": 0.1}}}) == [
-        "model.init_args: model: takes PolicyModule's settings directly (model.kl_coef, not model.init_args.kl_coef)"]
+    assert config_problems({"model": {"init_args": {"kl": {"coef": 0.1}}}}) == [
+        "model.init_args: model: takes PolicyModule's settings directly (model.kl.coef, not model.init_args.kl.coef)"]
     assert config_problems({"metrics": 5}) == ["metrics: expected a mapping of metrics.* settings, got 5"]
     logger = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": {"save_dr": "runs"}}
     assert config_problems({"trainer": {"logger": logger}}) == ["trainer.logger.save_dir: required, not given; is it save_dr?"]

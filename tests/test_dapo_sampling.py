@@ -24,7 +24,7 @@ class Buffers(pl.Callback):
 
 def fit(tmp_path, **data_kwargs: Any) -> tuple[Buffers, pl.Trainer]:
     pl.seed_everything(0)
-    module = PolicyModule(kl_coef=0.0, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4, weight_decay=0.0))
+    module = PolicyModule(kl={"coef": 0.0}, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4, weight_decay=0.0))
     datamodule = RolloutDataModule(task=ArithmeticTask(), group_size=4, prompts_per_epoch=8, minibatch_size=16,
                                    **data_kwargs)
     buffers = Buffers()
@@ -64,7 +64,7 @@ def test_completion_budget_cuts_draws_and_ends_the_run_with_a_validation(tmp_pat
     # 8 prompts x 4 = 32 completions per draw; 52 pays for 13 groups: epoch 0 spends 32 on its first draw and
     # its replacement draws are cut to the 5 groups (20 completions) left, so the run ends after epoch 0
     pl.seed_everything(0)
-    module = PolicyModule(kl_coef=0.0, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4, weight_decay=0.0))
+    module = PolicyModule(kl={"coef": 0.0}, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4, weight_decay=0.0))
     datamodule = RolloutDataModule(task=ArithmeticTask(), group_size=4, prompts_per_epoch=8, minibatch_size=16,
                                    dynamic_sampling=True, max_sampling_rounds=6, completion_budget=52,
                                    val_max_prompts=16)
@@ -122,7 +122,7 @@ def test_a_run_resumed_after_its_budget_was_spent_draws_nothing_and_the_data_mod
 
     def run(ckpt_path: str | None) -> tuple[RolloutDataModule, StopFlags, pl.Trainer]:
         pl.seed_everything(0)
-        module = PolicyModule(kl_coef=0.0)
+        module = PolicyModule(kl={"coef": 0.0})
         data = RolloutDataModule(task=ArithmeticTask(), group_size=4, prompts_per_epoch=8, minibatch_size=16,
                                  completion_budget=32)
         flags = StopFlags()

@@ -221,6 +221,6 @@ def test_the_policy_module_loads_what_auto_chose(monkeypatch, arithmetic, expect
     from lit_grpo.policy.module import PolicyModule
 
     on_a_machine(monkeypatch, arithmetic, 10**12)
-    module = PolicyModule(model_name_or_path=str(MODEL), lora_rank=4)
+    module = PolicyModule(model_name_or_path=str(MODEL), lora={"rank": 4})
     module.configure_model()
     assert frozen_dtypes(module.policy) == {expected}

@@ -44,7 +44,7 @@ class TrainingRecorder(pl.Callback):
 
 def fit_tiny(model_dir: Path, root: Path, epochs: int = 3, **module_kwargs: Any) -> tuple[PolicyModule, TrainingRecorder]:
     module = PolicyModule(
-        model_name_or_path=str(model_dir), lora_rank=4, lora_alpha=8, kl_coef=0.04,
+        model_name_or_path=str(model_dir), lora={"rank": 4, "alpha": 8}, kl={"coef": 0.04},
         optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.0), **module_kwargs,
     )
     pl.seed_everything(0)  # the LoRA initialisation

@@ -35,7 +35,7 @@ MAX_NEW_TOKENS = 8
 BY_HAND = {"seq-mean": 2.25, "token-mean": 2.3, "seq-sum": 11.5, "constant": 23 / 16}
 PER_ROW = {"seq-mean": 2.75, "token-mean": 2.3, "seq-sum": 5.75, "constant": 23 / 32}
 DEFAULTS = {name: p.default for name, p in inspect.signature(PolicyModule.__init__).parameters.items()
-            if name != "self"} | {"kl_coef": 0.0}
+            if name != "self"} | {"kl": {"coef": 0.0}}
 
 
 class Tokenizer:
@@ -176,7 +176,8 @@ def test_a_tool_chains_loss_and_gradient_equal_trls_multi_turn_completion(aggreg
     batch = {"old_logp": old[TRL_ROW], "advantages": advantages[TRL_ROW], "completion_mask": counted,
              "ref_logp": ref[TRL_ROW], "sequence_tokens": torch.tensor([6.0, 6.0, 6.0, 4.0]),
              "sequence_rows": torch.tensor([3.0, 3.0, 3.0, 1.0]), "sequence_ids": torch.tensor([0, 0, 0, 1])}
-    objective = Objective.from_arguments(DEFAULTS | {"clip_eps": 0.2, "kl_coef": 0.04, "kl_ratio_correction": True,
+    objective = Objective.from_arguments(DEFAULTS | {"clip": {"eps": 0.2},
+                                                     "kl": {"coef": 0.04, "ratio_correction": True},
                                                      "aggregation": aggregation})
     ours = policy_terms(objective, batch, logp_leaf[TRL_ROW], None, counted, MAX_NEW_TOKENS).loss
 
@@ -222,14 +223,14 @@ def episode_a_threshold(inputs: dict[str, torch.Tensor]) -> float:
 
 
 SEQUENCE_LEVEL = [  # (our knobs, TRL's config, the figures both log)
-    ({"loss_variant": "gspo", "clip_eps": 0.2}, {"loss_type": "grpo", "importance_sampling_level": "sequence",
+    ({"loss_variant": "gspo", "clip": {"eps": 0.2}}, {"loss_type": "grpo", "importance_sampling_level": "sequence",
                                                  "epsilon": 0.2},
      ["clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"]),
-    ({"loss_variant": "luspo", "clip_eps": 0.2}, {"loss_type": "luspo", "importance_sampling_level": "sequence",
+    ({"loss_variant": "luspo", "clip": {"eps": 0.2}}, {"loss_type": "luspo", "importance_sampling_level": "sequence",
                                                   "epsilon": 0.2},
      ["clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"]),
     ({"loss_variant": "vespo"}, {"loss_type": "vespo"}, ["vespo/phi_seq_mean"]),
-    ({"clip_eps": 0.2, "off_policy_mask_threshold": "episode A's"},
+    ({"clip": {"eps": 0.2}, "off_policy_mask_threshold": "episode A's"},
      {"loss_type": "grpo", "epsilon": 0.2, "off_policy_mask_threshold": "episode A's"}, []),
 ]
 

@@ -122,7 +122,7 @@ class StepRecorder(pl.Callback):
 
 def fit_with_faults(model_dir: Path, root: Path, poison_steps: list[int], epochs: int = 2) -> tuple[Any, ...]:
     pl.seed_everything(0)
-    module = PolicyModule(model_name_or_path=str(model_dir), lora_rank=4, kl_coef=0.04,
+    module = PolicyModule(model_name_or_path=str(model_dir), lora={"rank": 4}, kl={"coef": 0.04},
                           optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.0))
     task = FaultyDigitTask(calls_file=str(root / "calls.txt"), raise_on_call=3, hang_on_call=6)
     datamodule = RolloutDataModule(task=task, group_size=4, prompts_per_epoch=4, minibatch_size=8, max_new_tokens=4,
@@ -209,7 +209,7 @@ class DyingEngine(HFEngine):
 
 def test_engine_death_fails_the_run_with_its_cause_and_keeps_the_last_checkpoint(tiny_llama_dir, tmp_path):
     pl.seed_everything(0)
-    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4, kl_coef=0.0)
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora={"rank": 4}, kl={"coef": 0.0})
     datamodule = RolloutDataModule(task=ArithmeticTask(), engine=DyingEngine(die_on_call=3), group_size=4,
                                    prompts_per_epoch=4, minibatch_size=8, max_new_tokens=4)
     trainer = pl.Trainer(

@@ -53,7 +53,7 @@ def test_off_policy_mask_by_hand():
 
 
 def test_module_sets_each_token_sampler_ratio(tiny_llama_dir):
-    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), kl_coef=0.0,
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), kl={"coef": 0.0},
                           sampler_correction=SamplerCorrection("token_truncate", None, 2.0))
     mask = torch.tensor([[False, True, True], [False, True, False]])
     buffer = RolloutBuffer(
@@ -99,8 +99,8 @@ def test_gdpo_gives_a_failed_completion_advantage_zero(tiny_llama_dir):
         correct=torch.zeros(4, dtype=torch.bool), truncated=torch.zeros(4, dtype=torch.bool), group_size=4,
         temperature=1.0, max_new_tokens=2, reward_parts={"exact": parts}, reward_weights={"exact": 1.0},
         reward_failed=torch.tensor([False, False, True, False]))
-    module_args = {"advantage_mode": "gdpo", "loss_variant": "clip", "clip_eps": None, "clip_eps_high": None,
-                   "aggregation": None, "kl_coef": 0.0, "kl_estimator": "k3", "kl_in": "loss"}
+    module_args = {"advantage_mode": "gdpo", "loss_variant": "clip", "clip": {"eps": None, "eps_high": None},
+                   "aggregation": None, "kl": {"coef": 0.0, "estimator": "k3", "applied_to": "loss"}}
     assign_advantages(buffer, Objective.from_arguments(module_args), AdvantageKnobs())
     # the others (1, 0, 0): mean 1/3, sample std sqrt(1/3); normalised (2/3, -1/3, -1/3) / (0.5773503 + 1e-4);
     # then over the batch: mean 0, sample std of those three values

@@ -36,7 +36,7 @@ def config(model_dir: Path, run_dir: Path, pause_marker: Path | None, **data: ob
                     "enable_model_summary": False, "callbacks": callbacks},
         # LoRA dropout draws from the global RNG in every training forward: the resumed run matches only if the
         # checkpoint restores that RNG (RngState)
-        "model": {"model_name_or_path": str(model_dir), "lora_rank": 4, "lora_dropout": 0.1, "kl_coef": 0.04,
+        "model": {"model_name_or_path": str(model_dir), "lora": {"rank": 4, "dropout": 0.1}, "kl": {"coef": 0.04},
                   "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.01, "weight_decay": 0.0}}},
         "data": {"task": {"class_path": "support.DigitShareTask"}, "engine": {"class_path": "lit_grpo.engines.HFEngine"},
                  "group_size": 4, "prompts_per_epoch": PROMPTS_PER_EPOCH, "minibatch_size": 8, "max_new_tokens": 4,

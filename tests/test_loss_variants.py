@@ -87,10 +87,10 @@ def test_the_literal_is_the_tables_keys_and_the_module_adds_dpo():
     ("vespo", {}, (0.2, 0.2, "token-mean", "token")),
     ("dpo", {}, (0.2, 0.2, "seq-mean", None)),
     # one epsilon set: GSPO's pair only when neither is, CISPO's cap whenever the high one is unset
-    ("gspo", {"clip_eps": 0.1}, (0.1, 0.1, "seq-mean", "sequence")),
-    ("gspo", {"clip_eps_high": 0.3}, (0.2, 0.3, "seq-mean", "sequence")),
-    ("cispo", {"clip_eps": 0.1}, (0.1, 4.0, "token-mean", "token")),
-    ("clip", {"clip_eps_high": 0.28, "aggregation": "token-mean", "ratio_level": "sequence"},
+    ("gspo", {"clip": {"eps": 0.1}}, (0.1, 0.1, "seq-mean", "sequence")),
+    ("gspo", {"clip": {"eps_high": 0.3}}, (0.2, 0.3, "seq-mean", "sequence")),
+    ("cispo", {"clip": {"eps": 0.1}}, (0.1, 4.0, "token-mean", "token")),
+    ("clip", {"clip": {"eps_high": 0.28}, "aggregation": "token-mean", "ratio_level": "sequence"},
      (0.2, 0.28, "token-mean", "sequence")),
 ])
 def test_each_rows_defaults_are_the_objectives(variant, given, expected):

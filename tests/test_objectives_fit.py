@@ -32,7 +32,7 @@ def epoch_figures(root: Path, name: str) -> list[float]:
 @pytest.mark.parametrize(("config", "extra", "figure", "acting"), [
     # negative-advantage tokens below 0.8 (PPO's clip would cut them; CISPO's high side is its cap, 5)
     ("cispo.yaml", [], "train/clip_ratio/low_mean", lambda v: v > 0),
-    ("cispo.yaml", ["--model.clip_eps_high", "0.1"], "train/cispo_clip_ratio", lambda v: v > 0),  # a cap of 1.1
+    ("cispo.yaml", ["--model.clip.eps_high", "0.1"], "train/cispo_clip_ratio", lambda v: v > 0),  # a cap of 1.1
     ("sapo.yaml", [], "train/sapo/gate_mean", lambda v: 0 < v < 1),  # the gate damps off-policy tokens
 ])
 def test_the_configs_train_through_the_command_with_their_mechanism_acting(config, extra, figure, acting, tmp_path):
@@ -48,7 +48,7 @@ def test_the_configs_train_through_the_command_with_their_mechanism_acting(confi
 
 def make_pair(model_dir: Path, entropy: dict) -> tuple[PolicyModule, RolloutDataModule]:
     pl.seed_everything(0)
-    module = PolicyModule(model_name_or_path=str(model_dir), lora_rank=4, kl_coef=0.0, entropy=entropy,
+    module = PolicyModule(model_name_or_path=str(model_dir), lora={"rank": 4}, kl={"coef": 0.0}, entropy=entropy,
                           optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.0))
     data = RolloutDataModule(task=DigitShareTask(), group_size=4, prompts_per_epoch=4, minibatch_size=8,
                              max_new_tokens=4, val_max_prompts=4)

@@ -32,7 +32,7 @@ class OneEpochAtFitStart(pl.Callback):
 
 def fit(model_dir: Path, root: Path, callbacks: list[pl.Callback], train_batches: int | None) -> RolloutDataModule:
     pl.seed_everything(0)
-    module = PolicyModule(model_name_or_path=str(model_dir), lora_rank=4, kl_coef=0.04,
+    module = PolicyModule(model_name_or_path=str(model_dir), lora={"rank": 4}, kl={"coef": 0.04},
                           optimizer=lambda params: torch.optim.AdamW(params, lr=2e-2, weight_decay=0.0))
     # two passes over two minibatches, two minibatches per optimizer step: the accumulation path is walked
     data = RolloutDataModule(task=DigitShareTask(), group_size=4, prompts_per_epoch=4, minibatch_size=8,

@@ -36,7 +36,7 @@ def test_pairs_and_loss_by_hand():
 
 def test_online_dpo_trains(tmp_path):
     pl.seed_everything(0)
-    module = PolicyModule(loss_variant="dpo", kl_coef=0.0, dpo_beta=0.1,
+    module = PolicyModule(loss_variant="dpo", kl={"coef": 0.0}, dpo_beta=0.1,
                           optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0))
     datamodule = RolloutDataModule(task=ArithmeticTask(), group_size=4, prompts_per_epoch=8, minibatch_size=16)
     trainer = pl.Trainer(max_epochs=2, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,

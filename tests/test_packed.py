@@ -11,7 +11,6 @@ import torch
 
 from lit_grpo.policy.logprobs import sequence_logprobs
 from lit_grpo.policy.model_loading import load_policy
-from lit_grpo.policy.objective import module_config_problems
 from lit_grpo.policy.packed import PackLayout, TokenLogprobs, build_layout, packed_logprobs, packing_problem
 from lit_grpo.rollout.trees import SegmentNode
 from lit_grpo.buffers.tree_layout import tree_rows
@@ -209,17 +208,17 @@ def test_packed_forward_flag_is_validated():
 
     arguments = {k: v.default for k, v in signature(PolicyModule.__init__).parameters.items() if k != "self"}
     arguments.pop("optimizer"), arguments.pop("lr_scheduler")
-    assert arguments["packed_forward"] is True
-    assert module_config_problems(arguments) == []
-    problems = module_config_problems(dict(arguments, packed_forward="yes"))
-    assert problems == ["packed_forward: must be true or false, got 'yes'"]
+    assert arguments["memory"].packed_forward is True
+    assert PolicyModule.config_problems(arguments) == []
+    problems = PolicyModule.config_problems(dict(arguments, memory={"packed_forward": "yes"}))
+    assert problems == ["memory.packed_forward: must be true or false, got 'yes'"]
 
 
 @pytest.mark.parametrize("packed_forward", [True, False])
 def test_policy_module_chooses_its_forward_once(tiny_gpt2_dir, packed_forward):
     from lit_grpo.policy.module import PolicyModule
 
-    module = PolicyModule(model_name_or_path=str(tiny_gpt2_dir), packed_forward=packed_forward,
+    module = PolicyModule(model_name_or_path=str(tiny_gpt2_dir), memory={"packed_forward": packed_forward},
                           attn_implementation="eager")
     module.configure_model()
     assert module.token_logprobs.packed is packed_forward

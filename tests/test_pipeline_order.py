@@ -46,7 +46,8 @@ class FirstStep(pl.Callback):
 
 def test_epoch_order(tiny_llama_dir, tmp_path, monkeypatch):
     events: list[str] = []
-    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4, kl_coef=0.1, kl_in="reward")
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora={"rank": 4},
+                          kl={"coef": 0.1, "applied_to": "reward"})
     datamodule = RolloutDataModule(
         task=DigitShareTask(), engine=RecordingEngine(events), group_size=4, prompts_per_epoch=4,
         minibatch_size=16, max_new_tokens=4,
@@ -89,7 +90,7 @@ def test_epoch_order(tiny_llama_dir, tmp_path, monkeypatch):
 
 
 def test_reload_flag_is_required(tiny_llama_dir, tmp_path):
-    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4)
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora={"rank": 4})
     datamodule = RolloutDataModule(group_size=2, prompts_per_epoch=2, minibatch_size=4, max_new_tokens=2)
     trainer = pl.Trainer(max_epochs=1, num_sanity_val_steps=0, default_root_dir=tmp_path, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
@@ -118,7 +119,7 @@ def test_reward_time_is_scoring_time_not_generation_time(tiny_llama_dir, tmp_pat
         return original(*args)
 
     task.reward = slow_reward
-    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4, kl_coef=0.0)
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora={"rank": 4}, kl={"coef": 0.0})
     datamodule = RolloutDataModule(task=task, group_size=2, prompts_per_epoch=2, minibatch_size=4, max_new_tokens=3)
     trainer = pl.Trainer(max_epochs=1, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,
                          limit_val_batches=0, default_root_dir=tmp_path, logger=False, enable_checkpointing=False,
@@ -140,7 +141,7 @@ def test_fit_then_test_in_one_process_pushes_the_policy_again(tmp_path):
     from lit_grpo.tasks import ArithmeticTask
 
     pl.seed_everything(0)
-    module = PolicyModule(kl_coef=0.0)
+    module = PolicyModule(kl={"coef": 0.0})
     data = RolloutDataModule(task=ArithmeticTask(), group_size=2, prompts_per_epoch=2, minibatch_size=4,
                              max_new_tokens=3, val_max_prompts=20, val_batch_size=8)  # batches of 8, 8, 4
     trainer = pl.Trainer(max_epochs=1, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,

@@ -21,7 +21,7 @@ from lit_grpo.tasks import ArithmeticTask
 @pytest.mark.slow
 def test_ppo_trains_value_head_and_adapter(tmp_path):
     pl.seed_everything(0)
-    module = PolicyModule(advantage_mode="gae", kl_coef=0.04, kl_in="reward", aggregation="token-mean",
+    module = PolicyModule(advantage_mode="gae", kl={"coef": 0.04, "applied_to": "reward"}, aggregation="token-mean",
                           optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0))
     datamodule = RolloutDataModule(task=ArithmeticTask(), group_size=4, prompts_per_epoch=8, minibatch_size=16)
     trainer = pl.Trainer(max_epochs=2, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,
@@ -44,7 +44,7 @@ def test_ppo_trains_value_head_and_adapter(tmp_path):
 def test_gae_wiring_kl_shaped_rewards_and_whitening_by_hand():
     # two rows; row 0 counts tokens 1-2, row 1 token 1. k1 = old - ref = 0.5 at row 0 token 1, beta 0.5: token
     # rewards row 0 [0, -0.25, 0 + 1 (its reward, on its last counted token)], row 1 [0, 0 + 0, 0]
-    objective = PolicyModule(advantage_mode="gae", kl_coef=0.5, kl_in="reward").objective
+    objective = PolicyModule(advantage_mode="gae", kl={"coef": 0.5, "applied_to": "reward"}).objective
     buffer = SimpleNamespace(
         completion_mask=torch.tensor([[False, True, True], [False, True, False]]),
         rewards=torch.tensor([1.0, 0.0]),
@@ -63,7 +63,7 @@ def test_gae_wiring_kl_shaped_rewards_and_whitening_by_hand():
 
 
 def test_kl_in_the_loss_leaves_the_rewards_unshaped():
-    objective = PolicyModule(advantage_mode="gae", kl_coef=0.5, kl_in="loss").objective
+    objective = PolicyModule(advantage_mode="gae", kl={"coef": 0.5, "applied_to": "loss"}).objective
     buffer = SimpleNamespace(completion_mask=torch.tensor([[True, True]]), rewards=torch.tensor([1.0]),
                              old_logp=torch.tensor([[-1.0, -1.0]]), ref_logp=torch.tensor([[-3.0, -3.0]]),
                              values=torch.zeros(1, 2))
@@ -89,7 +89,7 @@ def test_ppo_on_chains_runs_gae_along_each_episode_with_a_closing_reward_on_the_
         trees=roots, completion_mask=torch.tensor([[False, True]] * 4), rewards=torch.tensor([-0.1, 1.0, -0.1, 1.0]),
         old_logp=torch.zeros(4, 2), ref_logp=torch.zeros(4, 2), values=torch.tensor([[0, 0.2], [0, 0.5], [0, 0.4],
                                                                                      [0, 0.3]]))
-    objective = PolicyModule(advantage_mode="gae", kl_coef=0.0).objective
+    objective = PolicyModule(advantage_mode="gae", kl={"coef": 0.0}).objective
     assign_advantages(buffer, objective, AdvantageKnobs(gamma=1.0, gae_lambda=1.0, value_head=True))
     # gamma = lam = 1: A = return-to-go - V: -0.6 - 0.2 = -0.8; 1 - 0.5 = 0.5; (-0.1 + 1) - 0.4 = 0.5; 1 - 0.3 = 0.7
     assert buffer.returns[:, 1].tolist() == pytest.approx([-0.6, 1.0, 0.9, 1.0], abs=1e-7)

@@ -53,7 +53,7 @@ def test_lightning_cli_still_parses_the_checkpoints_hyper_parameters_in_parse_ck
     # drop it, this test fails and the override must follow (or go)
     assert list(inspect.signature(LightningCLI._parse_ckpt_path).parameters) == ["self"]
     checkpoint = tmp_path / "other.ckpt"
-    torch.save({"hyper_parameters": {"lora_rank": 3}}, checkpoint)
+    torch.save({"hyper_parameters": {"lora": {"rank": 3}}}, checkpoint)
     events: list[str] = []
     built: list[LitGRPOCLI] = []
 
@@ -71,13 +71,13 @@ def test_lightning_cli_still_parses_the_checkpoints_hyper_parameters_in_parse_ck
             raise Stop
 
     with pytest.raises(Stop):
-        Recording(args=["fit", "--model.model_name_or_path", str(tiny_llama_dir), "--model.lora_rank", "5",
+        Recording(args=["fit", "--model.model_name_or_path", str(tiny_llama_dir), "--model.lora.rank", "5",
                         "--ckpt_path", str(checkpoint)])
     assert events == ["parse_arguments", "_parse_ckpt_path", "before_instantiate_classes"]
     (cli,) = built
-    assert cli.config.fit.model.lora_rank == 5  # our override left the command line's value
+    assert cli.config.fit.model.lora.rank == 5  # our override left the command line's value
     LightningCLI._parse_ckpt_path(cli)  # what Lightning itself would do at that point
-    assert cli.config.fit.model.lora_rank == 3  # the checkpoint's value over the command line's
+    assert cli.config.fit.model.lora.rank == 3  # the checkpoint's value over the command line's
 
 
 @pytest.mark.slow

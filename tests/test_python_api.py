@@ -70,7 +70,7 @@ def test_a_trainer_ends_with_one_guard_and_one_rng_state_keeping_a_users_own(tin
              ([NonFiniteGuard(max_consecutive_skips=7)], ["NonFiniteGuard", "RngState"], 7),
              ([StricterGuard(max_consecutive_skips=5), RngState()], ["StricterGuard", "RngState"], 5))
     for given, kinds, skips in cases:
-        module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=2)
+        module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora={"rank": 2})
         data = RolloutDataModule(prompts_per_epoch=2, group_size=2, minibatch_size=4, max_new_tokens=2,
                                  val_max_prompts=2)
         trainer = pl.Trainer(max_epochs=0, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0,
@@ -146,7 +146,7 @@ def test_setup_refuses_a_trainer_that_does_not_reload_every_epoch():
 @pytest.mark.slow
 def test_validate_and_test_run_under_lightnings_default_reload(tiny_llama_dir, tmp_path):
     # neither trains an epoch, so the every-epoch reload that fit needs is not asked of them (issue 47)
-    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4)
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora={"rank": 4})
     data = RolloutDataModule(task=DigitShareTask(), prompts_per_epoch=4, group_size=2, minibatch_size=4,
                              max_new_tokens=3, val_max_prompts=4, val_batch_size=4)
     trainer = pl.Trainer(default_root_dir=tmp_path, **QUIET)  # reload_dataloaders_every_n_epochs: Lightning's 0
@@ -160,7 +160,7 @@ def test_validate_and_test_run_under_lightnings_default_reload(tiny_llama_dir, t
 
 def fit_adapter(tiny_llama_dir: Path, root: Path, **trainer_args: object) -> dict[str, torch.Tensor]:
     pl.seed_everything(0)
-    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=4,
+    module = PolicyModule(model_name_or_path=str(tiny_llama_dir), lora={"rank": 4},
                           optimizer=lambda params: torch.optim.AdamW(params, lr=1e-2))
     data = RolloutDataModule(task=DigitShareTask(), prompts_per_epoch=4, group_size=4, minibatch_size=8,
                              max_new_tokens=4, val_max_prompts=8, val_batch_size=4)
@@ -219,7 +219,7 @@ def test_the_module_measures_outside_lightnings_loop_only_on_a_data_module_that_
                          enable_checkpointing=False, default_root_dir=tmp_path, **QUIET)
     with caplog.at_level("INFO"), pytest.warns(UserWarning, match=r"data module \(PlainData\) does not serve "
                                                                   r"held_out_scores\(\)"):
-        trainer.fit(PolicyModule(model_name_or_path=str(tiny_llama_dir), lora_rank=2, kl_coef=0.0),
+        trainer.fit(PolicyModule(model_name_or_path=str(tiny_llama_dir), lora={"rank": 2}, kl={"coef": 0.0}),
                     PlainData(data()))
     assert "before training: val/" not in caplog.text  # skipped, as the warning said
     assert "after epoch 0: val/reward" in caplog.text  # Lightning's own validation ran

@@ -180,7 +180,8 @@ class RunLog(pl.Callback):
 @pytest.mark.slow
 def test_two_epochs_with_the_chat_template_train_lora_only_with_sampler_trainer_agreement(tmp_path):
     pl.seed_everything(0)
-    module = PolicyModule(model_name_or_path=str(MODEL), lora_rank=4, kl_coef=0.04, dtype="float32")  # fp32: exact
+    module = PolicyModule(model_name_or_path=str(MODEL), lora={"rank": 4}, kl={"coef": 0.04},
+                          dtype="float32")  # fp32: exact
     # a dense reward, so a random model's groups differ in reward and the adapter gets a gradient
     datamodule = RolloutDataModule(task=LetterShareTask(use_chat_template=True), group_size=4, prompts_per_epoch=4,
                                    minibatch_size=8, max_new_tokens=8)

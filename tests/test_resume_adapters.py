@@ -35,7 +35,7 @@ LLAMA, QWEN = "data/tiny-llama", "data/tiny-qwen2-chat"  # shipped: hidden 256 x
 RUN = {
     "seed_everything": 0,
     "trainer": {"max_epochs": 1, "enable_progress_bar": False, "enable_model_summary": False, "limit_val_batches": 0},
-    "model": {"model_name_or_path": LLAMA, "lora_rank": 4},
+    "model": {"model_name_or_path": LLAMA, "lora": {"rank": 4}},
     "data": {"task": {"class_path": "lit_grpo.tasks.ArithmeticTask"}, "prompts_per_epoch": 2, "group_size": 2,
              "minibatch_size": 4, "max_new_tokens": 3},
 }

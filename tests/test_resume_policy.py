@@ -31,7 +31,7 @@ def fit_args(model: Path, root: Path, epochs: int, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def trained(tiny_llama_dir, tmp_path_factory) -> Path:
-    """The checkpoint of one epoch of a small run (rank 16, kl_coef 0.04)."""
+    """The checkpoint of one epoch of a small run (rank 16, kl.coef 0.04)."""
     root = tmp_path_factory.mktemp("first-run")
     main(fit_args(tiny_llama_dir, root, 1))
     checkpoint = root / "checkpoints" / "last.ckpt"
@@ -64,13 +64,13 @@ def test_a_checkpoint_cannot_switch_remote_code_on(tiny_llama_dir, trained, tmp_
 @pytest.mark.slow
 def test_a_changed_kl_coef_is_reported_and_this_runs_value_used(tiny_llama_dir, trained, tmp_path, capsys):
     shutil.copy(trained, tmp_path / "start.ckpt")
-    main(fit_args(tiny_llama_dir, tmp_path, 2, "--ckpt_path", str(tmp_path / "start.ckpt"), "--model.kl_coef", "0.5"))
+    main(fit_args(tiny_llama_dir, tmp_path, 2, "--ckpt_path", str(tmp_path / "start.ckpt"), "--model.kl.coef", "0.5"))
     err = capsys.readouterr().err
-    assert "model.kl_coef: 0.04 in the checkpoint, 0.5 now (this run's value is used)" in err
+    assert "model.kl.coef: 0.04 in the checkpoint, 0.5 now (this run's value is used)" in err
     saved = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
-    assert saved["hyper_parameters"]["kl_coef"] == 0.5 and saved["epoch"] == 1
-    documented("resume with another `kl_coef`", "trained on with the new value, saved in the next checkpoint; "
-               "reported: " + next(line for line in err.splitlines() if "kl_coef" in line).strip().replace(
+    assert saved["hyper_parameters"]["kl"]["coef"] == 0.5 and saved["epoch"] == 1
+    documented("resume with another `kl.coef`", "trained on with the new value, saved in the next checkpoint; "
+               "reported: " + next(line for line in err.splitlines() if "kl.coef" in line).strip().replace(
                    str(tmp_path), "<tmp>"),
                "test_resume_policy.py")
 
@@ -85,7 +85,7 @@ def test_a_users_own_checkpoint_plugin_resumes_the_commands_checkpoint(tiny_llam
     assert saved["RolloutDataModule"]["cursor"] == 4  # epoch 0's two prompts came from the command's checkpoint
 
 
-@pytest.mark.parametrize("knob, value, old", [("lora_rank", "4", "16"), ("advantage_mode", "gae", "'grpo'")])
+@pytest.mark.parametrize("knob, value, old", [("lora.rank", "4", "16"), ("advantage_mode", "gae", "'grpo'")])
 def test_a_shape_changing_knob_is_refused_by_name(tiny_llama_dir, trained, tmp_path, capsys, knob, value, old):
     shutil.copy(trained, tmp_path / "start.ckpt")
     with pytest.raises(SystemExit) as info:
@@ -93,7 +93,7 @@ def test_a_shape_changing_knob_is_refused_by_name(tiny_llama_dir, trained, tmp_p
                       value))
     assert info.value.code == 2
     err = capsys.readouterr().err
-    shown = value if knob == "lora_rank" else repr(value)
+    shown = value if knob == "lora.rank" else repr(value)
     assert f"model.{knob}: the checkpoint was trained with {old}, this run asks for {shown}" in err
     assert "Traceback" not in err
     documented(f"resume with another `{knob}`", f"exit {info.value.code} before training: "

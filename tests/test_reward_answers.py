@@ -268,8 +268,8 @@ def test_through_the_command_the_run_goes_on_with_the_right_numbers_and_untouche
                     "default_root_dir": str(tmp_path / "runs"),
                     "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
                                "init_args": {"save_dir": str(tmp_path / "logs")}}},
-        "model": {"model_name_or_path": str(ROOT / "data" / "tiny-qwen2-chat"), "dtype": "float32", "lora_rank": 4,
-                  "lora_alpha": 8},
+        "model": {"model_name_or_path": str(ROOT / "data" / "tiny-qwen2-chat"), "dtype": "float32",
+                  "lora": {"rank": 4, "alpha": 8}},
         "data": {"task": {"class_path": "lit_grpo.tasks.DatasetTask", "init_args": {
                      "path": str(tmp_path / "rows.jsonl"), "heldout_fraction": 0.25, "answer_column": "solution",
                      "rewards": [f"{tmp_path}/rewards.py:{name}" for name in names],

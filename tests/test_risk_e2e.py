@@ -60,8 +60,7 @@ class CheckRule(pl.Callback):
 def build(tau_mode: str = "fixed", tau: float = 0.5, risk: RiskHeadSpec | None = RiskHeadSpec(detach=False),
           **threshold_kwargs: Any) -> tuple[Any, Any, RiskThreshold]:
     pl.seed_everything(0)
-    module = PolicyModule(model_name_or_path=CLARIFY_MODEL, risk=risk, kl_coef=0.0,
-                          old_logp_source="trainer",
+    module = PolicyModule(model_name_or_path=CLARIFY_MODEL, risk=risk, kl={"coef": 0.0}, old_logp_source="trainer",
                           optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0))
     # a shared engine outlives the fit, so the test can rerun the calibration's episodes afterwards
     datamodule = RolloutDataModule(task=ClarifyTask(max_rounds=2), engine=HFEngine(shared=True), rollout="tree", branching=[2, 2], prompts_per_epoch=8,

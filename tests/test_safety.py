@@ -42,7 +42,7 @@ def test_pickled_checkpoint_is_refused_and_its_code_never_runs(tiny_llama_dir, t
     checkpoint = tmp_path / "evil.ckpt"
     torch.save({"state_dict": {}, "epoch": 0, "global_step": 0, "payload": CreatesFile(target)}, checkpoint)
     assert not target.exists()
-    args = ["fit", "--model.model_name_or_path", str(tiny_llama_dir), "--model.kl_coef", "0", "--trainer.logger",
+    args = ["fit", "--model.model_name_or_path", str(tiny_llama_dir), "--model.kl.coef", "0", "--trainer.logger",
             "false", "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(tmp_path),
             "--data.prompts_per_epoch", "2", "--data.group_size", "2", "--data.minibatch_size", "4",
             "--ckpt_path", str(checkpoint)]

@@ -402,9 +402,9 @@ def test_unknown_std_scope_names_the_choices():
 def test_a_tree_std_scope_other_than_the_default_is_refused_with_chains(scope, refused):
     from lit_grpo.run.rules import combination_problems
 
-    problems = combination_problems({"tree_std_scope": scope}, {"rollout": "chains"})
-    assert problems == ([f"model.tree_std_scope '{scope}' with data.rollout 'chains': only a tree has sibling groups "
+    problems = combination_problems({"tree": {"std_scope": scope}}, {"rollout": "chains"})
+    assert problems == ([f"model.tree.std_scope '{scope}' with data.rollout 'chains': only a tree has sibling groups "
                          "and a tree-wide std to divide by or not (chains choose with model.advantage_mode: grpo "
                          "divides by the group's std, drgrpo and centered do not); it takes data.rollout 'tree'"]
                         if refused else [])
-    assert combination_problems({"tree_std_scope": scope}, {"rollout": "tree"}) == []
+    assert combination_problems({"tree": {"std_scope": scope}}, {"rollout": "tree"}) == []

@@ -1,5 +1,5 @@
 """Credit where the decision is (issue 49): zero advantages counted per round, flat sibling groups left out of the
-loss and its normaliser (``model.tree_flat_groups: drop``), and branching named one width per round of the task."""
+loss and its normaliser (``model.tree.flat_groups: drop``), and branching named one width per round of the task."""
 
 from __future__ import annotations
 
@@ -97,11 +97,11 @@ def test_drop_is_refused_for_chains_and_branching_must_name_every_round():
     from lit_grpo.run.rules import cross_knob_problems
     from lit_grpo.tasks.games.stale_digits import StaleDigitsTask
 
-    model = {**signature_defaults(PolicyModule), "tree_flat_groups": "drop"}
+    model = {**signature_defaults(PolicyModule), "tree": {"flat_groups": "drop"}}
     defaults = signature_defaults(RolloutDataModule)
     data = {**defaults, "rollout": "chains", "group_size": 8}
     problems = cross_knob_problems(model, data, task=StaleDigitsTask)
-    assert any(p.startswith("model.tree_flat_groups") and "only a tree has sibling groups" in p for p in problems)
+    assert any(p.startswith("model.tree.flat_groups") and "only a tree has sibling groups" in p for p in problems)
     # the decision-hard game runs 4 rounds: a 3-round list is refused, by class (config time) and by instance
     tree = {**defaults, "rollout": "tree", "branching": [4, 2, 2]}
     message = ("data.branching [4, 2, 2] names 3 round(s), data.task StaleDigitsTask runs max_rounds 4: give one "

@@ -64,7 +64,7 @@ class InspectTrees(pl.Callback):
 @pytest.mark.parametrize("task_class", [ClarifyTask, AskingClarifyTask])
 def test_tree_rollouts_train(rollout, value_mode, task_class, tmp_path):
     pl.seed_everything(0)
-    module = PolicyModule(kl_coef=0.04, tree_value_mode=value_mode,
+    module = PolicyModule(kl={"coef": 0.04}, tree={"value_mode": value_mode},
                           optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0))
     datamodule = RolloutDataModule(task=task_class(), rollout=rollout,
                                    branching=[3, 2, 2] if rollout == "tree" else None, group_size=4,

@@ -64,7 +64,7 @@ def test_each_validation_writes_a_sampled_tree_with_its_segments_to_tensorboard(
     from lit_grpo.tasks.games import HiddenOperandsTask
 
     pl.seed_everything(0)
-    module = PolicyModule(model_name_or_path="data/tiny-llama-hidden", kl_coef=0.0,
+    module = PolicyModule(model_name_or_path="data/tiny-llama-hidden", kl={"coef": 0.0},
                           optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
     datamodule = RolloutDataModule(task=HiddenOperandsTask(), rollout="tree", branching=[2, 2, 2],
                                    prompts_per_epoch=1, minibatch_size=64, max_new_tokens=5, val_max_prompts=1)

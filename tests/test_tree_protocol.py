@@ -57,15 +57,15 @@ def test_every_variant_names_one_width_per_round_of_its_game():
     # the 8-wide answers sit at round 3 of the decision-hard game, the last round where an answer can be wrong
     assert variant_arguments("tree-wide-answers", "stale-digits")[3] == "[2,2,8,1]"
     assert variant_arguments("tree-os-sd-none", "stale-digits")[-4:] == [
-        "--model.tree_value_mode", "optimal_stopping", "--model.tree_std_scope", "none"]
+        "--model.tree.value_mode", "optimal_stopping", "--model.tree.std_scope", "none"]
     assert variant_arguments("tree-split-sd-none", "stale-digits")[-3] == "optimal_stopping_split"
-    assert variant_arguments("tree-os-drop-flat", "stale-digits")[-2:] == ["--model.tree_flat_groups", "drop"]
+    assert variant_arguments("tree-os-drop-flat", "stale-digits")[-2:] == ["--model.tree.flat_groups", "drop"]
     assert variant_arguments("tree-chains-shape", "stale-digits")[3] == "[8,1,1,1]"
     assert variant_arguments("chains-centred", "stale-digits")[-2:] == ["--model.advantage_mode", "centered"]
 
 
 def test_each_ablation_widens_one_group_of_the_4_2_2_tree():
-    tail = ["--model.tree_value_mode", "optimal_stopping", "--model.tree_std_scope", "none"]
+    tail = ["--model.tree.value_mode", "optimal_stopping", "--model.tree.std_scope", "none"]
     assert variant_arguments("tree-wide-first", "stale-digits") == [
         "--data.rollout", "tree", "--data.branching", "[8,2,2,2]", *tail]
     assert variant_arguments("tree-wide-questions", "stale-digits") == [

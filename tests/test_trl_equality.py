@@ -40,7 +40,7 @@ REF = OLD + torch.randn(4, T, generator=_G, dtype=F64) * 0.3
 ADV = torch.tensor([1.3, -0.7, -1.6, 0.4], dtype=F64)
 ENTROPIES = torch.rand(4, T, generator=_G, dtype=F64) * 2.0
 DEFAULTS = {name: p.default for name, p in inspect.signature(PolicyModule.__init__).parameters.items()
-            if name != "self"} | {"kl_coef": 0.0}
+            if name != "self"} | {"kl": {"coef": 0.0}}
 TOL = {"rtol": 0, "atol": 1e-9}
 # where TRL keeps a constant in float32 whatever the inputs' dtype, the issue's 1e-6: SAPO's temperatures enter through
 # torch.where(cond, float, float) (1.05 as 1.0499999523), and TRL's nanstd takes Bessel's n / (n - 1) as an
@@ -87,14 +87,14 @@ def assert_equal_to_trl(knobs: dict, config: dict, *, sampler: bool = False, ent
 
 @pytest.mark.parametrize(("knobs", "config"), [
     # the aggregations, as TRL pairs them with loss types
-    ({"clip_eps": 0.2}, {"loss_type": "grpo", "epsilon": 0.2}),
-    ({"clip_eps": 0.2, "aggregation": "token-mean"}, {"loss_type": "bnpo", "epsilon": 0.2}),
-    ({"clip_eps": 0.2, "aggregation": "constant"}, {"loss_type": "dr_grpo", "epsilon": 0.2}),
-    ({"clip_eps": 0.2, "clip_eps_high": 0.28, "aggregation": "token-mean"},
+    ({"clip": {"eps": 0.2}}, {"loss_type": "grpo", "epsilon": 0.2}),
+    ({"clip": {"eps": 0.2}, "aggregation": "token-mean"}, {"loss_type": "bnpo", "epsilon": 0.2}),
+    ({"clip": {"eps": 0.2}, "aggregation": "constant"}, {"loss_type": "dr_grpo", "epsilon": 0.2}),
+    ({"clip": {"eps": 0.2, "eps_high": 0.28}, "aggregation": "token-mean"},
      {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28}),
     # CISPO: TRL's absolute cap epsilon_high 5.0 is our clip_eps_high 4.0 (its default here)
     ({"loss_variant": "cispo"}, {"loss_type": "cispo", "epsilon_high": 5.0}),
-    ({"loss_variant": "cispo", "clip_eps_high": 1.0}, {"loss_type": "cispo", "epsilon_high": 2.0}),
+    ({"loss_variant": "cispo", "clip": {"eps_high": 1.0}}, {"loss_type": "cispo", "epsilon_high": 2.0}),
     # SAPO, default and other temperatures
     ({"loss_variant": "sapo"}, {"loss_type": "sapo"}),
     ({"loss_variant": "sapo", "sapo": {"pos": 2.0, "neg": 3.0}},
@@ -102,29 +102,29 @@ def assert_equal_to_trl(knobs: dict, config: dict, *, sampler: bool = False, ent
     # LUSPO: the sequence ratio summed over the sequence (TRL's recommended level), and at token level
     ({"loss_variant": "luspo"}, {"loss_type": "luspo", "importance_sampling_level": "sequence", "epsilon": 3e-4,
                                  "epsilon_high": 4e-4}),
-    ({"loss_variant": "luspo", "ratio_level": "token", "clip_eps": 0.2, "clip_eps_high": 0.2},
+    ({"loss_variant": "luspo", "ratio_level": "token", "clip": {"eps": 0.2, "eps_high": 0.2}},
      {"loss_type": "luspo", "importance_sampling_level": "token", "epsilon": 0.2}),
     # VESPO with its default and other shapes
     ({"loss_variant": "vespo"}, {"loss_type": "vespo"}),
     ({"loss_variant": "vespo", "vespo": {"k_pos": 1.0, "lambda_pos": 0.5, "k_neg": 4.0, "lambda_neg": 1.5}},
      {"loss_type": "vespo", "vespo_k_pos": 1.0, "vespo_lambda_pos": 0.5, "vespo_k_neg": 4.0, "vespo_lambda_neg": 1.5}),
     # two-sided clipping
-    ({"clip_eps": 0.2, "clip_delta": 1.5}, {"loss_type": "grpo", "epsilon": 0.2, "delta": 1.5}),
-    ({"clip_eps": 0.2, "clip_eps_high": 0.28, "clip_delta": 2.0, "aggregation": "token-mean"},
+    ({"clip": {"eps": 0.2, "delta": 1.5}}, {"loss_type": "grpo", "epsilon": 0.2, "delta": 1.5}),
+    ({"clip": {"eps": 0.2, "eps_high": 0.28, "delta": 2.0}, "aggregation": "token-mean"},
      {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "delta": 2.0}),
     # sequence-level ratios with a token-level loss, and GSPO (TRL's grpo at sequence level)
-    ({"clip_eps": 0.2, "ratio_level": "sequence", "aggregation": "token-mean"},
+    ({"clip": {"eps": 0.2}, "ratio_level": "sequence", "aggregation": "token-mean"},
      {"loss_type": "dapo", "epsilon": 0.2, "importance_sampling_level": "sequence"}),
     ({"loss_variant": "gspo"}, {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4,
                                 "epsilon_high": 4e-4}),
     ({"loss_variant": "cispo", "ratio_level": "sequence"}, {"loss_type": "cispo", "epsilon_high": 5.0,
                                                             "importance_sampling_level": "sequence"}),
     # the KL term, with and without TRL's bias correction (its default), token and sequence ratios
-    ({"clip_eps": 0.2, "kl_coef": 0.04, "kl_ratio_correction": True},
+    ({"clip": {"eps": 0.2}, "kl": {"coef": 0.04, "ratio_correction": True}},
      {"loss_type": "grpo", "epsilon": 0.2, "beta": 0.04, "use_bias_correction_kl": True}),
-    ({"clip_eps": 0.2, "kl_coef": 0.04}, {"loss_type": "grpo", "epsilon": 0.2, "beta": 0.04,
+    ({"clip": {"eps": 0.2}, "kl": {"coef": 0.04}}, {"loss_type": "grpo", "epsilon": 0.2, "beta": 0.04,
                                           "use_bias_correction_kl": False}),
-    ({"loss_variant": "gspo", "kl_coef": 0.04, "kl_ratio_correction": True},
+    ({"loss_variant": "gspo", "kl": {"coef": 0.04, "ratio_correction": True}},
      {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4,
       "beta": 0.04, "use_bias_correction_kl": True}),
 ])
@@ -140,7 +140,7 @@ def test_loss_and_gradient_equal_trl(knobs: dict, config: dict) -> None:
     ("token_truncate", None, 1.5, "vespo", "vespo"), ("token_mask", 0.7, 1.4, "vespo", "vespo"),
 ])
 def test_sampler_correction_equals_trl(mode: str, clip_min, clip_max, variant: str, loss_type: str) -> None:
-    knobs = {"loss_variant": variant, "clip_eps": 0.2 if variant == "clip" else None,
+    knobs = {"loss_variant": variant, "clip": {"eps": 0.2 if variant == "clip" else None},
              "sampler_correction": {"mode": mode, "clip_min": clip_min, "clip_max": clip_max}}
     config = {"loss_type": loss_type, "use_vllm": True, "vllm_importance_sampling_correction": True,
               "vllm_importance_sampling_mode": mode, "vllm_importance_sampling_clip_min": clip_min,
@@ -151,7 +151,7 @@ def test_sampler_correction_equals_trl(mode: str, clip_min, clip_max, variant: s
 
 @pytest.mark.parametrize("threshold", [0.05, 0.3, 2.0])
 def test_off_policy_mask_equals_trl(threshold: float) -> None:
-    assert_equal_to_trl({"clip_eps": 0.2, "off_policy_mask_threshold": threshold},
+    assert_equal_to_trl({"clip": {"eps": 0.2}, "off_policy_mask_threshold": threshold},
                         {"loss_type": "grpo", "epsilon": 0.2, "off_policy_mask_threshold": threshold}, sampler=True)
 
 
@@ -162,7 +162,7 @@ def test_off_policy_mask_equals_trl(threshold: float) -> None:
     ({"coef": 0.01, "adaptive": True}, {"entropy_coef": 0.01, "use_adaptive_entropy": True}),  # first step: none
 ])
 def test_entropy_control_equals_trl(entropy: dict, config: dict) -> None:
-    assert_equal_to_trl({"clip_eps": 0.2, "entropy": entropy}, {"loss_type": "grpo", "epsilon": 0.2} | config,
+    assert_equal_to_trl({"clip": {"eps": 0.2}, "entropy": entropy}, {"loss_type": "grpo", "epsilon": 0.2} | config,
                         entropies=True)
 
 
@@ -225,10 +225,10 @@ def test_gdpo_advantages_equal_trl_normalize_then_sum() -> None:
 
 
 @pytest.mark.parametrize(("knobs", "config", "names"), [
-    ({"clip_eps": 0.2, "clip_eps_high": 0.28, "aggregation": "token-mean"},
+    ({"clip": {"eps": 0.2, "eps_high": 0.28}, "aggregation": "token-mean"},
      {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28},
      ["clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "entropy"]),
-    ({"loss_variant": "cispo", "clip_eps_high": 1.0}, {"loss_type": "cispo", "epsilon_high": 2.0},
+    ({"loss_variant": "cispo", "clip": {"eps_high": 1.0}}, {"loss_type": "cispo", "epsilon_high": 2.0},
      ["cispo_clip_ratio", "entropy"]),
     ({"loss_variant": "vespo"}, {"loss_type": "vespo"}, ["vespo/phi_seq_mean", "entropy"]),
 ])
@@ -260,8 +260,8 @@ def test_gdpo_through_a_run_weighs_the_tasks_rewards_as_trl_does(tmp_path) -> No
                                                           f"{root}/examples/trl_rewards.py:brevity"],
                        reward_weights=[1.0, 0.5], failure_reward=-1.0)
     pl.seed_everything(0)
-    module = PolicyModule(model_name_or_path=str(root / "data" / "tiny-qwen2-chat"), dtype="float32", lora_rank=4,
-                          advantage_mode="gdpo", kl_coef=0.0)
+    module = PolicyModule(model_name_or_path=str(root / "data" / "tiny-qwen2-chat"), dtype="float32", lora={"rank": 4},
+                          advantage_mode="gdpo", kl={"coef": 0.0})
     data = RolloutDataModule(task=task, group_size=4, prompts_per_epoch=4, minibatch_size=16, max_new_tokens=8,
                              val_max_prompts=4)
     trainer = pl.Trainer(max_epochs=1, reload_dataloaders_every_n_epochs=1, num_sanity_val_steps=0, logger=False,

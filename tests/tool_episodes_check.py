@@ -87,8 +87,8 @@ def main() -> None:
     engine = engine_class() if engine_name == "hf" else engine_class(dtype="float32", kv_cache_gib=0.5)
     task = ToolTask(path=str(ROOT / "data" / "tool-arithmetic" / "rows.jsonl"), environment=Registers,
                     rewards=[register_answer], max_turns=3, heldout_size=200)  # configs/tools.yaml's task
-    module = PolicyModule(model_name_or_path=str(ROOT / "data" / "tiny-qwen2-tools"), kl_coef=0.04, dtype="float32",
-                          optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0))
+    module = PolicyModule(model_name_or_path=str(ROOT / "data" / "tiny-qwen2-tools"), kl={"coef": 0.04},
+                          dtype="float32", optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0))
     # chains as configs/tools.yaml draws them (64 episodes of 350-id prompts: more than a vLLM batch's token budget)
     shape = dict(group_size=8, prompts_per_epoch=8) if rollout == "chains" else dict(
         branching=[2, 2, 2], group_size=4, prompts_per_epoch=4)

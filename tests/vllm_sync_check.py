@@ -40,7 +40,7 @@ class SyncLog(pl.Callback):
 
 def train_two_epochs(engine: VLLMEngine, root: Path, model: Path) -> tuple[PolicyModule, RolloutDataModule, list[float]]:
     pl.seed_everything(0)
-    module = PolicyModule(model_name_or_path=str(model), kl_coef=0.04, dtype="float32",  # exact agreement needs fp32
+    module = PolicyModule(model_name_or_path=str(model), kl={"coef": 0.04}, dtype="float32",  # exact agreement needs fp32
                           optimizer=lambda p: torch.optim.AdamW(p, lr=5e-3, weight_decay=0.0))
     datamodule = RolloutDataModule(task=ArithmeticTask(), engine=engine, group_size=8, prompts_per_epoch=16,
                                    minibatch_size=64, max_new_tokens=6)

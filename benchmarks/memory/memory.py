@@ -332,7 +332,7 @@ def main() -> None:
     else:
         if args.cli:
             # defaults (dtype auto: the model is saved in bf16), + checkpointing, and an fp32 base
-            for extra in ([], ["--model.gradient_checkpointing", "true"], ["--model.dtype", "float32"]):
+            for extra in ([], ["--model.memory.gradient_checkpointing", "true"], ["--model.dtype", "float32"]):
                 found = cli_epoch(args.model_dir, args.cli_tokens, extra)
                 print(json.dumps({"cli": " ".join(extra) or "defaults", **found}), flush=True)
         run_shapes(args)

@@ -117,7 +117,7 @@ def release_checkpoint(policy: Any) -> dict[str, Any]:
     groups = [{"lr": 1e-5, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "params": list(state)}]
     return {"epoch": 0, "global_step": 1, "pytorch-lightning_version": pl.__version__, "state_dict": trained,
             "optimizer_states": [{"state": state, "param_groups": groups}], "lr_schedulers": [], "loops": {},
-            "callbacks": {}, "hyper_parameters": {"lora_rank": 16}}
+            "callbacks": {}, "hyper_parameters": {"lora": {"rank": 16}}}
 
 
 def release_width(model_dir: Path, tokens: int, steps: int, saves: int) -> None:

@@ -192,9 +192,10 @@ def lit_run(workload: str, packed: bool, steps: int, callbacks: tuple[Any, ...] 
 
     tree = workload == "tree-bench"
     module = PolicyModule(
-        model_name_or_path=TREE_MODEL if tree else MODEL, lora_rank=16, lora_alpha=32, lora_dropout=0.0, lora_target_modules=TARGETS,
-        advantage_mode="grpo", std_scope="group", loss_variant="clip", clip_eps=EPS, aggregation="seq-mean",
-        kl_coef=BETA, kl_estimator="k3", packed_forward=packed,
+        model_name_or_path=TREE_MODEL if tree else MODEL,
+        lora={"rank": 16, "alpha": 32, "dropout": 0.0, "target_modules": TARGETS}, advantage_mode="grpo",
+        std_scope="group", loss_variant="clip", clip={"eps": EPS}, aggregation="seq-mean",
+        kl={"coef": BETA, "estimator": "k3"}, memory={"packed_forward": packed},
         optimizer=lambda params: torch.optim.AdamW(params, lr=LR, weight_decay=0.0),
     )
     data = RolloutDataModule(task=ClarifyTask() if tree else PoolTask(), group_size=GROUP, prompts_per_epoch=PROMPTS,

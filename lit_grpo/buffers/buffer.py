@@ -36,7 +36,7 @@ class RolloutBuffer:
     max_new_tokens: int
     sampler_logp: torch.Tensor | None = None  # [N, L] from the engine, if it reports log-probs
     old_logp: torch.Tensor | None = None  # [N, L] pi_old, filled by the no-grad passes
-    ref_logp: torch.Tensor | None = None  # [N, L] pi_ref, filled when kl_coef > 0
+    ref_logp: torch.Tensor | None = None  # [N, L] pi_ref, filled when kl.coef > 0
     advantages: torch.Tensor | None = None  # [N] (or [N, L]), filled last
     values: torch.Tensor | None = None  # [N, L] value estimates at theta_old (PPO)
     returns: torch.Tensor | None = None  # [N, L] GAE returns, the value head's targets (PPO)
@@ -195,7 +195,7 @@ def serve_plan(buffer: RolloutBuffer, plan: list[torch.Tensor], accumulate: int,
 
 def policy_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The tokens the policy loss (and its KL term) counts ``[n, L]``: ``completion_mask``, less the rows a tree
-    leaves out of the loss (``loss_rows``: its flat sibling groups under ``model.tree_flat_groups: drop``). Those
+    leaves out of the loss (``loss_rows``: its flat sibling groups under ``model.tree.flat_groups: drop``). Those
     rows stay in the minibatch for everything else (the risk head's rows, the sampler check)."""
     mask = batch["completion_mask"]
     return mask if "loss_rows" not in batch else mask & batch["loss_rows"][:, None]

@@ -59,7 +59,8 @@ class SamplingPolicy(Protocol):
 
     @property
     def model_arguments(self) -> Mapping[str, Any]:
-        """The module's own arguments (its hyper-parameters), as the cross-knob rules read them."""
+        """The module's own arguments (its hyper-parameters), as the cross-knob rules read them: its knob groups
+        (``kl``, ``tree``, ...) each a mapping of its fields."""
 
     @property
     def model_name(self) -> str:

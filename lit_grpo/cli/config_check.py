@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import pkgutil
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from lit_grpo.cli.command_line import CLASS_KEYS
 from lit_grpo.cli.config_names import accepted_keys, did_you_mean, with_package
 from lit_grpo.cli.strategy import strategy_problems
 from lit_grpo.errors import InputError
+from lit_grpo.policy.knob_groups import plain_arguments, regroup
 from lit_grpo.policy.module import PolicyModule
 from lit_grpo.policy.objective import base_evaluation_problems
 from lit_grpo.policy.optimizers import lr_scheduler_entry
@@ -104,7 +106,8 @@ def key_problems(section: str, cls: type | Callable, values: dict[str, Any]) -> 
             if f"Option '{key}' is not accepted" in detail:  # a class taking **kwargs that jsonargparse refuses
                 named = signature_defaults(cls) if isinstance(cls, type) else {}
                 return f"{section}.{key}: unknown key{did_you_mean(key, named)}"
-            return f"{section}.{key}: {detail}"
+            inner = re.match(rf'Parser key "({key}\.[\w.]+)"', str(error))  # a group's field (model.kl.coef)
+            return f"{section}.{inner.group(1) if inner else key}: {detail}"
         return None
 
     problems = {key: p for key in required if (p := problem(key, required)) is not None}
@@ -198,8 +201,8 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     problems += lr_scheduler_problems(model_cfg.pop("lr_scheduler", None))
     model_bad = key_problems("model", PolicyModule, model_cfg)
     for key in {"class_path", "init_args"} & set(model_bad):  # data.task's nesting, which model: does not take
-        model_bad[key] = (f"model.{key}: model: takes PolicyModule's settings directly (model.kl_coef, not "
-                          "model.init_args.kl_coef)")
+        model_bad[key] = (f"model.{key}: model: takes PolicyModule's settings directly (model.kl.coef, not "
+                          "model.init_args.kl.coef)")
     data_bad = key_problems("data", RolloutDataModule, {k: v for k, v in data_cfg.items() if k not in ("task", "engine")})
     trainer_bad = key_problems("trainer", Trainer, {k: v for k, v in trainer_cfg.items() if k not in ("callbacks", "logger", "plugins", "strategy")})
     problems += list(model_bad.values()) + list(data_bad.values()) + list(trainer_bad.values())
@@ -218,7 +221,8 @@ def config_problems(config: dict[str, Any]) -> list[str]:
     trainer = TrainerFacts(config_world_size(trainer_cfg), trainer_cfg.get("use_distributed_sampler") is True,
                            reload if isinstance(reload, int) else None)  # a value of another type: reported above
     task_args = class_arguments(data_cfg.get("task"))  # a tool task's max_turns against data.branching
-    problems += cross_knob_problems(model_args, data_args, engine, task, trainer, task_args,
+    grouped = plain_arguments(regroup(model_args).arguments)  # the module's knobs in their groups, as it reads them
+    problems += cross_knob_problems(grouped, data_args, engine, task, trainer, task_args,
                                     reward_classes(task_args.get("rewards")))
     problems += risk_callback_problems(trainer_cfg.get("callbacks"), task)
     problems += strategy_problems(trainer_cfg)  # whatever the world size: FSDP on one CPU process fails too

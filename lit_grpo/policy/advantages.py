@@ -22,6 +22,7 @@ from lit_grpo.losses import (
     sampler_importance_ratio,
 )
 from lit_grpo.losses.advantages import gdpo_advantages, gdpo_group_sums
+from lit_grpo.policy.knob_groups import group
 from lit_grpo.policy.objective import Objective
 from lit_grpo.policy.online_dpo import assign_pairs
 from lit_grpo.run.distributed import global_moments
@@ -42,15 +43,17 @@ class AdvantageKnobs:
 
     @classmethod
     def of(cls, hparams: Any, value_head: bool) -> AdvantageKnobs:
-        """The knobs as ``PolicyModule``'s hyper-parameters set them."""
-        return cls(hparams.std_scope, hparams.tree_value_mode, hparams.tree_std_scope, hparams.gamma,
-                   hparams.gae_lambda, value_head, hparams.tree_flat_groups, hparams.turn_credit)
+        """The knobs as ``PolicyModule``'s hyper-parameters (its regrouped arguments) set them."""
+        tree, value = group(hparams, "tree"), group(hparams, "value")
+        return cls(hparams["std_scope"], tree.value_mode, tree.std_scope, value.gamma, value.gae_lambda, value_head,
+                   tree.flat_groups, hparams["turn_credit"])
 
 
 def assign_advantages(buffer: RolloutBuffer, objective: Objective, knobs: AdvantageKnobs,
                       ranks: tuple[Any, int] = (None, 1)) -> None:
     """Set ``buffer.advantages`` (and ``returns`` for PPO): of the trees, by GAE with a value head, as DPO pairs, or
-    group advantages of the rewards (less beta * KL when ``kl_in='reward'``). ``ranks``: (strategy, world size)."""
+    group advantages of the rewards (less beta * KL when ``kl.applied_to='reward'``). ``ranks``: (strategy, world
+    size)."""
     if buffer.trees is not None:
         if knobs.value_head:  # chains only (combinations.py): GAE along each episode's rounds
             buffer.advantages, buffer.returns = gae_advantages(buffer, objective, knobs, ranks,
@@ -112,8 +115,8 @@ def gdpo(buffer: RolloutBuffer, ranks: tuple[Any, int]) -> torch.Tensor:
 
 def gae_advantages(buffer: RolloutBuffer, objective: Objective, knobs: AdvantageKnobs, ranks: tuple[Any, int] = (None, 1),
                    chains: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO: per-token rewards (the task reward on the last token, less beta * k1 with ``kl_in='reward'``), GAE
-    against the old values, advantages whitened over every rank's counted tokens.  -> ``([N, L], [N, L])``.
+    """PPO: per-token rewards (the task reward on the last token, less beta * k1 with ``kl.applied_to='reward'``),
+    GAE against the old values, advantages whitened over every rank's counted tokens.  -> ``([N, L], [N, L])``.
 
     ``chains``: ``(episode [N], rewards [N])`` of chain rollouts (``chain_rows``): each row is one round's segment
     with its own reward, and GAE runs along each episode's rows (``episode_gae``)."""

@@ -20,7 +20,7 @@ def share(local: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
 
 def nothing_to_learn(batch: dict[str, torch.Tensor], heads: bool, world_size: int) -> bool:
     """Whether the optimizer step this minibatch belongs to counts no token of the policy loss on any rank
-    (``step_denominator`` 0: every row left out, e.g. a tree's flat groups under ``model.tree_flat_groups: drop``)
+    (``step_denominator`` 0: every row left out, e.g. a tree's flat groups under ``model.tree.flat_groups: drop``)
     and no head trains: Lightning then skips the step (``training_step`` returns None), on one process only (it
     refuses a skipped step under DDP, where such a step keeps loss 0 and Adam's momentum moves the weights)."""
     return world_size == 1 and not heads and float(batch["step_denominator"]) == 0.0
@@ -34,7 +34,7 @@ def head_losses(
     value: tuple[ValueHead, float, float | None] | None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     """``(scaled, unscaled, stats)`` of the jointly trained risk head ``(head, coef)`` on the inferring rows and of
-    the value head ``(head, vf_coef, vf_clip)`` on the counted tokens; ``hidden [N, L, H]`` aligned with the
+    the value head ``(head, value.coef, value.clip)`` on the counted tokens; ``hidden [N, L, H]`` aligned with the
     tokens."""
     scaled, unscaled, stats = hidden.new_tensor(0.0), hidden.new_tensor(0.0), {}
     if risk is not None:

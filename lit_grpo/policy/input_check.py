@@ -23,7 +23,7 @@ def adaptable_module_names(model: Any) -> list[str]:
 
 
 def lora_target_problem(model: Any, targets: str | Sequence[str]) -> str | None:
-    """Why ``lora_target_modules`` does not fit ``model``: the names it lacks, and the names it has."""
+    """Why ``lora.target_modules`` does not fit ``model``: the names it lacks, and the names it has."""
     if targets == "all-linear":
         return None
     module_names = [name for name, _ in model.named_modules() if name]
@@ -36,6 +36,6 @@ def lora_target_problem(model: Any, targets: str | Sequence[str]) -> str | None:
     if not missing:
         return None
     return (
-        f"lora_target_modules: the model has no module named {', '.join(map(repr, missing))}; "
+        f"lora.target_modules: the model has no module named {', '.join(map(repr, missing))}; "
         f"its adaptable modules are: {', '.join(adaptable_module_names(model))} (or use 'all-linear')"
     )

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from lit_grpo.losses.variants import VARIANTS, LossVariant
+from lit_grpo.policy.knob_groups import group
 
 # turn credit -> the advantage modes that say its baseline and scale (turn_credit 'episode' takes every mode)
 TURN_CREDIT_MODES = {"reward_to_go": ("rloo",), "per_turn_index": ("grpo", "centered", "drgrpo")}
@@ -33,9 +34,10 @@ def module_knob_problems(model_args: dict[str, Any]) -> list[str]:
                         "weighs a sequence by one advantage); use another advantage_mode or loss_variant")
     if variant == "dpo":
         problems += dpo_problems(model_args)
-    if mode == "gdpo" and model_args.get("kl_in") == "reward" and model_args.get("kl_coef", 0) > 0:
-        problems.append("advantage_mode 'gdpo' with model.kl_in 'reward': GDPO normalises each of the task's "
-                        "rewards apart, and the KL penalty is none of them; use kl_in 'loss'")
+    kl = group(model_args, "kl")
+    if mode == "gdpo" and kl.applied_to == "reward" and kl.coef > 0:
+        problems.append("advantage_mode 'gdpo' with model.kl.applied_to 'reward': GDPO normalises each of the task's "
+                        "rewards apart, and the KL penalty is none of them; use kl.applied_to 'loss'")
     credit = model_args.get("turn_credit", "episode")
     wanted_modes = TURN_CREDIT_MODES.get(credit, (mode,))
     if mode not in wanted_modes:
@@ -44,10 +46,9 @@ def module_knob_problems(model_args: dict[str, Any]) -> list[str]:
     if mode == "gdpo" and model_args.get("std_scope") == "batch":
         problems.append("std_scope 'batch' with advantage_mode 'gdpo': GDPO normalises within each group and "
                         "then over the batch already; leave std_scope 'group'")
-    if model_args.get("kl_ratio_correction") and not (model_args.get("kl_coef", 0) > 0 and
-                                                      model_args.get("kl_in") == "loss"):
-        problems.append("kl_ratio_correction: it corrects the KL term of the loss, which needs kl_coef > 0 and "
-                        "kl_in 'loss'")
+    if kl.ratio_correction and not (kl.coef > 0 and kl.applied_to == "loss"):
+        problems.append("kl.ratio_correction: it corrects the KL term of the loss, which needs kl.coef > 0 and "
+                        "kl.applied_to 'loss'")
     return problems
 
 
@@ -62,9 +63,9 @@ def surrogate_knob_problems(model_args: dict[str, Any], variant: str, row: LossV
         none = " and ".join(name for name, other in VARIANTS.items() if not other.ratio_levels)
         problems.append(f"ratio_level {level!r} with loss_variant {variant!r}: only {', '.join(choosers)} choose "
                         f"their ratio's level ({fixed}; {none} take none); leave it unset")
-    if model_args.get("clip_delta") is not None and not row.clips:
+    if group(model_args, "clip").delta is not None and not row.clips:
         clippers = ", ".join(name for name, other in VARIANTS.items() if other.clips)
-        problems.append(f"clip_delta with loss_variant {variant!r}: it caps the clip's ratio, which only {clippers} "
+        problems.append(f"clip.delta with loss_variant {variant!r}: it caps the clip's ratio, which only {clippers} "
                         "take; leave it unset")
     if model_args.get("loss_knobs") is not None and row.knobs is None:
         problems.append(f"loss_knobs with loss_variant {variant!r}: it takes no knobs; leave it unset")
@@ -93,7 +94,7 @@ def dpo_problems(model_args: dict[str, Any]) -> list[str]:
         problems.append("loss_variant 'dpo' learns from preference pairs; it takes no GAE advantages: use another "
                         "advantage_mode")
     on = [name for name in ("entropy", "off_policy_mask_threshold", "sampler_correction")
-          if model_args.get(name) is not None] + (["kl_ratio_correction"] if model_args.get("kl_ratio_correction")
+          if model_args.get(name) is not None] + (["kl.ratio_correction"] if group(model_args, "kl").ratio_correction
                                                   else [])
     return problems + [f"{name} with loss_variant 'dpo': online DPO's loss on pairs has no policy-gradient surrogate "
                        "to mask, weight or regularise; leave it unset" for name in on]

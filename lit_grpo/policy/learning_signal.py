@@ -20,6 +20,7 @@ from lit_grpo.buffers.buffer import RolloutBuffer
 from lit_grpo.buffers.protocols import ReportsRollouts
 from lit_grpo.buffers.report import RolloutReport
 from lit_grpo.errors import InputError
+from lit_grpo.policy.knob_groups import group
 
 PATIENCE = 3  # epochs in a row without a learning signal before the run says so
 # the advantage modes that give a group whose rewards are all equal advantage 0 (``raw`` gives r; ``gae`` a value
@@ -47,10 +48,11 @@ class Verdict:
     message: str
 
 
-def flat_means_no_signal(advantage_mode: str | None, kl_in: str | None, kl_coef: float | None) -> bool:
+def flat_means_no_signal(advantage_mode: str | None, kl_applied_to: str | None, kl_coef: float | None) -> bool:
     """Whether a group with equal task rewards gives no policy gradient: a group-relative advantage mode, its
-    rewards not changed by a KL penalty (``kl_in: reward`` with ``kl_coef`` > 0 subtracts each sequence's own KL)."""
-    return advantage_mode in GROUP_RELATIVE and not (kl_in == "reward" and (kl_coef or 0) > 0)
+    rewards not changed by a KL penalty (``kl.applied_to: reward`` with ``kl.coef`` > 0 subtracts each sequence's own
+    KL)."""
+    return advantage_mode in GROUP_RELATIVE and not (kl_applied_to == "reward" and (kl_coef or 0) > 0)
 
 
 def epoch_signal(buffer: RolloutBuffer) -> EpochSignal:
@@ -119,7 +121,8 @@ class LearningSignalWatch(pl.Callback):
         datamodule = trainer.datamodule
         report = datamodule.epoch_report if isinstance(datamodule, ReportsRollouts) else None
         knobs = pl_module.hparams
-        if not flat_means_no_signal(knobs.get("advantage_mode"), knobs.get("kl_in"), knobs.get("kl_coef")):
+        kl = group(knobs, "kl")
+        if not flat_means_no_signal(knobs.get("advantage_mode"), kl.applied_to, kl.coef):
             return
         if report is None or report is self._seen:  # no rollouts this epoch (a resume's placeholder loader)
             return

@@ -17,6 +17,7 @@ from peft import (
 from transformers import AutoModelForCausalLM
 
 from lit_grpo.errors import InputError
+from lit_grpo.policy.knob_groups import group
 from lit_grpo.policy.logprobs import head_problem
 from lit_grpo.policy.input_check import lora_target_problem
 from lit_grpo.run.dtype_choice import auto_dtype
@@ -36,8 +37,8 @@ def init_adapter_problems(policy: Any, lora_rank: int, targets: str | list[str],
     problems = []
     rank = policy.peft_config[policy.active_adapter].r
     if rank != lora_rank:
-        problems.append(f"init_adapter {init_adapter!r} has rank {rank}, model.lora_rank is {lora_rank}; set "
-                        f"model.lora_rank {rank}")
+        problems.append(f"init_adapter {init_adapter!r} has rank {rank}, model.lora.rank is {lora_rank}; set "
+                        f"model.lora.rank {rank}")
     adapted = {name.rsplit(".", 1)[-1] for name, module in policy.named_modules() if hasattr(module, "lora_A")}
     if targets == "all-linear":  # PEFT's all-linear: every linear layer but the output head
         base = policy.get_base_model()
@@ -47,8 +48,8 @@ def init_adapter_problems(policy: Any, lora_rank: int, targets: str | list[str],
     else:
         wanted = set(targets) if not isinstance(targets, str) else adapted  # a regex: not compared
     if adapted != wanted:
-        problems.append(f"init_adapter {init_adapter!r} adapts {sorted(adapted)}, model.lora_target_modules asks "
-                        f"for {sorted(wanted)}; set model.lora_target_modules to the adapter's")
+        problems.append(f"init_adapter {init_adapter!r} adapts {sorted(adapted)}, model.lora.target_modules asks "
+                        f"for {sorted(wanted)}; set model.lora.target_modules to the adapter's")
     bad = [name for name, p in policy.named_parameters() if p.requires_grad and not torch.isfinite(p).all()]
     if bad:
         problems.append(f"init_adapter {init_adapter!r} holds non-finite weights ({len(bad)} tensors, e.g. {bad[0]})")
@@ -197,10 +198,12 @@ def load_module_model(hparams: Any, trainer: Any) -> tuple[Any, PeftModel, tuple
     trainer), a trainable LoRA adapter; refuses a model whose output head the log-prob passes cannot read."""
     path = resolve_model_path(hparams.model_name_or_path)
     tokenizer = load_tokenizer(path, hparams.trust_remote_code)
+    lora = group(hparams, "lora")
     policy = load_policy(
-        path, hparams.lora_rank, hparams.lora_alpha, hparams.lora_dropout, hparams.lora_target_modules,
-        hparams.init_adapter, hparams.attn_implementation, hparams.trust_remote_code,
-        run_base_dtype(path, hparams.dtype, trainer, hparams.trust_remote_code), hparams.gradient_checkpointing)
+        path, lora.rank, lora.alpha, lora.dropout, lora.target_modules, hparams.init_adapter,
+        hparams.attn_implementation, hparams.trust_remote_code,
+        run_base_dtype(path, hparams.dtype, trainer, hparams.trust_remote_code),
+        group(hparams, "memory").gradient_checkpointing)
     problem = head_problem(policy)
     if problem:
         raise InputError(f"model_name_or_path: {problem}")

@@ -25,6 +25,8 @@ from lit_grpo.policy.advantages import AdvantageKnobs, assign_advantages
 from lit_grpo.policy.evaluation import GreedyEvaluation
 from lit_grpo.policy.interrupt import SaveOnInterrupt
 from lit_grpo.policy.learning_signal import LearningSignalWatch
+from lit_grpo.policy.knob_groups import (GROUPS, ClipRange, KLPenalty, LoraAdapter, MemoryUse, TreeAdvantages,
+                                         ValueBaseline, flat_names_doc, group, plain_arguments, regroup)
 from lit_grpo.policy.logprobs import CHUNK_TOKENS
 from lit_grpo.policy.measures import HeldOutMeasures
 from lit_grpo.policy.model_loading import load_module_model
@@ -38,7 +40,7 @@ from lit_grpo.policy.value_head import ValueHead
 from lit_grpo.risk.fit import RiskReplay
 from lit_grpo.risk.head import RiskHead, RiskHeadSpec
 from lit_grpo.run.model_files import BaseDtype
-from lit_grpo.run.objective_knobs import EntropyControl, SamplerCorrection, plain
+from lit_grpo.run.objective_knobs import FLAT_NAMES, EntropyControl, SamplerCorrection, plain
 from lit_grpo.run.rules import choice_problems
 from lit_grpo.run.run_callbacks import EVERY_RUN, missing_run_callbacks
 from lit_grpo.tree import FlatGroups, StdScope, ValueMode
@@ -60,11 +62,7 @@ class PolicyModule(pl.LightningModule):
     Args:
         model_name_or_path: a local model directory (relative paths also resolve against the project checkout)
             or a hub id; the default is the tiny model the project ships.
-        lora_rank: LoRA rank r.
-        lora_alpha: LoRA alpha (the update is scaled by alpha / r).
-        lora_dropout: dropout on the LoRA input during training updates; 0 keeps the update forward identical
-            to the sampler's.
-        lora_target_modules: module names to adapt, or ``all-linear`` for every linear layer but the output head.
+        lora: the trainable LoRA adapter: rank, alpha, dropout, target modules (``knob_groups.LoraAdapter``).
         init_adapter: a PEFT adapter directory to continue training from (or to validate / test) instead of a fresh one.
         evaluate_base: validate / test the base model alone (no adapter, checkpoint or fit; docs/guide.md).
         advantage_mode: group advantages: ``raw``, ``centered``, ``grpo``, ``drgrpo``, ``rloo``, ``max``;
@@ -75,35 +73,23 @@ class PolicyModule(pl.LightningModule):
         loss_variant: a row of the loss variants' table, ``lit_grpo.losses.variants`` (its formula, defaults, knobs
             and statistics; docs/guide.md#loss-family), or ``dpo``: online DPO on each group's best-versus-worst pair.
         dpo_beta: DPO's beta (``dpo`` only).
-        clip_eps: lower clip epsilon; ``None``: the variant's row's (``clip_eps``).
-        clip_eps_high: upper clip epsilon (DAPO's clip-higher; cispo's cap 1 + it); ``None``: the row's, else clip_eps.
-        clip_delta: two-sided clipping (INTELLECT-2): delta caps the unclipped term's ratio (> 1 + clip_eps_high).
+        clip: the clip's epsilons and two-sided delta, each unset the variant's row's (``ClipRange``).
         ratio_level: the ratio per ``token`` or per ``sequence`` (exp of the mean log ratio); ``None``: the row's.
         aggregation: ``seq-mean`` (GRPO), ``token-mean`` (DAPO), ``constant`` (Dr. GRPO, divides by
             ``max_new_tokens``; a tool task's chain by its ``max_completion_length``, as TRL) or ``seq-sum``
             (LUSPO); a tool task's chain weighs an episode as one sequence (TRL's multi-turn completion), its
             sequence ratio taken over the episode; the normaliser counts the whole optimizer step (``None``: the row's).
-        kl_coef: beta, the weight of the KL to the reference policy; 0 skips the reference pass.
-        kl_estimator: ``k1``, ``k2`` or ``k3`` per-token KL estimate.
-        kl_in: ``loss`` adds beta * KL to the loss (GRPO); ``reward`` subtracts beta * sum of k1 from each
-            sequence's reward before the advantages (grouped rollouts only).
-        kl_ratio_correction: each token's KL term times pi_theta / pi_old (unbiased off-policy; DeepSeek-V3.2's).
+        kl: the KL penalty to the reference policy: weight, estimator, where it applies (the loss, or grouped
+            rollouts' rewards), the off-policy ratio correction (``KLPenalty``).
         loss_knobs: the variant's knobs, the fields of its row's knob type (``None``: its defaults); ``sapo``,
             ``vespo``: their old names (deprecated).
         entropy: entropy control, the high-entropy token mask and the entropy bonus (``EntropyControl``); ``None``.
         off_policy_mask_threshold: DeepSeek-V3.2's off-policy sequence mask: a negative-advantage sequence whose mean
             KL(sampler || pi_theta) over its tokens exceeds this leaves the loss; ``None``: off.
-        tree_value_mode: node values of ``tree`` rollouts: ``mean`` (Bellman expectation over the sampled children),
-            ``optimal_stopping`` (answer now or ask, by the sampled future) or ``optimal_stopping_split`` (guide.md).
-        tree_std_scope: what divides a ``tree`` rollout's sibling-relative advantages: the std of the whole ``tree``'s
-            leaf returns, of each ``siblings`` group's Q, or nothing (``none``; docs/benchmarks.md compares them).
-        tree_flat_groups: a ``tree``'s rows in flat sibling groups (advantage exactly 0, only children included):
-            ``count`` keeps them in the loss and its normaliser, ``drop`` leaves them out as DAPO leaves flat groups.
+        tree: ``tree`` rollouts' node values, advantage scale and flat sibling groups (``TreeAdvantages``).
         turn_credit: ``chains``' credit per turn: ``episode``, ``reward_to_go`` or ``per_turn_index`` (guide.md).
-        vf_coef: weight of the value loss (``gae`` only).
-        vf_clip: PPO's value clipping range around the old values; ``None`` turns it off.
-        gamma: GAE discount.
-        gae_lambda: GAE lambda.
+        value: PPO's value head and GAE (``advantage_mode: gae`` only): loss weight, clip, gamma, lambda
+            (``ValueBaseline``).
         risk: a distributional risk head at each decision point of tree rollouts (``lit_grpo.risk.head``), trained
             with the policy on the returns of inferring; the ``RiskThreshold`` callback turns it into the
             infer/defer rule. ``None``: no head.
@@ -119,17 +105,8 @@ class PolicyModule(pl.LightningModule):
             arithmetic in the checkpoint's half precision, float32 where it fits in memory, docs/guide.md#dtype),
             ``float32``, ``bfloat16`` (half the memory) or ``float16``. The LoRA weights, their gradients and
             optimizer state, the heads and every log-softmax stay in float32.
-        gradient_checkpointing: keep one activation per layer and recompute the rest in backward (non-reentrant,
-            so it works with PEFT's frozen embeddings and the packed forward): activation memory drops from every
-            layer's intermediates to one layer's, for about a third more compute.
-        logprob_chunk_tokens: tokens per output-head chunk: log-probs are computed from the last hidden states of
-            the counted tokens only, this many at a time, each chunk's ``[tokens, vocab]`` logits recomputed in
-            backward instead of kept (docs/guide.md#your-own-model). Lower it for a larger vocabulary or less memory.
-        no_grad_batch_tokens: padded tokens per forward in the no-grad passes (pi_old, pi_ref, old values).
-        packed_forward: compute each shared prefix once (a group's prompt, a tree node's ancestors) by packing rows
-            into one with a 4-D ancestor mask (docs/guide.md#your-own-model); same log-probs and gradients as the
-            padded forward. Falls back to the padded forward, with an info message, where the attention kernel takes
-            no custom mask. PPO's value-head forward (``advantage_mode: gae``) stays padded.
+        memory: what trades memory for compute: gradient checkpointing, output-head chunks, no-grad batches, the
+            packed forward (``MemoryUse``).
         optimizer: the optimizer over the trainable parameters; ``None`` means AdamW(lr=5e-4, weight_decay=0).
         lr_scheduler: an optional learning-rate scheduler, stepped every optimizer step (``--model.lr_scheduler StepLR
             --model.lr_scheduler.step_size 100``); a plateau scheduler is stepped once an epoch on its metric:
@@ -149,38 +126,25 @@ class PolicyModule(pl.LightningModule):
     def __init__(
         self,
         model_name_or_path: str = "data/tiny-llama",
-        lora_rank: int = 16,
-        lora_alpha: float = 32.0,
-        lora_dropout: float = 0.0,
-        lora_target_modules: str | list[str] = "all-linear",
+        lora: LoraAdapter = LoraAdapter(),
         init_adapter: str | None = None,
         evaluate_base: bool = False,
         advantage_mode: Literal[AdvantageMode, "gdpo", "gae"] = "grpo",
         std_scope: Literal["group", "batch"] = "group",
         loss_variant: Literal[PolicyVariant, "dpo"] = "clip",
         dpo_beta: float = 0.1,
-        clip_eps: float | None = None,
-        clip_eps_high: float | None = None,
-        clip_delta: float | None = None,
+        clip: ClipRange = ClipRange(),
         ratio_level: RatioLevel | None = None,
         aggregation: Aggregation | None = None,
-        kl_coef: float = 0.04,
-        kl_estimator: KLEstimator = "k3",
-        kl_in: Literal["loss", "reward"] = "loss",
-        kl_ratio_correction: bool = False,
+        kl: KLPenalty = KLPenalty(),
         loss_knobs: dict[str, Any] | None = None,
         sapo: SapoTemperatures | None = None,
         vespo: VespoShape | None = None,
         entropy: EntropyControl | None = None,
         off_policy_mask_threshold: float | None = None,
-        tree_value_mode: ValueMode = "mean",
-        tree_std_scope: StdScope = "tree",
-        tree_flat_groups: FlatGroups = "count",
+        tree: TreeAdvantages = TreeAdvantages(),
         turn_credit: TurnCredit = "episode",
-        vf_coef: float = 0.5,
-        vf_clip: float | None = 0.2,
-        gamma: float = 1.0,
-        gae_lambda: float = 0.95,
+        value: ValueBaseline = ValueBaseline(),
         risk: RiskHeadSpec | None = None,
         head_lr: float | None = None,
         old_logp_source: Literal["sampler", "trainer"] = "sampler",
@@ -188,20 +152,24 @@ class PolicyModule(pl.LightningModule):
         attn_implementation: Literal["sdpa", "eager"] = "sdpa",
         trust_remote_code: bool = False,
         dtype: Literal["auto", BaseDtype] = "auto",
-        gradient_checkpointing: bool = False,
-        logprob_chunk_tokens: int = CHUNK_TOKENS,
-        no_grad_batch_tokens: int = 16384,
-        packed_forward: bool = True,
+        memory: MemoryUse = MemoryUse(),
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
+        # the groups' flat names (deprecated): away from their default, each fills its group's field with a warning
+        lora_rank: int = 16, lora_alpha: float = 32.0, lora_dropout: float = 0.0,
+        lora_target_modules: str | list[str] = "all-linear", kl_coef: float = 0.04, kl_estimator: KLEstimator = "k3",
+        kl_in: Literal["loss", "reward"] = "loss", kl_ratio_correction: bool = False, clip_eps: float | None = None,
+        clip_eps_high: float | None = None, clip_delta: float | None = None, tree_value_mode: ValueMode = "mean",
+        tree_std_scope: StdScope = "tree", tree_flat_groups: FlatGroups = "count", vf_coef: float = 0.5,
+        vf_clip: float | None = 0.2, gamma: float = 1.0, gae_lambda: float = 0.95, gradient_checkpointing: bool = False,
+        logprob_chunk_tokens: int = CHUNK_TOKENS, no_grad_batch_tokens: int = 16384, packed_forward: bool = True,
     ) -> None:
         super().__init__()
-        arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "optimizer", "lr_scheduler")}
-        refuse("invalid PolicyModule configuration", self.config_problems(arguments))  # its own knobs' rules too
-        warn_deprecated_knobs(arguments)
-        risk, sapo, vespo, entropy, sampler_correction, loss_knobs = map(plain, (risk, sapo, vespo, entropy,
-                                                                                sampler_correction, loss_knobs))
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])  # weights_only checkpoints: plain mappings
+        given = {k: v for k, v in locals().items() if k not in ("self", "__class__", "optimizer", "lr_scheduler")}
+        refuse("invalid PolicyModule configuration", self.config_problems(given))  # its own knobs' rules too
+        arguments, _, flat_names = regroup(given)  # every reader reads these: the groups, no flat name
+        warn_deprecated_knobs(arguments, flat_names)
+        self.save_hyperparameters(plain_arguments(arguments))  # weights_only checkpoints: plain mappings
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.strict_loading = False  # checkpoints hold the trainable weights only, not the frozen base
         self.objective = Objective.from_arguments(arguments)
@@ -213,24 +181,27 @@ class PolicyModule(pl.LightningModule):
 
     @classmethod
     def config_problems(cls, args: dict[str, Any]) -> list[str]:
-        """Every problem with these arguments on their own: choices (the signature's ``Literal`` types) and values."""
-        return choice_problems(cls.__init__, args) + module_config_problems(args)
+        """Every problem with these arguments on their own: choices (the signature's ``Literal`` types, the groups'
+        fields' in ``regroup``), the spelling of the groups (``knob_groups.regroup``) and values."""
+        arguments, problems, _ = regroup(args)
+        ungrouped = {name: value for name, value in args.items() if name not in (*FLAT_NAMES, *GROUPS)}
+        return choice_problems(cls.__init__, ungrouped) + problems + module_config_problems(arguments)
 
     # --- model -------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:
         if self.policy is not None:
             return
-        hp = self.hparams
+        hp, memory, value = self.hparams, group(self.hparams, "memory"), group(self.hparams, "value")
         self.tokenizer, self.policy, self.stop_token_ids = load_module_model(hp, self._trainer)
-        self.token_logprobs = TokenLogprobs(self.policy, hp.packed_forward, hp.logprob_chunk_tokens)
+        self.token_logprobs = TokenLogprobs(self.policy, memory.packed_forward, memory.logprob_chunk_tokens)
         trained_state.OnlyTrainedMissing(self)  # from now on a load misses the frozen base in no state dict
         spec, hidden = self.risk_spec, self.policy.config.hidden_size
         self.value_head = ValueHead(hidden) if hp.advantage_mode == "gae" else None
         self.risk_head = None if spec is None else RiskHead(hidden, spec)
         self.risk_replay = RiskReplay(spec.replay_size) if spec is not None and spec.detach else None
         joint_risk = None if spec is None or spec.detach else (self.risk_head, spec.coef)
-        value = None if self.value_head is None else (self.value_head, hp.vf_coef, hp.vf_clip)
-        self.policy_step = PolicyStep(self.objective, self.policy, self.token_logprobs, hp.logprob_chunk_tokens,
+        value = None if self.value_head is None else (self.value_head, value.coef, value.clip)
+        self.policy_step = PolicyStep(self.objective, self.policy, self.token_logprobs, memory.logprob_chunk_tokens,
                                       self.entropy_coef, hp.dpo_beta, joint_risk, value)
 
     def configure_callbacks(self) -> list[Any]:
@@ -312,7 +283,8 @@ class PolicyModule(pl.LightningModule):
         recompute_old = self.hparams.old_logp_source == "trainer" or bool(self.objective.sampler_correction)
         reference = self.reference_active if self.objective.needs_reference else None
         epoch_passes.no_grad_passes(buffer, self.policy, self.token_logprobs, self.device,
-                                    self.hparams.no_grad_batch_tokens, recompute_old, reference, self.value_head)
+                                    group(self.hparams, "memory").no_grad_batch_tokens, recompute_old, reference,
+                                    self.value_head)
 
     def assign_advantages(self, buffer: RolloutBuffer) -> None:
         """The buffer's advantages (``policy/advantages.py``) with this module's knobs."""
@@ -371,3 +343,6 @@ class PolicyModule(pl.LightningModule):
     def save_adapter(self, target: Any) -> Any:
         """The trained adapter in PEFT format under ``target`` (rank 0 writes; ``trained_state.save_adapter``)."""
         return trained_state.save_adapter(self.policy, self.tokenizer, target)
+
+
+PolicyModule.__init__.__doc__ = flat_names_doc()  # --help names each deprecated flat name's new spelling

@@ -13,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lit_grpo.errors import refuse
 from lit_grpo.losses.policy import SurrogateOptions
 from lit_grpo.losses.variants import DEFAULT_CLIP_EPS, VARIANTS, ChecksItself
+from lit_grpo.policy.knob_groups import group, warn_flat_names
 from lit_grpo.policy.knob_rules import FLAT_KNOBS, module_knob_problems
 from lit_grpo.risk.head import RiskHeadSpec
 from lit_grpo.run.objective_knobs import EntropyControl, SamplerCorrection, as_spec, group_problems
@@ -25,39 +26,17 @@ from lit_grpo.run.model_files import (
 
 
 def module_config_problems(args: dict[str, Any]) -> list[str]:
-    """Every problem with PolicyModule's argument values beyond their choices (``PolicyModule.config_problems``
-    adds those, read off the signature's ``Literal`` types), as messages naming the knob (empty when all is
-    well), the rules among its own knobs included (``knob_rules.py``); rules across parts are
-    ``lit_grpo.run.rules``'s."""
+    """Every problem with PolicyModule's regrouped arguments (``knob_groups.regroup``, which reports the groups' own)
+    beyond their choices (``PolicyModule.config_problems`` adds those, read off the signature's ``Literal`` types), as
+    messages naming the knob (empty when all is well), the rules among its own knobs included (``knob_rules.py``);
+    rules across parts are ``lit_grpo.run.rules``'s."""
     problems = []
-    if args["lora_rank"] < 1:
-        problems.append(f"lora_rank: must be >= 1, got {args['lora_rank']}")
-    if not args["lora_alpha"] > 0:
-        problems.append(f"lora_alpha: must be > 0 (the adapter's scale is alpha / rank), got {args['lora_alpha']}")
-    if not 0 <= args["lora_dropout"] < 1:
-        problems.append(f"lora_dropout: must be in [0, 1), got {args['lora_dropout']}")
-    for name in ("clip_eps", "clip_eps_high"):
-        if args[name] is not None and not 0 < args[name] < 10:
-            problems.append(f"{name}: must be positive, got {args[name]}")
-    if args["kl_coef"] < 0:
-        problems.append(f"kl_coef: must be >= 0, got {args['kl_coef']}")
-    if args["clip_delta"] is not None and not args["clip_delta"] > 1:
-        problems.append(f"clip_delta: must be above 1 (a cap on the ratio; INTELLECT-2 uses 4), got {args['clip_delta']}")
     if args["off_policy_mask_threshold"] is not None and not args["off_policy_mask_threshold"] >= 0:
         problems.append(f"off_policy_mask_threshold: must be >= 0 (a KL in nats) or None, got "
                         f"{args['off_policy_mask_threshold']}")
     problems += group_problems(args) + loss_knob_problems(args) + module_knob_problems(args)
-    if args["vf_clip"] is not None and args["vf_clip"] <= 0:
-        problems.append(f"vf_clip: must be positive or None, got {args['vf_clip']}")
-    if not 0 <= args["gamma"] <= 1 or not 0 <= args["gae_lambda"] <= 1:
-        problems.append(f"gamma and gae_lambda must be in [0, 1], got {args['gamma']} and {args['gae_lambda']}")
     if args["dpo_beta"] <= 0:
         problems.append(f"dpo_beta: must be positive, got {args['dpo_beta']}")
-    if not isinstance(args["packed_forward"], bool):
-        problems.append(f"packed_forward: must be true or false, got {args['packed_forward']!r}")
-    for name in ("no_grad_batch_tokens", "logprob_chunk_tokens"):
-        if args[name] < 1:
-            problems.append(f"{name}: must be >= 1, got {args[name]}")
     path_problem = model_path_problem(args["model_name_or_path"])
     if path_problem:
         problems.append(f"model_name_or_path: {path_problem}")
@@ -67,7 +46,8 @@ def module_config_problems(args: dict[str, Any]) -> list[str]:
     problems += risk_spec_problems(args.get("risk"))
     if args.get("head_lr") is not None and args["head_lr"] <= 0:
         problems.append(f"head_lr: must be positive or None, got {args['head_lr']}")
-    problems += adapter_config_problems(args["init_adapter"], args["lora_rank"], args["lora_target_modules"],
+    lora = group(args, "lora")
+    problems += adapter_config_problems(args["init_adapter"], lora.rank, lora.target_modules,
                                         None if path_problem else args["model_name_or_path"],
                                         args["trust_remote_code"])
     problems += base_evaluation_problems(args.get("evaluate_base", False), init_adapter=args["init_adapter"])
@@ -118,12 +98,12 @@ def adapter_config_problems(adapter: str | None, lora_rank: int, targets: Any, m
         return [f"init_adapter: {str(path)!r} is not valid JSON ({error})"]
     problems = []
     if isinstance(config, dict) and config.get("r") not in (None, lora_rank):
-        problems.append(f"init_adapter: {adapter!r} has rank {config['r']}, model.lora_rank is {lora_rank}; set "
-                        f"model.lora_rank {config['r']}")
+        problems.append(f"init_adapter: {adapter!r} has rank {config['r']}, model.lora.rank is {lora_rank}; set "
+                        f"model.lora.rank {config['r']}")
     saved = config.get("target_modules") if isinstance(config, dict) else None
     if isinstance(targets, list) and isinstance(saved, list) and sorted(saved) != sorted(targets):
-        problems.append(f"init_adapter: {adapter!r} adapts {sorted(saved)}, model.lora_target_modules is "
-                        f"{sorted(targets)}; set model.lora_target_modules to the adapter's")
+        problems.append(f"init_adapter: {adapter!r} adapts {sorted(saved)}, model.lora.target_modules is "
+                        f"{sorted(targets)}; set model.lora.target_modules to the adapter's")
     if model is not None and not problems and (Path(adapter).expanduser() / "adapter_model.safetensors").is_file():
         # torch and transformers are imported only when an adapter is to be compared
         from lit_grpo.policy.model_loading import init_adapter_misfit
@@ -176,20 +156,21 @@ class Objective:
 
     @classmethod
     def from_arguments(cls, args: dict[str, Any]) -> Objective:
-        """The objective of PolicyModule's arguments, each unset loss knob taken from the variant's row."""
-        variant = args["loss_variant"]
-        low, high = clip_epsilons(args["clip_eps"], args["clip_eps_high"], variant)
+        """The objective of PolicyModule's regrouped arguments (``knob_groups.regroup``), each unset loss knob taken
+        from the variant's row."""
+        variant, clip, kl = args["loss_variant"], group(args, "clip"), group(args, "kl")
+        low, high = clip_epsilons(clip.eps, clip.eps_high, variant)
         return cls(
             advantage_mode=args["advantage_mode"],
             variant=variant,
             clip_eps=low,
             clip_eps_high=high,
             aggregation=resolved_aggregation(args),
-            kl_coef=args["kl_coef"],
-            kl_estimator=args["kl_estimator"],
-            kl_in=args["kl_in"],
-            surrogate=SurrogateOptions(args.get("ratio_level"), args.get("clip_delta"), variant_knobs(args)),
-            kl_ratio_correction=bool(args.get("kl_ratio_correction", False)),
+            kl_coef=kl.coef,
+            kl_estimator=kl.estimator,
+            kl_in=kl.applied_to,
+            surrogate=SurrogateOptions(args.get("ratio_level"), clip.delta, variant_knobs(args)),
+            kl_ratio_correction=bool(kl.ratio_correction),
             off_policy_mask_threshold=args.get("off_policy_mask_threshold"),
             entropy=as_spec(EntropyControl, args.get("entropy")),
             sampler_correction=as_spec(SamplerCorrection, args.get("sampler_correction")),
@@ -248,8 +229,10 @@ def loss_knob_problems(args: dict[str, Any]) -> list[str]:
     return [f"{name}.{problem}" for problem in knobs.problems()] if isinstance(knobs, ChecksItself) else []
 
 
-def warn_deprecated_knobs(args: dict[str, Any]) -> None:
-    """A ``FutureWarning`` when the variant's knobs are given by their old flat name (``sapo``, ``vespo``)."""
+def warn_deprecated_knobs(args: dict[str, Any], flat_names: list[str] = ()) -> None:
+    """A ``FutureWarning`` for each group's flat name that filled it (``flat_names``, ``knob_groups.regroup``'s) and
+    when the variant's knobs are given by their old flat name (``sapo``, ``vespo``)."""
+    warn_flat_names(flat_names)
     name = given_knobs(args)[0]
     if name != "loss_knobs":
         rank_zero_warn(f"PolicyModule: model.{name} is deprecated and goes in the next release; set model.loss_knobs "

@@ -8,7 +8,7 @@ hidden state is the one a separate forward of any row through it would compute. 
 is read at the packed slot of token t-1, so shared tokens are computed once and their gradients sum over the rows
 that use them. The result has the padded forward's layout, ``[N, L]``, so the losses are unchanged.
 
-With ``lora_dropout`` > 0 a shared token draws one dropout mask for all the rows through it (each row still sees
+With ``lora.dropout`` > 0 a shared token draws one dropout mask for all the rows through it (each row still sees
 an ordinary dropout sample). The mask is float (0 allowed, the dtype's minimum elsewhere): transformers' eager attention adds the mask to the
 scores, so a boolean 4-D mask there silently gives wrong logits (docs/guide.md#your-own-model).
 """
@@ -261,7 +261,7 @@ class TokenLogprobs:
     def __init__(self, model: Any, packed: bool, chunk_tokens: int = CHUNK_TOKENS) -> None:
         problem = packing_problem(model) if packed else None
         if problem is not None:
-            rank_zero_info(f"packed_forward: using the padded forward instead: {problem}")
+            rank_zero_info(f"memory.packed_forward: using the padded forward instead: {problem}")
         self.packed = packed and problem is None
         self.chunk_tokens = chunk_tokens
 

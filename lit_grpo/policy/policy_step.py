@@ -152,7 +152,7 @@ class PolicyStep:
     """One training step's loss from one minibatch, as ``PolicyModule.training_step`` returns it. Built by the module
     once its model has loaded, with what every step reads: the objective, the policy and its log-prob passes
     (``TokenLogprobs``), the jointly trained heads (``risk``: the joint risk head and its coefficient; ``value``: the
-    value head, ``vf_coef`` and ``vf_clip``), the entropy coefficient (the module's, which checkpoints it) and DPO's
+    value head, ``value.coef`` and ``value.clip``), the entropy coefficient (the module's, which checkpoints it) and DPO's
     beta. Each call takes the minibatch, Lightning's ``log`` and the trainer (its accumulation count and world size)."""
 
     def __init__(self, objective: Objective, policy: Any, token_logprobs: TokenLogprobs, chunk_tokens: int,

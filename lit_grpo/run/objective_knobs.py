@@ -1,6 +1,8 @@
 """The grouped knobs of the objectives beyond the clip (each a ``PolicyModule`` argument set as one mapping in a
 config, ``--model.<group>.<field>`` on the command line): entropy control and the sampler correction (a loss
-variant's own knobs are its row's knob type, ``lit_grpo.losses.variants``). TRL 1.16's ``GRPOConfig`` names are given beside each field (docs/guide.md#from-trl)."""
+variant's own knobs are its row's knob type, ``lit_grpo.losses.variants``). TRL 1.16's ``GRPOConfig`` names are given beside each field (docs/guide.md#from-trl).
+The other groups (``lora``, ``kl``, ``clip``, ``tree``, ``value``, ``memory``) are ``lit_grpo.policy.knob_groups``';
+their knobs' flat names before them (``FLAT_NAMES``) are spelled here, where a checkpoint's check reads them too."""
 
 from __future__ import annotations
 
@@ -101,6 +103,33 @@ class SamplerCorrection:
             problems.append("sampler_correction: give clip_max or clip_min (with neither, nothing is truncated or "
                             "masked)")
         return problems
+
+
+# PolicyModule's knobs by their flat names before the groups (deprecated for one release): old name -> group.field
+FLAT_NAMES: dict[str, str] = {
+    "lora_rank": "lora.rank", "lora_alpha": "lora.alpha", "lora_dropout": "lora.dropout",
+    "lora_target_modules": "lora.target_modules",
+    "kl_coef": "kl.coef", "kl_estimator": "kl.estimator", "kl_in": "kl.applied_to",
+    "kl_ratio_correction": "kl.ratio_correction",
+    "clip_eps": "clip.eps", "clip_eps_high": "clip.eps_high", "clip_delta": "clip.delta",
+    "tree_value_mode": "tree.value_mode", "tree_std_scope": "tree.std_scope", "tree_flat_groups": "tree.flat_groups",
+    "vf_coef": "value.coef", "vf_clip": "value.clip", "gamma": "value.gamma", "gae_lambda": "value.gae_lambda",
+    "gradient_checkpointing": "memory.gradient_checkpointing", "logprob_chunk_tokens": "memory.logprob_chunk_tokens",
+    "no_grad_batch_tokens": "memory.no_grad_batch_tokens", "packed_forward": "memory.packed_forward",
+}
+FLAT_GROUPS = tuple(dict.fromkeys(new.split(".")[0] for new in FLAT_NAMES.values()))  # lora, kl, clip, ...
+
+
+def dotted(arguments: dict[str, Any]) -> dict[str, Any]:
+    """Module arguments (a checkpoint's hyper-parameters, old or new) keyed one knob each: a group's fields as
+    ``group.field`` (a group given as a mapping, as checkpoints hold it), an old flat name under its new one."""
+    knobs: dict[str, Any] = {}
+    for name, value in arguments.items():
+        if name in FLAT_GROUPS and isinstance(value, dict):
+            knobs.update({f"{name}.{field}": inner for field, inner in value.items()})
+        else:
+            knobs[FLAT_NAMES.get(name, name)] = value
+    return knobs
 
 
 Spec = TypeVar("Spec")

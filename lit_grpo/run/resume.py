@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lit_grpo.errors import InputError
+from lit_grpo.run.objective_knobs import dotted
 
 
 def find_last_checkpoint(trainer: Any) -> str | None:
@@ -51,7 +52,7 @@ def resume_point(trainer: Any) -> str:
 
 
 # A checkpoint's trainable state fits only a run that builds the same trainable shapes: these knobs must match.
-STATE_SHAPING = ("lora_rank", "lora_target_modules", "risk")
+STATE_SHAPING = ("lora.rank", "lora.target_modules", "risk")
 
 
 def load_checkpoint_file(path: str | Path) -> Any:
@@ -110,10 +111,13 @@ def read_checkpoint(path: str) -> dict[str, Any]:
 
 def resume_differences(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
     """``(refusals, notes)`` for resuming a checkpoint written with hyper-parameters ``saved`` under this run's
-    ``current`` ones. Shape-changing knobs (``STATE_SHAPING``, and turning the GAE value head on or off) are
-    refused; every other difference is noted, and this run's value is used: a checkpoint restores weights and loop
-    state, never the configuration (nor a switch such as ``trust_remote_code``)."""
+    ``current`` ones, each compared one knob at a time (``objective_knobs.dotted``: a group's fields apart, a
+    checkpoint's flat names before the groups under their new ones). Shape-changing knobs (``STATE_SHAPING``, and
+    turning the GAE value head on or off) are refused; every other difference is noted, and this run's value is
+    used: a checkpoint restores weights and loop state, never the configuration (nor a switch such as
+    ``trust_remote_code``)."""
     refusals, notes = [], []
+    saved, current = dotted(saved), dotted(current)
     for knob in sorted(set(saved) & set(current)):
         old, new = saved[knob], current[knob]
         if old == new:
@@ -183,7 +187,8 @@ def checkpoint_misfit(path: str, state: Any, saved_model: Any, current: dict[str
     """Before any weights load: the message refusing a checkpoint whose adapter tensors do not fit the LoRA shapes
     of this run's model (from its config.json, on the meta device), or None (they fit, or it cannot be told; the
     module's ``on_load_checkpoint`` then compares them with the loaded model's)."""
-    if not isinstance(state, dict) or not {"model_name_or_path", "lora_rank", "lora_target_modules"} <= set(current):
+    current = dotted(current)  # the module's arguments one knob each: lora.rank, lora.target_modules
+    if not isinstance(state, dict) or not {"model_name_or_path", "lora.rank", "lora.target_modules"} <= set(current):
         return None
     from peft import LoraConfig
 
@@ -192,7 +197,7 @@ def checkpoint_misfit(path: str, state: Any, saved_model: Any, current: dict[str
     try:  # the adapter the run builds: init_adapter's own config (a rank_pattern, say), else the configured LoRA
         config = (LoraConfig.from_pretrained(str(Path(current["init_adapter"]).expanduser()))
                   if current.get("init_adapter") else
-                  LoraConfig(r=current["lora_rank"], target_modules=current["lora_target_modules"],
+                  LoraConfig(r=current["lora.rank"], target_modules=current["lora.target_modules"],
                              task_type="CAUSAL_LM"))
     except Exception:  # noqa: BLE001 - an unreadable init_adapter is named by the configuration check
         return None

@@ -40,6 +40,7 @@ class SamplesFromCopy(Protocol):
     samples_from_copy: bool
 
 
+MISSING = object()  # a knob not among the arguments given
 TREE_BRANCHING = (4, 2, 2)  # data.branching's default under rollout 'tree': 16 leaves over three rounds
 
 
@@ -91,7 +92,7 @@ class NamesFirstTokens(NamesDeferTokens, NamesAnswerTokens, Protocol):
 
 @dataclass(frozen=True)
 class Feature:
-    knob: str  # "model.<arg>" or "data.<arg>"
+    knob: str  # "model.<arg>", "model.<group>.<field>" (the module's knob groups) or "data.<arg>"
     is_on: Callable[[Any], bool]  # whether the knob's value turns the feature on
     rollouts: tuple[str, ...]  # the rollout kinds that implement it
     why: str  # what the other kinds lack
@@ -103,16 +104,16 @@ FEATURES: tuple[Feature, ...] = (
     Feature("model.advantage_mode", lambda v: v == "gae", ("grouped", "chains"),
             "PPO's value head and GAE run along one trajectory per row or chain; a tree's branches share their "
             "ancestors, and trees use tree-relative advantages"),
-    Feature("model.tree_std_scope", lambda v: v != "tree", ("tree",),
+    Feature("model.tree.std_scope", lambda v: v != "tree", ("tree",),
             "only a tree has sibling groups and a tree-wide std to divide by or not (chains choose with "
             "model.advantage_mode: grpo divides by the group's std, drgrpo and centered do not)"),
-    Feature("model.tree_flat_groups", lambda v: v != "count", ("tree",),
+    Feature("model.tree.flat_groups", lambda v: v != "count", ("tree",),
             "only a tree has sibling groups below the prompt (a grouped rollout leaves its flat prompt groups out "
             "with data.dynamic_sampling)"),
     Feature("model.turn_credit", lambda v: v != "episode", ("chains",),
             "only chains give each turn a row of its own among the group's episodes (a tree backs each node's reward "
             "up its branches: Q = r + V; a grouped completion has one turn)"),
-    Feature("model.kl_in", lambda v: v == "reward", ("grouped",),
+    Feature("model.kl.applied_to", lambda v: v == "reward", ("grouped",),
             "the KL penalty is folded into the reward of a single-round completion"),
     Feature("model.sampler_correction", lambda v: v is not None, ("grouped",),
             "the sampler correction weighs grouped rollouts' tokens by their sampler log-probs"),
@@ -136,11 +137,12 @@ def combination_problems(model_args: dict[str, Any] | None, data_args: dict[str,
         return []  # reported as an unknown value
     problems = []
     for feature in FEATURES:
-        section, name = feature.knob.split(".")
-        args = model_args if section == "model" else data_args
-        if args is None or name not in args:
+        section, *names = feature.knob.split(".")
+        value = model_args if section == "model" else data_args
+        for name in names:  # a group's field one level down
+            value = value.get(name, MISSING) if isinstance(value, dict) else MISSING
+        if value is MISSING:
             continue
-        value = args[name]
         if feature.is_on(value) and rollout not in feature.rollouts:
             problems.append(f"{feature.knob} {value!r} with data.rollout {rollout!r}: {feature.why}; it takes "
                             f"data.rollout {' or '.join(repr(r) for r in feature.rollouts)}")

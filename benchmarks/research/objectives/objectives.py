@@ -27,23 +27,23 @@ sys.path.insert(0, str(ROOT))  # the checkout, for benchmarks.*
 
 from benchmarks.timed_child import fit_command, held_out_accuracies, run_child  # noqa: E402
 
-BASE = ["--config", "configs/quickstart.yaml", "--data.ppo_epochs", "2", "--model.kl_coef", "0.0"]
+BASE = ["--config", "configs/quickstart.yaml", "--data.ppo_epochs", "2", "--model.kl.coef", "0.0"]
 CLIP = "clip_ratio/region_mean"
 # name -> (arguments, the training figure that shows its mechanism acting)
 OBJECTIVES: dict[str, tuple[list[str], str]] = {
     "GRPO": (BASE, CLIP),
     "Dr. GRPO": (BASE + ["--model.advantage_mode", "drgrpo", "--model.aggregation", "constant"], CLIP),
     "DAPO": (["--config", "configs/dapo.yaml", "--data.ppo_epochs", "2"], CLIP),
-    "GSPO": (BASE + ["--model.loss_variant", "gspo", "--model.clip_eps", "null", "--model.aggregation", "null"], CLIP),
+    "GSPO": (BASE + ["--model.loss_variant", "gspo", "--model.clip.eps", "null", "--model.aggregation", "null"], CLIP),
     "CISPO (configs/cispo.yaml)": (["--config", "configs/cispo.yaml"], "cispo_clip_ratio"),
-    "CISPO, cap 2 (clip_eps_high 1)": (["--config", "configs/cispo.yaml", "--model.clip_eps_high", "1.0"],
+    "CISPO, cap 2 (clip_eps_high 1)": (["--config", "configs/cispo.yaml", "--model.clip.eps_high", "1.0"],
                                        "cispo_clip_ratio"),
     "SAPO (configs/sapo.yaml)": (["--config", "configs/sapo.yaml"], "sapo/gate_mean"),
-    "LUSPO": (BASE + ["--model.loss_variant", "luspo", "--model.clip_eps", "null", "--model.aggregation", "null"],
+    "LUSPO": (BASE + ["--model.loss_variant", "luspo", "--model.clip.eps", "null", "--model.aggregation", "null"],
               CLIP),
     "VESPO": (BASE + ["--model.loss_variant", "vespo", "--model.aggregation", "null"], "vespo/phi_seq_mean"),
     "GRPO without the clip (unclipped)": (BASE + ["--model.loss_variant", "unclipped"], "ratio_mean"),
-    "GRPO + two-sided clip (delta 1.5)": (BASE + ["--model.clip_delta", "1.5"], "clip_ratio/delta_mean"),
+    "GRPO + two-sided clip (delta 1.5)": (BASE + ["--model.clip.delta", "1.5"], "clip_ratio/delta_mean"),
     "GRPO + sequence-level ratio": (BASE + ["--model.ratio_level", "sequence"], CLIP),
     "GRPO + off-policy mask (0.02)": (BASE + ["--model.off_policy_mask_threshold", "0.02"],
                                       "off_policy_mask/masked_ratio"),

@@ -27,7 +27,7 @@ VARIANTS: dict[str, list[str]] = {
     "GRPO": QUICKSTART,
     "Dr. GRPO": QUICKSTART + ["--model.advantage_mode", "drgrpo", "--model.aggregation", "constant"],
     "DAPO": ["--config", "configs/dapo.yaml"],
-    "GSPO": QUICKSTART + ["--model.loss_variant", "gspo", "--model.clip_eps", "null"],
+    "GSPO": QUICKSTART + ["--model.loss_variant", "gspo", "--model.clip.eps", "null"],
     "RLOO": QUICKSTART + ["--model.advantage_mode", "rloo"],
     "REINFORCE": QUICKSTART + ["--model.loss_variant", "reinforce", "--model.advantage_mode", "centered"],
     "PPO": ["--config", "configs/ppo.yaml"],

@@ -100,7 +100,7 @@ ABLATIONS = ["tree-wide-first", "tree-wide-questions"]
 # first decision widened at equal tokens (with today's and with the corrected value), and four passes over each
 # epoch's rollouts (more updates from the same tokens: the tables show the right advantages at the first decision
 # and a policy that does not come to read the cue)
-NO_SIGMA_OS = ["--model.tree_value_mode", "optimal_stopping", "--model.tree_std_scope", "none"]
+NO_SIGMA_OS = ["--model.tree.value_mode", "optimal_stopping", "--model.tree.std_scope", "none"]
 
 
 def branching(shape: str, game: str) -> str:
@@ -117,24 +117,25 @@ def variant_arguments(variant: str, game: str) -> list[str]:
     if variant.startswith("chains-"):
         mode = {"chains-grpo": ["--model.advantage_mode", "grpo"],
                 "chains-centred": ["--model.advantage_mode", "centered"],
-                "chains-ppo": ["--model.advantage_mode", "gae", "--model.gamma", "1.0", "--model.gae_lambda", "0.95"]}
+                "chains-ppo": ["--model.advantage_mode", "gae", "--model.value.gamma", "1.0", "--model.value.gae_lambda",
+                               "0.95"]}
         # chains take their turns from the game (its max_rounds: the length of WIDTHS["chains"][game])
         return ["--data.rollout", "chains", "--data.group_size", "8",
                 *mode[variant]]
     if variant in ("tree-wide-first", "tree-wide-questions", "tree-wide-answers"):
         return ["--data.rollout", "tree", "--data.branching", branching(variant, game), *NO_SIGMA_OS]
     if variant == "tree-chains-shape":  # below round 1 every segment is an only child: the value mode changes nothing
-        return ["--data.rollout", "tree", "--data.branching", branching(variant, game), "--model.tree_value_mode",
-                "mean", "--model.tree_std_scope", "none"]
+        return ["--data.rollout", "tree", "--data.branching", branching(variant, game), "--model.tree.value_mode",
+                "mean", "--model.tree.std_scope", "none"]
     if variant == "tree-split-wide-first":  # the corrected value with the wider first decision
         return ["--data.rollout", "tree", "--data.branching", branching("tree-wide-first", game),
-                "--model.tree_value_mode", "optimal_stopping_split", "--model.tree_std_scope", "none"]
+                "--model.tree.value_mode", "optimal_stopping_split", "--model.tree.std_scope", "none"]
     if variant == "tree-os-drop-flat":
         return ["--data.rollout", "tree", "--data.branching", branching("tree", game), *NO_SIGMA_OS,
-                "--model.tree_flat_groups", "drop"]
+                "--model.tree.flat_groups", "drop"]
     _, short, scope = variant.split("-", 2)
-    return ["--data.rollout", "tree", "--data.branching", branching("tree", game), "--model.tree_value_mode",
-            VALUES[short], "--model.tree_std_scope", SCOPES[scope]]
+    return ["--data.rollout", "tree", "--data.branching", branching("tree", game), "--model.tree.value_mode",
+            VALUES[short], "--model.tree.std_scope", SCOPES[scope]]
 
 
 def chosen_rate(returns: dict[float, float]) -> tuple[float | None, float | None]:

@@ -45,7 +45,7 @@ GAMES = {"hidden-operands": ("data/tiny-llama-hidden", "lit_grpo.tasks.games.ope
          "calculator": ("data/tiny-llama-calculator", "lit_grpo.tasks.games.calculator.CalculatorTask", CalculatorTask),
          "stale-digits": ("data/tiny-llama-stale", "lit_grpo.tasks.games.stale_digits.StaleDigitsTask", StaleDigitsTask)}
 ORDERED_GAMES = {"stale-digits", "hidden-operands", "calculator"}  # tasks with a train_order_seed
-COMMON = ["--model.loss_variant", "clip", "--model.aggregation", "seq-mean", "--model.kl_coef", "0.04",
+COMMON = ["--model.loss_variant", "clip", "--model.aggregation", "seq-mean", "--model.kl.coef", "0.04",
           "--data.prompts_per_epoch", "16", "--data.minibatch_size", "64", "--data.max_new_tokens", "5",
           "--data.val_max_prompts", "8"]  # the command's own validation before training: cheap, unused here
 

@@ -45,8 +45,8 @@ ARMS = {
     "chains-turns": ["--model.advantage_mode", "rloo", "--model.turn_credit", "reward_to_go"],
     # pairs at the first three turns (8 leaves a prompt): below the root every sibling group is a pair, where the
     # split value takes the mean, so `mean` is the value
-    "tree-turns": ["--data.rollout", "tree", "--data.branching", "[2,2,2,1,1,1]", "--model.tree_value_mode", "mean",
-                   "--model.tree_std_scope", "none"],
+    "tree-turns": ["--data.rollout", "tree", "--data.branching", "[2,2,2,1,1,1]", "--model.tree.value_mode", "mean",
+                   "--model.tree.std_scope", "none"],
 }
 ENGINES = {"hf": [], "vllm": ["--data.engine", "lit_grpo.engines.VLLMEngine", "--data.engine.init_args.dtype",
                               "float32", "--data.engine.init_args.kv_cache_gib", "1.0"]}
