@@ -33,11 +33,13 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))  # the checkout, for benchmarks.*
 
 from benchmarks.research.trees.tree_vs_chains import GRID_START, chosen_rate  # noqa: E402
-from benchmarks.research.turns.stock_run import ARMS, model_id  # noqa: E402
+from benchmarks.research.turns.stock_run import ABLATION_ARMS, ARMS, model_id  # noqa: E402
 from benchmarks.result_rows import read_rows  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "stock_credit.jsonl"
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365}  # by degrees of freedom
+# an ablation arm runs at the rate chosen for the arm it varies (no grid of its own), on the seeds it was run for
+RATE_OF = {"tree-turns-late": "tree-turns"}
 ACTIONS = ("count", "recount", "look", "submit-solved", "submit-early", "text", "other")
 
 
@@ -113,6 +115,8 @@ def tokens_to_reach(row: dict, target: float) -> float | None:
 def report(args: argparse.Namespace) -> None:
     rows = rows_now(args.budget)
     _, chosen = plan(rows, args)
+    chosen.update({arm: chosen[source] for arm, source in RATE_OF.items() if source in chosen})
+    shown = [*args.arms, *(arm for arm in ABLATION_ARMS if any(r["arm"] == arm for r in rows))]
     warm = next((r for r in rows if r["arm"] == "warm-start"), None)
     print(f"## Rate grids (tuning seed {args.tune_seed}, validation prompts: greedy return)\n")
     rates = sorted({r["lr"] for r in rows if r["seed"] == args.tune_seed and r["arm"] != "warm-start"})
@@ -129,7 +133,7 @@ def report(args: argparse.Namespace) -> None:
     print("|---|---|---|---|---|---|---|")
     if warm:
         print(f"| warm start | - | {warm['test_return']:.3f} | {warm['test_solved']:.3f} | - | - | - |")
-    for arm in args.arms:
+    for arm in shown:
         runs = [r for r in rows if r["arm"] == arm and r["seed"] in args.seeds and r["lr"] == chosen.get(arm)]
         if not runs:
             continue
@@ -142,7 +146,7 @@ def report(args: argparse.Namespace) -> None:
     print("\n## Greedy actions turn by turn (test prompts; share of episodes, mean over the seeds)\n")
     print("| arm | turn | " + " | ".join(ACTIONS) + " |")
     print("|---|---|" + "---|" * len(ACTIONS))
-    for arm in ["warm-start", *args.arms]:
+    for arm in ["warm-start", *shown]:
         runs = [warm] if arm == "warm-start" and warm else [
             r for r in rows if r["arm"] == arm and r["seed"] in args.seeds and r["lr"] == chosen.get(arm)]
         for turn in range(1, 7) if runs else ():
@@ -152,7 +156,7 @@ def report(args: argparse.Namespace) -> None:
     print("\n## Training rows per turn: share of a run's rows / share of them with advantage exactly 0\n")
     print("| arm | " + " | ".join(f"turn {d}" for d in range(1, 7)) + " |")
     print("|---|" + "---|" * 6)
-    for arm in args.arms:
+    for arm in shown:
         runs = [r for r in rows if r["arm"] == arm and r["seed"] in args.seeds and r["lr"] == chosen.get(arm)]
         if runs:
             cells = []

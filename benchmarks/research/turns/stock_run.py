@@ -48,6 +48,12 @@ ARMS = {
     "tree-turns": ["--data.rollout", "tree", "--data.branching", "[2,2,2,1,1,1]", "--model.tree.value_mode", "mean",
                    "--model.tree.std_scope", "none"],
 }
+# the ablation of where the tree's pairs sit (run at tree-turns's rate, without a grid of its own): at turns 3-5,
+# where the warm start's choice between counting a kind and submitting falls, instead of 1-3; 8 leaves a prompt
+ABLATION_ARMS = {
+    "tree-turns-late": ["--data.rollout", "tree", "--data.branching", "[1,1,2,2,2,1]", "--model.tree.value_mode",
+                        "mean", "--model.tree.std_scope", "none"],
+}
 ENGINES = {"hf": [], "vllm": ["--data.engine", "lit_grpo.engines.VLLMEngine", "--data.engine.init_args.dtype",
                               "float32", "--data.engine.init_args.kv_cache_gib", "1.0"]}
 
@@ -69,7 +75,8 @@ def train(run: dict[str, Any], work: Path) -> tuple[Path, dict[str, Any]]:
     budget = json.dumps({"class_path": "benchmarks.research.trees.token_budget.PolicyTokenBudget",
                          "init_args": {"budget": run["budget"]}})
     logger = ["--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(work)]
-    then = [*ARMS[run["arm"]], *ENGINES[run.get("engine", "hf")], "--model.optimizer.lr", str(run["lr"]),
+    arm = {**ARMS, **ABLATION_ARMS}[run["arm"]]
+    then = [*arm, *ENGINES[run.get("engine", "hf")], "--model.optimizer.lr", str(run["lr"]),
             f"--trainer.callbacks+={budget}",
             "--trainer.max_epochs", "100000", "--trainer.check_val_every_n_epoch", "100000",
             "--trainer.num_sanity_val_steps", "0", "--data.val_max_prompts", "2", "--metrics.table_every_n_epochs",
