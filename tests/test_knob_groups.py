@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from lit_grpo.cli import main
-from lit_grpo.config_check import config_problems
+from lit_grpo.cli.config_check import config_problems
 from lit_grpo.errors import InputError
 from lit_grpo.losses.policy import SurrogateOptions
 from lit_grpo.policy.advantages import AdvantageKnobs
