@@ -223,3 +223,15 @@ def test_the_task_record_follows_the_prompts_not_the_file_name(tmp_path):
     assert task_notes("x.ckpt", None, task_record(JsonlTask(other["data"]))) == []  # no datamodule state: no cursor
     torch.save(first, tmp_path / "record.pt")
     assert torch.load(tmp_path / "record.pt", weights_only=True) == first  # plain strings and ints
+
+
+def test_a_checkpoint_of_a_task_at_its_old_path_resumes_and_another_class_name_is_refused(tmp_path):
+    # issue 60 moved the tasks by kind: a checkpoint written before names lit_grpo.tasks.jsonl.JsonlTask
+    prompts = [f"{i}+{i}=" for i in range(40)]
+    now = task_record(JsonlTask(jsonl(tmp_path / "a.jsonl", prompts)))
+    assert now["class"] == "lit_grpo.tasks.single_turn.jsonl.JsonlTask"
+    before = {**now, "class": "lit_grpo.tasks.jsonl.JsonlTask"}
+    assert task_notes("x.ckpt", {"cursor": 4, "task": before}, now) == []
+    with pytest.raises(InputError, match="counts the training prompts of OtherTask"):
+        task_notes("x.ckpt", {"cursor": 4, "task": {**now, "class": "lit_grpo.tasks.single_turn.jsonl.OtherTask"}},
+                   now)

@@ -241,8 +241,13 @@ def checkpoint_misfit_message(path: Any, state: dict[str, Any], expected: dict[s
 def task_name(record: dict[str, Any]) -> str:
     """A task's record (``task_record``) in words."""
     data = f" from {record['data']!r}" if record.get("data") else ""
-    return (f"{str(record.get('class')).rsplit('.', 1)[-1]} ({record.get('class')}{data}: "
+    return (f"{class_name(record.get('class'))} ({record.get('class')}{data}: "
             f"{record.get('train_prompts')} training prompts, the first {record.get('first_prompt')!r})")
+
+
+def class_name(path: Any) -> str:
+    """A recorded class path's last part: ``lit_grpo.tasks.arithmetic.ArithmeticTask`` -> ``ArithmeticTask``."""
+    return str(path).rsplit(".", 1)[-1]
 
 
 def task_notes(path: str, state: Any, current: dict[str, Any]) -> list[str]:
@@ -255,7 +260,10 @@ def task_notes(path: str, state: Any, current: dict[str, Any]) -> list[str]:
     if not isinstance(saved, dict):
         return [(f"the checkpoint does not record its task (an older lit-grpo wrote it): its prompt cursor "
                  f"({int(state['cursor'])}) continues in this run's task, {task_name(current)}")]
-    if all(saved.get(key) == current[key] for key in ("class", "train_prompts", "fingerprint")):
+    # the class by its name, not its module: a class that moved (the tasks' old paths, issue 60; a user's own
+    # refactor) indexes the same prompts, which its size and the first prompts' hash pin
+    if (class_name(saved.get("class")) == class_name(current["class"])
+            and all(saved.get(key) == current[key] for key in ("train_prompts", "fingerprint"))):
         return []
     raise InputError(f"cannot resume {path!r}: its prompt cursor ({int(state['cursor'])}) counts the training "
                      f"prompts of {task_name(saved)}; this run's data.task is {task_name(current)}. Resume with the "
