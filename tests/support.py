@@ -200,3 +200,24 @@ def save_lora_adapter(model_dir: Path | str, target: Path, set_b: Callable[[torc
                 set_b(param)
     adapter.save_pretrained(target)
     return target
+
+
+def fit_one_small_epoch(tmp_path: Path, callbacks: list[dict[str, Any]], **data: Any) -> None:
+    """One epoch of the quickstart through the command's ``main`` in this process: 2 prompts x 2 completions of at
+    most 3 tokens, no logger, checkpoint or validation, ``callbacks`` as ``trainer.callbacks`` (class paths with
+    ``init_args``) and ``data`` over the data section (an ``engine``, say)."""
+    from lit_grpo.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    config = tmp_path / "small_epoch.yaml"  # JSON is YAML
+    config.write_text(json.dumps({
+        "trainer": {"max_epochs": 1, "logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
+                    "num_sanity_val_steps": 0, "limit_val_batches": 0, "callbacks": callbacks},
+        "data": {"group_size": 2, "prompts_per_epoch": 2, "minibatch_size": 4, "max_new_tokens": 3, **data},
+        "model": {"model_name_or_path": str(root / "data" / "tiny-llama")},
+        "metrics": {"table_every_n_epochs": 0}}))
+    try:
+        main(["fit", "--config", str(root / "configs" / "quickstart.yaml"), "--config", str(config),
+              "--trainer.default_root_dir", str(tmp_path)])
+    except SystemExit as stop:
+        assert not stop.code

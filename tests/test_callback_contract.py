@@ -5,15 +5,13 @@ path in a config's ``trainer.callbacks`` (with its ``init_args``), which ``lit-g
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import pytest
 
 from lit_grpo.buffers.protocols import ReportsRollouts
-
-ROOT = Path(__file__).resolve().parents[1]
+from support import fit_one_small_epoch
 
 
 class HookLog(pl.Callback):
@@ -40,29 +38,7 @@ class HookLog(pl.Callback):
 
 @pytest.mark.slow  # one epoch of the command, in this process (~2 s alone)
 def test_a_callback_named_in_the_config_runs_its_hooks_through_a_fit(tmp_path, monkeypatch):
-    from lit_grpo.cli import main
-
     monkeypatch.setattr(HookLog, "seen", [])
-    config = tmp_path / "callback.yaml"
-    config.write_text(f"""
-trainer:
-  max_epochs: 1
-  logger: false
-  enable_checkpointing: false
-  enable_progress_bar: false
-  num_sanity_val_steps: 0
-  limit_val_batches: 0
-  callbacks:
-    - class_path: {__name__}.HookLog
-      init_args: {{label: from-the-config}}
-data: {{group_size: 2, prompts_per_epoch: 2, minibatch_size: 4, max_new_tokens: 3}}
-model: {{model_name_or_path: {ROOT / "data" / "tiny-llama"}}}
-metrics: {{table_every_n_epochs: 0}}
-""")
-    try:
-        main(["fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--config", str(config),
-              "--trainer.default_root_dir", str(tmp_path)])
-    except SystemExit as stop:
-        assert not stop.code
+    fit_one_small_epoch(tmp_path, [{"class_path": f"{__name__}.HookLog", "init_args": {"label": "from-the-config"}}])
     # 2 prompts x 2 completions: the epoch's 4 rows, read off the report the data module published
     assert HookLog.seen == [("fit_start", "from-the-config", True), ("train_epoch_end", 0, 4), ("fit_end",)]

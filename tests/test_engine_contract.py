@@ -12,6 +12,7 @@ import lightning.pytorch as pl
 import pytest
 
 from lit_grpo.engines import Completion, RolloutEngine, SamplingSpec
+from support import fit_one_small_epoch
 
 ROOT = Path(__file__).resolve().parents[1]
 CANNED = (5, 6, 7)  # the token ids every completion holds, cut at the generation budget
@@ -52,33 +53,9 @@ def test_the_least_engine_satisfies_the_interface():
 
 @pytest.mark.slow  # one epoch of the command, in this process (~2 s alone)
 def test_an_engine_named_in_the_config_draws_the_epoch_the_module_trains_on(tmp_path, monkeypatch):
-    from lit_grpo.cli import main
-
     monkeypatch.setattr(CannedEngine, "calls", [])
     monkeypatch.setattr(Kept, "rows", [])
-    config = tmp_path / "engine.yaml"
-    config.write_text(f"""
-data:
-  engine: {{class_path: {__name__}.CannedEngine}}
-  group_size: 2
-  prompts_per_epoch: 2
-  minibatch_size: 4
-  max_new_tokens: 3
-trainer:
-  max_epochs: 1
-  logger: false
-  enable_checkpointing: false
-  enable_progress_bar: false
-  num_sanity_val_steps: 0
-  limit_val_batches: 0
-  callbacks: [{{class_path: {__name__}.Kept}}]
-model: {{model_name_or_path: {ROOT / "data" / "tiny-llama"}}}
-metrics: {{table_every_n_epochs: 0}}
-""")
-    try:
-        main(["fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), "--config", str(config),
-              "--trainer.default_root_dir", str(tmp_path)])
-    except SystemExit as stop:
-        assert not stop.code
+    fit_one_small_epoch(tmp_path, [{"class_path": f"{__name__}.Kept"}],
+                        engine={"class_path": f"{__name__}.CannedEngine"})
     assert CannedEngine.calls == [("push_policy", "PeftModelForCausalLM"), ("generate", (2, 2, 3)), ("close", None)]
     assert Kept.rows == [list(CANNED)] * 4  # 2 prompts x 2 completions, every one the engine's
