@@ -408,3 +408,21 @@ def test_jsonl_too_few_distinct_prompts_to_hold_one_out(tmp_path):
         JsonlTask(str(path)).train_records()
     assert str(info.value) == (f"data file {str(path)!r} has 1 distinct prompt(s): too few to hold 1 out and train "
                                "on the rest; add prompts or give heldout_path")
+
+
+class Unscored(ArithmeticTask):
+    """A user's task that forgot its reward: ArithmeticTask's prompts, no reward_fn and no reward() of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reward_fn = None
+
+
+def test_a_task_that_cannot_score_is_refused_when_the_data_module_is_built_not_at_its_first_completion():
+    from lit_grpo.rollout.datamodule import RolloutDataModule
+
+    with pytest.raises(InputError, match="Unscored sets no reward_fn and does not override reward"):
+        RolloutDataModule(task=Unscored())
+    with pytest.raises(InputError, match="set self.reward_fn in its __init__"):
+        Unscored().reward({"prompt": "1+1=", "answer": "2"}, "2", [])
+    assert ArithmeticTask().reward_problems() == []  # a reward_fn: nothing to say
