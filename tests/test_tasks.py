@@ -426,3 +426,12 @@ def test_a_task_that_cannot_score_is_refused_when_the_data_module_is_built_not_a
     with pytest.raises(InputError, match="set self.reward_fn in its __init__"):
         Unscored().reward({"prompt": "1+1=", "answer": "2"}, "2", [])
     assert ArithmeticTask().reward_problems() == []  # a reward_fn: nothing to say
+
+
+def test_a_tool_task_scored_by_its_turns_alone_is_not_refused_for_lacking_reward():
+    from lit_grpo.tasks.tools.stock import Stockroom
+    from lit_grpo.tasks.tools.task import ToolTask
+
+    stock = ToolTask(path=str(Path(__file__).resolve().parents[1] / "data/tool-stock/rows.jsonl"),
+                     environment=Stockroom, turn_rewards="environment", max_turns=6)
+    assert stock.reward_fn is None and stock.reward_problems() == []
