@@ -134,7 +134,6 @@ class RolloutDataModule(pl.LightningDataModule):
         super().__init__()
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "task", "engine")}
         problems = self.config_problems(arguments) + cross_knob_problems(None, arguments, engine or HFEngine, task)
-        problems += task.reward_problems() if isinstance(task, Task) else []
         refuse("invalid RolloutDataModule configuration", problems)
         self.settings, self.task = arguments, task  # the settings are checked again beside the module's in setup
         self.scorer: Task | RewardWorker = task if reward_timeout is None else RewardWorker(task, reward_timeout)

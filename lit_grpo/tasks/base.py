@@ -132,17 +132,10 @@ class Task(ABC):
     def reward(self, prompt_record: PromptRecord, completion_text: str, completion_ids: Sequence[int]) -> float:
         """The reward of one completion: ``reward_fn``'s, unless a subclass scores it itself."""
         if self.reward_fn is None:
-            raise InputError(self.reward_problems()[0])
+            raise InputError(f"task: {type(self).__name__} sets no reward_fn and does not override reward(); set "
+                             "self.reward_fn in its __init__ (a callable (prompt_record, completion_text, "
+                             "completion_ids) -> float) or define reward()")
         return self.reward_fn(prompt_record, completion_text, completion_ids)
-
-    def reward_problems(self) -> list[str]:
-        """A task that cannot score (no ``reward_fn`` and no ``reward`` of its own), refused when the data module is
-        built: before any weights load, not at the first completion."""
-        if self.reward_fn is not None or type(self).reward is not Task.reward:
-            return []
-        return [f"task: {type(self).__name__} sets no reward_fn and does not override reward(); set self.reward_fn "
-                "in its __init__ (a callable (prompt_record, completion_text, completion_ids) -> float) or define "
-                "reward()"]
 
     def is_correct(self, prompt_record: PromptRecord, completion_text: str) -> bool:
         """Whether the completion is the reference answer: what ``accuracy`` counts."""

@@ -68,9 +68,6 @@ class MultiRoundTask(Task):
     neither an answer nor a question.
     """
 
-    def reward_problems(self) -> list[str]:
-        return []  # its episodes are scored by their turns, never by a single completion's reward()
-
     @property
     @abstractmethod
     def max_rounds(self) -> int | None:
