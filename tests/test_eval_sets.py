@@ -149,6 +149,7 @@ def sets_flag(sets: list[dict]) -> list[str]:
     return ["--data.eval_sets", json.dumps(sets)]
 
 
+@pytest.mark.slow
 def test_the_command_refuses_bad_sets_with_one_message_each_before_any_weights_load(tmp_path, monkeypatch, capsys):
     from lit_grpo.cli import main
 

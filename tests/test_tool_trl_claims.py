@@ -108,6 +108,7 @@ def test_reset_text_goes_to_the_last_message_and_routing_stays_out_of_reset_as_i
     assert seen == [(trl_kwargs["environment"], trl_kwargs["answer"])]
 
 
+@pytest.mark.slow
 def test_a_turn_cut_by_the_budget_still_runs_its_whole_calls_as_in_trls_code():
     """The turn's ids hold a whole call but not its end token (the budget cut it): TRL's ``_tool_call_loop`` runs the
     call (then drops its answer, past the budget); so do we."""
