@@ -14,7 +14,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_grpo.losses import KLEstimator
 from lit_grpo.policy.logprobs import CHUNK_TOKENS
-from lit_grpo.run.objective_knobs import FLAT_NAMES, as_spec, plain
+from lit_grpo.run.objective_knobs import FLAT_NAMES, as_spec, plain, read_group
 from lit_grpo.run.rules import choice_problems
 from lit_grpo.tree import FlatGroups, StdScope, ValueMode
 
@@ -189,12 +189,9 @@ def regroup(args: dict[str, Any]) -> Regrouped:
     arguments = {name: value for name, value in args.items() if name not in FLAT_NAMES}
     problems, flat_names = [], []
     for name, cls in GROUPS.items():
-        try:
-            arguments[name] = as_spec(cls, args.get(name)) or cls()
-        except TypeError as error:
-            fields = ", ".join(f.name for f in dataclasses.fields(cls))
-            problems.append(f"{name}: {error}; fields: {fields}")
-            arguments[name] = cls()
+        spec, unread = read_group(name, cls, args.get(name))
+        arguments[name] = spec or cls()
+        problems += unread
     for old, new in FLAT_NAMES.items():
         group, name = new.split(".")
         default = field_default(group, name)

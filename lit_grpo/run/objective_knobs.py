@@ -146,17 +146,22 @@ def as_spec(cls: type[Spec], value: Any) -> Spec | None:
     raise TypeError(f"expected a {cls.__name__} or a mapping of its fields, got {type(value).__name__}")
 
 
+def read_group(name: str, cls: type[Spec], value: Any) -> tuple[Spec | None, list[str]]:
+    """A group's value as its dataclass (``as_spec``; None when not given), or None and the problem of reading it
+    (an unknown field, the group's fields named)."""
+    try:
+        return as_spec(cls, value), []
+    except TypeError as error:
+        fields = ", ".join(f.name for f in dataclasses.fields(cls))
+        return None, [f"{name}: {error}; fields: {fields}"]
+
+
 def group_problems(args: dict[str, Any]) -> list[str]:
     """Each group's problems, its fields named (an unknown field, a value out of range)."""
     problems = []
     for name, cls in GROUPS.items():
-        try:
-            spec = as_spec(cls, args.get(name))
-        except TypeError as error:
-            fields = ", ".join(f.name for f in dataclasses.fields(cls))
-            problems.append(f"{name}: {error}; fields: {fields}")
-            continue
-        problems += [] if spec is None else spec.problems()
+        spec, unread = read_group(name, cls, args.get(name))
+        problems += unread + ([] if spec is None else spec.problems())
     return problems
 
 
